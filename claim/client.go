@@ -1,0 +1,65 @@
+package claim
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+// Timeouts for every Redis connection. go-redis only honours a context's
+// deadline on socket reads with ContextTimeoutEnabled; without these a
+// stalled Redis held a "1 s" claim for 5 s.
+const (
+	dialTimeout  = time.Second
+	ioTimeout    = time.Second
+	poolTimeout  = time.Second
+	maxRetries   = 2
+	minRetryWait = 8 * time.Millisecond
+	maxRetryWait = 64 * time.Millisecond
+)
+
+// NewClient returns a go-redis universal client for cfg: one address is a
+// standalone server, several are a Cluster, and MasterName selects Sentinel.
+// go-redis may resend a command after a lost reply; every Store operation is
+// written to be safe under that.
+func NewClient(cfg config.Redis) redis.UniversalClient {
+	opts := &redis.UniversalOptions{
+		Addrs:                 cfg.Addrs,
+		MasterName:            cfg.MasterName,
+		Username:              cfg.Username,
+		Password:              cfg.Password,
+		SentinelUsername:      cfg.Username,
+		SentinelPassword:      cfg.Password,
+		DialTimeout:           dialTimeout,
+		ReadTimeout:           ioTimeout,
+		WriteTimeout:          ioTimeout,
+		PoolTimeout:           poolTimeout,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            maxRetries,
+		MinRetryBackoff:       minRetryWait,
+		MaxRetryBackoff:       maxRetryWait,
+		DisableIdentity:       true,
+		Protocol:              2,
+	}
+	if cfg.TLS {
+		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	return redis.NewUniversalClient(opts)
+}
+
+// SlogLogger routes go-redis' internal log lines into slog. go-redis has
+// one process-wide logger, so main installs this once with redis.SetLogger.
+type SlogLogger struct {
+	Logger *slog.Logger
+}
+
+// Printf logs one go-redis message at warning level.
+func (l SlogLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.Logger.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
+}

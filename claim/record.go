@@ -1,0 +1,223 @@
+package claim
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// State is where a claimed key is in its life.
+type State byte
+
+// States of a record. The numeric values are part of the stored format and
+// of the Lua scripts, which read the state byte directly.
+const (
+	InProgress State = 1 // the owner is forwarding to the upstream
+	Completed  State = 2 // the settled response is stored
+)
+
+func (s State) String() string {
+	switch s {
+	case InProgress:
+		return "in_progress"
+	case Completed:
+		return "completed"
+	}
+	return fmt.Sprintf("state(%d)", byte(s))
+}
+
+// Token is an owner's random fencing token.
+type Token [16]byte
+
+// Fingerprint is the SHA-256 of the request a key was first used for.
+type Fingerprint [32]byte
+
+// version is the first byte of every stored value; a decoder seeing another
+// version refuses the value instead of guessing.
+const version byte = 1
+
+// Fixed layout of the header of a stored value. The Lua scripts fence on
+// bytes 1 (version), 2 (state) and 4..19 (token), 1-based.
+const (
+	offVersion     = 0
+	offState       = 1
+	offFlags       = 2
+	offToken       = 3
+	offFingerprint = offToken + len(Token{})
+	offCreated     = offFingerprint + len(Fingerprint{})
+	offCompleted   = offCreated + 8
+	offStatus      = offCompleted + 8
+	headerLen      = offStatus + 2
+)
+
+// flagBodyOmitted marks a completed record whose response body was larger
+// than the route's max_response_body and was not stored.
+const flagBodyOmitted = 1
+
+// ErrCorrupt means a stored value could not be decoded: another program
+// wrote under our prefix, or the format is from a newer version.
+var ErrCorrupt = errors.New("claim: stored record is corrupt or of an unknown version")
+
+// Record is the value stored under a claimed key.
+type Record struct {
+	State       State
+	Token       Token
+	Fingerprint Fingerprint
+	Created     time.Time
+	// Completed is zero while in progress.
+	Completed time.Time
+	// RequestID is the request id of the attempt that claimed the key, so
+	// a replay can be traced to the original.
+	RequestID string
+	// Status, Header and Body are the settled response; set when Completed.
+	Status int
+	Header http.Header
+	Body   []byte
+	// BodyOmitted reports that the response was too large to store: a
+	// retry cannot be answered with it and must not execute again either.
+	BodyOmitted bool
+}
+
+// Encode returns the versioned binary form of r.
+func (r *Record) Encode() []byte {
+	n := headerLen + binary.MaxVarintLen64*2 + len(r.RequestID) + len(r.Body)
+	for k, vs := range r.Header {
+		n += len(k) + 2*binary.MaxVarintLen64
+		for _, v := range vs {
+			n += len(v) + binary.MaxVarintLen64
+		}
+	}
+	b := make([]byte, headerLen, n)
+	b[offVersion] = version
+	b[offState] = byte(r.State)
+	if r.BodyOmitted {
+		b[offFlags] |= flagBodyOmitted
+	}
+	copy(b[offToken:], r.Token[:])
+	copy(b[offFingerprint:], r.Fingerprint[:])
+	binary.BigEndian.PutUint64(b[offCreated:], uint64(unixMilli(r.Created)))
+	binary.BigEndian.PutUint64(b[offCompleted:], uint64(unixMilli(r.Completed)))
+	binary.BigEndian.PutUint16(b[offStatus:], uint16(r.Status))
+	b = appendString(b, r.RequestID)
+	b = binary.AppendUvarint(b, uint64(len(r.Header)))
+	for k, vs := range r.Header {
+		b = appendString(b, k)
+		b = binary.AppendUvarint(b, uint64(len(vs)))
+		for _, v := range vs {
+			b = appendString(b, v)
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(r.Body)))
+	return append(b, r.Body...)
+}
+
+func unixMilli(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromMilli(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// Decode parses a stored value. Any malformed input yields ErrCorrupt,
+// never a panic or a partially filled record.
+func Decode(b []byte) (*Record, error) {
+	if len(b) < headerLen || b[offVersion] != version {
+		return nil, ErrCorrupt
+	}
+	r := &Record{
+		State:       State(b[offState]),
+		BodyOmitted: b[offFlags]&flagBodyOmitted != 0,
+		Created:     fromMilli(int64(binary.BigEndian.Uint64(b[offCreated:]))),
+		Completed:   fromMilli(int64(binary.BigEndian.Uint64(b[offCompleted:]))),
+		Status:      int(binary.BigEndian.Uint16(b[offStatus:])),
+	}
+	if r.State != InProgress && r.State != Completed || b[offFlags]&^flagBodyOmitted != 0 {
+		return nil, ErrCorrupt
+	}
+	copy(r.Token[:], b[offToken:])
+	copy(r.Fingerprint[:], b[offFingerprint:])
+	d := decoder{b: b[headerLen:]}
+	r.RequestID = d.string()
+	if nh := d.count(); nh > 0 {
+		r.Header = make(http.Header, nh)
+		for range nh {
+			k := d.string()
+			nv := d.count()
+			vs := make([]string, 0, min(nv, 16))
+			for range nv {
+				vs = append(vs, d.string())
+			}
+			r.Header[k] = vs
+		}
+	}
+	if n := d.count(); n > 0 {
+		r.Body = d.bytes(n)
+	}
+	if d.bad || len(d.b) != 0 {
+		return nil, ErrCorrupt
+	}
+	if r.State == Completed && (r.Status < 100 || r.Status > 999) {
+		return nil, ErrCorrupt
+	}
+	return r, nil
+}
+
+// decoder reads length-prefixed fields, remembering the first error so the
+// caller checks once.
+type decoder struct {
+	b   []byte
+	bad bool
+}
+
+func (d *decoder) uvarint() uint64 {
+	if d.bad {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.bad = true
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// count reads a length or item count. Every item takes at least one byte,
+// so a count beyond the bytes left is corrupt; checking it first keeps a
+// hostile value from making the decoder allocate without limit.
+func (d *decoder) count() int {
+	v := d.uvarint()
+	if v > uint64(len(d.b)) {
+		d.bad = true
+		return 0
+	}
+	return int(v)
+}
+
+func (d *decoder) bytes(n int) []byte {
+	if d.bad || n > len(d.b) {
+		d.bad = true
+		return nil
+	}
+	out := d.b[:n:n]
+	d.b = d.b[n:]
+	return out
+}
+
+func (d *decoder) string() string {
+	return string(d.bytes(d.count()))
+}

@@ -1,0 +1,74 @@
+package claim
+
+import "github.com/redis/go-redis/v9"
+
+// The scripts compare-then-act atomically on one key, so each is safe on a
+// Cluster and under go-redis' automatic retries. They read the fixed header
+// of a stored value (see record.go): byte 1 is the version, byte 2 the
+// state, bytes 4..19 the owner token. A value with another version is never
+// overwritten or deleted.
+
+// claimScript sets the key if absent (the claim) or returns the current
+// value and its remaining TTL in milliseconds, in one round trip.
+//
+// KEYS[1] key; ARGV[1] encoded in-progress record; ARGV[2] lease ms.
+// Returns 1 when claimed, or {value, pttl}.
+var claimScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  return {cur, redis.call('PTTL', KEYS[1])}
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+`)
+
+// renewScript extends the lease, only while we still own the key and it is
+// in progress.
+//
+// KEYS[1] key; ARGV[1] token; ARGV[2] lease ms.
+// Returns 1 renewed, 0 gone, -1 owned by someone else, -2 already completed.
+var renewScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
+if string.byte(cur, 2) ~= 1 then return -2 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+`)
+
+// completeScript stores the settled record, fenced by the owner token. When
+// the key has lapsed and nobody claimed it since, the record is still
+// written: no other attempt can be running, and a stored outcome turns a
+// later retry into a replay instead of a second execution.
+//
+// KEYS[1] key; ARGV[1] token; ARGV[2] encoded completed record; ARGV[3]
+// retention ms.
+// Returns 1 stored, 2 stored after the lease lapsed, 3 already stored by us
+// (a resent command), -1 owned by someone else.
+var completeScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 2
+end
+if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
+if string.byte(cur, 2) == 2 then return 3 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+`)
+
+// releaseScript deletes the key, only while we own it and it is in
+// progress.
+//
+// KEYS[1] key; ARGV[1] token.
+// Returns 1 released, 0 already gone, -1 owned by someone else, -2 completed.
+var releaseScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
+if string.byte(cur, 2) ~= 1 then return -2 end
+redis.call('DEL', KEYS[1])
+return 1
+`)
+
+var scripts = []*redis.Script{claimScript, renewScript, completeScript, releaseScript}

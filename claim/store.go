@@ -1,0 +1,207 @@
+// Package claim stores idempotency claims and settled responses in Redis.
+// It is the only package that talks to Redis.
+//
+// Every operation touches exactly one key and runs as one Lua script, so it
+// is atomic, works on Redis Cluster and is safe when go-redis resends a
+// command after a lost reply: a resent claim finds our own token and a
+// resent completion finds our own completed record, and both count as
+// success.
+package claim
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Errors returned by Store. Callers test them with errors.Is.
+var (
+	// ErrLeaseLost means the key is no longer ours: the lease lapsed and
+	// another attempt claimed it. The operation wrote nothing.
+	ErrLeaseLost = errors.New("claim: lease lost to another owner")
+	// ErrUnavailable wraps every failure to reach or use Redis.
+	ErrUnavailable = errors.New("claim: store unavailable")
+)
+
+// Store keeps claims in Redis.
+type Store struct {
+	client redis.UniversalClient
+	prefix string
+}
+
+// New returns a Store using client, with every key under prefix.
+func New(client redis.UniversalClient, prefix string) *Store {
+	return &Store{client: client, prefix: prefix}
+}
+
+// Key derives the Redis key for an idempotency key presented by principal
+// on scope. Inputs are length-prefixed before hashing, so no two different
+// triples share bytes, and Redis never holds the raw key or principal.
+func (s *Store) Key(principal, scope, key string) string {
+	h := sha256.New()
+	var n [binary.MaxVarintLen64]byte
+	for _, part := range [...]string{principal, scope, key} {
+		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
+		h.Write([]byte(part))
+	}
+	var sum [sha256.Size]byte
+	return s.prefix + hex.EncodeToString(h.Sum(sum[:0]))
+}
+
+// Result is the outcome of a Claim.
+type Result struct {
+	// Claimed reports that the caller now owns the key.
+	Claimed bool
+	// Existing is the record found when not Claimed.
+	Existing *Record
+	// TTL is what is left of Existing's lease or retention.
+	TTL time.Duration
+}
+
+// Claim takes key for rec's owner with a lease, or returns the record that
+// already holds it, in one round trip. rec must be InProgress.
+func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.Duration) (Result, error) {
+	v, err := claimScript.Run(ctx, s.client, []string{key}, rec.Encode(), lease.Milliseconds()).Result()
+	if err != nil {
+		return Result{}, unavailable("claim", err)
+	}
+	if n, ok := v.(int64); ok && n == 1 {
+		return Result{Claimed: true}, nil
+	}
+	pair, ok := v.([]any)
+	if !ok || len(pair) != 2 {
+		return Result{}, fmt.Errorf("claim: unexpected reply %T: %w", v, ErrUnavailable)
+	}
+	raw, _ := pair[0].(string)
+	ttl, _ := pair[1].(int64)
+	existing, err := Decode([]byte(raw))
+	if err != nil {
+		return Result{}, err
+	}
+	// go-redis resends a command whose reply was lost; the resend then finds
+	// the record the first send wrote. That is our claim, not a conflict.
+	if existing.Token == rec.Token && existing.State == InProgress {
+		return Result{Claimed: true}, nil
+	}
+	return Result{Existing: existing, TTL: time.Duration(max(ttl, 0)) * time.Millisecond}, nil
+}
+
+// Get returns the record under key, or nil when there is none.
+func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, error) {
+	pipe := s.client.Pipeline()
+	get := pipe.Get(ctx, key)
+	pttl := pipe.PTTL(ctx, key)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, 0, unavailable("get", err)
+	}
+	raw, err := get.Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, unavailable("get", err)
+	}
+	rec, err := Decode(raw)
+	if err != nil {
+		return nil, 0, err
+	}
+	return rec, max(pttl.Val(), 0), nil
+}
+
+// Renew extends the owner's lease. It returns ErrLeaseLost when the key is
+// gone or owned by someone else, and nil when the record was already
+// completed by this owner (a renewal racing the completion).
+func (s *Store) Renew(ctx context.Context, key string, token Token, lease time.Duration) error {
+	n, err := renewScript.Run(ctx, s.client, []string{key}, token[:], lease.Milliseconds()).Int64()
+	if err != nil {
+		return unavailable("renew", err)
+	}
+	switch n {
+	case 1, -2:
+		return nil
+	default:
+		return fmt.Errorf("renew: %w", ErrLeaseLost)
+	}
+}
+
+// Completion says how a Complete was written.
+type Completion int
+
+const (
+	// Stored is the normal case: our in-progress record was replaced.
+	Stored Completion = iota + 1
+	// StoredAfterLapse means our lease had lapsed but nobody had claimed
+	// the key since, so the record was stored anyway.
+	StoredAfterLapse
+)
+
+// Complete replaces the owner's in-progress record with rec (Completed),
+// kept for retention. It returns ErrLeaseLost, writing nothing, when
+// another owner holds the key.
+func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention time.Duration) (Completion, error) {
+	n, err := completeScript.Run(ctx, s.client, []string{key}, rec.Token[:], rec.Encode(), retention.Milliseconds()).Int64()
+	if err != nil {
+		return 0, unavailable("complete", err)
+	}
+	switch n {
+	case 1, 3:
+		return Stored, nil
+	case 2:
+		return StoredAfterLapse, nil
+	default:
+		return 0, fmt.Errorf("complete: %w", ErrLeaseLost)
+	}
+}
+
+// Release deletes the owner's in-progress record so a retry can claim the
+// key. A key that is already gone is not an error; one owned by someone
+// else, or already completed, is ErrLeaseLost and is left alone.
+func (s *Store) Release(ctx context.Context, key string, token Token) error {
+	n, err := releaseScript.Run(ctx, s.client, []string{key}, token[:]).Int64()
+	if err != nil {
+		return unavailable("release", err)
+	}
+	if n < 0 {
+		return fmt.Errorf("release: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+// Ping reports whether Redis answers.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return unavailable("ping", err)
+	}
+	return nil
+}
+
+// Preload loads the scripts into Redis' script cache, so the first requests
+// run them by SHA instead of sending their source.
+func (s *Store) Preload(ctx context.Context) error {
+	for _, sc := range scripts {
+		if err := sc.Load(ctx, s.client).Err(); err != nil {
+			return unavailable("script load", err)
+		}
+	}
+	return nil
+}
+
+// EvictionPolicy returns Redis' maxmemory-policy. Any policy but
+// noeviction can evict idempotency keys, since every key here has a TTL.
+func (s *Store) EvictionPolicy(ctx context.Context) (string, error) {
+	v, err := s.client.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		return "", unavailable("config get", err)
+	}
+	return v["maxmemory-policy"], nil
+}
+
+func unavailable(op string, err error) error {
+	return fmt.Errorf("%s: %w: %w", op, ErrUnavailable, err)
+}

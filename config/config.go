@@ -1,0 +1,202 @@
+// Package config loads and validates idemproxy's YAML configuration.
+//
+// The file is read with viper; every top-level scalar key (and every key under
+// defaults:) can be overridden from the environment as IDEMPROXY_ followed by
+// its upper-cased path with dots replaced by underscores, for example
+// IDEMPROXY_STORE_REDIS_PASSWORD or IDEMPROXY_DEFAULTS_LEASE. Routes come from
+// the file only.
+package config
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Default values for every key. A route inherits defaults: which in turn
+// starts from these.
+const (
+	DefaultListen           = ":8080"
+	DefaultAdminListen      = ":9090"
+	DefaultUpstreamURL      = "http://127.0.0.1:3000"
+	DefaultUpstreamTimeout  = 30 * time.Second
+	DefaultKeyPrefix        = "idem:"
+	DefaultIdentityHeader   = "X-Forwarded-User"
+	DefaultKeyHeader        = "Idempotency-Key"
+	DefaultRequireKey       = true
+	DefaultScope            = ScopeRoute
+	DefaultRetention        = 24 * time.Hour
+	DefaultLease            = 10 * time.Second
+	DefaultConcurrent       = ConcurrentReject
+	DefaultMaxWait          = 5 * time.Second
+	DefaultUnknownOutcome   = OutcomeKeep
+	DefaultStoreUnavailable = FailClosed
+	DefaultMaxRequestBody   = 1 << 20
+	DefaultMaxResponseBody  = 1 << 20
+
+	// MinLease is the shortest lease accepted. A shorter lease would expire
+	// between two renewals on a loaded machine and hand the key to a retry
+	// while the first attempt is still running.
+	MinLease = time.Second
+)
+
+// DefaultTrustedProxies are the peers whose identity header is honoured when
+// identity.trusted_proxies is not set: the pod's own loopback, where a mesh
+// or auth proxy sidecar connects from.
+var DefaultTrustedProxies = []string{"127.0.0.0/8", "::1/128"}
+
+// DefaultReleaseOn are the upstream statuses that declare the request was not
+// acted upon, so the claim is released and a retry really retries.
+var DefaultReleaseOn = []int{429, 503}
+
+// DefaultFingerprintHeaders are the request headers that take part in the
+// fingerprint unless configured otherwise.
+var DefaultFingerprintHeaders = []string{"Content-Type"}
+
+// Scope values: which identities share a key space.
+const (
+	ScopeRoute     = "route"     // principal + route + key
+	ScopePrincipal = "principal" // principal + key, shared across routes
+)
+
+// Concurrent values: what a retry does while the first attempt runs.
+const (
+	ConcurrentReject = "reject" // 409 with Retry-After
+	ConcurrentWait   = "wait"   // wait up to max_wait for the outcome
+)
+
+// UnknownOutcome values: what happens to the claim when the upstream may
+// have received the request but gave no answer.
+const (
+	OutcomeKeep    = "keep"    // hold the claim one more lease, then let it lapse
+	OutcomeRelease = "release" // free the key at once
+)
+
+// StoreUnavailable values: what happens when Redis cannot be reached.
+const (
+	FailClosed = "fail_closed" // 503 + Retry-After, nothing forwarded
+	FailOpen   = "fail_open"   // forward unprotected, counted and logged
+)
+
+// Config is the whole configuration of one idemproxy process.
+type Config struct {
+	// Listen is the client-facing address.
+	Listen string
+	// AdminListen serves /metrics, /healthz and /readyz.
+	AdminListen string
+	Upstream    Upstream
+	Store       Store
+	Identity    Identity
+	// Defaults are inherited by every route.
+	Defaults Settings
+	Routes   []Route
+}
+
+// Upstream is the application idemproxy protects.
+type Upstream struct {
+	// URL is the upstream's base URL, e.g. http://127.0.0.1:3000.
+	URL string
+	// Timeout is the longest a protected request may run upstream.
+	Timeout time.Duration
+}
+
+// Store configures Redis.
+type Store struct {
+	Redis Redis
+	// KeyPrefix is prepended to every Redis key.
+	KeyPrefix string
+}
+
+// Redis is the connection to the Redis deployment.
+type Redis struct {
+	// Addrs empty selects the embedded in-memory store (development only);
+	// one address is a standalone server; several are a Cluster.
+	Addrs []string
+	// MasterName set selects Sentinel, with Addrs naming the sentinels.
+	MasterName string
+	Username   string
+	Password   string
+	TLS        bool
+}
+
+// Identity configures where the principal comes from.
+type Identity struct {
+	// Header carries the authenticated principal, set by an auth proxy.
+	Header string
+	// TrustedProxies are the peers whose Header is honoured; from any other
+	// peer the header is removed before anything reads it.
+	TrustedProxies []netip.Prefix
+}
+
+// Settings are the per-route knobs. defaults: sets them for all routes and
+// each route may override any of them.
+type Settings struct {
+	KeyHeader        string
+	RequireKey       bool
+	Scope            string
+	Retention        time.Duration
+	Lease            time.Duration
+	Concurrent       string
+	MaxWait          time.Duration
+	ReleaseOn        []int
+	UnknownOutcome   string
+	StoreUnavailable string
+	MaxRequestBody   int64
+	MaxResponseBody  int64
+	Fingerprint      Fingerprint
+}
+
+// Fingerprint selects what, besides method, path, query and body, identifies
+// a request.
+type Fingerprint struct {
+	// Headers are request headers hashed into the fingerprint; media types
+	// are normalised.
+	Headers []string
+	// IgnoreJSONFields are JSON Pointers (RFC 6901) removed from JSON bodies
+	// before hashing, for fields that change on every attempt.
+	IgnoreJSONFields []string
+}
+
+// Route is one protected endpoint.
+type Route struct {
+	// Name labels metrics and logs, and scopes keys.
+	Name string
+	// Match is a Go http.ServeMux pattern with a method, e.g.
+	// "POST /orders/{id}/capture".
+	Match    string
+	Settings Settings
+}
+
+// Default returns a configuration holding every default and no routes.
+func Default() *Config {
+	c := &Config{
+		Listen:      DefaultListen,
+		AdminListen: DefaultAdminListen,
+		Upstream:    Upstream{URL: DefaultUpstreamURL, Timeout: DefaultUpstreamTimeout},
+		Store:       Store{KeyPrefix: DefaultKeyPrefix},
+		Identity:    Identity{Header: DefaultIdentityHeader},
+		Defaults:    DefaultSettings(),
+	}
+	for _, p := range DefaultTrustedProxies {
+		c.Identity.TrustedProxies = append(c.Identity.TrustedProxies, netip.MustParsePrefix(p))
+	}
+	return c
+}
+
+// DefaultSettings returns the built-in per-route settings.
+func DefaultSettings() Settings {
+	return Settings{
+		KeyHeader:        DefaultKeyHeader,
+		RequireKey:       DefaultRequireKey,
+		Scope:            DefaultScope,
+		Retention:        DefaultRetention,
+		Lease:            DefaultLease,
+		Concurrent:       DefaultConcurrent,
+		MaxWait:          DefaultMaxWait,
+		ReleaseOn:        append([]int(nil), DefaultReleaseOn...),
+		UnknownOutcome:   DefaultUnknownOutcome,
+		StoreUnavailable: DefaultStoreUnavailable,
+		MaxRequestBody:   DefaultMaxRequestBody,
+		MaxResponseBody:  DefaultMaxResponseBody,
+		Fingerprint:      Fingerprint{Headers: append([]string(nil), DefaultFingerprintHeaders...)},
+	}
+}

@@ -1,0 +1,162 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// Validate checks the configuration and reports every problem at once, each
+// prefixed with its YAML path.
+func (c *Config) Validate() error { return c.validate(nil) }
+
+// validate skips the paths in failed, which already have a decoding problem.
+func (c *Config) validate(failed map[string]bool) error {
+	var errs []error
+	add := func(path, format string, args ...any) {
+		if failed[path] {
+			return
+		}
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{path}, args...)...))
+	}
+	if c.Listen == "" {
+		add("listen", "must not be empty")
+	}
+	if c.AdminListen == "" {
+		add("admin_listen", "must not be empty")
+	}
+	if c.Listen != "" && c.Listen == c.AdminListen {
+		add("admin_listen", "must differ from listen: the admin port is never exposed to clients")
+	}
+	if u, err := url.Parse(c.Upstream.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		add("upstream.url", "must be an absolute http or https URL, got %q", c.Upstream.URL)
+	}
+	if c.Upstream.Timeout <= 0 {
+		add("upstream.timeout", "must be positive, got %s", c.Upstream.Timeout)
+	}
+	if c.Store.KeyPrefix == "" {
+		add("store.key_prefix", "must not be empty: it keeps idemproxy's keys apart from other data")
+	}
+	if c.Store.Redis.MasterName != "" && len(c.Store.Redis.Addrs) == 0 {
+		add("store.redis.addrs", "must list the sentinels when store.redis.master_name is set")
+	}
+	if c.Identity.Header == "" {
+		add("identity.header", "must not be empty")
+	} else if !validToken(c.Identity.Header) {
+		add("identity.header", "%q is not a valid header name", c.Identity.Header)
+	}
+	c.Defaults.validate("defaults.", add)
+
+	names := map[string]int{}
+	mux := http.NewServeMux()
+	for i, r := range c.Routes {
+		path := fmt.Sprintf("routes[%d]", i)
+		switch prev, dup := names[r.Name]; {
+		case r.Name == "":
+			add(path+".name", "must not be empty")
+		case dup:
+			add(path+".name", "duplicate route name %q (also routes[%d])", r.Name, prev)
+		default:
+			names[r.Name] = i
+		}
+		if err := checkPattern(mux, r.Match); err != nil {
+			add(path+".match", "%v", err)
+		}
+		r.Settings.validate(path+".", add)
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Settings) validate(path string, add func(path, format string, args ...any)) {
+	if !validToken(s.KeyHeader) {
+		add(path+"key_header", "%q is not a valid header name", s.KeyHeader)
+	}
+	oneOf(path+"scope", s.Scope, add, ScopeRoute, ScopePrincipal)
+	oneOf(path+"concurrent", s.Concurrent, add, ConcurrentReject, ConcurrentWait)
+	oneOf(path+"unknown_outcome", s.UnknownOutcome, add, OutcomeKeep, OutcomeRelease)
+	oneOf(path+"store_unavailable", s.StoreUnavailable, add, FailClosed, FailOpen)
+	if s.Lease < MinLease {
+		add(path+"lease", "must be at least %s, got %s", MinLease, s.Lease)
+	}
+	if s.Retention < s.Lease {
+		add(path+"retention", "must not be shorter than lease (%s), got %s", s.Lease, s.Retention)
+	}
+	if s.MaxWait < 0 {
+		add(path+"max_wait", "must not be negative, got %s", s.MaxWait)
+	}
+	for i, code := range s.ReleaseOn {
+		if code < 100 || code > 599 {
+			add(fmt.Sprintf("%srelease_on[%d]", path, i), "must be an HTTP status between 100 and 599, got %d", code)
+		}
+	}
+	if s.MaxRequestBody <= 0 {
+		add(path+"max_request_body", "must be positive, got %d", s.MaxRequestBody)
+	}
+	if s.MaxResponseBody <= 0 {
+		add(path+"max_response_body", "must be positive, got %d", s.MaxResponseBody)
+	}
+	for i, h := range s.Fingerprint.Headers {
+		if !validToken(h) {
+			add(fmt.Sprintf("%sfingerprint.headers[%d]", path, i), "%q is not a valid header name", h)
+		}
+	}
+	for i, p := range s.Fingerprint.IgnoreJSONFields {
+		if _, err := ParsePointer(p); err != nil {
+			add(fmt.Sprintf("%sfingerprint.ignore_json_fields[%d]", path, i), "%v", err)
+		}
+	}
+}
+
+func oneOf(path, got string, add func(path, format string, args ...any), allowed ...string) {
+	for _, a := range allowed {
+		if got == a {
+			return
+		}
+	}
+	add(path, "must be one of %s, got %q", strings.Join(allowed, ", "), got)
+}
+
+// checkPattern registers pattern on mux, which both parses it and detects
+// conflicts with the routes before it. net/http offers pattern parsing only
+// through Handle, which panics on a bad pattern; the panic is translated to
+// an error here, at the boundary, and nowhere else.
+func checkPattern(mux *http.ServeMux, pattern string) (err error) {
+	method, path, ok := strings.Cut(strings.TrimSpace(pattern), " ")
+	if !ok || method == "" || !strings.HasPrefix(strings.TrimSpace(path), "/") {
+		return fmt.Errorf("must be a method and a path, like \"POST /payments\", got %q", pattern)
+	}
+	if !validToken(method) {
+		return fmt.Errorf("%q is not an HTTP method", method)
+	}
+	path = strings.TrimSpace(path)
+	if strings.HasSuffix(path, "/") && path != "/" {
+		return fmt.Errorf("%q ends in /, which matches a whole subtree; name the exact path (or end it with {$})", pattern)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%v", r)
+		}
+	}()
+	mux.Handle(pattern, http.NotFoundHandler())
+	return nil
+}
+
+// validToken reports whether s is an RFC 9110 token, as header names and
+// methods must be.
+func validToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+			continue
+		}
+		if !strings.ContainsRune("!#$%&'*+-.^_`|~", rune(c)) {
+			return false
+		}
+	}
+	return true
+}

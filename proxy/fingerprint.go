@@ -1,0 +1,154 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"hash"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/config"
+)
+
+// fingerprinter hashes what makes two requests "the same request": method,
+// the concrete path and query, the configured headers and the body. Every
+// part is length-prefixed, so no two different requests frame to the same
+// bytes.
+type fingerprinter struct {
+	// headers are canonical header names, in configured order.
+	headers []string
+	// ignore are parsed JSON Pointers removed from JSON bodies before
+	// hashing; nil leaves bodies byte for byte.
+	ignore [][]string
+}
+
+func newFingerprinter(fp config.Fingerprint) (*fingerprinter, error) {
+	f := &fingerprinter{}
+	for _, h := range fp.Headers {
+		f.headers = append(f.headers, http.CanonicalHeaderKey(h))
+	}
+	for _, p := range fp.IgnoreJSONFields {
+		tokens, err := config.ParsePointer(p)
+		if err != nil {
+			return nil, err
+		}
+		f.ignore = append(f.ignore, tokens)
+	}
+	return f, nil
+}
+
+// sum returns the fingerprint. path is the cleaned path the route matched.
+func (f *fingerprinter) sum(method, path, rawQuery string, h http.Header, body []byte) claim.Fingerprint {
+	d := sha256.New()
+	frame(d, []byte(method))
+	frame(d, []byte(path))
+	frame(d, []byte(rawQuery))
+	for _, name := range f.headers {
+		vs := h.Values(name)
+		frame(d, []byte(name))
+		frame(d, []byte(strconv.Itoa(len(vs))))
+		for _, v := range vs {
+			if name == "Content-Type" {
+				v = normalizeMediaType(v)
+			}
+			frame(d, []byte(v))
+		}
+	}
+	if len(f.ignore) > 0 && isJSON(h.Get("Content-Type")) {
+		if canon, ok := f.canonicalJSON(body); ok {
+			frame(d, []byte("json"))
+			frame(d, canon)
+			return claim.Fingerprint(d.Sum(nil))
+		}
+	}
+	frame(d, []byte("raw"))
+	frame(d, body)
+	return claim.Fingerprint(d.Sum(nil))
+}
+
+func frame(h hash.Hash, b []byte) {
+	var n [binary.MaxVarintLen64]byte
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(b)))])
+	h.Write(b)
+}
+
+// normalizeMediaType lower-cases the type and parameter names and drops
+// optional whitespace, so "Application/JSON; charset=utf-8" and
+// "application/json;charset=utf-8" fingerprint alike.
+func normalizeMediaType(v string) string {
+	mt, params, err := mime.ParseMediaType(v)
+	if err != nil {
+		return strings.ToLower(strings.TrimSpace(v))
+	}
+	return mime.FormatMediaType(mt, params)
+}
+
+func isJSON(contentType string) bool {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return false
+	}
+	return mt == "application/json" || strings.HasSuffix(mt, "+json")
+}
+
+// canonicalJSON removes the ignored fields and re-encodes the document
+// with sorted object keys and numbers kept as written. ok is false for a
+// body that is not exactly one JSON value: it is then hashed raw, and the
+// upstream decides what to answer to it.
+func (f *fingerprinter) canonicalJSON(body []byte) (canon []byte, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	var doc any
+	if err := dec.Decode(&doc); err != nil {
+		return nil, false
+	}
+	if len(bytes.TrimSpace(body[dec.InputOffset():])) != 0 {
+		return nil, false // trailing data after the document
+	}
+	for _, p := range f.ignore {
+		doc = remove(doc, p)
+	}
+	out, err := json.Marshal(doc)
+	if err != nil {
+		return nil, false
+	}
+	return out, true
+}
+
+// remove deletes the value at pointer from doc. An array element is set
+// to null rather than removed, so the elements after it keep their
+// positions. A pointer that names nothing leaves doc unchanged.
+func remove(doc any, pointer []string) any {
+	if len(pointer) == 0 {
+		return doc
+	}
+	last := len(pointer) == 1
+	switch t := doc.(type) {
+	case map[string]any:
+		child, ok := t[pointer[0]]
+		if !ok {
+			return doc
+		}
+		if last {
+			delete(t, pointer[0])
+		} else {
+			t[pointer[0]] = remove(child, pointer[1:])
+		}
+	case []any:
+		i, err := strconv.Atoi(pointer[0])
+		if err != nil || i < 0 || i >= len(t) || strconv.Itoa(i) != pointer[0] {
+			return doc
+		}
+		if last {
+			t[i] = nil
+		} else {
+			t[i] = remove(t[i], pointer[1:])
+		}
+	}
+	return doc
+}

@@ -1,0 +1,459 @@
+// Package proxy owns idemproxy's HTTP request path: route matching,
+// identity, idempotency keys, fingerprints, and the claim-forward-store
+// sequence in front of the upstream.
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/config"
+)
+
+// Store is what the proxy needs from the claim store. *claim.Store
+// implements it against Redis.
+type Store interface {
+	Key(principal, scope, key string) string
+	Claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration) (claim.Result, error)
+	Get(ctx context.Context, key string) (*claim.Record, time.Duration, error)
+	Renew(ctx context.Context, key string, token claim.Token, lease time.Duration) error
+	Complete(ctx context.Context, key string, rec *claim.Record, retention time.Duration) (claim.Completion, error)
+	Release(ctx context.Context, key string, token claim.Token) error
+}
+
+var _ Store = (*claim.Store)(nil)
+
+// Header names idemproxy sets.
+const (
+	// ReplayedHeader marks a response replayed from the store.
+	ReplayedHeader = "Idempotent-Replayed"
+	// RequestIDHeader is passed through, or generated when absent, and
+	// forwarded to the upstream.
+	RequestIDHeader = "X-Request-Id"
+)
+
+// Options are the optional collaborators of a Handler.
+type Options struct {
+	// Transport sends requests to the upstream. Nil uses NewTransport().
+	// It must not resend a request it may have written: *http.Transport
+	// does not, for the requests this package builds.
+	Transport http.RoundTripper
+	// Logger receives one line per protected request and every anomaly.
+	// Nil discards logs.
+	Logger *slog.Logger
+	// Metrics collects counters and latencies. Nil creates unregistered
+	// collectors.
+	Metrics *Metrics
+	// Now is the clock. Nil uses time.Now.
+	Now func() time.Time
+	// Rand is the source of owner tokens and request ids. Nil uses
+	// crypto/rand.
+	Rand io.Reader
+}
+
+// Handler is the idemproxy HTTP handler: protected routes go through the
+// claim protocol, everything else streams straight to the upstream.
+type Handler struct {
+	store           Store
+	routes          *router
+	id              identity
+	upstream        *url.URL
+	upstreamTimeout time.Duration
+	proxy           *httputil.ReverseProxy
+	log             *slog.Logger
+	metrics         *Metrics
+	now             func() time.Time
+	rand            io.Reader
+}
+
+// New builds a Handler for cfg, which must be valid.
+func New(cfg *config.Config, store Store, opts Options) (*Handler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	upstream, err := url.Parse(cfg.Upstream.URL)
+	if err != nil {
+		return nil, fmt.Errorf("upstream.url: %w", err)
+	}
+	routes, err := newRouter(cfg.Routes)
+	if err != nil {
+		return nil, err
+	}
+	h := &Handler{
+		store:           store,
+		routes:          routes,
+		id:              identity{header: http.CanonicalHeaderKey(cfg.Identity.Header), trusted: cfg.Identity.TrustedProxies},
+		upstream:        upstream,
+		upstreamTimeout: cfg.Upstream.Timeout,
+		log:             opts.Logger,
+		metrics:         opts.Metrics,
+		now:             opts.Now,
+		rand:            opts.Rand,
+	}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	if h.metrics == nil {
+		h.metrics = NewMetrics(nil)
+	}
+	if h.now == nil {
+		h.now = time.Now
+	}
+	if h.rand == nil {
+		h.rand = rand.Reader
+	}
+	transport := opts.Transport
+	if transport == nil {
+		transport = NewTransport()
+	}
+	h.proxy = &httputil.ReverseProxy{
+		Rewrite:        h.rewrite,
+		Transport:      &ownerTransport{next: transport},
+		ModifyResponse: h.modifyResponse,
+		ErrorHandler:   h.errorHandler,
+		ErrorLog:       slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+		// Flush at once: a pass-through route may stream (SSE, long poll).
+		FlushInterval: -1,
+	}
+	return h, nil
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	principal, idErr := h.id.principal(r)
+	rt, path := h.routes.match(r)
+	if rt == nil {
+		h.proxy.ServeHTTP(w, r)
+		return
+	}
+	x := &exchange{
+		h:         h,
+		rt:        rt,
+		w:         w,
+		r:         r,
+		path:      path,
+		principal: principal,
+		requestID: h.requestID(r),
+		start:     h.now(),
+	}
+	// Deferred so that a client disconnect, which aborts the handler with
+	// http.ErrAbortHandler while the response is copied, is still counted.
+	defer x.finish()
+	if idErr != nil {
+		x.reject(probIdentityInvalid.with(idErr.Error()))
+		return
+	}
+	x.serve()
+}
+
+// requestID returns the client's X-Request-Id when it is a reasonable
+// token, or a new random one, and sets it on r so the upstream sees it.
+func (h *Handler) requestID(r *http.Request) string {
+	if id := r.Header.Get(RequestIDHeader); id != "" && len(id) <= 128 && visibleASCII(id) {
+		return id
+	}
+	var b [16]byte
+	_, _ = io.ReadFull(h.rand, b[:]) // crypto/rand does not fail
+	id := hex.EncodeToString(b[:])
+	r.Header.Set(RequestIDHeader, id)
+	return id
+}
+
+func visibleASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// exchange is one protected request on its way through the protocol.
+type exchange struct {
+	h         *Handler
+	rt        *route
+	w         http.ResponseWriter
+	r         *http.Request
+	path      string
+	principal string
+	requestID string
+	start     time.Time
+
+	// hashedKey is the Redis key, the only form of the key that is logged.
+	hashedKey string
+	// outcome and status are what finish counts and logs.
+	outcome string
+	status  int
+	detail  string
+}
+
+// serve runs steps 2 to 8 of the request flow (route match is done).
+func (x *exchange) serve() {
+	s := &x.rt.settings
+	key, keyErr := parseKey(x.r.Header, s.KeyHeader)
+	switch {
+	case errors.Is(keyErr, errKeyMissing) && !s.RequireKey:
+		x.bypass(nil, "no idempotency key on an optional route")
+		return
+	case x.principal == "":
+		x.reject(probIdentityMissing.with("this route needs an authenticated principal in " + x.h.id.header))
+		return
+	case errors.Is(keyErr, errKeyMissing):
+		x.reject(probKeyMissing.with("send an " + s.KeyHeader + " header"))
+		return
+	case keyErr != nil:
+		x.reject(probKeyMalformed.with(keyErr.Error()))
+		return
+	}
+	// Forward the unquoted key: the upstream can dedupe on it in its own
+	// transaction, closing the dual-write window from its side.
+	x.r.Header.Set(s.KeyHeader, key)
+
+	body, ok := x.readBody()
+	if !ok {
+		return
+	}
+	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, body)
+	x.hashedKey = x.h.store.Key(x.principal, x.rt.scope, key)
+
+	rec := &claim.Record{
+		State:       claim.InProgress,
+		Fingerprint: fp,
+		Created:     x.h.now(),
+		RequestID:   x.requestID,
+	}
+	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
+	var waitUntil time.Time
+	if s.Concurrent == config.ConcurrentWait {
+		waitUntil = x.start.Add(s.MaxWait)
+	}
+	for {
+		res, err := x.claim(rec)
+		if err != nil {
+			x.storeFailed(err, body)
+			return
+		}
+		if res.Claimed {
+			x.own(rec, body)
+			return
+		}
+		existing, ttl := res.Existing, res.TTL
+		if existing.State == claim.InProgress && existing.Fingerprint == fp && x.h.now().Before(waitUntil) {
+			existing, ttl, err = x.wait(waitUntil)
+			if err != nil {
+				x.storeFailed(err, nil)
+				return
+			}
+			if existing == nil {
+				continue // released or lapsed: claim it ourselves
+			}
+		}
+		x.answerExisting(existing, fp, ttl)
+		return
+	}
+}
+
+// claim runs the one-round-trip claim-or-read, timed.
+func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
+	defer x.h.observeStore("claim", time.Now())
+	return x.h.store.Claim(x.r.Context(), x.hashedKey, rec, x.rt.settings.Lease)
+}
+
+// answerExisting answers from a record another attempt wrote.
+func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl time.Duration) {
+	switch {
+	case rec.Fingerprint != fp:
+		x.outcome = outcomeMismatch
+		x.problem(probMismatch.with("this idempotency key was first used with a different method, path, query, body or fingerprinted header"))
+	case rec.State == claim.InProgress:
+		x.outcome = outcomeConflict
+		p := probInProgress.with("retry after the time in Retry-After; the first attempt is still running")
+		p.retryAfter = ttl
+		x.problem(p)
+	case rec.BodyOmitted:
+		x.outcome = outcomeConflict
+		p := probNotReplayable.with(fmt.Sprintf("the first attempt was executed and answered %d, with a body larger than this route's max_response_body", rec.Status))
+		p.OriginalStatus = rec.Status
+		x.problem(p)
+	default:
+		x.replay(rec)
+	}
+}
+
+// replay writes the stored response, byte for byte, marked as a replay.
+func (x *exchange) replay(rec *claim.Record) {
+	x.outcome = outcomeReplayed
+	x.status = rec.Status
+	h := x.w.Header()
+	for k, vs := range rec.Header {
+		h[k] = vs
+	}
+	h.Set(ReplayedHeader, "true")
+	x.w.WriteHeader(rec.Status)
+	_, _ = x.w.Write(rec.Body)
+}
+
+// wait polls the key until its first attempt settles, the deadline passes
+// or the client goes away. It returns nil when the key is free again.
+func (x *exchange) wait(until time.Time) (*claim.Record, time.Duration, error) {
+	interval := 10 * time.Millisecond
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
+	for {
+		select {
+		case <-x.r.Context().Done():
+			return nil, 0, x.r.Context().Err()
+		case <-timer.C:
+		}
+		start := time.Now()
+		rec, ttl, err := x.h.store.Get(x.r.Context(), x.hashedKey)
+		x.h.observeStore("get", start)
+		if err != nil || rec == nil || rec.State == claim.Completed {
+			return rec, ttl, err
+		}
+		if !x.h.now().Before(until) {
+			return rec, ttl, nil
+		}
+		interval = min(interval*2, 200*time.Millisecond, until.Sub(x.h.now())+time.Millisecond)
+		timer.Reset(interval)
+	}
+}
+
+// readBody reads the request body up to max_request_body.
+func (x *exchange) readBody() ([]byte, bool) {
+	limit := x.rt.settings.MaxRequestBody
+	if x.r.ContentLength > limit {
+		x.reject(probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
+		return nil, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(x.w, x.r.Body, limit))
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			x.reject(probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
+		} else {
+			x.reject(probBodyUnreadable.with(err.Error()))
+		}
+		return nil, false
+	}
+	return body, true
+}
+
+// storeFailed answers when the store could not be used before anything was
+// forwarded: per store_unavailable, 503 or an unprotected forward. A
+// record that cannot be decoded is never overwritten or worked around.
+func (x *exchange) storeFailed(err error, body []byte) {
+	x.h.metrics.storeErrors.WithLabelValues("claim").Inc()
+	if errors.Is(err, context.Canceled) && x.r.Context().Err() != nil {
+		x.outcome, x.detail = outcomeRejected, "client went away"
+		return
+	}
+	if errors.Is(err, claim.ErrCorrupt) {
+		x.outcome, x.detail = outcomeStoreError, err.Error()
+		x.problem(probRecordCorrupt.with("the record stored for this key is not one idemproxy can read; nothing was forwarded"))
+		return
+	}
+	if x.rt.settings.StoreUnavailable == config.FailOpen && body != nil {
+		x.h.log.Warn("store unavailable, forwarding unprotected (fail_open)", "route", x.rt.name, "request_id", x.requestID, "err", err)
+		x.bypass(body, "store unavailable, fail_open: "+err.Error())
+		return
+	}
+	x.outcome, x.detail = outcomeStoreError, err.Error()
+	p := probStoreUnavailable.with("the idempotency store cannot be reached; nothing was forwarded, retry later")
+	p.retryAfter = time.Second
+	x.problem(p)
+}
+
+// bypass forwards the request without protection. body, when not nil, is
+// the already-read request body.
+func (x *exchange) bypass(body []byte, why string) {
+	x.outcome, x.detail = outcomeBypassed, why
+	r := x.r
+	if body != nil {
+		r = r.Clone(r.Context())
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+	}
+	sw := &statusWriter{ResponseWriter: x.w}
+	x.h.proxy.ServeHTTP(sw, r)
+	x.status = sw.status
+}
+
+// reject answers a request that was not acceptable; nothing is forwarded
+// and nothing is stored.
+func (x *exchange) reject(p problem) {
+	x.outcome = outcomeRejected
+	x.problem(p)
+}
+
+func (x *exchange) problem(p problem) {
+	if x.detail == "" {
+		x.detail = p.Detail
+	}
+	x.status = p.Status
+	writeProblem(x.w, p, x.requestID)
+}
+
+// finish counts and logs the request once.
+func (x *exchange) finish() {
+	if x.outcome == "" {
+		x.outcome = outcomeRejected // aborted before an answer was chosen
+	}
+	x.h.metrics.requests.WithLabelValues(x.rt.name, x.outcome).Inc()
+	level := slog.LevelInfo
+	switch x.outcome {
+	case outcomeStoreError, outcomeFenceLost:
+		level = slog.LevelError
+	}
+	attrs := []slog.Attr{
+		slog.String("route", x.rt.name),
+		slog.String("outcome", x.outcome),
+		slog.Int("status", x.status),
+		slog.String("request_id", x.requestID),
+		slog.Duration("duration", x.h.now().Sub(x.start)),
+	}
+	if x.hashedKey != "" {
+		attrs = append(attrs, slog.String("key", x.hashedKey))
+	}
+	if x.detail != "" {
+		attrs = append(attrs, slog.String("detail", x.detail))
+	}
+	x.h.log.LogAttrs(context.Background(), level, "request", attrs...)
+}
+
+func (h *Handler) observeStore(op string, start time.Time) {
+	h.metrics.storeSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+}
+
+// statusWriter remembers the status written through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -1,0 +1,74 @@
+package proxy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcomes of a protected request, the values of the outcome label of
+// idemproxy_requests_total. Each request is counted once, for its final
+// outcome.
+const (
+	outcomeClaimed    = "claimed"     // owned and forwarded, outcome unknown, claim kept
+	outcomeReplayed   = "replayed"    // answered from the stored response
+	outcomeConflict   = "conflict"    // 409: in progress, or stored without a body
+	outcomeMismatch   = "mismatch"    // 422: same key, different request
+	outcomeReleased   = "released"    // forwarded, transient answer, claim released
+	outcomeStored     = "stored"      // forwarded, settled answer stored
+	outcomeBypassed   = "bypassed"    // forwarded unprotected (optional key, fail_open)
+	outcomeStoreError = "store_error" // store unreachable or unreadable
+	outcomeFenceLost  = "fence_lost"  // forwarded, but another owner held the key at completion
+	outcomeRejected   = "rejected"    // bad key, identity or size; nothing forwarded
+)
+
+// Metrics are the proxy's Prometheus collectors.
+type Metrics struct {
+	requests     *prometheus.CounterVec
+	storeSeconds *prometheus.HistogramVec
+	storeErrors  *prometheus.CounterVec
+	upstream     *prometheus.HistogramVec
+	storedBytes  prometheus.Histogram
+	inFlight     prometheus.Gauge
+	renewals     *prometheus.CounterVec
+}
+
+// NewMetrics creates the collectors and registers them with reg; a nil reg
+// leaves them unregistered (tests, or a caller that exposes no metrics).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_requests_total",
+			Help: "Protected requests by route and final outcome.",
+		}, []string{"route", "outcome"}),
+		storeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemproxy_store_operation_seconds",
+			Help:    "Latency of store operations by op.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"op"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_store_errors_total",
+			Help: "Store operations that failed, by op.",
+		}, []string{"op"}),
+		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemproxy_upstream_seconds",
+			Help:    "Time from forwarding a protected request to the upstream's response headers, by route.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"route"}),
+		storedBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "idemproxy_stored_response_bytes",
+			Help:    "Size of stored records.",
+			Buckets: prometheus.ExponentialBuckets(256, 4, 8),
+		}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemproxy_inflight_claims",
+			Help: "Claims this process owns and has not settled yet.",
+		}),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_lease_renewals_total",
+			Help: "Lease renewals by result (ok, lost, error).",
+		}, []string{"result"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.storedBytes, m.inFlight, m.renewals)
+	}
+	return m
+}

@@ -1,0 +1,77 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// ProblemTypePrefix starts the type URI of every problem idemproxy answers
+// with. The part after it is stable and listed in the README.
+const ProblemTypePrefix = "urn:idemproxy:problem:"
+
+// problem is an RFC 9457 problem detail. Status and Type are always set;
+// the extension members are omitted when empty.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	// OriginalStatus is the status of the stored response that could not
+	// be replayed (response-not-replayable).
+	OriginalStatus int `json:"original_status,omitempty"`
+	// RequestID traces the response to its log line.
+	RequestID string `json:"request_id,omitempty"`
+
+	// retryAfter, when positive, is sent as Retry-After in whole seconds.
+	retryAfter time.Duration
+}
+
+// The problems idemproxy answers with, one per case. Titles never change
+// with the request; detail says what was wrong with this one.
+var (
+	probKeyMissing       = problem{Type: "key-missing", Status: http.StatusBadRequest, Title: "Idempotency key required"}
+	probKeyMalformed     = problem{Type: "key-malformed", Status: http.StatusBadRequest, Title: "Malformed idempotency key"}
+	probIdentityMissing  = problem{Type: "identity-missing", Status: http.StatusUnauthorized, Title: "Authenticated principal required"}
+	probIdentityInvalid  = problem{Type: "identity-invalid", Status: http.StatusUnauthorized, Title: "Ambiguous principal"}
+	probBodyTooLarge     = problem{Type: "body-too-large", Status: http.StatusRequestEntityTooLarge, Title: "Request body too large"}
+	probBodyUnreadable   = problem{Type: "body-unreadable", Status: http.StatusBadRequest, Title: "Request body could not be read"}
+	probMismatch         = problem{Type: "key-reused", Status: http.StatusUnprocessableEntity, Title: "Idempotency key reused with a different request"}
+	probInProgress       = problem{Type: "request-in-progress", Status: http.StatusConflict, Title: "A request with this idempotency key is in progress"}
+	probNotReplayable    = problem{Type: "response-not-replayable", Status: http.StatusConflict, Title: "The original response was too large to store and cannot be replayed"}
+	probStoreUnavailable = problem{Type: "store-unavailable", Status: http.StatusServiceUnavailable, Title: "Idempotency store unavailable"}
+	probRecordCorrupt    = problem{Type: "record-unreadable", Status: http.StatusInternalServerError, Title: "Stored idempotency record could not be read"}
+	probUpstreamDown     = problem{Type: "upstream-unreachable", Status: http.StatusBadGateway, Title: "Upstream unreachable; the request was not sent"}
+	probUpstreamFailed   = problem{Type: "upstream-failed", Status: http.StatusBadGateway, Title: "Upstream connection failed after the request was sent"}
+	probUpstreamTimeout  = problem{Type: "upstream-timeout", Status: http.StatusGatewayTimeout, Title: "Upstream did not answer in time"}
+)
+
+// with returns a copy of p carrying detail.
+func (p problem) with(detail string) problem {
+	p.Detail = detail
+	return p
+}
+
+// writeProblem is the proxy's one error path: every error response goes
+// out through here.
+func writeProblem(w http.ResponseWriter, p problem, requestID string) {
+	p.RequestID = requestID
+	p.Type = ProblemTypePrefix + p.Type
+	body, _ := json.Marshal(p) // a struct of strings and ints always marshals
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	h.Set("Cache-Control", "no-store")
+	if p.retryAfter > 0 {
+		h.Set("Retry-After", retryAfterSeconds(p.retryAfter))
+	}
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// retryAfterSeconds rounds d up to whole seconds, at least 1.
+func retryAfterSeconds(d time.Duration) string {
+	s := int64((d + time.Second - 1) / time.Second)
+	return strconv.FormatInt(max(s, 1), 10)
+}

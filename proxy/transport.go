@@ -1,0 +1,34 @@
+package proxy
+
+import (
+	"net"
+	"net/http"
+	"time"
+)
+
+// Transport sizing. The default http.Transport keeps 2 idle connections
+// per host, which under concurrency means a new upstream connection for
+// most requests.
+const (
+	maxIdleConnsPerHost = 512
+	idleConnTimeout     = 60 * time.Second
+	dialTimeout         = 5 * time.Second
+)
+
+// NewTransport returns the http.Transport idemproxy uses to reach the
+// upstream in its own pod: plain HTTP/1.1, many idle connections, no
+// environment proxy, and no transparent decompression (the client gets the
+// upstream's bytes, encoded as they were).
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		DialContext: (&net.Dialer{
+			Timeout:   dialTimeout,
+			KeepAlive: 30 * time.Second,
+		}).DialContext,
+		MaxIdleConns:          maxIdleConnsPerHost,
+		MaxIdleConnsPerHost:   maxIdleConnsPerHost,
+		IdleConnTimeout:       idleConnTimeout,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+	}
+}
