@@ -1,0 +1,294 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+// demoPort is where the demo's sidecar listens when the port is free, so
+// the printed curl lines are easy to type.
+const demoPort = "127.0.0.1:8080"
+
+// runDemo starts the embedded store, a sample legacy payments upstream and
+// the sidecar on loopback, runs a scripted show of the guarantees, then
+// keeps serving until interrupted (or returns at once with -once).
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("idemproxy demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	once := fs.Bool("once", false, "exit after the scripted show")
+	verbose := fs.Bool("v", false, "print the sidecar's JSON logs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+
+	bank := newLegacyBank()
+	upstreamLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	upstream := &http.Server{Handler: bank, ReadHeaderTimeout: 5 * time.Second}
+	go upstream.Serve(upstreamLn)
+	defer upstream.Close()
+
+	cfg := config.Default()
+	cfg.Listen = demoPort
+	if ln, err := net.Listen("tcp", demoPort); err != nil {
+		cfg.Listen = "127.0.0.1:0"
+	} else {
+		ln.Close()
+	}
+	cfg.AdminListen = "127.0.0.1:0"
+	cfg.Upstream.URL = "http://" + upstreamLn.Addr().String()
+	cfg.Upstream.Timeout = 5 * time.Second
+	cfg.Defaults.Lease = 2 * time.Second
+	cfg.Defaults.Retention = time.Hour
+	wait := cfg.Defaults
+	wait.Concurrent = config.ConcurrentWait
+	cfg.Routes = []config.Route{
+		{Name: "create-payment", Match: "POST /payments", Settings: cfg.Defaults},
+		{Name: "create-order", Match: "POST /orders", Settings: wait},
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+
+	logOut := io.Discard
+	if *verbose {
+		logOut = stderr
+	}
+	logger := slog.New(slog.NewJSONHandler(logOut, nil))
+	sctx, stop := context.WithCancel(ctx)
+	defer stop()
+	addrs := make(chan [2]string, 1)
+	served := make(chan error, 1)
+	go func() {
+		served <- serve(sctx, cfg, logger, func(c, a string) { addrs <- [2]string{c, a} })
+	}()
+	var client, admin string
+	select {
+	case a := <-addrs:
+		client, admin = a[0], a[1]
+	case err := <-served:
+		return err
+	}
+
+	fmt.Fprintf(stdout, "idemproxy demo: sidecar http://%s -> legacy payments upstream %s (embedded store)\n\n", client, cfg.Upstream.URL)
+	show := &demoShow{base: "http://" + client, bank: bank, out: stdout}
+	if err := show.run(); err != nil {
+		stop()
+		<-served
+		return err
+	}
+	if *once {
+		stop()
+		return <-served
+	}
+	fmt.Fprintf(stdout, `
+Try it yourself (Ctrl-C to stop):
+  curl -i -X POST http://%[1]s/payments -H 'X-Forwarded-User: alice' -H 'Idempotency-Key: try-1' -H 'Content-Type: application/json' -d '{"amount":500}'
+  # run it again: same body, Idempotent-Replayed: true, still one charge
+  curl -i -X POST http://%[1]s/payments -H 'X-Forwarded-User: alice' -H 'Idempotency-Key: try-1' -H 'Content-Type: application/json' -d '{"amount":999}'
+  # 422: the key was used for a different request
+  curl -s http://%[2]s/metrics | grep idemproxy_requests_total
+`, client, admin)
+	return <-served
+}
+
+// demoShow is the scripted part of the demo.
+type demoShow struct {
+	base string
+	bank *legacyBank
+	out  io.Writer
+	rows [][4]string
+	// lastBody is the success body of the last burst, to compare replays.
+	lastBody string
+}
+
+type demoResult struct {
+	status   int
+	replayed bool
+	body     string
+}
+
+func (s *demoShow) post(path, user, key, body string) (demoResult, error) {
+	req, err := http.NewRequest(http.MethodPost, s.base+path, strings.NewReader(body))
+	if err != nil {
+		return demoResult{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if user != "" {
+		req.Header.Set("X-Forwarded-User", user)
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return demoResult{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return demoResult{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", body: string(b)}, err
+}
+
+// burst sends n identical requests at once and tallies the answers.
+func (s *demoShow) burst(n int, path, user, key, body string) (string, error) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	tally := map[string]int{}
+	bodies := map[string]bool{}
+	var firstErr error
+	for range n {
+		wg.Go(func() {
+			r, err := s.post(path, user, key, body)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				firstErr = err
+				return
+			}
+			label := fmt.Sprint(r.status)
+			if r.replayed {
+				label += " replayed"
+			}
+			tally[label]++
+			if r.status < 300 {
+				bodies[r.body] = true
+				s.lastBody = r.body
+			}
+		})
+	}
+	wg.Wait()
+	var parts []string
+	for _, label := range []string{"201", "201 replayed", "409"} {
+		if tally[label] > 0 {
+			parts = append(parts, fmt.Sprintf("%d x %s", tally[label], label))
+		}
+		delete(tally, label)
+	}
+	for label, c := range tally {
+		parts = append(parts, fmt.Sprintf("%d x %s", c, label))
+	}
+	return fmt.Sprintf("%s; %d distinct success body", strings.Join(parts, ", "), len(bodies)), firstErr
+}
+
+func (s *demoShow) row(step, result string) {
+	s.rows = append(s.rows, [4]string{fmt.Sprint(len(s.rows) + 1), step, result, fmt.Sprint(s.bank.charges())})
+}
+
+func (s *demoShow) run() error {
+	const pay = `{"amount":1250,"currency":"EUR"}`
+	res, err := s.burst(20, "/payments", "alice", "order-42", pay)
+	if err != nil {
+		return err
+	}
+	s.row("20 concurrent retries, one key (reject mode)", res)
+
+	r, err := s.post("/payments", "alice", "order-42", pay)
+	if err != nil {
+		return err
+	}
+	same := "a different body"
+	if r.body == s.lastBody {
+		same = "byte-identical body"
+	}
+	s.row("a later retry of the same request", fmt.Sprintf("%d, Idempotent-Replayed: %v, %s", r.status, r.replayed, same))
+
+	r, err = s.post("/payments", "alice", "order-42", `{"amount":9999,"currency":"EUR"}`)
+	if err != nil {
+		return err
+	}
+	s.row("same key, different amount", fmt.Sprintf("%d key-reused (nothing charged)", r.status))
+
+	r, err = s.post("/payments", "bob", "order-42", pay)
+	if err != nil {
+		return err
+	}
+	s.row("another principal, same key", fmt.Sprintf("%d: keys are scoped by principal", r.status))
+
+	r, err = s.post("/payments", "alice", "busy-1", `{"amount":300,"simulate":"busy_once"}`)
+	if err != nil {
+		return err
+	}
+	r2, err := s.post("/payments", "alice", "busy-1", `{"amount":300,"simulate":"busy_once"}`)
+	if err != nil {
+		return err
+	}
+	s.row("upstream 503 (transient), then a retry", fmt.Sprintf("%d released, retry %d executed", r.status, r2.status))
+
+	res, err = s.burst(10, "/orders", "alice", "cart-7", `{"sku":"book"}`)
+	if err != nil {
+		return err
+	}
+	s.row("10 concurrent retries (concurrent: wait)", res)
+
+	r, err = s.post("/payments", "alice", "", pay)
+	if err != nil {
+		return err
+	}
+	s.row("no Idempotency-Key on a required route", fmt.Sprintf("%d key-missing", r.status))
+
+	tw := tabwriter.NewWriter(s.out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "#\tscenario\tclient saw\tcharges made upstream so far")
+	for _, row := range s.rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", row[0], row[1], row[2], row[3])
+	}
+	return tw.Flush()
+}
+
+// legacyBank is the demo's unmodified upstream: it charges on every POST
+// it receives, slowly, with no idempotency of its own.
+type legacyBank struct {
+	mu    sync.Mutex
+	n     int
+	busy  map[string]bool
+	calls int
+}
+
+func newLegacyBank() *legacyBank { return &legacyBank{busy: map[string]bool{}} }
+
+func (b *legacyBank) charges() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.n
+}
+
+func (b *legacyBank) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var in map[string]any
+	body, _ := io.ReadAll(r.Body)
+	_ = json.Unmarshal(body, &in)
+	key := r.Header.Get("Idempotency-Key")
+	b.mu.Lock()
+	b.calls++
+	if in["simulate"] == "busy_once" && !b.busy[key] {
+		b.busy[key] = true
+		b.mu.Unlock()
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, `{"error":"busy, nothing charged"}`, http.StatusServiceUnavailable)
+		return
+	}
+	b.n++
+	id := b.n
+	b.mu.Unlock()
+	time.Sleep(200 * time.Millisecond) // a slow legacy write
+	var out bytes.Buffer
+	_ = json.NewEncoder(&out).Encode(map[string]any{
+		"id": fmt.Sprintf("ch_%04d", id), "path": r.URL.Path, "for": r.Header.Get("X-Forwarded-User"), "request": in,
+	})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	w.Write(out.Bytes())
+}

@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// Server limits on the client port. Headers are small for a JSON API; a
+// slow client cannot hold a connection open forever.
+const (
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 120 * time.Second
+	maxHeaderBytes    = 64 << 10
+	// drainExtra is added to upstream.timeout for the shutdown grace: an
+	// in-flight request may run that long and then store its response.
+	drainExtra = 5 * time.Second
+)
+
+// run is the whole program: it parses args, and either checks a config,
+// runs the demo, or serves until ctx is cancelled and in-flight requests
+// have settled.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "demo" {
+		return runDemo(ctx, args[1:], stdout, stderr)
+	}
+	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "config.yaml", "path of the YAML config file")
+	check := fs.Bool("check", false, "validate the config file and exit")
+	version := fs.Bool("version", false, "print build information and exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *version {
+		fmt.Fprintln(stdout, buildInfo())
+		return nil
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return fmt.Errorf("invalid config %s:\n%w", *path, err)
+	}
+	if *check {
+		fmt.Fprintf(stdout, "%s: valid, %d routes\n", *path, len(cfg.Routes))
+		return nil
+	}
+	logger := slog.New(slog.NewJSONHandler(stderr, nil))
+	return serve(ctx, cfg, logger, nil)
+}
+
+func buildInfo() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "idemproxy (no build info)"
+	}
+	s := fmt.Sprintf("idemproxy %s %s", bi.Main.Version, bi.GoVersion)
+	for _, kv := range bi.Settings {
+		if kv.Key == "vcs.revision" || kv.Key == "vcs.time" || kv.Key == "vcs.modified" {
+			s += " " + kv.Key + "=" + kv.Value
+		}
+	}
+	return s
+}
+
+// serve wires the store, metrics and handler and serves until ctx ends.
+// When ready is not nil it receives the client and admin addresses once
+// both listeners are open.
+func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ready func(client, admin string)) error {
+	// go-redis has one process-wide logger; route it into ours.
+	redis.SetLogger(claim.SlogLogger{Logger: logger})
+
+	redisCfg := cfg.Store.Redis
+	if len(redisCfg.Addrs) == 0 {
+		emb, err := claim.StartEmbedded()
+		if err != nil {
+			return fmt.Errorf("start embedded store: %w", err)
+		}
+		defer emb.Close()
+		logger.Warn("USING THE EMBEDDED IN-MEMORY STORE: single instance, not durable, for development only; set store.redis.addrs in production",
+			"addr", emb.Addr())
+		redisCfg = config.Redis{Addrs: []string{emb.Addr()}}
+	}
+	client := claim.NewClient(redisCfg)
+	defer client.Close()
+	store := claim.New(client, cfg.Store.KeyPrefix)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	evictionSafe := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_redis_eviction_policy_safe",
+		Help: "1 when Redis' maxmemory-policy is noeviction, 0 when it can evict idempotency keys, -1 when unknown.",
+	})
+	reg.MustRegister(evictionSafe)
+	checkStore(ctx, store, logger, evictionSafe)
+
+	h, err := proxy.New(cfg, store, proxy.Options{Logger: logger, Metrics: proxy.NewMetrics(reg)})
+	if err != nil {
+		return err
+	}
+
+	var draining atomic.Bool
+	admin := http.NewServeMux()
+	admin.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	admin.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if draining.Load() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		pctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if err := store.Ping(pctx); err != nil {
+			http.Error(w, "store unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+
+	clientLn, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	adminLn, err := net.Listen("tcp", cfg.AdminListen)
+	if err != nil {
+		clientLn.Close()
+		return fmt.Errorf("admin_listen: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	adminSrv := &http.Server{Handler: admin, ReadHeaderTimeout: readHeaderTimeout}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(clientLn) }()
+	go func() { errc <- adminSrv.Serve(adminLn) }()
+	logger.Info("serving", "listen", clientLn.Addr().String(), "admin_listen", adminLn.Addr().String(),
+		"upstream", cfg.Upstream.URL, "routes", len(cfg.Routes))
+	if ready != nil {
+		ready(clientLn.Addr().String(), adminLn.Addr().String())
+	}
+
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	// Drain: fail readiness, stop accepting, let in-flight requests settle
+	// and store their responses, then exit.
+	draining.Store(true)
+	grace := cfg.Upstream.Timeout + drainExtra
+	logger.Info("draining", "grace", grace.String())
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	err = srv.Shutdown(sctx)
+	_ = adminSrv.Shutdown(sctx)
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("drain: %w", err)
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+// checkStore loads the scripts and warns loudly when Redis can evict
+// idempotency keys. Neither failure stops the start: Redis may come up
+// later, and /readyz reports it until then.
+func checkStore(ctx context.Context, store *claim.Store, logger *slog.Logger, safe prometheus.Gauge) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := store.Preload(ctx); err != nil {
+		logger.Warn("store not reachable at start", "err", err)
+	}
+	policy, err := store.EvictionPolicy(ctx)
+	switch {
+	case err != nil:
+		safe.Set(-1)
+		logger.Warn("cannot read Redis maxmemory-policy", "err", err)
+	case policy != "noeviction":
+		safe.Set(0)
+		logger.Error("REDIS CAN EVICT IDEMPOTENCY KEYS: maxmemory-policy is not noeviction; an evicted claim lets a retry execute again",
+			"maxmemory_policy", policy)
+	default:
+		safe.Set(1)
+	}
+}
