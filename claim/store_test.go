@@ -1,0 +1,401 @@
+package claim_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// backend is one store implementation the contract suite runs against.
+type backend struct {
+	name  string
+	start func(t *testing.T) (redis.UniversalClient, *claim.Store)
+}
+
+var backends = []backend{
+	{"embedded", func(t *testing.T) (redis.UniversalClient, *claim.Store) {
+		e, err := claim.StartEmbedded()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(e.Close)
+		c := claim.NewClient(config.Redis{Addrs: []string{e.Addr()}})
+		t.Cleanup(func() { c.Close() })
+		return c, claim.New(c, "test:")
+	}},
+	{"redis-server", func(t *testing.T) (redis.UniversalClient, *claim.Store) {
+		srv := redistest.Start(t)
+		c := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
+		t.Cleanup(func() { c.Close() })
+		return c, claim.New(c, "test:")
+	}},
+}
+
+// TestContract runs every store test against the embedded store and a real
+// redis-server: the same behaviour is required of both.
+func TestContract(t *testing.T) {
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, c redis.UniversalClient, s *claim.Store)
+	}{
+		{"ClaimThenConflict", testClaimThenConflict},
+		{"ResentClaimIsOurs", testResentClaimIsOurs},
+		{"CompleteAndGet", testCompleteAndGet},
+		{"ResentCompleteIsSuccess", testResentCompleteIsSuccess},
+		{"RenewFenced", testRenewFenced},
+		{"ReleaseFenced", testReleaseFenced},
+		{"StaleOwnerAfterTakeover", testStaleOwnerAfterTakeover},
+		{"LeaseLapses", testLeaseLapses},
+		{"CompleteAfterLapse", testCompleteAfterLapse},
+		{"ForeignValueNeverTouched", testForeignValue},
+		{"ConcurrentClaimsOneWinner", testConcurrentClaims},
+	}
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					t.Parallel()
+					c, s := b.start(t)
+					tt.fn(t, c, s)
+				})
+			}
+		})
+	}
+}
+
+func newRecord(t *testing.T) *claim.Record {
+	t.Helper()
+	r := &claim.Record{State: claim.InProgress, Created: time.UnixMilli(1_700_000_000_000), RequestID: "req-1"}
+	rand.Read(r.Token[:])
+	r.Fingerprint[0] = 7
+	return r
+}
+
+func completed(r *claim.Record, body string) *claim.Record {
+	c := *r
+	c.State = claim.Completed
+	c.Completed = r.Created.Add(time.Second)
+	c.Status = 201
+	c.Header = http.Header{"Content-Type": {"application/json"}, "X-Charge": {"a", "b"}}
+	c.Body = []byte(body)
+	return &c
+}
+
+func testClaimThenConflict(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	key := s.Key("alice", "route", "k1")
+	first := newRecord(t)
+	res, err := s.Claim(ctx, key, first, 10*time.Second)
+	if err != nil || !res.Claimed {
+		t.Fatalf("first claim = %+v, %v; want claimed", res, err)
+	}
+	second := newRecord(t)
+	res, err = s.Claim(ctx, key, second, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Claimed {
+		t.Fatal("second claim with another token was granted")
+	}
+	if res.Existing.Token != first.Token || res.Existing.State != claim.InProgress {
+		t.Errorf("existing = %+v, want the first owner's in-progress record", res.Existing)
+	}
+	if res.TTL <= 0 || res.TTL > 10*time.Second {
+		t.Errorf("TTL = %s, want within the 10s lease", res.TTL)
+	}
+}
+
+func testResentClaimIsOurs(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	key := s.Key("alice", "route", "k1")
+	rec := newRecord(t)
+	if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+		t.Fatalf("claim = %+v, %v", res, err)
+	}
+	// What go-redis does after a lost reply: the same command again.
+	res, err := s.Claim(ctx, key, rec, 10*time.Second)
+	if err != nil || !res.Claimed {
+		t.Fatalf("resent claim = %+v, %v; want claimed (it is our own record)", res, err)
+	}
+}
+
+func testCompleteAndGet(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	key := s.Key("alice", "route", "k1")
+	rec := newRecord(t)
+	if _, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	how, err := s.Complete(ctx, key, completed(rec, `{"id":1}`), time.Hour)
+	if err != nil || how != claim.Stored {
+		t.Fatalf("complete = %v, %v; want Stored", how, err)
+	}
+	got, ttl, err := s.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != claim.Completed || got.Status != 201 || string(got.Body) != `{"id":1}` ||
+		got.Header.Get("Content-Type") != "application/json" || strings.Join(got.Header["X-Charge"], ",") != "a,b" {
+		t.Errorf("stored record = %+v", got)
+	}
+	if ttl <= 10*time.Second || ttl > time.Hour {
+		t.Errorf("TTL after complete = %s, want the 1h retention", ttl)
+	}
+	// Any later claim sees the completed record.
+	res, err := s.Claim(ctx, key, newRecord(t), 10*time.Second)
+	if err != nil || res.Claimed || res.Existing.State != claim.Completed {
+		t.Fatalf("claim after complete = %+v, %v", res, err)
+	}
+}
+
+func testResentCompleteIsSuccess(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	key := s.Key("alice", "route", "k1")
+	rec := newRecord(t)
+	if _, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	done := completed(rec, "x")
+	for i := range 2 {
+		if how, err := s.Complete(ctx, key, done, time.Hour); err != nil || how != claim.Stored {
+			t.Fatalf("complete #%d = %v, %v; want Stored", i+1, how, err)
+		}
+	}
+}
+
+func testRenewFenced(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	key := s.Key("alice", "route", "k1")
+	rec := newRecord(t)
+	if _, err := s.Claim(ctx, key, rec, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Renew(ctx, key, rec.Token, time.Minute); err != nil {
+		t.Fatalf("owner renew: %v", err)
+	}
+	if _, ttl, _ := s.Get(ctx, key); ttl <= 2*time.Second {
+		t.Errorf("TTL after renew = %s, want about a minute", ttl)
+	}
+	var other claim.Token
+	other[0] = 1
+	if err := s.Renew(ctx, key, other, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Errorf("renew with another token = %v, want ErrLeaseLost", err)
+	}
+	if err := s.Renew(ctx, s.Key("alice", "route", "absent"), rec.Token, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Errorf("renew of a missing key = %v, want ErrLeaseLost", err)
+	}
+}
+
+func testReleaseFenced(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	key := s.Key("alice", "route", "k1")
+	rec := newRecord(t)
+	if _, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var other claim.Token
+	if err := s.Release(ctx, key, other); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Fatalf("release with another token = %v, want ErrLeaseLost", err)
+	}
+	if got, _, _ := s.Get(ctx, key); got == nil {
+		t.Fatal("a foreign release deleted the record")
+	}
+	if err := s.Release(ctx, key, rec.Token); err != nil {
+		t.Fatalf("owner release: %v", err)
+	}
+	if got, _, _ := s.Get(ctx, key); got != nil {
+		t.Fatal("record still there after release")
+	}
+	if err := s.Release(ctx, key, rec.Token); err != nil {
+		t.Errorf("second release (resent) = %v, want nil", err)
+	}
+	// A completed record is never released.
+	rec2 := newRecord(t)
+	if _, err := s.Claim(ctx, key, rec2, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Complete(ctx, key, completed(rec2, "x"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, key, rec2.Token); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Errorf("release of a completed record = %v, want ErrLeaseLost", err)
+	}
+}
+
+func testStaleOwnerAfterTakeover(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	key := s.Key("alice", "route", "k1")
+	stale := newRecord(t)
+	if _, err := s.Claim(ctx, key, stale, 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	fresh := newRecord(t)
+	waitClaimed(t, s, key, fresh, 200*time.Millisecond)
+	if _, err := s.Complete(ctx, key, completed(stale, "stale"), time.Hour); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Errorf("stale complete = %v, want ErrLeaseLost", err)
+	}
+	if err := s.Release(ctx, key, stale.Token); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Errorf("stale release = %v, want ErrLeaseLost", err)
+	}
+	if err := s.Renew(ctx, key, stale.Token, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Errorf("stale renew = %v, want ErrLeaseLost", err)
+	}
+	got, _, err := s.Get(ctx, key)
+	if err != nil || got == nil || got.Token != fresh.Token || got.State != claim.InProgress {
+		t.Fatalf("after stale writes the record is %+v, %v; want the new owner's, untouched", got, err)
+	}
+}
+
+// waitClaimed claims key for rec, retrying until an earlier lease lapses.
+func waitClaimed(t *testing.T, s *claim.Store, key string, rec *claim.Record, lease time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		res, err := s.Claim(context.Background(), key, rec, lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Claimed {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("the earlier lease never lapsed")
+}
+
+func testLeaseLapses(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	key := s.Key("alice", "route", "k1")
+	if _, err := s.Claim(ctx, key, newRecord(t), 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	res, err := s.Claim(ctx, key, newRecord(t), 200*time.Millisecond)
+	if err != nil || res.Claimed {
+		t.Fatalf("claim during the lease = %+v, %v; want the existing record", res, err)
+	}
+	waitClaimed(t, s, key, newRecord(t), time.Second)
+}
+
+func testCompleteAfterLapse(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	key := s.Key("alice", "route", "k1")
+	rec := newRecord(t)
+	if _, err := s.Claim(ctx, key, rec, 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, _, err := s.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("lease never lapsed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	how, err := s.Complete(ctx, key, completed(rec, "late"), time.Hour)
+	if err != nil || how != claim.StoredAfterLapse {
+		t.Fatalf("complete after lapse = %v, %v; want StoredAfterLapse", how, err)
+	}
+	if got, _, _ := s.Get(ctx, key); got == nil || string(got.Body) != "late" {
+		t.Fatalf("record after late complete = %+v", got)
+	}
+}
+
+func testForeignValue(t *testing.T, c redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	key := s.Key("alice", "route", "k1")
+	foreign := "\x01\x01\x00not a record of ours at all, but with our version byte"
+	for _, v := range []string{"hello", foreign, ""} {
+		if err := c.Set(ctx, key, v, time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		rec := newRecord(t)
+		if _, err := s.Claim(ctx, key, rec, time.Second); !errors.Is(err, claim.ErrCorrupt) {
+			t.Errorf("claim over %q = %v, want ErrCorrupt", v, err)
+		}
+		if _, err := s.Complete(ctx, key, completed(rec, "x"), time.Hour); !errors.Is(err, claim.ErrLeaseLost) {
+			t.Errorf("complete over %q = %v, want ErrLeaseLost", v, err)
+		}
+		if err := s.Release(ctx, key, rec.Token); !errors.Is(err, claim.ErrLeaseLost) {
+			t.Errorf("release over %q = %v, want ErrLeaseLost", v, err)
+		}
+		if got, err := c.Get(ctx, key).Result(); err != nil || got != v {
+			t.Errorf("foreign value changed to %q, %v", got, err)
+		}
+	}
+}
+
+func testConcurrentClaims(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	key := s.Key("alice", "route", "k1")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	won := 0
+	for range 50 {
+		wg.Go(func() {
+			res, err := s.Claim(context.Background(), key, newRecord(t), 10*time.Second)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if res.Claimed {
+				mu.Lock()
+				won++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if won != 1 {
+		t.Fatalf("%d of 50 concurrent claims won, want exactly 1", won)
+	}
+}
+
+func TestKeyFramingAndPrivacy(t *testing.T) {
+	s := claim.New(nil, "idem:")
+	a := s.Key("ab", "route", "c")
+	b := s.Key("a", "route", "bc")
+	if a == b {
+		t.Fatal("(ab, c) and (a, bc) share a key: inputs are not framed")
+	}
+	if s.Key("alice", "r1", "k") == s.Key("alice", "r2", "k") {
+		t.Error("scope does not separate keys")
+	}
+	if s.Key("alice", "r", "k") == s.Key("bob", "r", "k") {
+		t.Error("principal does not separate keys")
+	}
+	k := s.Key("alice", "route", "secret-key")
+	if !strings.HasPrefix(k, "idem:") || len(k) != len("idem:")+64 || strings.Contains(k, "alice") || strings.Contains(k, "secret") {
+		t.Errorf("key %q must be the prefix and a hex SHA-256, nothing raw", k)
+	}
+}
+
+func TestStoreUnavailable(t *testing.T) {
+	srv := redistest.Start(t)
+	c := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
+	defer c.Close()
+	s := claim.New(c, "test:")
+	srv.Stop()
+	_, err := s.Claim(context.Background(), s.Key("a", "r", "k"), newRecord(t), time.Second)
+	if !errors.Is(err, claim.ErrUnavailable) {
+		t.Fatalf("claim with Redis down = %v, want ErrUnavailable", err)
+	}
+	if err := s.Ping(context.Background()); !errors.Is(err, claim.ErrUnavailable) {
+		t.Fatalf("ping with Redis down = %v, want ErrUnavailable", err)
+	}
+}
