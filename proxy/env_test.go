@@ -1,0 +1,234 @@
+package proxy_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// env is a proxy between a real httptest upstream and a real redis-server.
+type env struct {
+	t        *testing.T
+	redis    *redistest.Server
+	store    *claim.Store
+	upstream *httptest.Server
+	ledger   *ledger
+	front    *httptest.Server
+	reg      *prometheus.Registry
+	cfg      *config.Config
+}
+
+// ledger counts upstream executions per idempotency key, as a legacy
+// payments app would charge.
+type ledger struct {
+	mu    sync.Mutex
+	calls map[string]int
+	seen  []http.Header
+}
+
+func (l *ledger) record(r *http.Request) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.calls == nil {
+		l.calls = map[string]int{}
+	}
+	l.calls[r.Header.Get("Idempotency-Key")]++
+	l.seen = append(l.seen, r.Header.Clone())
+	return l.total()
+}
+
+func (l *ledger) total() int {
+	n := 0
+	for _, c := range l.calls {
+		n += c
+	}
+	return n
+}
+
+// Total is every execution so far.
+func (l *ledger) Total() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.total()
+}
+
+// Last returns the headers of the last request the upstream saw.
+func (l *ledger) Last() http.Header {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.seen) == 0 {
+		return nil
+	}
+	return l.seen[len(l.seen)-1]
+}
+
+// route returns a route named after its pattern with default settings.
+func route(name, match string) config.Route {
+	return config.Route{Name: name, Match: match, Settings: config.DefaultSettings()}
+}
+
+// newEnv starts Redis, the upstream (app sees every request after the
+// ledger recorded it) and the proxy. mutate adjusts the config.
+func newEnv(t *testing.T, app http.HandlerFunc, mutate func(*config.Config)) *env {
+	t.Helper()
+	e := &env{t: t, ledger: &ledger{}, redis: redistest.Start(t), reg: prometheus.NewRegistry()}
+	e.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(strings.NewReader(string(body)))
+		e.ledger.record(r)
+		app(w, r)
+	}))
+	t.Cleanup(e.upstream.Close)
+
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:1"
+	cfg.Upstream.URL = e.upstream.URL
+	cfg.Upstream.Timeout = 5 * time.Second
+	cfg.Store.Redis.Addrs = []string{e.redis.Addr}
+	cfg.Routes = []config.Route{route("pay", "POST /payments")}
+	if mutate != nil {
+		mutate(cfg)
+	}
+	e.cfg = cfg
+	client := claim.NewClient(cfg.Store.Redis)
+	t.Cleanup(func() { client.Close() })
+	e.store = claim.New(client, cfg.Store.KeyPrefix)
+	h, err := proxy.New(cfg, e.store, proxy.Options{Logger: testLogger(), Metrics: proxy.NewMetrics(e.reg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.front = httptest.NewServer(h)
+	t.Cleanup(e.front.Close)
+	return e
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("IDEMPROXY_TEST_LOG") == "1" {
+		return slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// untrusted makes every peer untrusted: loopback test clients then count
+// as outsiders.
+func untrusted(c *config.Config) {
+	c.Identity.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+}
+
+// resp is a response with its body read.
+type resp struct {
+	status int
+	header http.Header
+	body   string
+}
+
+// req describes a client request; zero fields are left out.
+type req struct {
+	method, path, user, key, body string
+	header                        map[string]string
+}
+
+func (e *env) do(r req) resp {
+	e.t.Helper()
+	got, err := e.try(context.Background(), r)
+	if err != nil {
+		e.t.Fatalf("%s %s: %v", r.method, r.path, err)
+	}
+	return got
+}
+
+func (e *env) try(ctx context.Context, r req) (resp, error) {
+	if r.method == "" {
+		r.method = http.MethodPost
+	}
+	if r.path == "" {
+		r.path = "/payments"
+	}
+	hr, err := http.NewRequestWithContext(ctx, r.method, e.front.URL+r.path, strings.NewReader(r.body))
+	if err != nil {
+		return resp{}, err
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	if r.user != "" {
+		hr.Header.Set("X-Forwarded-User", r.user)
+	}
+	if r.key != "" {
+		hr.Header.Set("Idempotency-Key", r.key)
+	}
+	for k, v := range r.header {
+		hr.Header.Set(k, v)
+	}
+	hresp, err := e.front.Client().Do(hr)
+	if err != nil {
+		return resp{}, err
+	}
+	defer hresp.Body.Close()
+	b, err := io.ReadAll(hresp.Body)
+	return resp{status: hresp.StatusCode, header: hresp.Header, body: string(b)}, err
+}
+
+// outcomes returns idemproxy_requests_total by outcome, all routes.
+func (e *env) outcomes() map[string]float64 {
+	e.t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "idemproxy_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" {
+					out[l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return out
+}
+
+// eventually polls cond until it holds or 10s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// created answers 201 with a body naming the execution, like a charge.
+func created(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Charge-Id", "ch_"+r.Header.Get("Idempotency-Key"))
+	w.WriteHeader(http.StatusCreated)
+	io.WriteString(w, `{"charged_to":"`+r.Header.Get("X-Forwarded-User")+`","at":"`+time.Now().Format(time.RFC3339Nano)+`"}`)
+}
+
+// slow wraps h with a delay, so concurrent retries overlap the first one.
+func slow(d time.Duration, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(d)
+		h(w, r)
+	}
+}
