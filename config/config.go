@@ -164,6 +164,11 @@ type Route struct {
 	// "POST /orders/{id}/capture".
 	Match    string
 	Settings Settings
+
+	// set holds the setting keys the route's YAML gave, so a bad value it
+	// inherited is reported once, at defaults:, not again for every route.
+	// Nil (a Route built in code) validates every setting.
+	set map[string]bool
 }
 
 // Default returns a configuration holding every default and no routes.

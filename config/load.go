@@ -184,14 +184,15 @@ func (d *decoder) unknown(keys []string) {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if !known[k] {
+		// Routes are checked one by one, with their index in the path.
+		if !known[k] && !strings.HasPrefix(k, "routes.") {
 			d.errorf(k, "unknown key")
 		}
 	}
 }
 
 func (d *decoder) route(m map[string]any, path string, defaults Settings) Route {
-	r := Route{Settings: clone(defaults)}
+	r := Route{Settings: clone(defaults), set: map[string]bool{}}
 	known := map[string]bool{"name": true, "match": true}
 	for _, k := range settingKeys {
 		known[k] = true
@@ -200,6 +201,7 @@ func (d *decoder) route(m map[string]any, path string, defaults Settings) Route 
 		if !known[k] {
 			d.errorf(path+"."+k, "unknown key")
 		}
+		r.set[k] = true
 	}
 	src := mapSource(m)
 	d.str(src, "name", path+".name", &r.Name)
@@ -384,6 +386,10 @@ func (d *decoder) ints(src source, key, path string, dst *[]int) {
 	}
 	*dst = out
 }
+
+// ParseSize reads a byte size written as in the config file: a plain
+// number of bytes, or a number with a KiB, MiB or GiB suffix.
+func ParseSize(s string) (int64, error) { return parseSize(s) }
 
 // parseSize reads a byte size: a plain number of bytes, or a number with a
 // KiB, MiB or GiB suffix. viper's own GetSizeInBytes silently returns 0 for

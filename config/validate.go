@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 )
 
@@ -64,9 +65,24 @@ func (c *Config) validate(failed map[string]bool) error {
 		if err := checkPattern(mux, r.Match); err != nil {
 			add(path+".match", "%v", err)
 		}
-		r.Settings.validate(path+".", add)
+		r.Settings.validate(path+".", func(p, format string, args ...any) {
+			k := settingKey(strings.TrimPrefix(p, path+"."))
+			if r.set == nil || r.set[k] || k == "retention" && r.set["lease"] {
+				add(p, format, args...)
+			}
+		})
 	}
 	return errors.Join(errs...)
+}
+
+// settingKey maps a problem's path within a route to the key that causes
+// it: "release_on[1]" to "release_on". A retention shorter than the lease
+// is the route's doing if it set either.
+func settingKey(p string) string {
+	if i := strings.IndexByte(p, '['); i >= 0 {
+		p = p[:i]
+	}
+	return p
 }
 
 func (s *Settings) validate(path string, add func(path, format string, args ...any)) {
@@ -136,12 +152,17 @@ func checkPattern(mux *http.ServeMux, pattern string) (err error) {
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%v", r)
+			msg := registeredAt.ReplaceAllString(fmt.Sprint(r), "")
+			err = errors.New(strings.ReplaceAll(msg, ":\n", ": "))
 		}
 	}()
 	mux.Handle(pattern, http.NotFoundHandler())
 	return nil
 }
+
+// registeredAt is the source position net/http adds to conflict messages;
+// it names this file, which helps nobody reading a config error.
+var registeredAt = regexp.MustCompile(`\s*\(registered at [^)]*\)`)
 
 // validToken reports whether s is an RFC 9110 token, as header names and
 // methods must be.

@@ -1,0 +1,183 @@
+package config_test
+
+import (
+	"net/netip"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+// TestInvalidFixtures loads one file per failure mode and asserts the
+// whole list of problems, each named by its YAML path.
+func TestInvalidFixtures(t *testing.T) {
+	tests := map[string][]string{
+		"unknown_key": {
+			`defaults.leese: unknown key`,
+			`upstream.timout: unknown key`,
+			`routes[0].retension: unknown key`,
+		},
+		"bad_duration": {
+			`defaults.lease: must be a duration with a unit, like 10s or 24h, got "banana"`,
+			`routes[0].retention: must be a duration with a unit, like 10s or 24h, got 10`,
+		},
+		"bad_size": {
+			`defaults.max_request_body: must be a size like 512KiB, 1MiB, 1GiB or a number of bytes, got "banana"`,
+			`routes[0].max_response_body: must be a size like 512KiB, 1MiB, 1GiB or a number of bytes, got "1MB"`,
+		},
+		"lease_too_short": {
+			`routes[0].lease: must be at least 1s, got 500ms`,
+		},
+		"retention_shorter_than_lease": {
+			`routes[0].retention: must not be shorter than lease (30s), got 10s`,
+		},
+		"duplicate_route": {
+			`routes[1].name: duplicate route name "pay" (also routes[0])`,
+		},
+		"bad_pattern": {
+			`routes[0].match: must be a method and a path, like "POST /payments", got "/payments"`,
+			`routes[1].match: parsing "POST /orders/{id": at offset 13: bad wildcard segment (must end with '}')`,
+			`routes[2].match: "POST /payments/" ends in /, which matches a whole subtree; name the exact path (or end it with {$})`,
+			`routes[4].match: pattern "POST /payments" conflicts with pattern "POST /payments": POST /payments matches the same requests as POST /payments`,
+		},
+		"bad_status": {
+			`defaults.release_on[1]: must be an HTTP status between 100 and 599, got 600`,
+			`routes[0].release_on[0]: must be an HTTP status between 100 and 599, got 99`,
+			`routes[0].release_on[1]: must be an HTTP status code, got "abc"`,
+		},
+		"bad_enum": {
+			`defaults.scope: must be one of route, principal, got "global"`,
+			`defaults.concurrent: must be one of reject, wait, got "queue"`,
+			`routes[0].unknown_outcome: must be one of keep, release, got "retry"`,
+			`routes[0].store_unavailable: must be one of fail_closed, fail_open, got "ignore"`,
+		},
+		"bad_identity": {
+			`identity.header: must not be empty`,
+			`identity.trusted_proxies[0]: "10.0.0.0/33" is not a CIDR prefix`,
+			`identity.trusted_proxies[1]: "not-an-ip" is not an IP address or CIDR prefix`,
+		},
+		"bad_pointer": {
+			`routes[0].fingerprint.ignore_json_fields[0]: "attempt" is not a JSON Pointer: it must start with /`,
+			`routes[0].fingerprint.ignore_json_fields[1]: "/a~2b" is not a JSON Pointer: ~ must be followed by 0 or 1`,
+		},
+		"bad_upstream": {
+			`upstream.url: must be an absolute http or https URL, got "127.0.0.1:3000"`,
+			`upstream.timeout: must be positive, got 0s`,
+		},
+		"routes_not_list": {
+			`routes: must be a list of routes, got a mapping`,
+		},
+	}
+	files, _ := filepath.Glob("testdata/*.yaml")
+	for _, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), ".yaml")
+		if _, ok := tests[name]; !ok && !strings.HasPrefix(name, "valid") {
+			t.Errorf("fixture %s has no expected messages", f)
+		}
+	}
+	for name, want := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := config.Load(filepath.Join("testdata", name+".yaml"))
+			if err == nil {
+				t.Fatal("loaded without error")
+			}
+			got := strings.Split(err.Error(), "\n")
+			slices.Sort(got)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+		})
+	}
+}
+
+func TestMinimalConfigTakesDefaults(t *testing.T) {
+	c, err := config.Load("testdata/valid_minimal.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := config.Default()
+	want.Routes = []config.Route{{Name: "pay", Match: "POST /payments", Settings: config.DefaultSettings()}}
+	if !reflect.DeepEqual(c.Defaults, want.Defaults) || !reflect.DeepEqual(c.Routes[0].Settings, want.Routes[0].Settings) ||
+		c.Listen != want.Listen || c.Identity.Header != want.Identity.Header || !slices.Equal(c.Identity.TrustedProxies, want.Identity.TrustedProxies) {
+		t.Errorf("loaded %+v\nwant defaults %+v", c, want)
+	}
+}
+
+func TestExampleInheritsAndOverrides(t *testing.T) {
+	c, err := config.Load("../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Routes) != 3 {
+		t.Fatalf("%d routes", len(c.Routes))
+	}
+	pay, capture, refund := c.Routes[0].Settings, c.Routes[1].Settings, c.Routes[2].Settings
+	if pay.Concurrent != config.ConcurrentReject || pay.Lease != 10*time.Second || pay.MaxRequestBody != 1<<20 {
+		t.Errorf("create-payment did not inherit defaults: %+v", pay)
+	}
+	if capture.Concurrent != config.ConcurrentWait || capture.MaxWait != 10*time.Second ||
+		!slices.Equal(capture.Fingerprint.IgnoreJSONFields, []string{"/client_sent_at"}) ||
+		!slices.Equal(capture.Fingerprint.Headers, []string{"Content-Type"}) {
+		t.Errorf("capture-order overrides: %+v", capture)
+	}
+	if refund.RequireKey || !slices.Equal(refund.ReleaseOn, []int{429, 502, 503, 504}) {
+		t.Errorf("create-refund overrides: %+v", refund)
+	}
+	if !slices.Equal(pay.ReleaseOn, []int{429, 503}) {
+		t.Errorf("a route's override leaked into another route: %v", pay.ReleaseOn)
+	}
+}
+
+func TestEnvironmentOverrides(t *testing.T) {
+	t.Setenv("IDEMPROXY_STORE_REDIS_PASSWORD", "s3cret")
+	t.Setenv("IDEMPROXY_STORE_REDIS_ADDRS", "10.0.0.1:6379, 10.0.0.2:6379")
+	t.Setenv("IDEMPROXY_LISTEN", ":18080")
+	t.Setenv("IDEMPROXY_DEFAULTS_LEASE", "15s")
+	t.Setenv("IDEMPROXY_DEFAULTS_RELEASE_ON", "429,502,503")
+	t.Setenv("IDEMPROXY_IDENTITY_TRUSTED_PROXIES", "10.1.0.0/16")
+	c, err := config.Load("testdata/valid_minimal.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Store.Redis.Password != "s3cret" || c.Listen != ":18080" ||
+		!slices.Equal(c.Store.Redis.Addrs, []string{"10.0.0.1:6379", "10.0.0.2:6379"}) {
+		t.Errorf("top-level overrides not applied: %+v", c)
+	}
+	if c.Routes[0].Settings.Lease != 15*time.Second || !slices.Equal(c.Routes[0].Settings.ReleaseOn, []int{429, 502, 503}) {
+		t.Errorf("defaults overrides not inherited by the route: %+v", c.Routes[0].Settings)
+	}
+	if !slices.Equal(c.Identity.TrustedProxies, []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}) {
+		t.Errorf("trusted proxies = %v", c.Identity.TrustedProxies)
+	}
+	t.Setenv("IDEMPROXY_DEFAULTS_LEASE", "soon")
+	if _, err := config.Load("testdata/valid_minimal.yaml"); err == nil || !strings.Contains(err.Error(), `defaults.lease: must be a duration`) {
+		t.Errorf("bad env value: %v, want it named by its key", err)
+	}
+}
+
+func TestMissingFile(t *testing.T) {
+	if _, err := config.Load("testdata/does-not-exist.yaml"); err == nil || !strings.Contains(err.Error(), "does-not-exist.yaml") {
+		t.Errorf("missing file: %v, want an error naming it", err)
+	}
+}
+
+func TestSizes(t *testing.T) {
+	for in, want := range map[string]int64{"512": 512, "1KiB": 1024, "1MiB": 1 << 20, "2 GiB": 2 << 30, "10B": 10} {
+		t.Run(in, func(t *testing.T) {
+			got, err := config.ParseSize(in)
+			if err != nil || got != want {
+				t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+			}
+		})
+	}
+	for _, in := range []string{"", "banana", "1MB", "-1", "1.5MiB", "99999999999GiB"} {
+		if _, err := config.ParseSize(in); err == nil {
+			t.Errorf("ParseSize(%q) accepted", in)
+		}
+	}
+}
