@@ -28,7 +28,7 @@ func (c *Config) validate(failed map[string]bool) error {
 	if c.AdminListen == "" {
 		add("admin_listen", "must not be empty")
 	}
-	if c.Listen != "" && c.Listen == c.AdminListen {
+	if c.Listen != "" && c.Listen == c.AdminListen && !strings.HasSuffix(c.Listen, ":0") {
 		add("admin_listen", "must differ from listen: the admin port is never exposed to clients")
 	}
 	if u, err := url.Parse(c.Upstream.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

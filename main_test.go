@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+func TestCheckFlag(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), []string{"-config", "config.example.yaml", "-check"}, &out, &errOut); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	if !strings.Contains(out.String(), "valid, 3 routes") {
+		t.Errorf("output %q", out.String())
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("defaults:\n  lease: banana\nroutes:\n  - name: a\n    match: \"POST /a\"\n  - name: a\n    match: \"POST /b\"\n"), 0o600)
+	err := run(context.Background(), []string{"-config", bad, "-check"}, &out, &errOut)
+	if err == nil {
+		t.Fatal("invalid config passed -check")
+	}
+	for _, want := range []string{"defaults.lease: must be a duration", `routes[1].name: duplicate route name "a"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("-check error %q does not report %q", err, want)
+		}
+	}
+}
+
+func TestDemoShowsTheGuarantees(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"demo", "-once"}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	for _, want := range []string{
+		"1 x 201, 19 x 409",
+		"201, Idempotent-Replayed: true, byte-identical body",
+		"422 key-reused",
+		"503 released, retry 201 executed",
+		"1 x 201, 9 x 201 replayed; 1 distinct success body",
+		"400 key-missing",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, text)
+		}
+	}
+}
+
+// TestDrainStoresInFlightRequest cancels serve (as SIGTERM does) while a
+// protected request is upstream: the request completes and its response is
+// stored before serve returns.
+func TestDrainStoresInFlightRequest(t *testing.T) {
+	srv := redistest.Start(t)
+	var arrived atomic.Bool
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived.Store(true)
+		time.Sleep(500 * time.Millisecond)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "charged")
+	}))
+	defer upstream.Close()
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Upstream.URL = upstream.URL
+	cfg.Upstream.Timeout = 5 * time.Second
+	cfg.Store.Redis.Addrs = []string{srv.Addr}
+	cfg.Routes = []config.Route{{Name: "pay", Match: "POST /payments", Settings: config.DefaultSettings()}}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	addrs := make(chan string, 1)
+	served := make(chan error, 1)
+	go func() {
+		served <- serve(ctx, cfg, slog.New(slog.DiscardHandler), func(c, _ string) { addrs <- c })
+	}()
+	var addr string
+	select {
+	case addr = <-addrs:
+	case err := <-served:
+		t.Fatalf("serve: %v", err)
+	}
+	type result struct {
+		status int
+		body   string
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/payments", strings.NewReader("{}"))
+		req.Header.Set("X-Forwarded-User", "alice")
+		req.Header.Set("Idempotency-Key", "drain-1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- result{status: resp.StatusCode, body: string(b)}
+	}()
+	for !arrived.Load() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel() // SIGTERM
+	r := <-done
+	if r.err != nil || r.status != http.StatusCreated || r.body != "charged" {
+		t.Fatalf("in-flight request during drain: %d %q %v", r.status, r.body, r.err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	store := claim.New(srv.Client(), cfg.Store.KeyPrefix)
+	rec, _, err := store.Get(context.Background(), store.Key("alice", "route\x00pay", "drain-1"))
+	if err != nil || rec == nil || rec.State != claim.Completed || string(rec.Body) != "charged" {
+		t.Fatalf("stored record after drain: %+v, %v", rec, err)
+	}
+}
