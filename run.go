@@ -87,7 +87,8 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ready f
 	redis.SetLogger(claim.SlogLogger{Logger: logger})
 
 	redisCfg := cfg.Store.Redis
-	if len(redisCfg.Addrs) == 0 {
+	embedded := len(redisCfg.Addrs) == 0
+	if embedded {
 		emb, err := claim.StartEmbedded()
 		if err != nil {
 			return fmt.Errorf("start embedded store: %w", err)
@@ -108,7 +109,7 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ready f
 		Help: "1 when Redis' maxmemory-policy is noeviction, 0 when it can evict idempotency keys, -1 when unknown.",
 	})
 	reg.MustRegister(evictionSafe)
-	checkStore(ctx, store, logger, evictionSafe)
+	checkStore(ctx, store, logger, evictionSafe, embedded)
 
 	h, err := proxy.New(cfg, store, proxy.Options{Logger: logger, Metrics: proxy.NewMetrics(reg)})
 	if err != nil {
@@ -183,11 +184,15 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ready f
 // checkStore loads the scripts and warns loudly when Redis can evict
 // idempotency keys. Neither failure stops the start: Redis may come up
 // later, and /readyz reports it until then.
-func checkStore(ctx context.Context, store *claim.Store, logger *slog.Logger, safe prometheus.Gauge) {
+func checkStore(ctx context.Context, store *claim.Store, logger *slog.Logger, safe prometheus.Gauge, embedded bool) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	if err := store.Preload(ctx); err != nil {
 		logger.Warn("store not reachable at start", "err", err)
+	}
+	if embedded {
+		safe.Set(1) // the embedded store has no memory limit and never evicts
+		return
 	}
 	policy, err := store.EvictionPolicy(ctx)
 	switch {

@@ -559,3 +559,51 @@ func TestTransportNeverResendsAfterUpstreamActed(t *testing.T) {
 		})
 	}
 }
+
+func TestWaiterClaimsAfterRelease(t *testing.T) {
+	var calls sync.Map
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		n, _ := calls.LoadOrStore("n", new(int))
+		p := n.(*int)
+		*p++ // the upstream handler runs one request at a time here
+		if *p == 1 {
+			time.Sleep(200 * time.Millisecond)
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		created(w, r)
+	}, func(c *config.Config) {
+		c.Routes[0].Settings.Concurrent = config.ConcurrentWait
+		c.Routes[0].Settings.MaxWait = 5 * time.Second
+	})
+	first := make(chan resp)
+	go func() { first <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
+	eventually(t, "the first attempt is upstream", func() bool { return e.ledger.Total() == 1 })
+	waiter := e.do(req{user: "alice", key: "k", body: `{}`})
+	if r := <-first; r.status != http.StatusServiceUnavailable {
+		t.Fatalf("first attempt: %d, want the upstream's 503", r.status)
+	}
+	if waiter.status != http.StatusCreated || waiter.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("waiter: %d replayed=%q, want it to claim the released key and execute", waiter.status, waiter.header.Get("Idempotent-Replayed"))
+	}
+	if n := e.ledger.Total(); n != 2 {
+		t.Fatalf("upstream executed %d times, want 2", n)
+	}
+}
+
+func TestWaiterGivesUpAfterMaxWait(t *testing.T) {
+	e := newEnv(t, slow(time.Second, created), func(c *config.Config) {
+		c.Routes[0].Settings.Concurrent = config.ConcurrentWait
+		c.Routes[0].Settings.MaxWait = 200 * time.Millisecond
+	})
+	first := make(chan resp)
+	go func() { first <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
+	eventually(t, "the first attempt is upstream", func() bool { return e.ledger.Total() == 1 })
+	waiter := e.do(req{user: "alice", key: "k", body: `{}`})
+	if waiter.status != http.StatusConflict || waiter.header.Get("Retry-After") == "" {
+		t.Fatalf("waiter past max_wait: %d, want 409 with Retry-After", waiter.status)
+	}
+	if r := <-first; r.status != http.StatusCreated {
+		t.Fatalf("first attempt: %d", r.status)
+	}
+}
