@@ -75,7 +75,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	addrs := make(chan [2]string, 1)
 	served := make(chan error, 1)
 	go func() {
-		served <- serve(sctx, cfg, logger, func(c, a string) { addrs <- [2]string{c, a} })
+		served <- serve(sctx, cfg, "", logger, func(c, a string) { addrs <- [2]string{c, a} })
 	}()
 	var client, admin string
 	select {

@@ -85,7 +85,7 @@ func TestDrainStoresInFlightRequest(t *testing.T) {
 	addrs := make(chan string, 1)
 	served := make(chan error, 1)
 	go func() {
-		served <- serve(ctx, cfg, slog.New(slog.DiscardHandler), func(c, _ string) { addrs <- c })
+		served <- serve(ctx, cfg, "", slog.New(slog.DiscardHandler), func(c, _ string) { addrs <- c })
 	}()
 	var addr string
 	select {

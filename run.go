@@ -62,7 +62,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	logger := slog.New(slog.NewJSONHandler(stderr, nil))
-	return serve(ctx, cfg, logger, nil)
+	return serve(ctx, cfg, *path, logger, nil)
 }
 
 func buildInfo() string {
@@ -80,9 +80,10 @@ func buildInfo() string {
 }
 
 // serve wires the store, metrics and handler and serves until ctx ends.
-// When ready is not nil it receives the client and admin addresses once
-// both listeners are open.
-func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ready func(client, admin string)) error {
+// With a non-empty path, routes reload when that file changes and on
+// SIGHUP. When ready is not nil it receives the client and admin addresses
+// once both listeners are open.
+func serve(ctx context.Context, cfg *config.Config, path string, logger *slog.Logger, ready func(client, admin string)) error {
 	// go-redis has one process-wide logger; route it into ours.
 	redis.SetLogger(claim.SlogLogger{Logger: logger})
 
@@ -109,11 +110,20 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ready f
 		Help: "1 when Redis' maxmemory-policy is noeviction, 0 when it can evict idempotency keys, -1 when unknown.",
 	})
 	reg.MustRegister(evictionSafe)
-	checkStore(ctx, store, logger, evictionSafe, embedded)
+	preload(ctx, store, logger)
+	if embedded {
+		evictionSafe.Set(1) // the embedded store has no memory limit and never evicts
+	} else {
+		go watchEviction(ctx, store, logger, evictionSafe)
+	}
 
 	h, err := proxy.New(cfg, store, proxy.Options{Logger: logger, Metrics: proxy.NewMetrics(reg)})
 	if err != nil {
 		return err
+	}
+	if path != "" {
+		rl := newReloader(path, cfg, h, logger, reg)
+		go rl.run(ctx)
 	}
 
 	var draining atomic.Bool
@@ -165,11 +175,15 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ready f
 		return err
 	case <-ctx.Done():
 	}
-	// Drain: fail readiness, stop accepting, let in-flight requests settle
-	// and store their responses, then exit.
+	// Drain: fail readiness, wait for load balancers to notice, stop
+	// accepting, let in-flight requests settle and store, then exit.
 	draining.Store(true)
-	grace := cfg.Upstream.Timeout + drainExtra
-	logger.Info("draining", "grace", grace.String())
+	grace := cfg.Drain.Timeout
+	if grace == 0 {
+		grace = cfg.Upstream.Timeout + drainExtra
+	}
+	logger.Info("draining", "delay", cfg.Drain.Delay.String(), "timeout", grace.String())
+	time.Sleep(cfg.Drain.Delay)
 	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	err = srv.Shutdown(sctx)
@@ -181,19 +195,38 @@ func serve(ctx context.Context, cfg *config.Config, logger *slog.Logger, ready f
 	return nil
 }
 
-// checkStore loads the scripts and warns loudly when Redis can evict
-// idempotency keys. Neither failure stops the start: Redis may come up
-// later, and /readyz reports it until then.
-func checkStore(ctx context.Context, store *claim.Store, logger *slog.Logger, safe prometheus.Gauge, embedded bool) {
+// preload loads the scripts. A failure does not stop the start: Redis may
+// come up later, and /readyz reports it until then.
+func preload(ctx context.Context, store *claim.Store, logger *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	if err := store.Preload(ctx); err != nil {
 		logger.Warn("store not reachable at start", "err", err)
 	}
-	if embedded {
-		safe.Set(1) // the embedded store has no memory limit and never evicts
-		return
+}
+
+// evictionCheckInterval is how often Redis' eviction policy is re-read: an
+// operator may change it at run time with CONFIG SET.
+const evictionCheckInterval = 5 * time.Minute
+
+// watchEviction warns loudly, at start and then periodically, when Redis
+// can evict idempotency keys, and keeps the gauge current.
+func watchEviction(ctx context.Context, store *claim.Store, logger *slog.Logger, safe prometheus.Gauge) {
+	t := time.NewTicker(evictionCheckInterval)
+	defer t.Stop()
+	for {
+		checkEviction(ctx, store, logger, safe)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
+}
+
+func checkEviction(ctx context.Context, store *claim.Store, logger *slog.Logger, safe prometheus.Gauge) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
 	policy, err := store.EvictionPolicy(ctx)
 	switch {
 	case err != nil:

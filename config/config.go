@@ -85,6 +85,7 @@ type Config struct {
 	AdminListen string
 	Upstream    Upstream
 	Store       Store
+	Drain       Drain
 	Identity    Identity
 	// Defaults are inherited by every route.
 	Defaults Settings
@@ -96,6 +97,17 @@ type Upstream struct {
 	// URL is the upstream's base URL, e.g. http://127.0.0.1:3000.
 	URL string
 	// Timeout is the longest a protected request may run upstream.
+	Timeout time.Duration
+}
+
+// Drain configures shutdown on SIGTERM.
+type Drain struct {
+	// Delay is how long /readyz fails before the client listener stops
+	// accepting, so load balancers stop sending first. Zero stops at once.
+	Delay time.Duration
+	// Timeout bounds how long in-flight requests may take to settle and
+	// store after the listener stopped. Zero means upstream.timeout plus
+	// 5s: a request that just started may run that long.
 	Timeout time.Duration
 }
 

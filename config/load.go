@@ -19,7 +19,7 @@ const EnvPrefix = "IDEMPROXY"
 // topKeys are the keys outside defaults: and routes:, by YAML path.
 var topKeys = []string{
 	"listen", "admin_listen",
-	"upstream.url", "upstream.timeout",
+	"upstream.url", "upstream.timeout", "drain.delay", "drain.timeout",
 	"store.redis.addrs", "store.redis.master_name", "store.redis.username",
 	"store.redis.password", "store.redis.tls", "store.key_prefix",
 	"identity.header", "identity.trusted_proxies",
@@ -60,6 +60,8 @@ func Load(path string) (*Config, error) {
 	d.str(src, "admin_listen", "admin_listen", &c.AdminListen)
 	d.str(src, "upstream.url", "upstream.url", &c.Upstream.URL)
 	d.duration(src, "upstream.timeout", "upstream.timeout", &c.Upstream.Timeout)
+	d.duration(src, "drain.delay", "drain.delay", &c.Drain.Delay)
+	d.duration(src, "drain.timeout", "drain.timeout", &c.Drain.Timeout)
 	d.strings(src, "store.redis.addrs", "store.redis.addrs", &c.Store.Redis.Addrs)
 	d.str(src, "store.redis.master_name", "store.redis.master_name", &c.Store.Redis.MasterName)
 	d.str(src, "store.redis.username", "store.redis.username", &c.Store.Redis.Username)

@@ -37,6 +37,12 @@ func (c *Config) validate(failed map[string]bool) error {
 	if c.Upstream.Timeout <= 0 {
 		add("upstream.timeout", "must be positive, got %s", c.Upstream.Timeout)
 	}
+	if c.Drain.Delay < 0 {
+		add("drain.delay", "must not be negative, got %s", c.Drain.Delay)
+	}
+	if c.Drain.Timeout < 0 {
+		add("drain.timeout", "must not be negative, got %s", c.Drain.Timeout)
+	}
 	if c.Store.KeyPrefix == "" {
 		add("store.key_prefix", "must not be empty: it keeps idemproxy's keys apart from other data")
 	}

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -65,8 +66,10 @@ type Options struct {
 // Handler is the idemproxy HTTP handler: protected routes go through the
 // claim protocol, everything else streams straight to the upstream.
 type Handler struct {
-	store           Store
-	routes          *router
+	store Store
+	// routes is swapped whole by Reload; a request uses the routes it
+	// matched against from start to end.
+	routes          atomic.Pointer[router]
 	id              identity
 	upstream        *url.URL
 	upstreamTimeout time.Duration
@@ -92,7 +95,6 @@ func New(cfg *config.Config, store Store, opts Options) (*Handler, error) {
 	}
 	h := &Handler{
 		store:           store,
-		routes:          routes,
 		id:              identity{header: http.CanonicalHeaderKey(cfg.Identity.Header), trusted: cfg.Identity.TrustedProxies},
 		upstream:        upstream,
 		upstreamTimeout: cfg.Upstream.Timeout,
@@ -101,6 +103,7 @@ func New(cfg *config.Config, store Store, opts Options) (*Handler, error) {
 		now:             opts.Now,
 		rand:            opts.Rand,
 	}
+	h.routes.Store(routes)
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
@@ -129,10 +132,25 @@ func New(cfg *config.Config, store Store, opts Options) (*Handler, error) {
 	return h, nil
 }
 
+// Reload replaces the routes and their settings with cfg's. Requests in
+// flight finish with the settings they started with. The rest of cfg
+// (listeners, store, upstream, identity) is not reloadable and is ignored.
+func (h *Handler) Reload(cfg *config.Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	routes, err := newRouter(cfg.Routes)
+	if err != nil {
+		return err
+	}
+	h.routes.Store(routes)
+	return nil
+}
+
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	principal, idErr := h.id.principal(r)
-	rt, path := h.routes.match(r)
+	rt, path := h.routes.Load().match(r)
 	if rt == nil {
 		h.proxy.ServeHTTP(w, r)
 		return
@@ -196,6 +214,8 @@ type exchange struct {
 	outcome string
 	status  int
 	detail  string
+	// upstream is how long the upstream took, zero when not forwarded.
+	upstream time.Duration
 }
 
 // serve runs steps 2 to 8 of the request flow (route match is done).
@@ -409,7 +429,9 @@ func (x *exchange) finish() {
 	if x.outcome == "" {
 		x.outcome = outcomeRejected // aborted before an answer was chosen
 	}
+	total := x.h.now().Sub(x.start)
 	x.h.metrics.requests.WithLabelValues(x.rt.name, x.outcome).Inc()
+	x.h.metrics.added.WithLabelValues(x.rt.name).Observe((total - x.upstream).Seconds())
 	level := slog.LevelInfo
 	switch x.outcome {
 	case outcomeStoreError, outcomeFenceLost:
@@ -420,7 +442,10 @@ func (x *exchange) finish() {
 		slog.String("outcome", x.outcome),
 		slog.Int("status", x.status),
 		slog.String("request_id", x.requestID),
-		slog.Duration("duration", x.h.now().Sub(x.start)),
+		slog.Duration("duration", total),
+	}
+	if x.upstream > 0 {
+		attrs = append(attrs, slog.Duration("upstream", x.upstream))
 	}
 	if x.hashedKey != "" {
 		attrs = append(attrs, slog.String("key", x.hashedKey))

@@ -26,6 +26,7 @@ type Metrics struct {
 	storeSeconds *prometheus.HistogramVec
 	storeErrors  *prometheus.CounterVec
 	upstream     *prometheus.HistogramVec
+	added        *prometheus.HistogramVec
 	storedBytes  prometheus.Histogram
 	inFlight     prometheus.Gauge
 	renewals     *prometheus.CounterVec
@@ -53,6 +54,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from forwarding a protected request to the upstream's response headers, by route.",
 			Buckets: prometheus.DefBuckets,
 		}, []string{"route"}),
+		added: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemproxy_added_latency_seconds",
+			Help:    "Time a protected request spent in idemproxy, excluding the upstream, by route.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}, []string{"route"}),
 		storedBytes: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "idemproxy_stored_response_bytes",
 			Help:    "Size of stored records.",
@@ -68,7 +74,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.storedBytes, m.inFlight, m.renewals)
+		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.inFlight, m.renewals)
 	}
 	return m
 }

@@ -239,7 +239,8 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	x := o.x
-	h.metrics.upstream.WithLabelValues(x.rt.name).Observe(time.Since(o.sent).Seconds())
+	x.upstream = time.Since(o.sent)
+	h.metrics.upstream.WithLabelValues(x.rt.name).Observe(x.upstream.Seconds())
 	x.status = resp.StatusCode
 	if x.rt.releaseOn[resp.StatusCode] {
 		o.settle(func() { o.release(fmt.Sprintf("upstream answered %d, which is in release_on", resp.StatusCode)) })
@@ -291,6 +292,9 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		return
 	}
 	x := o.x
+	if x.upstream == 0 {
+		x.upstream = time.Since(o.sent)
+	}
 	if !o.wrote.Load() {
 		o.settle(func() { o.release("upstream unreachable, request never sent: " + err.Error()) })
 		x.problem(probUpstreamDown.with("the request was not sent to the upstream; it is safe to retry"))

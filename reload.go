@@ -1,0 +1,166 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"reflect"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// reloadQuiet is how long the config directory must be quiet after a
+// change before it is read: an editor or the kubelet writes in steps.
+const reloadQuiet = 200 * time.Millisecond
+
+// reloader reloads routes when the config file changes or on SIGHUP. An
+// invalid file is rejected, logged and counted; the old config keeps
+// serving.
+type reloader struct {
+	path    string
+	handler *proxy.Handler
+	log     *slog.Logger
+	total   *prometheus.CounterVec
+	success prometheus.Gauge
+
+	// hup is registered for SIGHUP before serving starts, so a SIGHUP is
+	// never the default "terminate" once the process serves.
+	hup chan os.Signal
+
+	// current and sum are only touched by run's goroutine.
+	current *config.Config
+	sum     [sha256.Size]byte
+}
+
+func newReloader(path string, cfg *config.Config, h *proxy.Handler, logger *slog.Logger, reg prometheus.Registerer) *reloader {
+	r := &reloader{
+		path:    path,
+		handler: h,
+		log:     logger,
+		current: cfg,
+		total: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_config_reloads_total",
+			Help: "Config reload attempts by result (ok, error).",
+		}, []string{"result"}),
+		success: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemproxy_config_last_reload_successful",
+			Help: "1 when the last config reload attempt succeeded (or none was made), 0 when the file on disk is rejected.",
+		}),
+	}
+	r.success.Set(1)
+	reg.MustRegister(r.total, r.success)
+	r.hup = make(chan os.Signal, 1)
+	signal.Notify(r.hup, syscall.SIGHUP)
+	if b, err := os.ReadFile(path); err == nil {
+		r.sum = sha256.Sum256(b)
+	}
+	return r
+}
+
+// run watches the file's directory, not the file: a Kubernetes ConfigMap
+// volume updates by swapping a symlink, which a watch on the file itself
+// would miss after the first update.
+func (r *reloader) run(ctx context.Context) {
+	defer signal.Stop(r.hup)
+
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	w, err := fsnotify.NewWatcher()
+	if err == nil {
+		err = w.Add(filepath.Dir(r.path))
+	}
+	if err != nil {
+		r.log.Warn("cannot watch the config file; reload with SIGHUP", "path", r.path, "err", err)
+	} else {
+		defer w.Close()
+		events, errs = w.Events, w.Errors
+	}
+	quiet := time.NewTimer(time.Hour)
+	quiet.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.hup:
+			r.reload("SIGHUP", true)
+		case <-events:
+			quiet.Reset(reloadQuiet)
+		case err := <-errs:
+			r.log.Warn("config watch error", "err", err)
+		case <-quiet.C:
+			r.reload("file change", false)
+		}
+	}
+}
+
+// reload loads and applies the file. Unless forced, an unchanged file is
+// not reloaded.
+func (r *reloader) reload(trigger string, force bool) {
+	b, err := os.ReadFile(r.path)
+	if err != nil {
+		r.fail(trigger, err)
+		return
+	}
+	sum := sha256.Sum256(b)
+	if sum == r.sum && !force {
+		return
+	}
+	cfg, err := config.Load(r.path)
+	if err == nil {
+		err = r.handler.Reload(cfg)
+	}
+	if err != nil {
+		r.fail(trigger, err)
+		return
+	}
+	r.sum = sum
+	for _, c := range restartOnly(r.current, cfg) {
+		r.log.Warn("config key changed but needs a restart to take effect; the running value stays", "key", c)
+	}
+	// Keep the values in force for the keys that did not reload, so the
+	// next comparison is against what actually runs.
+	routes := cfg.Routes
+	next := *r.current
+	next.Routes = routes
+	r.current = &next
+	r.total.WithLabelValues("ok").Inc()
+	r.success.Set(1)
+	r.log.Info("config reloaded", "trigger", trigger, "routes", len(routes))
+}
+
+func (r *reloader) fail(trigger string, err error) {
+	r.total.WithLabelValues("error").Inc()
+	r.success.Set(0)
+	r.log.Error("config reload rejected; the previous config keeps serving", "trigger", trigger, "path", r.path, "err", err)
+}
+
+// restartOnly names the top-level sections that differ and cannot change
+// without a restart.
+func restartOnly(old, cfg *config.Config) []string {
+	var changed []string
+	for _, c := range []struct {
+		key      string
+		old, new any
+	}{
+		{"listen", old.Listen, cfg.Listen},
+		{"admin_listen", old.AdminListen, cfg.AdminListen},
+		{"upstream", old.Upstream, cfg.Upstream},
+		{"drain", old.Drain, cfg.Drain},
+		{"store", old.Store, cfg.Store},
+		{"identity", old.Identity, cfg.Identity},
+	} {
+		if !reflect.DeepEqual(c.old, c.new) {
+			changed = append(changed, c.key)
+		}
+	}
+	return changed
+}

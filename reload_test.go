@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+const reloadBase = `listen: "127.0.0.1:0"
+admin_listen: "127.0.0.1:0"
+upstream:
+  url: %q
+routes:
+  - name: r
+    match: %q
+`
+
+// startFromFile serves the config at path and returns the client and admin
+// base URLs.
+func startFromFile(t *testing.T, path string) (client, admin string) {
+	t.Helper()
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan [2]string, 1)
+	served := make(chan error, 1)
+	go func() {
+		served <- serve(ctx, cfg, path, slog.New(slog.DiscardHandler), func(c, a string) { addrs <- [2]string{c, a} })
+	}()
+	t.Cleanup(func() { cancel(); <-served })
+	select {
+	case a := <-addrs:
+		return "http://" + a[0], "http://" + a[1]
+	case err := <-served:
+		t.Fatalf("serve: %v", err)
+	}
+	return "", ""
+}
+
+func status(t *testing.T, url string) int {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func metric(t *testing.T, admin, line string) bool {
+	t.Helper()
+	resp, err := http.Get(admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return strings.Contains(string(b), line)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+// TestReloadFollowsAConfigMapUpdate lays the file out as a Kubernetes
+// ConfigMap volume does (config.yaml -> ..data/config.yaml, ..data -> a
+// timestamped directory) and updates it by swapping the ..data symlink.
+func TestReloadFollowsAConfigMapUpdate(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	dir := t.TempDir()
+	version := 0
+	publish := func(content string) {
+		version++
+		v := filepath.Join(dir, fmt.Sprintf("..v%d", version))
+		os.Mkdir(v, 0o755)
+		if err := os.WriteFile(filepath.Join(v, "config.yaml"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tmp := filepath.Join(dir, "..data_tmp")
+		os.Symlink(filepath.Base(v), tmp)
+		if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(fmt.Sprintf(reloadBase, upstream.URL, "POST /a"))
+	path := filepath.Join(dir, "config.yaml")
+	if err := os.Symlink("..data/config.yaml", path); err != nil {
+		t.Fatal(err)
+	}
+	client, admin := startFromFile(t, path)
+	if got := status(t, client+"/a"); got != http.StatusUnauthorized {
+		t.Fatalf("/a before reload: %d, want it protected (401 without identity)", got)
+	}
+
+	publish(fmt.Sprintf(reloadBase, upstream.URL, "POST /b"))
+	waitFor(t, "the new routes serve", func() bool { return status(t, client+"/b") == http.StatusUnauthorized })
+	if got := status(t, client+"/a"); got != http.StatusCreated {
+		t.Fatalf("/a after reload: %d, want it passed through", got)
+	}
+	if !metric(t, admin, `idemproxy_config_reloads_total{result="ok"} 1`) {
+		t.Error("successful reload not counted")
+	}
+
+	publish(fmt.Sprintf(reloadBase, upstream.URL, "POST /b") + "    lease: banana\n")
+	waitFor(t, "the bad file is rejected", func() bool {
+		return metric(t, admin, `idemproxy_config_reloads_total{result="error"} 1`)
+	})
+	if !metric(t, admin, "idemproxy_config_last_reload_successful 0") {
+		t.Error("rejected reload not reported by the gauge")
+	}
+	if got := status(t, client+"/b"); got != http.StatusUnauthorized {
+		t.Fatalf("/b after a rejected reload: %d, want the old config still serving", got)
+	}
+}
+
+func TestReloadOnSIGHUP(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /a")), 0o644)
+	client, admin := startFromFile(t, path)
+	if got := status(t, client+"/a"); got != http.StatusUnauthorized {
+		t.Fatalf("/a: %d", got)
+	}
+	// The watcher would also notice this write; SIGHUP forces the reload
+	// even if it already did, so the count is at least 1 either way.
+	os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /c")), 0o644)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "SIGHUP reloads", func() bool { return status(t, client+"/c") == http.StatusUnauthorized })
+	if metric(t, admin, `idemproxy_config_reloads_total{result="ok"} 0`) {
+		t.Error("reload not counted")
+	}
+}
+
+// TestDrainDelayFailsReadinessFirst: during drain.delay /readyz fails while
+// the client port still serves.
+func TestDrainDelayFailsReadinessFirst(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Upstream.URL = upstream.URL
+	cfg.Drain.Delay = 700 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan [2]string, 1)
+	served := make(chan error, 1)
+	go func() {
+		served <- serve(ctx, cfg, "", slog.New(slog.DiscardHandler), func(c, a string) { addrs <- [2]string{c, a} })
+	}()
+	a := <-addrs
+	client, admin := "http://"+a[0], "http://"+a[1]
+	ready := func() int {
+		resp, err := http.Get(admin + "/readyz")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := ready(); got != http.StatusOK {
+		t.Fatalf("/readyz before drain: %d", got)
+	}
+	cancel()
+	waitFor(t, "/readyz fails", func() bool { return ready() == http.StatusServiceUnavailable })
+	// Still within the delay: the client port keeps serving.
+	if got := status(t, client+"/anything"); got != http.StatusCreated {
+		t.Fatalf("client port during drain delay: %d, want still served", got)
+	}
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+}
