@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -31,6 +32,26 @@ type env struct {
 	front    *httptest.Server
 	reg      *prometheus.Registry
 	cfg      *config.Config
+	// logs holds the proxy's JSON log lines.
+	logs *lockedBuffer
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // ledger counts upstream executions per idempotency key, as a legacy
@@ -86,7 +107,7 @@ func route(name, match string) config.Route {
 // ledger recorded it) and the proxy. mutate adjusts the config.
 func newEnv(t *testing.T, app http.HandlerFunc, mutate func(*config.Config)) *env {
 	t.Helper()
-	e := &env{t: t, ledger: &ledger{}, redis: redistest.Start(t), reg: prometheus.NewRegistry()}
+	e := &env{t: t, ledger: &ledger{}, redis: redistest.Start(t), reg: prometheus.NewRegistry(), logs: &lockedBuffer{}}
 	e.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(strings.NewReader(string(body)))
@@ -108,20 +129,18 @@ func newEnv(t *testing.T, app http.HandlerFunc, mutate func(*config.Config)) *en
 	client := claim.NewClient(cfg.Store.Redis)
 	t.Cleanup(func() { client.Close() })
 	e.store = claim.New(client, cfg.Store.KeyPrefix)
-	h, err := proxy.New(cfg, e.store, proxy.Options{Logger: testLogger(), Metrics: proxy.NewMetrics(e.reg)})
+	var out io.Writer = e.logs
+	if os.Getenv("IDEMPROXY_TEST_LOG") == "1" {
+		out = io.MultiWriter(e.logs, os.Stderr)
+	}
+	logger := slog.New(slog.NewJSONHandler(out, nil))
+	h, err := proxy.New(cfg, e.store, proxy.Options{Logger: logger, Metrics: proxy.NewMetrics(e.reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.front = httptest.NewServer(h)
 	t.Cleanup(e.front.Close)
 	return e
-}
-
-func testLogger() *slog.Logger {
-	if os.Getenv("IDEMPROXY_TEST_LOG") == "1" {
-		return slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	}
-	return slog.New(slog.DiscardHandler)
 }
 
 // untrusted makes every peer untrusted: loopback test clients then count

@@ -110,6 +110,7 @@ func New(cfg *config.Config, store Store, opts Options) (*Handler, error) {
 	if h.metrics == nil {
 		h.metrics = NewMetrics(nil)
 	}
+	h.metrics.initRoutes(routes)
 	if h.now == nil {
 		h.now = time.Now
 	}
@@ -143,6 +144,7 @@ func (h *Handler) Reload(cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
+	h.metrics.initRoutes(routes)
 	h.routes.Store(routes)
 	return nil
 }

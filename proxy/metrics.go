@@ -20,6 +20,15 @@ const (
 	outcomeRejected   = "rejected"    // bad key, identity or size; nothing forwarded
 )
 
+// outcomes lists every outcome, to create each series at zero.
+var outcomes = []string{
+	outcomeClaimed, outcomeReplayed, outcomeConflict, outcomeMismatch, outcomeReleased,
+	outcomeStored, outcomeBypassed, outcomeStoreError, outcomeFenceLost, outcomeRejected,
+}
+
+// storeOps are the values of the op label.
+var storeOps = []string{"claim", "get", "renew", "complete", "release"}
+
 // Metrics are the proxy's Prometheus collectors.
 type Metrics struct {
 	requests     *prometheus.CounterVec
@@ -73,8 +82,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Lease renewals by result (ok, lost, error).",
 		}, []string{"result"}),
 	}
+	// Series that exist from the start make rate() and absent-based alerts
+	// work before the first error.
+	for _, op := range storeOps {
+		m.storeErrors.WithLabelValues(op)
+	}
+	for _, r := range []string{"ok", "lost", "error"} {
+		m.renewals.WithLabelValues(r)
+	}
 	if reg != nil {
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.inFlight, m.renewals)
 	}
 	return m
+}
+
+// initRoutes creates every route's outcome series at zero.
+func (m *Metrics) initRoutes(rt *router) {
+	for _, name := range rt.names {
+		for _, o := range outcomes {
+			m.requests.WithLabelValues(name, o)
+		}
+	}
 }

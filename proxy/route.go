@@ -31,11 +31,14 @@ func (routeHandler) ServeHTTP(http.ResponseWriter, *http.Request) {}
 // route /payments just as the upstream would most likely see them.
 type router struct {
 	mux *http.ServeMux
+	// names are the route names, in config order.
+	names []string
 }
 
 func newRouter(routes []config.Route) (*router, error) {
 	rt := &router{mux: http.NewServeMux()}
 	for i, rc := range routes {
+		rt.names = append(rt.names, rc.Name)
 		r := &route{name: rc.Name, scope: "route\x00" + rc.Name, settings: rc.Settings}
 		if rc.Settings.Scope == config.ScopePrincipal {
 			r.scope = "principal"

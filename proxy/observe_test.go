@@ -1,0 +1,117 @@
+package proxy_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+// observedEnv runs one request of each deterministic outcome.
+func observedEnv(t *testing.T) *env {
+	busy := true
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Idempotency-Key") == "busy" && busy {
+			busy = false
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		created(w, r)
+	}, func(c *config.Config) {
+		c.Routes = append(c.Routes, route("opt", "POST /optional"))
+		c.Routes[1].Settings.RequireKey = false
+	})
+	e.do(req{user: "alice", key: "k", body: `{"card":"4242"}`})                      // stored
+	e.do(req{user: "alice", key: "k", body: `{"card":"4242"}`})                      // replayed
+	e.do(req{user: "alice", key: "k", body: `{"card":"5555"}`})                      // mismatch
+	e.do(req{user: "alice", body: `{}`})                                             // rejected
+	e.do(req{user: "alice", key: "busy", body: `{}`})                                // released
+	e.do(req{path: "/optional", user: "alice", body: `{}`})                          // bypassed
+	e.do(req{method: http.MethodGet, path: "/unprotected", user: "alice", body: ``}) // not counted
+	return e
+}
+
+// TestMetricsExposition compares the request and claim metrics with a
+// golden file. Set IDEMPROXY_UPDATE_GOLDEN=1 to rewrite it.
+func TestMetricsExposition(t *testing.T) {
+	e := observedEnv(t)
+	names := []string{"idemproxy_requests_total", "idemproxy_inflight_claims", "idemproxy_store_errors_total"}
+	golden := "testdata/metrics.golden"
+	if os.Getenv("IDEMPROXY_UPDATE_GOLDEN") == "1" {
+		writeGolden(t, e, golden, names)
+	}
+	f, err := os.Open(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := testutil.GatherAndCompare(e.reg, f, names...); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"idemproxy_store_operation_seconds", "idemproxy_upstream_seconds", "idemproxy_added_latency_seconds", "idemproxy_stored_response_bytes"} {
+		if c, err := testutil.GatherAndCount(e.reg, n); err != nil || c == 0 {
+			t.Errorf("%s: %d series, %v; want it exposed", n, c, err)
+		}
+	}
+}
+
+// TestLogLines: one JSON line per protected request, with route, outcome,
+// status, request id and the hashed key; never the raw key, principal or
+// body.
+func TestLogLines(t *testing.T) {
+	e := observedEnv(t)
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(e.logs.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line is not JSON: %q", l)
+		}
+		if m["msg"] == "request" {
+			lines = append(lines, m)
+		}
+	}
+	if len(lines) != 6 {
+		t.Fatalf("%d request log lines, want 6 (one per protected request)", len(lines))
+	}
+	for _, m := range lines {
+		for _, k := range []string{"route", "outcome", "status", "request_id", "duration"} {
+			if _, ok := m[k]; !ok {
+				t.Errorf("log line %v lacks %s", m, k)
+			}
+		}
+	}
+	if k, _ := lines[0]["key"].(string); !strings.HasPrefix(k, "idem:") || len(k) != len("idem:")+64 {
+		t.Errorf("first line's key = %q, want the hashed Redis key", k)
+	}
+	all := e.logs.String()
+	for _, secret := range []string{`"k"`, "alice", "4242", "5555"} {
+		if strings.Contains(all, secret) {
+			t.Errorf("logs contain %s", secret)
+		}
+	}
+}
+
+func writeGolden(t *testing.T, e *env, path string, names []string) {
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, mf := range mfs {
+		if slices.Contains(names, mf.GetName()) {
+			if _, err := expfmt.MetricFamilyToText(&b, mf); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
