@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"sync"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -38,6 +41,7 @@ type Metrics struct {
 	added        *prometheus.HistogramVec
 	storedBytes  prometheus.Histogram
 	inFlight     prometheus.Gauge
+	claims       *claimAges
 	renewals     *prometheus.CounterVec
 }
 
@@ -45,6 +49,7 @@ type Metrics struct {
 // leaves them unregistered (tests, or a caller that exposes no metrics).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
+		claims: &claimAges{started: map[*owner]time.Time{}, now: time.Now},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_requests_total",
 			Help: "Protected requests by route and final outcome.",
@@ -91,7 +96,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.renewals.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.inFlight, m.renewals)
+		oldest := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_oldest_inflight_claim_seconds",
+			Help: "Age of the oldest claim this process owns and has not settled; 0 when none.",
+		}, m.claims.oldest)
+		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.inFlight, m.renewals, oldest)
 	}
 	return m
 }
@@ -103,4 +112,40 @@ func (m *Metrics) initRoutes(rt *router) {
 			m.requests.WithLabelValues(name, o)
 		}
 	}
+}
+
+// claimAges tracks when each in-flight claim started, for the age of the
+// oldest: a claim held far past the upstream timeout means a stuck upstream
+// call or a bug, and is worth an alert.
+type claimAges struct {
+	mu      sync.Mutex // guards started
+	started map[*owner]time.Time
+	now     func() time.Time
+}
+
+func (c *claimAges) add(o *owner) {
+	c.mu.Lock()
+	c.started[o] = c.now()
+	c.mu.Unlock()
+}
+
+func (c *claimAges) remove(o *owner) {
+	c.mu.Lock()
+	delete(c.started, o)
+	c.mu.Unlock()
+}
+
+func (c *claimAges) oldest() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var first time.Time
+	for _, t := range c.started {
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+	}
+	if first.IsZero() {
+		return 0
+	}
+	return c.now().Sub(first).Seconds()
 }

@@ -115,3 +115,35 @@ func writeGolden(t *testing.T, e *env, path string, names []string) {
 		t.Fatal(err)
 	}
 }
+
+func TestOldestInflightClaimAge(t *testing.T) {
+	release := make(chan struct{})
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		created(w, r)
+	}, nil)
+	gauge := func() float64 {
+		mfs, err := e.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "idemproxy_oldest_inflight_claim_seconds" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("idemproxy_oldest_inflight_claim_seconds not exposed")
+		return 0
+	}
+	if g := gauge(); g != 0 {
+		t.Fatalf("with no claims the age is %v, want 0", g)
+	}
+	done := make(chan resp)
+	go func() { done <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
+	eventually(t, "the claim ages", func() bool { return gauge() >= 0.1 })
+	close(release)
+	<-done
+	if g := gauge(); g != 0 {
+		t.Fatalf("after settling the age is %v, want 0", g)
+	}
+}

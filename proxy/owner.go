@@ -53,9 +53,13 @@ func ownerFrom(ctx context.Context) *owner {
 
 // own forwards the request as the claim's owner and settles the claim.
 func (x *exchange) own(rec *claim.Record, body []byte) {
-	x.h.metrics.inFlight.Inc()
-	defer x.h.metrics.inFlight.Dec()
 	o := &owner{x: x, rec: rec, body: body}
+	x.h.metrics.inFlight.Inc()
+	x.h.metrics.claims.add(o)
+	defer func() {
+		x.h.metrics.inFlight.Dec()
+		x.h.metrics.claims.remove(o)
+	}()
 	lease := x.rt.settings.Lease
 	o.renewer = time.AfterFunc(lease/3, o.renew)
 	defer o.settle(func() {}) // stops renewal if nothing settled (a panic)
