@@ -129,3 +129,13 @@ func TestDrainStoresInFlightRequest(t *testing.T) {
 		t.Fatalf("stored record after drain: %+v, %v", rec, err)
 	}
 }
+
+func TestVersionFlag(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-version"}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out.String(), "idemproxy ") || !strings.Contains(out.String(), "go1.") {
+		t.Fatalf("-version printed %q", out.String())
+	}
+}

@@ -65,12 +65,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return serve(ctx, cfg, *path, logger, nil)
 }
 
+// version is set at build time with -ldflags "-X main.version=v1.2.3";
+// otherwise the module version from the build info is used.
+var version = ""
+
 func buildInfo() string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		return "idemproxy (no build info)"
+		return "idemproxy " + version
 	}
-	s := fmt.Sprintf("idemproxy %s %s", bi.Main.Version, bi.GoVersion)
+	v := version
+	if v == "" {
+		v = bi.Main.Version
+	}
+	s := fmt.Sprintf("idemproxy %s %s", v, bi.GoVersion)
 	for _, kv := range bi.Settings {
 		if kv.Key == "vcs.revision" || kv.Key == "vcs.time" || kv.Key == "vcs.modified" {
 			s += " " + kv.Key + "=" + kv.Value
