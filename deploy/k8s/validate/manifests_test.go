@@ -1,0 +1,294 @@
+// Package validate checks the example manifests in deploy/k8s: the
+// kustomization builds, every resource decodes strictly into its
+// Kubernetes (or prometheus-operator) API type, and the pieces agree with
+// each other and with idemproxy itself. It is its own module so that the
+// Kubernetes libraries stay out of idemproxy's dependencies.
+package validate
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+// newObject returns an empty typed object for a kind, or nil if the kind
+// is not one the example is expected to contain.
+func newObject(apiVersion, kind string) any {
+	switch apiVersion + "/" + kind {
+	case "v1/Namespace":
+		return &corev1.Namespace{}
+	case "v1/ConfigMap":
+		return &corev1.ConfigMap{}
+	case "v1/Service":
+		return &corev1.Service{}
+	case "apps/v1/Deployment":
+		return &appsv1.Deployment{}
+	case "apps/v1/StatefulSet":
+		return &appsv1.StatefulSet{}
+	case "policy/v1/PodDisruptionBudget":
+		return &policyv1.PodDisruptionBudget{}
+	case "networking.k8s.io/v1/NetworkPolicy":
+		return &networkingv1.NetworkPolicy{}
+	case "monitoring.coreos.com/v1/ServiceMonitor":
+		return &monitoringv1.ServiceMonitor{}
+	case "monitoring.coreos.com/v1/PrometheusRule":
+		return &monitoringv1.PrometheusRule{}
+	}
+	return nil
+}
+
+// built is the kustomize output, decoded, by kind and name.
+type built map[string]any
+
+func build(t *testing.T) built {
+	t.Helper()
+	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
+	resources, err := k.Run(filesys.MakeFsOnDisk(), "..")
+	if err != nil {
+		t.Fatalf("kustomize build deploy/k8s: %v", err)
+	}
+	out := built{}
+	for _, res := range resources.Resources() {
+		y, err := res.AsYAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		obj := newObject(res.GetApiVersion(), res.GetKind())
+		if obj == nil {
+			t.Errorf("%s %s: unexpected kind %s", res.GetApiVersion(), res.GetName(), res.GetKind())
+			continue
+		}
+		// Strict: unknown fields and wrong types are errors.
+		if err := yaml.UnmarshalStrict(y, obj); err != nil {
+			t.Errorf("%s/%s does not decode strictly: %v", res.GetKind(), res.GetName(), err)
+			continue
+		}
+		out[res.GetKind()+"/"+res.GetName()] = obj
+	}
+	return out
+}
+
+func get[T any](t *testing.T, b built, key string) T {
+	t.Helper()
+	obj, ok := b[key].(T)
+	if !ok {
+		t.Fatalf("%s missing from the kustomize output", key)
+	}
+	return obj
+}
+
+func TestManifests(t *testing.T) {
+	b := build(t)
+	for _, want := range []string{
+		"Namespace/payments", "Deployment/payments", "Service/payments", "Service/payments-idemproxy-metrics",
+		"ConfigMap/idemproxy-config", "ConfigMap/idemproxy-dashboard", "StatefulSet/redis", "Service/redis",
+		"PodDisruptionBudget/payments", "NetworkPolicy/payments", "NetworkPolicy/redis",
+		"ServiceMonitor/payments-idemproxy", "PrometheusRule/payments-idemproxy",
+	} {
+		if _, ok := b[want]; !ok {
+			t.Errorf("%s missing from the kustomize output", want)
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	dep := get[*appsv1.Deployment](t, b, "Deployment/payments")
+	pod := dep.Spec.Template.Spec
+	var sidecar *corev1.Container
+	for i := range pod.InitContainers {
+		if pod.InitContainers[i].Name == "idemproxy" {
+			sidecar = &pod.InitContainers[i]
+		}
+	}
+	if sidecar == nil {
+		t.Fatal("idemproxy is not an init container (native sidecar)")
+	}
+	if sidecar.RestartPolicy == nil || *sidecar.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Error("the idemproxy init container needs restartPolicy: Always to be a native sidecar")
+	}
+	ports := map[string]int32{}
+	for _, p := range sidecar.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if ports["http"] != 8080 || ports["admin"] != 9090 {
+		t.Errorf("sidecar ports %v, want http 8080 and admin 9090 (as in idemproxy.yaml)", ports)
+	}
+	probe := func(name string, p *corev1.Probe, path string) {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != path || p.HTTPGet.Port.String() != "admin" {
+			t.Errorf("%s probe must GET %s on the admin port, got %+v", name, path, p)
+		}
+	}
+	probe("readiness", sidecar.ReadinessProbe, "/readyz")
+	probe("liveness", sidecar.LivenessProbe, "/healthz")
+	for _, c := range append([]corev1.Container{*sidecar}, pod.Containers...) {
+		sc := c.SecurityContext
+		if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+			sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+			t.Errorf("container %s: needs runAsNonRoot, readOnlyRootFilesystem and no privilege escalation", c.Name)
+		}
+		if c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+			t.Errorf("container %s: memory request and limit must be set", c.Name)
+		}
+	}
+	for _, c := range pod.Containers {
+		if len(c.Ports) > 0 {
+			t.Errorf("app container %s declares ports: it must listen on localhost only, behind the sidecar", c.Name)
+		}
+	}
+	grace := int64(30)
+	if pod.TerminationGracePeriodSeconds != nil {
+		grace = *pod.TerminationGracePeriodSeconds
+	}
+
+	svc := get[*corev1.Service](t, b, "Service/payments")
+	for _, p := range svc.Spec.Ports {
+		if p.TargetPort.String() != "http" {
+			t.Errorf("Service payments port %s targets %s: clients must only reach the sidecar's http port", p.Name, p.TargetPort.String())
+		}
+	}
+
+	// The mounted config is a valid idemproxy config, on the ports the
+	// pod declares, draining within the pod's grace period.
+	cm := get[*corev1.ConfigMap](t, b, "ConfigMap/idemproxy-config")
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(cm.Data["config.yaml"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("ConfigMap idemproxy-config is not a valid idemproxy config:\n%v", err)
+	}
+	if cfg.Listen != ":8080" || cfg.AdminListen != ":9090" {
+		t.Errorf("config listens on %s/%s, the pod declares :8080/:9090", cfg.Listen, cfg.AdminListen)
+	}
+	if secs := int64((cfg.Drain.Delay + cfg.Drain.Timeout).Seconds()); secs >= grace {
+		t.Errorf("drain.delay + drain.timeout = %ds, not below terminationGracePeriodSeconds %d", secs, grace)
+	}
+
+	redisConf := get[*corev1.ConfigMap](t, b, "ConfigMap/"+generatedName(b, "redis-config"))
+	for _, want := range []string{"maxmemory-policy noeviction", "appendonly yes"} {
+		if !strings.Contains(redisConf.Data["redis.conf"], want) {
+			t.Errorf("redis.conf lacks %q", want)
+		}
+	}
+}
+
+// generatedName finds a ConfigMap generated with a hash suffix.
+func generatedName(b built, prefix string) string {
+	for k := range b {
+		if name, ok := strings.CutPrefix(k, "ConfigMap/"); ok && strings.HasPrefix(name, prefix+"-") {
+			return name
+		}
+	}
+	return prefix
+}
+
+// metricRef finds idemproxy metric names in PromQL.
+var metricRef = regexp.MustCompile(`idemproxy_[a-z_]+`)
+
+// knownMetrics reads the metric names idemproxy defines from its source.
+func knownMetrics(t *testing.T) []string {
+	t.Helper()
+	def := regexp.MustCompile(`Name:\s+"(idemproxy_[a-z_]+)"`)
+	var names []string
+	for _, glob := range []string{"../../../*.go", "../../../proxy/*.go", "../../../claim/*.go"} {
+		files, _ := filepath.Glob(glob)
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range def.FindAllStringSubmatch(string(src), -1) {
+				names = append(names, m[1], m[1]+"_bucket", m[1]+"_sum", m[1]+"_count")
+			}
+		}
+	}
+	if len(names) < 10*4 {
+		t.Fatalf("found only %d metric names in the source; the scan is broken", len(names)/4)
+	}
+	return names
+}
+
+func checkExpr(t *testing.T, where, expr string, known []string) {
+	t.Helper()
+	refs := metricRef.FindAllString(expr, -1)
+	if len(refs) == 0 {
+		t.Errorf("%s: expression uses no idemproxy metric: %s", where, expr)
+	}
+	for _, m := range refs {
+		if !slices.Contains(known, m) {
+			t.Errorf("%s: unknown metric %s", where, m)
+		}
+	}
+}
+
+func TestAlertsAndDashboardUseRealMetrics(t *testing.T) {
+	known := knownMetrics(t)
+	b := build(t)
+	rule := get[*monitoringv1.PrometheusRule](t, b, "PrometheusRule/payments-idemproxy")
+	alerts := 0
+	for _, g := range rule.Spec.Groups {
+		for _, r := range g.Rules {
+			alerts++
+			checkExpr(t, "alert "+r.Alert, r.Expr.String(), known)
+			anchor := strings.ToLower(r.Alert)
+			if !strings.HasSuffix(r.Annotations["runbook_url"], "#"+anchor) {
+				t.Errorf("alert %s: runbook_url must point at docs/operations.md#%s", r.Alert, anchor)
+			}
+			doc, _ := os.ReadFile("../../../docs/operations.md")
+			if !strings.Contains(string(doc), "### "+r.Alert) {
+				t.Errorf("alert %s has no runbook section in docs/operations.md", r.Alert)
+			}
+		}
+	}
+	if alerts < 6 {
+		t.Errorf("%d alerts, want at least 6", alerts)
+	}
+
+	cm := get[*corev1.ConfigMap](t, b, "ConfigMap/idemproxy-dashboard")
+	if cm.Labels["grafana_dashboard"] != "1" {
+		t.Error("dashboard ConfigMap lacks the grafana_dashboard label the Grafana sidecar looks for")
+	}
+	var dash struct {
+		UID    string `json:"uid"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	dec := json.NewDecoder(strings.NewReader(cm.Data["idemproxy-dashboard.json"]))
+	if err := dec.Decode(&dash); err != nil {
+		t.Fatalf("dashboard JSON: %v", err)
+	}
+	if dash.UID == "" || len(dash.Panels) < 6 {
+		t.Errorf("dashboard uid %q with %d panels", dash.UID, len(dash.Panels))
+	}
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no queries", p.Title)
+		}
+		for _, tg := range p.Targets {
+			checkExpr(t, "panel "+p.Title, tg.Expr, known)
+		}
+	}
+}
