@@ -107,7 +107,13 @@ func route(name, match string) config.Route {
 // ledger recorded it) and the proxy. mutate adjusts the config.
 func newEnv(t *testing.T, app http.HandlerFunc, mutate func(*config.Config)) *env {
 	t.Helper()
-	e := &env{t: t, ledger: &ledger{}, redis: redistest.Start(t), reg: prometheus.NewRegistry(), logs: &lockedBuffer{}}
+	return newEnvOn(t, redistest.Start(t), app, mutate)
+}
+
+// newEnvOn is newEnv on a given redis-server.
+func newEnvOn(t *testing.T, srv *redistest.Server, app http.HandlerFunc, mutate func(*config.Config)) *env {
+	t.Helper()
+	e := &env{t: t, ledger: &ledger{}, redis: srv, reg: prometheus.NewRegistry(), logs: &lockedBuffer{}}
 	e.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(strings.NewReader(string(body)))
@@ -134,11 +140,18 @@ func newEnv(t *testing.T, app http.HandlerFunc, mutate func(*config.Config)) *en
 		out = io.MultiWriter(e.logs, os.Stderr)
 	}
 	logger := slog.New(slog.NewJSONHandler(out, nil))
-	h, err := proxy.New(cfg, e.store, proxy.Options{Logger: logger, Metrics: proxy.NewMetrics(e.reg)})
+	h, err := proxy.New(cfg, e.store, proxy.Options{
+		Logger:  logger,
+		Metrics: proxy.NewMetrics(e.reg),
+		// Short, for the slow-loris test; no other test trickles its body.
+		BodyReadTimeout: 500 * time.Millisecond,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.front = httptest.NewServer(h)
+	e.front = httptest.NewUnstartedServer(h)
+	e.front.Config.MaxHeaderBytes = 64 << 10 // as run.go sets it
+	e.front.Start()
 	t.Cleanup(e.front.Close)
 	return e
 }

@@ -61,7 +61,14 @@ type Options struct {
 	// Rand is the source of owner tokens and request ids. Nil uses
 	// crypto/rand.
 	Rand io.Reader
+	// BodyReadTimeout bounds reading a protected request's body. Zero
+	// uses DefaultBodyReadTimeout.
+	BodyReadTimeout time.Duration
 }
+
+// DefaultBodyReadTimeout is how long a client may take to send a protected
+// request's body.
+const DefaultBodyReadTimeout = 30 * time.Second
 
 // Handler is the idemproxy HTTP handler: protected routes go through the
 // claim protocol, everything else streams straight to the upstream.
@@ -78,6 +85,7 @@ type Handler struct {
 	metrics         *Metrics
 	now             func() time.Time
 	rand            io.Reader
+	bodyTimeout     time.Duration
 }
 
 // New builds a Handler for cfg, which must be valid.
@@ -102,6 +110,10 @@ func New(cfg *config.Config, store Store, opts Options) (*Handler, error) {
 		metrics:         opts.Metrics,
 		now:             opts.Now,
 		rand:            opts.Rand,
+		bodyTimeout:     opts.BodyReadTimeout,
+	}
+	if h.bodyTimeout <= 0 {
+		h.bodyTimeout = DefaultBodyReadTimeout
 	}
 	h.routes.Store(routes)
 	if h.log == nil {
@@ -218,6 +230,8 @@ type exchange struct {
 	detail  string
 	// upstream is how long the upstream took, zero when not forwarded.
 	upstream time.Duration
+	// original is the request id of the attempt a replay answers with.
+	original string
 }
 
 // serve runs steps 2 to 8 of the request flow (route match is done).
@@ -317,6 +331,7 @@ func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl t
 func (x *exchange) replay(rec *claim.Record) {
 	x.outcome = outcomeReplayed
 	x.status = rec.Status
+	x.original = rec.RequestID
 	h := x.w.Header()
 	for k, vs := range rec.Header {
 		h[k] = vs
@@ -359,8 +374,16 @@ func (x *exchange) readBody() ([]byte, bool) {
 		x.reject(probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
 		return nil, false
 	}
+	// A client trickling its body (slow loris) must not hold a handler
+	// forever; the deadline covers only this read.
+	rc := http.NewResponseController(x.w)
+	_ = rc.SetReadDeadline(time.Now().Add(x.h.bodyTimeout))
 	body, err := io.ReadAll(http.MaxBytesReader(x.w, x.r.Body, limit))
 	if err != nil {
+		// Close after answering: otherwise net/http reads the rest of the
+		// body before writing the answer, and a stalled client never gets
+		// one. The read deadline stays, so that read cannot hang either.
+		x.w.Header().Set("Connection", "close")
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			x.reject(probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
 		} else {
@@ -368,6 +391,7 @@ func (x *exchange) readBody() ([]byte, bool) {
 		}
 		return nil, false
 	}
+	_ = rc.SetReadDeadline(time.Time{})
 	return body, true
 }
 
@@ -451,6 +475,9 @@ func (x *exchange) finish() {
 	}
 	if x.hashedKey != "" {
 		attrs = append(attrs, slog.String("key", x.hashedKey))
+	}
+	if x.original != "" {
+		attrs = append(attrs, slog.String("original_request_id", x.original))
 	}
 	if x.detail != "" {
 		attrs = append(attrs, slog.String("detail", x.detail))

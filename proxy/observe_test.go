@@ -90,6 +90,9 @@ func TestLogLines(t *testing.T) {
 	if k, _ := lines[0]["key"].(string); !strings.HasPrefix(k, "idem:") || len(k) != len("idem:")+64 {
 		t.Errorf("first line's key = %q, want the hashed Redis key", k)
 	}
+	if lines[1]["outcome"] != "replayed" || lines[1]["original_request_id"] != lines[0]["request_id"] || lines[1]["request_id"] == lines[0]["request_id"] {
+		t.Errorf("the replay's log line must name the original request: %v then %v", lines[0], lines[1])
+	}
 	all := e.logs.String()
 	for _, secret := range []string{`"k"`, "alice", "4242", "5555"} {
 		if strings.Contains(all, secret) {
