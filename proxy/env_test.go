@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,6 +35,16 @@ type env struct {
 	cfg      *config.Config
 	// logs holds the proxy's JSON log lines.
 	logs *lockedBuffer
+	// active counts handler calls still running: a client can read its
+	// answer a moment before the handler returns and counts it.
+	active atomic.Int64
+}
+
+// quiesce waits until no handler call is running, so metrics and logs
+// cover every request the test has seen answered.
+func (e *env) quiesce() {
+	e.t.Helper()
+	eventually(e.t, "every handler call returned", func() bool { return e.active.Load() == 0 })
 }
 
 // lockedBuffer is a bytes.Buffer safe for concurrent writes.
@@ -149,7 +160,11 @@ func newEnvOn(t *testing.T, srv *redistest.Server, app http.HandlerFunc, mutate 
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.front = httptest.NewUnstartedServer(h)
+	e.front = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.active.Add(1)
+		defer e.active.Add(-1)
+		h.ServeHTTP(w, r)
+	}))
 	e.front.Config.MaxHeaderBytes = 64 << 10 // as run.go sets it
 	e.front.Start()
 	t.Cleanup(e.front.Close)
@@ -217,6 +232,7 @@ func (e *env) try(ctx context.Context, r req) (resp, error) {
 // outcomes returns idemproxy_requests_total by outcome, all routes.
 func (e *env) outcomes() map[string]float64 {
 	e.t.Helper()
+	e.quiesce()
 	mfs, err := e.reg.Gather()
 	if err != nil {
 		e.t.Fatal(err)

@@ -35,6 +35,7 @@ func observedEnv(t *testing.T) *env {
 	e.do(req{user: "alice", key: "busy", body: `{}`})                                // released
 	e.do(req{path: "/optional", user: "alice", body: `{}`})                          // bypassed
 	e.do(req{method: http.MethodGet, path: "/unprotected", user: "alice", body: ``}) // not counted
+	e.quiesce()
 	return e
 }
 
@@ -146,7 +147,6 @@ func TestOldestInflightClaimAge(t *testing.T) {
 	eventually(t, "the claim ages", func() bool { return gauge() >= 0.1 })
 	close(release)
 	<-done
-	if g := gauge(); g != 0 {
-		t.Fatalf("after settling the age is %v, want 0", g)
-	}
+	// The client may see the answer a moment before the handler returns.
+	eventually(t, "the settled claim is no longer counted", func() bool { return gauge() == 0 })
 }
