@@ -5,11 +5,14 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"hash"
 	"mime"
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/config"
@@ -98,13 +101,19 @@ func isJSON(contentType string) bool {
 
 // canonicalJSON removes the ignored fields and re-encodes the document
 // with sorted object keys and numbers kept as written. ok is false for a
-// body that is not exactly one JSON value: it is then hashed raw, and the
-// upstream decides what to answer to it.
+// body that is not exactly one JSON value, or that two different requests
+// could share a canonical form with: invalid UTF-8 (the decoder would map
+// every bad byte to U+FFFD) or a duplicated object key (parsers disagree on
+// which value wins). Such a body is hashed raw, and the upstream decides
+// what to answer to it.
 func (f *fingerprinter) canonicalJSON(body []byte) (canon []byte, ok bool) {
+	if !utf8.Valid(body) {
+		return nil, false
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
-	var doc any
-	if err := dec.Decode(&doc); err != nil {
+	doc, err := decodeStrict(dec)
+	if err != nil {
 		return nil, false
 	}
 	if len(bytes.TrimSpace(body[dec.InputOffset():])) != 0 {
@@ -118,6 +127,53 @@ func (f *fingerprinter) canonicalJSON(body []byte) (canon []byte, ok bool) {
 		return nil, false
 	}
 	return out, true
+}
+
+var errDuplicateKey = errors.New("duplicate object key")
+
+// decodeStrict decodes one JSON value token by token, refusing duplicate
+// object keys, which json.Decoder.Decode silently resolves to the last.
+func decodeStrict(dec *json.Decoder) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			obj := map[string]any{}
+			for dec.More() {
+				kt, err := dec.Token()
+				if err != nil {
+					return nil, err
+				}
+				k, _ := kt.(string)
+				if _, dup := obj[k]; dup {
+					return nil, errDuplicateKey
+				}
+				if obj[k], err = decodeStrict(dec); err != nil {
+					return nil, err
+				}
+			}
+			_, err := dec.Token() // '}'
+			return obj, err
+		case '[':
+			arr := []any{}
+			for dec.More() {
+				v, err := decodeStrict(dec)
+				if err != nil {
+					return nil, err
+				}
+				arr = append(arr, v)
+			}
+			_, err := dec.Token() // ']'
+			return arr, err
+		}
+		return nil, fmt.Errorf("unexpected %v", t)
+	default:
+		return tok, nil
+	}
 }
 
 // remove deletes the value at pointer from doc. An array element is set

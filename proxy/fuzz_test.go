@@ -1,0 +1,57 @@
+package proxy
+
+import (
+	"bytes"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+func FuzzParseKey(f *testing.F) {
+	for _, s := range []string{"abc", `"abc"`, `"a\"b"`, `"a\\b"`, `""`, `"`, "", " k ", `"x";p=1`, "clé", strings.Repeat("k", 256), "a,b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		key, err := parseKey(http.Header{"Idempotency-Key": {v}}, "Idempotency-Key")
+		if err != nil {
+			return
+		}
+		if len(key) < 1 || len(key) > MaxKeyLen || !visibleASCII(key) {
+			t.Fatalf("parseKey(%q) accepted %q", v, key)
+		}
+		// The two accepted forms name the same key.
+		quoted := `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+		again, err := parseKey(http.Header{"Idempotency-Key": {quoted}}, "Idempotency-Key")
+		if err != nil || again != key {
+			t.Fatalf("sf-string form %q of %q parsed as %q, %v", quoted, key, again, err)
+		}
+	})
+}
+
+func FuzzCanonicalJSON(f *testing.F) {
+	for _, s := range []string{`{"a":1,"nonce":"x"}`, `[1,{"nonce":2}]`, `{"items":[{"ts":1}]}`, `{"a":`, `1e999`, `"\ud800"`, `{"a":1}{"b":2}`, `  null `} {
+		f.Add([]byte(s))
+	}
+	fp, err := newFingerprinter(config.Fingerprint{IgnoreJSONFields: []string{"/nonce", "/items/0/ts", "/1/nonce"}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		canon, ok := fp.canonicalJSON(body)
+		if !ok {
+			return
+		}
+		// Canonical form is a fixed point: canonicalising it again changes
+		// nothing, so equal requests always hash equal.
+		again, ok := fp.canonicalJSON(canon)
+		if !ok || !bytes.Equal(again, canon) {
+			t.Fatalf("canonical form of %q is not stable: %q then %q (ok=%v)", body, canon, again, ok)
+		}
+		h := http.Header{"Content-Type": {"application/json"}}
+		if fp.sum("POST", "/p", "", h, body) != fp.sum("POST", "/p", "", h, canon) {
+			t.Fatalf("%q and its canonical form %q fingerprint differently", body, canon)
+		}
+	})
+}
