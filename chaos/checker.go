@@ -1,0 +1,289 @@
+package main
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+)
+
+func hashBody(body string) string {
+	sum := sha256.Sum256([]byte(body))
+	return hex.EncodeToString(sum[:8])
+}
+
+// fault is one injected fault and when it was in force.
+type fault struct {
+	Kind   string    `json:"kind"`
+	Target int       `json:"target,omitempty"` // sidecar id for kill-sidecar
+	Start  time.Time `json:"start"`
+	End    time.Time `json:"end"`
+}
+
+// Fault kinds. The first group can lose a settled outcome between the
+// upstream's answer and the store: the dual-write window.
+const (
+	faultKillSidecar   = "kill-sidecar"
+	faultRedisRestart  = "redis-restart-aof" // kill -9, restart from the AOF (everysec)
+	faultRedisLost     = "redis-restart-lost"
+	faultRedisPause    = "redis-client-pause"
+	faultRedisLatency  = "redis-latency"
+	faultUpstreamHang  = "upstream-hang"
+	faultUpstreamReset = "upstream-reset"
+	faultUpstream503   = "upstream-503"
+	faultUpstreamSlow  = "upstream-slow"
+)
+
+// logLine is the part of a sidecar's per-request log line the checker
+// reads.
+type logLine struct {
+	Msg       string `json:"msg"`
+	Outcome   string `json:"outcome"`
+	RequestID string `json:"request_id"`
+	Route     string `json:"route"`
+	Status    int    `json:"status"`
+}
+
+// readOutcomes maps request id to the sidecar's final outcome for it.
+func readOutcomes(r io.Reader, into map[string]string) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var l logLine
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "request" {
+			into[l.RequestID] = l.Outcome
+		}
+	}
+}
+
+// report is the checker's verdict over one run's history.
+type report struct {
+	Ops               int
+	Attempts          int
+	GaveUp            int
+	Executions        int
+	KeysExecuted      int
+	Duplicates        int
+	Explained         map[string]int // duplicate executions by cause
+	Unexplained       []string       // must be empty
+	CrossPrincipal    int            // must be 0
+	WrongBody         int            // must be 0: a 2xx/500 body that no execution of that key produced
+	ReplayMismatch    int            // must be 0: a replay that differs from every stored original
+	TransientReplayed int            // must be 0
+	Stuck             int            // must be 0
+	Changed           int            // retries sent with a changed body
+	ChangedRejected   int            // of those, answered 422
+	Faults            map[string]int
+	FinalStatus       map[string]int
+	AttemptStatus     map[string]int
+	Violations        []string
+}
+
+func (r *report) failed() bool {
+	return len(r.Unexplained) > 0 || r.CrossPrincipal > 0 || r.WrongBody > 0 ||
+		r.ReplayMismatch > 0 || r.TransientReplayed > 0 || r.Stuck > 0
+}
+
+type opKey struct{ principal, key string }
+
+// check judges a history. outcomes maps request ids to the sidecars'
+// logged outcomes; stuck is the number of in-progress records left after
+// the quiet period.
+func check(ops int, gaveUp int, history []attempt, execs []execution, faults []fault, outcomes map[string]string, stuck int) *report {
+	r := &report{
+		Ops: ops, Attempts: len(history), GaveUp: gaveUp, Executions: len(execs), Stuck: stuck,
+		Explained: map[string]int{}, Faults: map[string]int{}, FinalStatus: map[string]int{}, AttemptStatus: map[string]int{},
+	}
+	for _, f := range faults {
+		r.Faults[f.Kind]++
+	}
+	byKey := map[opKey][]execution{}
+	for _, e := range execs {
+		k := opKey{e.Principal, e.Key}
+		byKey[k] = append(byKey[k], e)
+	}
+	r.KeysExecuted = len(byKey)
+	sidecarOf := map[string]int{}
+	for _, a := range history {
+		sidecarOf[a.RequestID] = a.Sidecar
+	}
+
+	for k, list := range byKey {
+		sort.Slice(list, func(i, j int) bool { return list[i].Start.Before(list[j].Start) })
+		for i := 1; i < len(list); i++ {
+			r.Duplicates++
+			cause := explain(list[i-1], list[i], faults, outcomes, sidecarOf)
+			if cause == "" {
+				r.Unexplained = append(r.Unexplained, fmt.Sprintf("%s/%s: executions by %s then %s (first logged as %q)",
+					k.principal, k.key, list[i-1].RequestID, list[i].RequestID, outcomes[list[i-1].RequestID]))
+				continue
+			}
+			r.Explained[cause]++
+		}
+	}
+
+	final := map[int]attempt{}
+	for _, a := range history {
+		r.AttemptStatus[statusLabel(a)]++
+		if a.Changed {
+			r.Changed++
+			if a.Status == http.StatusUnprocessableEntity {
+				r.ChangedRejected++
+			}
+		} else if prev, ok := final[a.Op]; !ok || a.End.After(prev.End) {
+			final[a.Op] = a
+		}
+		if a.Status == http.StatusTooManyRequests || a.Status == http.StatusServiceUnavailable {
+			if a.Replayed {
+				r.TransientReplayed++
+				r.Violations = append(r.Violations, "transient status replayed: "+a.RequestID)
+			}
+			continue
+		}
+		if a.Status != http.StatusCreated && a.Status != http.StatusInternalServerError {
+			continue
+		}
+		var got struct {
+			Principal string `json:"principal"`
+			Key       string `json:"key"`
+		}
+		if err := json.Unmarshal([]byte(a.Body), &got); err != nil || got.Principal != a.Principal {
+			r.CrossPrincipal++
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: %s got a response for principal %q", a.RequestID, a.Principal, got.Principal))
+			continue
+		}
+		matched := false
+		for _, e := range byKey[opKey{a.Principal, a.Key}] {
+			if e.Response == a.Body && e.Status == a.Status {
+				matched = true
+				break
+			}
+		}
+		switch {
+		case matched:
+		case a.Replayed:
+			r.ReplayMismatch++
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: replay %q matches no execution of %s/%s", a.RequestID, a.Body, a.Principal, a.Key))
+		default:
+			r.WrongBody++
+			r.Violations = append(r.Violations, fmt.Sprintf("%s: answer %q matches no execution of %s/%s", a.RequestID, a.Body, a.Principal, a.Key))
+		}
+	}
+	for _, a := range final {
+		r.FinalStatus[statusLabel(a)]++
+	}
+	return r
+}
+
+func statusLabel(a attempt) string {
+	switch {
+	case a.Status == 0:
+		return "no answer (timeout, disconnect, reset)"
+	case a.Replayed:
+		return fmt.Sprintf("%d replayed", a.Status)
+	}
+	return fmt.Sprint(a.Status)
+}
+
+// explain names the injected fault that let next execute after prev had
+// already executed the same key, or "" when none did: a bug.
+func explain(prev, next execution, faults []fault, outcomes map[string]string, sidecarOf map[string]int) string {
+	overlaps := func(kinds ...string) bool {
+		for _, f := range faults {
+			for _, k := range kinds {
+				if f.Kind == k && !f.End.Before(prev.Start) && !f.Start.After(next.Start) {
+					if k == faultKillSidecar && f.Target != sidecarOf[prev.RequestID] {
+						continue
+					}
+					return true
+				}
+			}
+		}
+		return false
+	}
+	switch outcome, logged := outcomes[prev.RequestID]; {
+	case outcome == "store_error" || outcome == "fence_lost":
+		// The sidecar could not store the answer (Redis unreachable, slow
+		// or lost its lease): the dual-write window, counted by idemproxy.
+		return "dual-write: store failed after the upstream acted (" + outcome + ")"
+	case outcome == "claimed" && overlaps(faultUpstreamHang, faultUpstreamReset):
+		// No usable answer from the upstream after it acted (hang, reset):
+		// unknown_outcome: keep holds the claim one lease, then a retry
+		// executes again. By design, and counted as outcome "claimed".
+		return "unknown outcome: upstream acted but never answered (hang/reset), claim lapsed after its lease"
+	case !logged && overlaps(faultKillSidecar):
+		return "dual-write: sidecar killed (kill -9) before storing"
+	case overlaps(faultRedisLost):
+		return "dual-write: Redis lost its data (restart without persistence)"
+	case overlaps(faultRedisRestart):
+		return "dual-write: Redis killed, AOF everysec lost the last second"
+	}
+	return ""
+}
+
+// markdown renders the report.
+func (r *report) markdown() string {
+	var b strings.Builder
+	mustZero := func(name string, v int) {
+		mark := "ok"
+		if v != 0 {
+			mark = "**FAIL**"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s |\n", name, v, mark)
+	}
+	fmt.Fprintf(&b, "| figure | value | |\n|---|---|---|\n")
+	fmt.Fprintf(&b, "| logical operations | %d | |\n", r.Ops)
+	fmt.Fprintf(&b, "| HTTP attempts | %d | |\n", r.Attempts)
+	fmt.Fprintf(&b, "| operations that gave up (no settled answer in 14 attempts / 20 s) | %d | |\n", r.GaveUp)
+	fmt.Fprintf(&b, "| upstream executions | %d | |\n", r.Executions)
+	fmt.Fprintf(&b, "| keys executed at least once | %d | |\n", r.KeysExecuted)
+	fmt.Fprintf(&b, "| duplicate executions | %d | |\n", r.Duplicates)
+	for _, cause := range sortedKeys(r.Explained) {
+		fmt.Fprintf(&b, "| &nbsp;&nbsp;explained: %s | %d | |\n", cause, r.Explained[cause])
+	}
+	mustZero("&nbsp;&nbsp;**unexplained duplicates**", len(r.Unexplained))
+	mustZero("cross-principal answers", r.CrossPrincipal)
+	mustZero("replays that differ from the original", r.ReplayMismatch)
+	mustZero("answers matching no execution", r.WrongBody)
+	mustZero("transient responses (429/503) replayed", r.TransientReplayed)
+	mustZero("keys stuck in progress after lease + upstream timeout", r.Stuck)
+	fmt.Fprintf(&b, "| retries with a changed body, answered 422 | %d of %d | |\n", r.ChangedRejected, r.Changed)
+	fmt.Fprintf(&b, "\nFaults injected:\n\n| fault | count |\n|---|---|\n")
+	for _, k := range sortedKeys(r.Faults) {
+		fmt.Fprintf(&b, "| %s | %d |\n", k, r.Faults[k])
+	}
+	fmt.Fprintf(&b, "\nClient-visible outcome of each operation (its last attempt):\n\n| answer | operations |\n|---|---|\n")
+	for _, k := range sortedKeys(r.FinalStatus) {
+		fmt.Fprintf(&b, "| %s | %d |\n", k, r.FinalStatus[k])
+	}
+	fmt.Fprintf(&b, "\nEvery attempt:\n\n| answer | attempts |\n|---|---|\n")
+	for _, k := range sortedKeys(r.AttemptStatus) {
+		fmt.Fprintf(&b, "| %s | %d |\n", k, r.AttemptStatus[k])
+	}
+	for _, u := range r.Unexplained {
+		fmt.Fprintf(&b, "\nUNEXPLAINED: %s", u)
+	}
+	for i, v := range r.Violations {
+		if i == 20 {
+			fmt.Fprintf(&b, "\n... %d more violations", len(r.Violations)-20)
+			break
+		}
+		fmt.Fprintf(&b, "\nVIOLATION: %s", v)
+	}
+	return b.String()
+}
+
+func sortedKeys(m map[string]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

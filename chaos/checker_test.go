@@ -1,0 +1,102 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func at(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+
+func exec1(principal, key, rid string, start int, resp string) execution {
+	return execution{Principal: principal, Key: key, RequestID: rid, Status: 201, Start: at(start), Response: resp, BodyHash: "b"}
+}
+
+func answer(principal, key, rid string, sidecar int, status int, replayed bool, body string) attempt {
+	return attempt{Principal: principal, Key: key, RequestID: rid, Sidecar: sidecar, Status: status, Replayed: replayed, Body: body, Start: at(0), End: at(1)}
+}
+
+const alice1 = `{"principal":"alice","key":"k","execution":1}`
+const alice2 = `{"principal":"alice","key":"k","execution":2}`
+
+// The checker must catch what it exists to catch: each case here is a
+// history with exactly one defect.
+func TestCheckerFindsDefects(t *testing.T) {
+	execs := []execution{exec1("alice", "k", "r1", 0, alice1)}
+	clean := []attempt{answer("alice", "k", "r1", 0, 201, false, alice1), answer("alice", "k", "r2", 1, 201, true, alice1)}
+	if r := check(1, 0, clean, execs, nil, map[string]string{"r1": "stored"}, 0); r.failed() {
+		t.Fatalf("a clean history failed: %+v", r)
+	}
+	tests := []struct {
+		name    string
+		history []attempt
+		execs   []execution
+		faults  []fault
+		stuck   int
+		field   func(*report) int
+	}{
+		{"unexplained duplicate", clean, append(execs, exec1("alice", "k", "r3", 5, alice2)), nil, 0,
+			func(r *report) int { return len(r.Unexplained) }},
+		{"duplicate with a sidecar kill of another sidecar", clean, append(execs, exec1("alice", "k", "r3", 5, alice2)),
+			[]fault{{Kind: faultKillSidecar, Target: 7, Start: at(1), End: at(2)}}, 0,
+			func(r *report) int { return len(r.Unexplained) }},
+		{"cross-principal answer", append(clean, answer("bob", "k", "r4", 0, 201, true, alice1)), execs, nil, 0,
+			func(r *report) int { return r.CrossPrincipal }},
+		{"replay that matches no execution", append(clean, answer("alice", "k", "r4", 0, 201, true, alice2)), execs, nil, 0,
+			func(r *report) int { return r.ReplayMismatch }},
+		{"replayed status differs", append(clean, answer("alice", "k", "r4", 0, 500, true, alice1)), execs, nil, 0,
+			func(r *report) int { return r.ReplayMismatch }},
+		{"transient replayed", append(clean, answer("alice", "k", "r4", 0, 503, true, "busy")), execs, nil, 0,
+			func(r *report) int { return r.TransientReplayed }},
+		{"stuck key", clean, execs, nil, 1, func(r *report) int { return r.Stuck }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := check(1, 0, tt.history, tt.execs, tt.faults, map[string]string{"r1": "stored"}, tt.stuck)
+			if tt.field(r) != 1 || !r.failed() {
+				t.Fatalf("defect not reported: %+v", r)
+			}
+		})
+	}
+}
+
+func TestCheckerExplainsInjectedFaults(t *testing.T) {
+	history := []attempt{answer("alice", "k", "r1", 2, 201, false, alice1)}
+	execs := []execution{exec1("alice", "k", "r1", 0, alice1), exec1("alice", "k", "r3", 5, alice2)}
+	for _, tt := range []struct {
+		name     string
+		outcomes map[string]string
+		faults   []fault
+		cause    string
+	}{
+		{"store failed", map[string]string{"r1": "store_error"}, nil, "dual-write: store failed"},
+		{"lost fence", map[string]string{"r1": "fence_lost"}, nil, "dual-write: store failed"},
+		{"owning sidecar killed before logging", nil, []fault{{Kind: faultKillSidecar, Target: 2, Start: at(1), End: at(2)}}, "sidecar killed"},
+		{"Redis lost its data", map[string]string{"r1": "stored"}, []fault{{Kind: faultRedisLost, Start: at(3), End: at(3)}}, "Redis lost its data"},
+		{"upstream hung", map[string]string{"r1": "claimed"}, []fault{{Kind: faultUpstreamHang, Start: at(0), End: at(1)}}, "unknown outcome"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := check(1, 0, history, execs, tt.faults, tt.outcomes, 0)
+			if len(r.Unexplained) != 0 || len(r.Explained) != 1 {
+				t.Fatalf("report %+v", r)
+			}
+			for cause := range r.Explained {
+				if !strings.Contains(cause, tt.cause) {
+					t.Fatalf("explained as %q, want %q", cause, tt.cause)
+				}
+			}
+		})
+	}
+	// A fault outside the window explains nothing.
+	r := check(1, 0, history, execs, []fault{{Kind: faultRedisLost, Start: at(9), End: at(9)}}, map[string]string{"r1": "stored"}, 0)
+	if len(r.Unexplained) != 1 {
+		t.Fatalf("a fault after both executions explained the duplicate: %+v", r)
+	}
+	// "claimed" without an upstream fault is not explained.
+	r = check(1, 0, history, execs, nil, map[string]string{"r1": "claimed"}, 0)
+	if len(r.Unexplained) != 1 {
+		t.Fatalf("an unknown outcome with no upstream fault was explained: %+v", r)
+	}
+}

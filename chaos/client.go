@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// attempt is one HTTP request a client made for a logical operation.
+type attempt struct {
+	Op        int       `json:"op"`
+	N         int       `json:"n"`
+	Sidecar   int       `json:"sidecar"`
+	Principal string    `json:"principal"`
+	Key       string    `json:"key"`
+	Path      string    `json:"path"`
+	BodyHash  string    `json:"body_hash"`
+	Changed   bool      `json:"changed"` // a deliberately different body for the same key
+	RequestID string    `json:"request_id"`
+	Start     time.Time `json:"start"`
+	End       time.Time `json:"end"`
+	Status    int       `json:"status"` // 0: transport error or client gave up
+	Replayed  bool      `json:"replayed"`
+	Body      string    `json:"body"`
+	Err       string    `json:"err,omitempty"`
+}
+
+// settled reports whether a client would stop retrying on this answer.
+func settled(status int) bool {
+	return status == http.StatusCreated || status == http.StatusInternalServerError ||
+		status == http.StatusUnprocessableEntity
+}
+
+// workload runs logical operations against the sidecars: each is one
+// payment, retried until it gets a settled answer.
+type workload struct {
+	sidecars   []*sidecar
+	principals int
+	maxOps     int
+	deadline   time.Time
+	client     *http.Client
+	// pace hands out one token per operation, spreading the operations
+	// over the run so that faults hit them.
+	pace <-chan time.Time
+
+	next    atomic.Int64
+	reqSeq  atomic.Int64
+	mu      sync.Mutex // guards history and gaveUp
+	history []attempt
+	gaveUp  int
+}
+
+func (w *workload) run(workers int) {
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for time.Now().Before(w.deadline) {
+				<-w.pace
+				op := int(w.next.Add(1))
+				if op > w.maxOps {
+					return
+				}
+				w.operation(op)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// operation is one payment: a key, a body, and retries with jittered
+// timeouts and backoff until a settled answer. Some start with two
+// concurrent attempts; some end with a retry carrying a changed body.
+func (w *workload) operation(op int) {
+	principal := fmt.Sprintf("user-%d", rand.IntN(w.principals))
+	key := fmt.Sprintf("op-%d-%x", op, rand.Uint32())
+	path := "/payments"
+	if rand.IntN(4) == 0 {
+		path = "/payments-wait"
+	}
+	body := fmt.Sprintf(`{"amount":%d,"currency":"EUR"}`, 100+rand.IntN(10000))
+	opDeadline := time.Now().Add(20 * time.Second)
+	backoff := 50 * time.Millisecond
+	for n := 0; n < 14 && time.Now().Before(opDeadline); n++ {
+		parallel := 1
+		if n == 0 && rand.IntN(5) == 0 {
+			parallel = 2 + rand.IntN(2)
+		}
+		results := make([]attempt, parallel)
+		var wg sync.WaitGroup
+		for i := range parallel {
+			wg.Go(func() { results[i] = w.send(op, n, principal, key, path, body, false) })
+		}
+		wg.Wait()
+		done := false
+		wait := backoff
+		for _, a := range results {
+			done = done || settled(a.Status)
+			if a.Status == http.StatusConflict {
+				wait = max(wait, 300*time.Millisecond)
+			}
+		}
+		if done {
+			if rand.IntN(30) == 0 {
+				changed := fmt.Sprintf(`{"amount":%d,"currency":"EUR"}`, 20000+rand.IntN(100))
+				w.send(op, n+1, principal, key, path, changed, true)
+			}
+			return
+		}
+		time.Sleep(wait/2 + rand.N(wait))
+		backoff = min(backoff*2, time.Second)
+	}
+	w.mu.Lock()
+	w.gaveUp++
+	w.mu.Unlock()
+}
+
+func (w *workload) send(op, n int, principal, key, path, body string, changed bool) attempt {
+	sc := w.sidecars[rand.IntN(len(w.sidecars))]
+	a := attempt{
+		Op: op, N: n, Sidecar: sc.id, Principal: principal, Key: key, Path: path,
+		BodyHash: hashBody(body), Changed: changed,
+		RequestID: "rq-" + strconv.FormatInt(w.reqSeq.Add(1), 10), Start: time.Now(),
+	}
+	// Jittered client timeouts; a few give up almost at once, which
+	// disconnects mid-request.
+	timeout := 300*time.Millisecond + rand.N(2500*time.Millisecond)
+	if rand.IntN(20) == 0 {
+		timeout = time.Duration(5+rand.IntN(50)) * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, sc.url()+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Forwarded-User", principal)
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("X-Request-Id", a.RequestID)
+	resp, err := w.client.Do(req)
+	if err == nil {
+		b, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if rerr != nil {
+			err = rerr
+		} else {
+			a.Status = resp.StatusCode
+			a.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+			a.Body = string(b)
+		}
+	}
+	if err != nil {
+		a.Err = err.Error()
+	}
+	a.End = time.Now()
+	w.mu.Lock()
+	w.history = append(w.history, a)
+	w.mu.Unlock()
+	return a
+}

@@ -1,0 +1,300 @@
+// Command chaos is idemproxy's fault-injection harness. It starts a real
+// redis-server (behind a latency proxy), a ledger upstream that records
+// every execution, three idemproxy processes sharing the Redis, and many
+// retrying clients; it injects faults on a schedule (kill -9 of a sidecar,
+// Redis restarts with and without its data, CLIENT PAUSE, Redis latency,
+// upstream hangs, resets and 503s), then checks the recorded history.
+//
+//	go run ./chaos -short            # ~1 minute, what CI runs
+//	go run ./chaos -ops 10000        # the long mode behind docs/reliability.md
+//
+// Everything listens on 127.0.0.1; the run is bounded by -ops and
+// -duration and stops by itself. It exits non-zero when a must-be-zero
+// figure is not zero.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	ops        int
+	duration   time.Duration
+	workers    int
+	sidecars   int
+	faultEvery time.Duration
+	rate       float64
+	out        string
+	keep       bool
+}
+
+func run() error {
+	var o options
+	short := flag.Bool("short", false, "short mode: 1,500 operations at 25/s, within 75s")
+	flag.IntVar(&o.ops, "ops", 10000, "logical operations to run")
+	flag.Float64Var(&o.rate, "rate", 40, "logical operations started per second")
+	flag.DurationVar(&o.duration, "duration", 10*time.Minute, "upper bound on the load phase")
+	flag.IntVar(&o.workers, "workers", 32, "concurrent clients")
+	flag.IntVar(&o.sidecars, "sidecars", 3, "idemproxy processes")
+	flag.DurationVar(&o.faultEvery, "fault-every", 2*time.Second, "mean time between injected faults")
+	flag.StringVar(&o.out, "out", "", "also write the report (markdown) to this file")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs, history) for inspection")
+	flag.Parse()
+	if *short {
+		o.ops, o.duration, o.rate = 1500, 75*time.Second, 25
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return errors.New("redis-server not found: apt-get install -y redis-server")
+	}
+	dir, err := os.MkdirTemp("", "idemproxy-chaos-")
+	if err != nil {
+		return err
+	}
+	if o.keep {
+		fmt.Println("work directory:", dir)
+	} else {
+		defer os.RemoveAll(dir)
+	}
+	return harness(o, dir)
+}
+
+func harness(o options, dir string) error {
+	bin := filepath.Join(dir, "idemproxy")
+	build := exec.Command("go", "build", "-o", bin, "github.com/idemproxy/idemproxy")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("build idemproxy: %w", err)
+	}
+
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	rdb := &redisProc{dir: filepath.Join(dir, "redis"), port: port, aof: true}
+	os.MkdirAll(rdb.dir, 0o755)
+	if err := rdb.start(); err != nil {
+		return err
+	}
+	defer rdb.kill()
+	lat, err := newLatencyProxy(rdb.addr())
+	if err != nil {
+		return err
+	}
+	defer lat.close()
+
+	led := &ledger{hangFor: 3 * time.Second, failRate: 0.02, transientRate: 0.02}
+	upLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	up := &http.Server{Handler: led, ReadHeaderTimeout: 5 * time.Second}
+	go up.Serve(upLn)
+	defer up.Close()
+
+	var scs []*sidecar
+	for i := range o.sidecars {
+		p1, _ := freePort()
+		p2, _ := freePort()
+		sc := &sidecar{id: i, bin: bin, port: p1, adminPort: p2, logDir: dir}
+		if err := sc.writeConfig(dir, "http://"+upLn.Addr().String(), lat.addr()); err != nil {
+			return err
+		}
+		if err := sc.start(); err != nil {
+			return err
+		}
+		defer sc.kill()
+		scs = append(scs, sc)
+	}
+
+	pace := time.NewTicker(time.Duration(float64(time.Second) / o.rate))
+	defer pace.Stop()
+	w := &workload{
+		pace:     pace.C,
+		sidecars: scs, principals: 5, maxOps: o.ops, deadline: time.Now().Add(o.duration),
+		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+	}
+	inj := &injector{redis: rdb, latency: lat, ledger: led, sidecars: scs}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { inj.run(ctx, o.faultEvery) })
+	start := time.Now()
+	fmt.Printf("load: %d operations at %.0f/s, %d workers, %d sidecars, a fault every ~%s\n", o.ops, o.rate, o.workers, o.sidecars, o.faultEvery)
+	w.run(o.workers)
+	stop()
+	wg.Wait()
+	elapsed := time.Since(start)
+	inj.heal()
+
+	// Quiet period: every lease (2s) and upstream timeout (2s) has passed
+	// for anything still in progress, so nothing may be in progress now.
+	time.Sleep(6 * time.Second)
+	stuck, err := countInProgress(rdb.addr())
+	if err != nil {
+		return err
+	}
+	for _, sc := range scs {
+		sc.kill()
+	}
+	outcomes := map[string]string{}
+	logs, _ := filepath.Glob(filepath.Join(dir, "sidecar-*.log"))
+	for _, l := range logs {
+		if f, err := os.Open(l); err == nil {
+			readOutcomes(f, outcomes)
+			f.Close()
+		}
+	}
+	ops := min(int(w.next.Load()), o.ops)
+	rep := check(ops, w.gaveUp, w.history, led.executions(), inj.log(), outcomes, stuck)
+	text := fmt.Sprintf("Run: %d operations in %s (%.0f/s, %d workers, %d sidecars, a fault every ~%s).\n\n%s\n",
+		ops, elapsed.Round(time.Second), o.rate, o.workers, o.sidecars, o.faultEvery, rep.markdown())
+	fmt.Print(text)
+	if o.keep {
+		b, _ := json.Marshal(map[string]any{"history": w.history, "executions": led.executions(), "faults": inj.log()})
+		os.WriteFile(filepath.Join(dir, "history.json"), b, 0o644)
+	}
+	if o.out != "" {
+		if err := os.WriteFile(o.out, []byte(text), 0o644); err != nil {
+			return err
+		}
+	}
+	if rep.failed() {
+		return errors.New("a must-be-zero figure is not zero")
+	}
+	return nil
+}
+
+// countInProgress scans the keyspace for records still in progress. A scan
+// is fine here, in a test harness; idemproxy itself never scans.
+func countInProgress(addr string) (int, error) {
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer c.Close()
+	ctx := context.Background()
+	n := 0
+	iter := c.Scan(ctx, 0, "idem:*", 1000).Iterator()
+	for iter.Next(ctx) {
+		v, err := c.Get(ctx, iter.Val()).Bytes()
+		if err != nil {
+			continue // expired between scan and get
+		}
+		rec, err := claim.Decode(v)
+		if err != nil {
+			return 0, fmt.Errorf("undecodable record %s: %w", iter.Val(), err)
+		}
+		if rec.State == claim.InProgress {
+			n++
+		}
+	}
+	return n, iter.Err()
+}
+
+// injector runs the fault schedule and logs what it did.
+type injector struct {
+	redis    *redisProc
+	latency  *latencyProxy
+	ledger   *ledger
+	sidecars []*sidecar
+
+	mu     sync.Mutex // guards faults
+	faults []fault
+}
+
+func (in *injector) log() []fault {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return append([]fault(nil), in.faults...)
+}
+
+func (in *injector) record(f fault) {
+	in.mu.Lock()
+	in.faults = append(in.faults, f)
+	in.mu.Unlock()
+}
+
+func (in *injector) run(ctx context.Context, every time.Duration) {
+	kinds := []string{
+		faultKillSidecar, faultKillSidecar, faultRedisRestart, faultRedisLost, faultRedisPause,
+		faultRedisLatency, faultUpstreamHang, faultUpstreamReset, faultUpstream503, faultUpstreamSlow,
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every/2 + rand.N(every)):
+		}
+		in.inject(kinds[rand.IntN(len(kinds))])
+	}
+}
+
+// inject applies one fault and undoes it; it returns when the fault is
+// over.
+func (in *injector) inject(kind string) {
+	f := fault{Kind: kind, Start: time.Now()}
+	switch kind {
+	case faultKillSidecar:
+		sc := in.sidecars[rand.IntN(len(in.sidecars))]
+		f.Target = sc.id
+		sc.kill()
+		time.Sleep(500*time.Millisecond + rand.N(time.Second))
+		if err := sc.start(); err != nil {
+			fmt.Fprintln(os.Stderr, "restart sidecar:", err)
+		}
+	case faultRedisRestart, faultRedisLost:
+		in.redis.kill()
+		if kind == faultRedisLost {
+			in.redis.wipe()
+		}
+		time.Sleep(200 * time.Millisecond)
+		if err := in.redis.start(); err != nil {
+			fmt.Fprintln(os.Stderr, "restart redis:", err)
+		}
+	case faultRedisPause:
+		c := redis.NewClient(&redis.Options{Addr: in.redis.addr(), DisableIdentity: true})
+		c.Do(context.Background(), "CLIENT", "PAUSE", 1500, "ALL")
+		c.Close()
+		time.Sleep(1500 * time.Millisecond)
+	case faultRedisLatency:
+		in.latency.delay.Store(int64(150*time.Millisecond + rand.N(300*time.Millisecond)))
+		time.Sleep(2 * time.Second)
+		in.latency.delay.Store(0)
+	case faultUpstreamHang, faultUpstreamReset, faultUpstream503, faultUpstreamSlow:
+		mode := map[string]int32{faultUpstreamHang: modeHang, faultUpstreamReset: modeReset, faultUpstream503: mode503, faultUpstreamSlow: modeSlow}[kind]
+		in.ledger.mode.Store(mode)
+		time.Sleep(time.Second + rand.N(time.Second))
+		in.ledger.mode.Store(modeNormal)
+		if kind == faultUpstreamHang {
+			// Requests that entered the hang are still sleeping upstream.
+			time.Sleep(in.ledger.hangFor)
+		}
+	}
+	f.End = time.Now()
+	in.record(f)
+}
+
+// heal ends every fault still in force.
+func (in *injector) heal() {
+	in.latency.delay.Store(0)
+	in.ledger.mode.Store(modeNormal)
+}

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// redisProc is a redis-server this harness started and may kill -9.
+type redisProc struct {
+	dir  string
+	port int
+	aof  bool
+	cmd  *exec.Cmd
+}
+
+func (r *redisProc) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
+
+func (r *redisProc) start() error {
+	args := []string{"--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--dir", r.dir,
+		"--save", "", "--maxmemory-policy", "noeviction", "--loglevel", "warning"}
+	if r.aof {
+		args = append(args, "--appendonly", "yes", "--appendfsync", "everysec")
+	} else {
+		args = append(args, "--appendonly", "no")
+	}
+	cmd := exec.Command("redis-server", args...)
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	r.cmd = cmd
+	go cmd.Wait()
+	c := redis.NewClient(&redis.Options{Addr: r.addr(), MaxRetries: -1, DisableIdentity: true})
+	defer c.Close()
+	for range 200 {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	return fmt.Errorf("redis-server on %s did not come up", r.addr())
+}
+
+// kill ends the server with SIGKILL, by the PID this harness started.
+func (r *redisProc) kill() {
+	if r.cmd != nil {
+		r.cmd.Process.Kill()
+		r.cmd = nil
+	}
+	for range 100 {
+		c, err := net.DialTimeout("tcp", r.addr(), 20*time.Millisecond)
+		if err != nil {
+			return
+		}
+		c.Close()
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// wipe deletes the data directory's files: a restart after it is a total
+// loss of Redis' data.
+func (r *redisProc) wipe() {
+	entries, _ := os.ReadDir(r.dir)
+	for _, e := range entries {
+		os.RemoveAll(filepath.Join(r.dir, e.Name()))
+	}
+}
+
+// latencyProxy sits between the sidecars and Redis and can delay traffic
+// towards Redis, as a slow network or an overloaded Redis would.
+type latencyProxy struct {
+	ln     net.Listener
+	target string
+	delay  atomic.Int64 // nanoseconds added before each chunk sent to Redis
+	wg     sync.WaitGroup
+}
+
+func newLatencyProxy(target string) (*latencyProxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &latencyProxy{ln: ln, target: target}
+	p.wg.Add(1)
+	go p.serve()
+	return p, nil
+}
+
+func (p *latencyProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *latencyProxy) serve() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		go p.pipe(c)
+	}
+}
+
+func (p *latencyProxy) pipe(client net.Conn) {
+	defer client.Close()
+	server, err := net.DialTimeout("tcp", p.target, time.Second)
+	if err != nil {
+		return
+	}
+	defer server.Close()
+	done := make(chan struct{}, 2)
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := client.Read(buf)
+			if n > 0 {
+				if d := p.delay.Load(); d > 0 {
+					time.Sleep(time.Duration(d))
+				}
+				if _, werr := server.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		done <- struct{}{}
+	}()
+	go func() {
+		io.Copy(client, server)
+		done <- struct{}{}
+	}()
+	<-done
+}
+
+func (p *latencyProxy) close() {
+	p.ln.Close()
+	p.wg.Wait()
+}
+
+// sidecar is one idemproxy process.
+type sidecar struct {
+	id         int
+	bin        string
+	config     string
+	port       int
+	adminPort  int
+	logDir     string
+	incarnated int
+
+	mu  sync.Mutex // guards cmd
+	cmd *exec.Cmd
+}
+
+func (s *sidecar) url() string { return "http://127.0.0.1:" + strconv.Itoa(s.port) }
+
+func (s *sidecar) logPath(n int) string {
+	return filepath.Join(s.logDir, fmt.Sprintf("sidecar-%d.%d.log", s.id, n))
+}
+
+func (s *sidecar) start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.incarnated++
+	logf, err := os.Create(s.logPath(s.incarnated))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(s.bin, "-config", s.config)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	s.cmd = cmd
+	go func() { cmd.Wait(); logf.Close() }()
+	for range 200 {
+		resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(s.adminPort) + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			return nil
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	return fmt.Errorf("sidecar %d did not come up", s.id)
+}
+
+// kill ends the process with SIGKILL: no drain, nothing settles.
+func (s *sidecar) kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		s.cmd.Process.Kill()
+		s.cmd = nil
+	}
+}
+
+func (s *sidecar) writeConfig(dir, upstream, redisAddr string) error {
+	s.config = filepath.Join(dir, fmt.Sprintf("sidecar-%d.yaml", s.id))
+	return os.WriteFile(s.config, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
+admin_listen: "127.0.0.1:%d"
+upstream:
+  url: %q
+  timeout: 2s
+drain:
+  timeout: 3s
+store:
+  redis:
+    addrs: [%q]
+defaults:
+  lease: 2s
+  retention: 1h
+routes:
+  - name: pay
+    match: "POST /payments"
+  - name: pay-wait
+    match: "POST /payments-wait"
+    concurrent: wait
+    max_wait: 3s
+`, s.port, s.adminPort, upstream, redisAddr)), 0o644)
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Upstream modes, set by the fault schedule. In every mode but transient
+// the ledger records an execution: the effect happened.
+const (
+	modeNormal int32 = iota
+	modeSlow         // 0.5 to 1.5 s per request
+	modeHang         // acts, then answers after the sidecar's upstream timeout
+	modeReset        // acts, then drops the connection without answering
+	mode503          // does nothing and answers 503
+)
+
+var modeNames = []string{"normal", "slow", "hang", "reset", "503"}
+
+// execution is one time the upstream acted.
+type execution struct {
+	Principal string    `json:"principal"`
+	Key       string    `json:"key"`
+	RequestID string    `json:"request_id"`
+	BodyHash  string    `json:"body_hash"`
+	Status    int       `json:"status"`
+	Response  string    `json:"response"`
+	Start     time.Time `json:"start"`
+}
+
+// ledger is a legacy payments upstream that records every execution per
+// (principal, key) and can be told to misbehave.
+type ledger struct {
+	mode atomic.Int32
+	// hangFor is how long modeHang sleeps: beyond the sidecar's upstream
+	// timeout, so the sidecar sees no answer.
+	hangFor time.Duration
+	// failRate is the share of normal requests answered 500 after acting,
+	// and transientRate the share answered 503 without acting.
+	failRate, transientRate float64
+
+	mu    sync.Mutex // guards execs and seq
+	execs []execution
+	seq   int
+}
+
+func (l *ledger) executions() []execution {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]execution(nil), l.execs...)
+}
+
+func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	mode := l.mode.Load()
+	roll := rand.Float64()
+	if mode == mode503 || (mode == modeNormal && roll < l.transientRate) {
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, `{"error":"busy, nothing done"}`, http.StatusServiceUnavailable)
+		return
+	}
+	sum := sha256.Sum256(body)
+	ex := execution{
+		Principal: r.Header.Get("X-Forwarded-User"),
+		Key:       r.Header.Get("Idempotency-Key"),
+		RequestID: r.Header.Get("X-Request-Id"),
+		BodyHash:  hex.EncodeToString(sum[:8]),
+		Status:    http.StatusCreated,
+		Start:     time.Now(),
+	}
+	if mode == modeNormal && roll > 1-l.failRate {
+		ex.Status = http.StatusInternalServerError
+	}
+	l.mu.Lock()
+	l.seq++
+	resp, _ := json.Marshal(map[string]any{"principal": ex.Principal, "key": ex.Key, "execution": l.seq, "status": ex.Status})
+	ex.Response = string(resp)
+	l.execs = append(l.execs, ex)
+	l.mu.Unlock()
+
+	switch mode {
+	case modeSlow:
+		time.Sleep(500*time.Millisecond + rand.N(time.Second))
+	case modeHang:
+		time.Sleep(l.hangFor)
+	case modeReset:
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+			return
+		}
+	default:
+		time.Sleep(time.Duration(2+rand.IntN(20)) * time.Millisecond)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(ex.Status)
+	w.Write(resp)
+}
