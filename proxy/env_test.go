@@ -25,7 +25,7 @@ import (
 
 // env is a proxy between a real httptest upstream and a real redis-server.
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	redis    *redistest.Server
 	store    *claim.Store
 	upstream *httptest.Server
@@ -116,13 +116,13 @@ func route(name, match string) config.Route {
 
 // newEnv starts Redis, the upstream (app sees every request after the
 // ledger recorded it) and the proxy. mutate adjusts the config.
-func newEnv(t *testing.T, app http.HandlerFunc, mutate func(*config.Config)) *env {
+func newEnv(t testing.TB, app http.HandlerFunc, mutate func(*config.Config)) *env {
 	t.Helper()
 	return newEnvOn(t, redistest.Start(t), app, mutate)
 }
 
 // newEnvOn is newEnv on a given redis-server.
-func newEnvOn(t *testing.T, srv *redistest.Server, app http.HandlerFunc, mutate func(*config.Config)) *env {
+func newEnvOn(t testing.TB, srv *redistest.Server, app http.HandlerFunc, mutate func(*config.Config)) *env {
 	t.Helper()
 	e := &env{t: t, ledger: &ledger{}, redis: srv, reg: prometheus.NewRegistry(), logs: &lockedBuffer{}}
 	e.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -254,7 +254,7 @@ func (e *env) outcomes() map[string]float64 {
 }
 
 // eventually polls cond until it holds or 10s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -149,4 +150,30 @@ func TestOldestInflightClaimAge(t *testing.T) {
 	<-done
 	// The client may see the answer a moment before the handler returns.
 	eventually(t, "the settled claim is no longer counted", func() bool { return gauge() == 0 })
+}
+
+// BenchmarkFirstAttempt is one protected request end to end: client,
+// proxy, real Redis (claim + complete), httptest upstream.
+func BenchmarkFirstAttempt(b *testing.B) {
+	e := newEnv(b, created, nil)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		if r := e.do(req{user: "alice", key: "k" + strconv.Itoa(i), body: `{"amount":1}`}); r.status != http.StatusCreated {
+			b.Fatal(r.status)
+		}
+	}
+}
+
+// BenchmarkReplay is one retry answered from Redis end to end.
+func BenchmarkReplay(b *testing.B) {
+	e := newEnv(b, created, nil)
+	e.do(req{user: "alice", key: "k", body: `{"amount":1}`})
+	b.ReportAllocs()
+	for b.Loop() {
+		if r := e.do(req{user: "alice", key: "k", body: `{"amount":1}`}); r.header.Get("Idempotent-Replayed") != "true" {
+			b.Fatal(r.status)
+		}
+	}
 }

@@ -1,0 +1,359 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat.
+const clockTicks = 100
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err) // a loopback port is always available on the bench machine
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// proc is a server process the harness started and stops by its PID.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	addr string
+	// shared is a process another target owns: stop leaves it running.
+	shared bool
+}
+
+func startProc(name, addr string, bin string, args ...string) (*proc, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = io.Discard
+	if os.Getenv("BENCH_DEBUG") == "1" {
+		cmd.Stderr = os.Stderr
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{name: name, cmd: cmd, addr: addr}
+	for range 400 {
+		if c, err := net.DialTimeout("tcp", addr, 50*time.Millisecond); err == nil {
+			c.Close()
+			return p, nil
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	p.stop()
+	return nil, fmt.Errorf("%s did not listen on %s", name, addr)
+}
+
+func (p *proc) stop() {
+	if !p.shared && p.cmd != nil && p.cmd.Process != nil {
+		p.cmd.Process.Kill()
+		p.cmd.Wait()
+	}
+}
+
+// pids are the process and its children (nginx workers).
+func (p *proc) pids() []int {
+	pids := []int{p.cmd.Process.Pid}
+	out, _ := exec.Command("pgrep", "-P", strconv.Itoa(p.cmd.Process.Pid)).Output()
+	for f := range strings.FieldsSeq(string(out)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, n)
+		}
+	}
+	return pids
+}
+
+// cpuSeconds is user+system CPU time of the process and its children.
+func (p *proc) cpuSeconds() float64 {
+	total := 0.0
+	for _, pid := range p.pids() {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name, which is in parentheses.
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
+		ut, _ := strconv.ParseFloat(f[11], 64)
+		st, _ := strconv.ParseFloat(f[12], 64)
+		total += (ut + st) / clockTicks
+	}
+	return total
+}
+
+// peakRSS is the sum of VmHWM over the process and its children, in bytes.
+func (p *proc) peakRSS() int64 {
+	var total int64
+	for _, pid := range p.pids() {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+				total += kb << 10
+			}
+		}
+	}
+	return total
+}
+
+// target is one thing measured.
+type target struct {
+	name    string
+	start   func() (*proc, error) // a fresh process per measurement
+	path    string
+	body    []byte
+	keyed   bool     // send a unique Idempotency-Key per request
+	replay  []string // keys to replay at random instead
+	prepare func(base string) ([]string, error)
+}
+
+type result struct {
+	name                 string
+	delay                time.Duration
+	requests             int
+	errors               int
+	rps                  float64
+	p50, p99, p999       time.Duration
+	cpuPer1k, redisPer1k float64
+	rss                  int64
+}
+
+// load runs the generator against base for d and returns latencies.
+func load(o options, base string, t *target, d time.Duration, seq *atomic.Int64) (lat []time.Duration, errs int) {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.concurrency * 2, DisableCompression: true}}
+	defer client.CloseIdleConnections()
+	deadline := time.Now().Add(d)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var sched chan time.Time
+	if o.rate > 0 {
+		sched = make(chan time.Time, o.concurrency)
+		go func() {
+			defer close(sched)
+			interval := time.Duration(float64(time.Second) / o.rate)
+			for at := time.Now(); at.Before(deadline); at = at.Add(interval) {
+				time.Sleep(time.Until(at))
+				sched <- at
+			}
+		}()
+	}
+	for w := range o.concurrency {
+		wg.Go(func() {
+			var mine []time.Duration
+			bad := 0
+			for n := 0; ; n++ {
+				start := time.Now()
+				if sched != nil {
+					at, ok := <-sched
+					if !ok {
+						break
+					}
+					start = at // latency from the scheduled time: no coordinated omission
+				} else if !start.Before(deadline) {
+					break
+				}
+				req, _ := http.NewRequest(http.MethodPost, base+t.path, bytes.NewReader(t.body))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Forwarded-User", "bench")
+				switch {
+				case len(t.replay) > 0:
+					req.Header.Set("Idempotency-Key", t.replay[(w*7919+n)%len(t.replay)])
+				case t.keyed:
+					req.Header.Set("Idempotency-Key", "k-"+strconv.FormatInt(seq.Add(1), 36))
+				}
+				resp, err := client.Do(req)
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != http.StatusCreated {
+						err = fmt.Errorf("status %d", resp.StatusCode)
+					}
+				}
+				if err != nil {
+					bad++
+					continue
+				}
+				mine = append(mine, time.Since(start))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			errs += bad
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return lat, errs
+}
+
+func measure(o options, t *target, delay time.Duration, redisProc *proc, seq *atomic.Int64) (result, error) {
+	p, err := t.start()
+	if err != nil {
+		return result{}, err
+	}
+	defer p.stop()
+	base := "http://" + p.addr
+	if t.prepare != nil {
+		if t.replay, err = t.prepare(base); err != nil {
+			return result{}, err
+		}
+	}
+	load(o, base, t, o.warmup, seq)
+	cpu0, rcpu0 := p.cpuSeconds(), redisProc.cpuSeconds()
+	start := time.Now()
+	lat, errs := load(o, base, t, o.duration, seq)
+	elapsed := time.Since(start)
+	cpu, rcpu := p.cpuSeconds()-cpu0, redisProc.cpuSeconds()-rcpu0
+	if len(lat) == 0 {
+		return result{}, fmt.Errorf("%s: no successful request (%d errors)", t.name, errs)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	q := func(f float64) time.Duration { return lat[min(len(lat)-1, int(f*float64(len(lat))))] }
+	return result{
+		name: t.name, delay: delay, requests: len(lat), errors: errs,
+		rps: float64(len(lat)) / elapsed.Seconds(), p50: q(.50), p99: q(.99), p999: q(.999),
+		cpuPer1k: cpu / float64(len(lat)) * 1000, redisPer1k: rcpu / float64(len(lat)) * 1000,
+		rss: p.peakRSS(),
+	}, nil
+}
+
+// redisRTT measures PING round trips from this process.
+func redisRTT(addr string) (p50, p99 time.Duration) {
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer c.Close()
+	ctx := context.Background()
+	var lat []time.Duration
+	for range 5000 {
+		start := time.Now()
+		if c.Ping(ctx).Err() == nil {
+			lat = append(lat, time.Since(start))
+		}
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return lat[len(lat)/2], lat[len(lat)*99/100]
+}
+
+const idemproxyConfig = `listen: %q
+admin_listen: "127.0.0.1:%d"
+upstream:
+  url: %q
+store:
+  redis:
+    addrs: [%q]
+defaults:
+  max_request_body: 2MiB
+  max_response_body: 1MiB
+routes:
+  - name: pay
+    match: "POST /payments"
+`
+
+func bench(o options, dir, self, bin string) error {
+	redisPort := freePort()
+	redisAddr := fmt.Sprintf("127.0.0.1:%d", redisPort)
+	redisProc, err := startProc("redis", redisAddr, "redis-server", "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--maxmemory-policy", "noeviction", "--dir", dir)
+	if err != nil {
+		return err
+	}
+	defer redisProc.stop()
+	rttP50, rttP99 := redisRTT(redisAddr)
+
+	small := []byte(`{"amount":1250,"currency":"EUR","customer":"cus_42","description":"order 42"}`)
+	body64k := bytes.Repeat([]byte("a"), 64<<10)
+	body1m := bytes.Repeat([]byte("a"), 1<<20)
+	var seq atomic.Int64
+	var results []result
+	for _, delay := range o.delays {
+		upAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
+		up, err := startProc("upstream", upAddr, self, "upstream", "-listen", upAddr, "-delay", delay.String())
+		if err != nil {
+			return err
+		}
+		upURL := "http://" + upAddr
+		direct := func() (*proc, error) { return &proc{name: "direct", cmd: up.cmd, addr: upAddr, shared: true}, nil }
+		rp := func() (*proc, error) {
+			a := fmt.Sprintf("127.0.0.1:%d", freePort())
+			return startProc("reverseproxy", a, self, "reverseproxy", "-listen", a, "-upstream", upURL)
+		}
+		idem := func() (*proc, error) {
+			a := fmt.Sprintf("127.0.0.1:%d", freePort())
+			cfg := filepath.Join(dir, "idemproxy.yaml")
+			if err := os.WriteFile(cfg, fmt.Appendf(nil, idemproxyConfig, a, freePort(), upURL, redisAddr), 0o644); err != nil {
+				return nil, err
+			}
+			return startProc("idemproxy", a, bin, "-config", cfg)
+		}
+		seed := func(base string) ([]string, error) {
+			keys := make([]string, 1000)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("replay-%d-%d", delay, i)
+				req, _ := http.NewRequest(http.MethodPost, base+"/payments", bytes.NewReader(small))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("X-Forwarded-User", "bench")
+				req.Header.Set("Idempotency-Key", keys[i])
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return nil, err
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			return keys, nil
+		}
+		targets := []*target{
+			{name: "direct upstream", start: direct, path: "/payments", body: small},
+			{name: "ReverseProxy", start: rp, path: "/payments", body: small},
+		}
+		if nginxBin, err := exec.LookPath("nginx"); err == nil {
+			targets = append(targets, &target{name: "nginx proxy_pass", start: func() (*proc, error) { return startNginx(nginxBin, dir, upAddr) }, path: "/payments", body: small})
+		}
+		targets = append(targets,
+			&target{name: "idemproxy pass-through", start: idem, path: "/other", body: small},
+			&target{name: "idemproxy first attempts", start: idem, path: "/payments", body: small, keyed: true},
+			&target{name: "idemproxy replays", start: idem, path: "/payments", body: small, prepare: seed},
+			&target{name: "ReverseProxy, 64 KiB body", start: rp, path: "/payments", body: body64k},
+			&target{name: "idemproxy first attempts, 64 KiB body", start: idem, path: "/payments", body: body64k, keyed: true},
+			&target{name: "ReverseProxy, 1 MiB body", start: rp, path: "/payments", body: body1m},
+			&target{name: "idemproxy first attempts, 1 MiB body", start: idem, path: "/payments", body: body1m, keyed: true},
+		)
+		for _, t := range targets {
+			if o.only != "" && !strings.Contains(t.name, o.only) {
+				continue
+			}
+			r, err := measure(o, t, delay, redisProc, &seq)
+			if err != nil {
+				up.stop()
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "%-40s %5s upstream: %8.0f rps  p50 %6s  p99 %6s\n", r.name, delay, r.rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond))
+			results = append(results, r)
+		}
+		up.stop()
+	}
+	text := report(o, results, rttP50, rttP99)
+	fmt.Print(text)
+	if o.out != "" {
+		return os.WriteFile(o.out, []byte(text), 0o644)
+	}
+	return nil
+}

@@ -1,0 +1,91 @@
+// Command bench measures idemproxy side by side with a direct upstream, a
+// plain httputil.ReverseProxy and (when installed) nginx, in one run, with
+// one load generator at one concurrency.
+//
+//	go run ./bench                       # every target, 0 ms and 5 ms upstream
+//	go run ./bench -duration 5s -c 64    # shorter, more concurrent
+//
+// Every server is its own process on 127.0.0.1, so CPU time and peak RSS
+// are read per process from /proc. The load generator runs in this process.
+// The run is bounded by -duration per target and stops by itself.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "upstream":
+			exitOn(serveUpstream(os.Args[2:]))
+			return
+		case "reverseproxy":
+			exitOn(serveReverseProxy(os.Args[2:]))
+			return
+		}
+	}
+	exitOn(run())
+}
+
+func exitOn(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	duration    time.Duration
+	warmup      time.Duration
+	concurrency int
+	rate        float64
+	delays      []time.Duration
+	only        string
+	out         string
+}
+
+func run() error {
+	var o options
+	flag.DurationVar(&o.duration, "duration", 8*time.Second, "measured load per target")
+	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load before each target")
+	flag.IntVar(&o.concurrency, "c", 32, "concurrent connections (closed loop)")
+	flag.Float64Var(&o.rate, "rate", 0, "fixed request rate per second instead of a closed loop (for latency)")
+	delays := flag.String("upstream-delay", "0ms,5ms", "upstream service times, comma-separated")
+	flag.StringVar(&o.only, "only", "", "run only targets whose name contains this")
+	flag.StringVar(&o.out, "out", "", "also write the markdown results to this file")
+	flag.Parse()
+	for d := range strings.SplitSeq(*delays, ",") {
+		v, err := time.ParseDuration(strings.TrimSpace(d))
+		if err != nil {
+			return fmt.Errorf("-upstream-delay: %w", err)
+		}
+		o.delays = append(o.delays, v)
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return errors.New("redis-server not found: apt-get install -y redis-server")
+	}
+	dir, err := os.MkdirTemp("", "idemproxy-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	bin := filepath.Join(dir, "idemproxy")
+	build := exec.Command("go", "build", "-o", bin, "github.com/idemproxy/idemproxy")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return fmt.Errorf("build idemproxy: %w", err)
+	}
+	return bench(o, dir, self, bin)
+}

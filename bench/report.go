@@ -1,0 +1,117 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// startNginx runs nginx as a plain keep-alive reverse proxy, as tuned as
+// the Go baseline: two workers (one per core), upstream keep-alive.
+func startNginx(bin, dir, upstream string) (*proc, error) {
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort())
+	ndir := filepath.Join(dir, "nginx")
+	os.MkdirAll(ndir, 0o755)
+	conf := filepath.Join(ndir, "nginx.conf")
+	err := os.WriteFile(conf, []byte(fmt.Sprintf(`daemon off;
+user root;
+worker_processes 2;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  client_max_body_size 2m;
+  client_body_buffer_size 2m;
+  upstream up { server %[2]s; keepalive 128; }
+  server {
+    listen %[3]s;
+    location / {
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }
+  }
+}
+`, ndir, upstream, addr)), 0o644)
+	if err != nil {
+		return nil, err
+	}
+	return startProc("nginx", addr, bin, "-c", conf, "-p", ndir)
+}
+
+func report(o options, results []result, rttP50, rttP99 time.Duration) string {
+	var b strings.Builder
+	host, _ := os.Hostname()
+	cpu := "unknown CPU"
+	if out, err := exec.Command("sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").Output(); err == nil {
+		cpu = strings.TrimSpace(string(out))
+	}
+	mode := fmt.Sprintf("closed loop, concurrency %d", o.concurrency)
+	if o.rate > 0 {
+		mode = fmt.Sprintf("fixed rate %.0f/s over %d connections", o.rate, o.concurrency)
+	}
+	fmt.Fprintf(&b, "Machine: %s, %d cores (%s), %s. Load: %s, %s measured after %s warm-up per target; every server a separate process on 127.0.0.1; load generator in the harness process on the same cores.\n\n",
+		host, runtime.NumCPU(), cpu, runtime.Version(), mode, o.duration, o.warmup)
+	fmt.Fprintf(&b, "Redis round trip (PING, same run): p50 %s, p99 %s.\n", rttP50.Round(time.Microsecond), rttP99.Round(time.Microsecond))
+	for _, delay := range o.delays {
+		var base *result
+		for i := range results {
+			if results[i].delay == delay && results[i].name == "ReverseProxy" {
+				base = &results[i]
+			}
+		}
+		fmt.Fprintf(&b, "\n### Upstream service time %s\n\n", delay)
+		fmt.Fprintf(&b, "| target | rps | p50 | p99 | p99.9 | CPU s / 1k req | Redis CPU s / 1k req | peak RSS | rps vs ReverseProxy | p50 added vs ReverseProxy |\n")
+		fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|\n")
+		for _, r := range results {
+			if r.delay != delay {
+				continue
+			}
+			ratio, added := "", ""
+			if b := baselineFor(results, r); b != nil {
+				ratio = fmt.Sprintf("%.2f×", r.rps/b.rps)
+				added = (r.p50 - b.p50).Round(time.Microsecond).String()
+			} else if base != nil {
+				ratio = fmt.Sprintf("%.2f×", r.rps/base.rps)
+			}
+			errs := ""
+			if r.errors > 0 {
+				errs = fmt.Sprintf(" (%d errors)", r.errors)
+			}
+			fmt.Fprintf(&b, "| %s%s | %.0f | %s | %s | %s | %.3f | %.3f | %.1f MiB | %s | %s |\n",
+				r.name, errs, r.rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond),
+				r.cpuPer1k, r.redisPer1k, float64(r.rss)/(1<<20), ratio, added)
+		}
+	}
+	return b.String()
+}
+
+// baselineFor is the ReverseProxy result with the same body size and
+// upstream delay, which an idemproxy result is compared with.
+func baselineFor(results []result, r result) *result {
+	if !strings.HasPrefix(r.name, "idemproxy") {
+		return nil
+	}
+	want := "ReverseProxy"
+	for _, suffix := range []string{", 64 KiB body", ", 1 MiB body"} {
+		if strings.HasSuffix(r.name, suffix) {
+			want += suffix
+		}
+	}
+	for i := range results {
+		if results[i].delay == r.delay && results[i].name == want {
+			return &results[i]
+		}
+	}
+	return nil
+}

@@ -1,0 +1,77 @@
+package claim_test
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+func benchRecord() *claim.Record {
+	return &claim.Record{
+		State: claim.Completed, Created: time.Now(), Completed: time.Now(), RequestID: "0123456789abcdef0123456789abcdef",
+		Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Date": {"Sun, 29 Nov 2026 14:00:00 GMT"}, "Content-Length": {"1024"}},
+		Body: []byte(strings.Repeat("x", 1024)),
+	}
+}
+
+func BenchmarkRecordEncode(b *testing.B) {
+	r := benchRecord()
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Encode()
+	}
+}
+
+func BenchmarkRecordDecode(b *testing.B) {
+	v := benchRecord().Encode()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := claim.Decode(v); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkKey(b *testing.B) {
+	s := claim.New(nil, "idem:")
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Key("user-12345", "route\x00create-payment", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+	}
+}
+
+// BenchmarkClaimComplete is the store's share of a first attempt against a
+// real redis-server: one claim and one completion.
+func BenchmarkClaimComplete(b *testing.B) {
+	srv := redistest.Start(b)
+	c := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
+	defer c.Close()
+	s := claim.New(c, "bench:")
+	ctx := context.Background()
+	if err := s.Preload(ctx); err != nil {
+		b.Fatal(err)
+	}
+	done := benchRecord()
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		key := s.Key("bench", "route", strconv.Itoa(i))
+		rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
+		rec.Token[0] = byte(i)
+		if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+			b.Fatal(res, err)
+		}
+		done.Token = rec.Token
+		if _, err := s.Complete(ctx, key, done, time.Hour); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
