@@ -136,7 +136,7 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 			if a.Status == http.StatusUnprocessableEntity {
 				r.ChangedRejected++
 			}
-		} else if prev, ok := final[a.Op]; !ok || a.End.After(prev.End) {
+		} else if prev, ok := final[a.Op]; !ok || better(a, prev) {
 			final[a.Op] = a
 		}
 		if a.Status == http.StatusTooManyRequests || a.Status == http.StatusServiceUnavailable {
@@ -179,6 +179,16 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 		r.FinalStatus[statusLabel(a)]++
 	}
 	return r
+}
+
+// better reports whether a stands for its operation's outcome rather than
+// prev: a settled answer over an unsettled one (a concurrent sibling may
+// finish later with a 409), else the later one.
+func better(a, prev attempt) bool {
+	if settled(a.Status) != settled(prev.Status) {
+		return settled(a.Status)
+	}
+	return a.End.After(prev.End)
 }
 
 func statusLabel(a attempt) string {
@@ -258,7 +268,7 @@ func (r *report) markdown() string {
 	for _, k := range sortedKeys(r.Faults) {
 		fmt.Fprintf(&b, "| %s | %d |\n", k, r.Faults[k])
 	}
-	fmt.Fprintf(&b, "\nClient-visible outcome of each operation (its last attempt):\n\n| answer | operations |\n|---|---|\n")
+	fmt.Fprintf(&b, "\nClient-visible outcome of each operation (its settled answer, else its last attempt):\n\n| answer | operations |\n|---|---|\n")
 	for _, k := range sortedKeys(r.FinalStatus) {
 		fmt.Fprintf(&b, "| %s | %d |\n", k, r.FinalStatus[k])
 	}

@@ -73,7 +73,7 @@ type ledger struct {
 	seen  []http.Header
 }
 
-func (l *ledger) record(r *http.Request) int {
+func (l *ledger) record(r *http.Request) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.calls == nil {
@@ -81,7 +81,6 @@ func (l *ledger) record(r *http.Request) int {
 	}
 	l.calls[r.Header.Get("Idempotency-Key")]++
 	l.seen = append(l.seen, r.Header.Clone())
-	return l.total()
 }
 
 func (l *ledger) total() int {

@@ -251,7 +251,11 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	limit := x.rt.settings.MaxResponseBody
-	buf, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	expected := resp.ContentLength
+	if expected > limit {
+		expected = limit + 1
+	}
+	buf, err := readAll(io.LimitReader(resp.Body, limit+1), expected)
 	if err != nil {
 		// The upstream answered, so it may have acted, but the body broke
 		// off: there is nothing whole to store. errorHandler applies
