@@ -9,7 +9,8 @@ import "github.com/redis/go-redis/v9"
 // overwritten or deleted.
 
 // claimScript sets the key if absent (the claim) or returns the current
-// value and its remaining TTL in milliseconds, in one round trip.
+// value and its remaining TTL in milliseconds, in one round trip. It is the
+// fallback for Redis < 7.0, which refuses SET with both NX and GET.
 //
 // KEYS[1] key; ARGV[1] encoded in-progress record; ARGV[2] lease ms.
 // Returns 1 when claimed, or {value, pttl}.

@@ -15,6 +15,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -33,6 +35,8 @@ var (
 type Store struct {
 	client redis.UniversalClient
 	prefix string
+	// scriptClaim is set once Redis refused SET NX GET (Redis < 7.0).
+	scriptClaim atomic.Bool
 }
 
 // New returns a Store using client, with every key under prefix.
@@ -66,8 +70,35 @@ type Result struct {
 
 // Claim takes key for rec's owner with a lease, or returns the record that
 // already holds it, in one round trip. rec must be InProgress.
+//
+// On Redis 7 it is one pipelined round trip of native commands,
+// SET key value NX PX lease GET and PTTL key, which costs Redis far less
+// CPU than a script. Redis 6.2 rejects NX with GET; then the claim script
+// does the same, and is used from then on.
 func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.Duration) (Result, error) {
-	v, err := claimScript.Run(ctx, s.client, []string{key}, rec.Encode(), lease.Milliseconds()).Result()
+	value := rec.Encode()
+	if s.scriptClaim.Load() {
+		return s.claimByScript(ctx, key, rec, value, lease)
+	}
+	pipe := s.client.Pipeline()
+	set := pipe.SetArgs(ctx, key, value, redis.SetArgs{Mode: "NX", TTL: lease, Get: true})
+	pttl := pipe.PTTL(ctx, key)
+	_, err := pipe.Exec(ctx)
+	raw, setErr := set.Result()
+	switch {
+	case errors.Is(setErr, redis.Nil):
+		return Result{Claimed: true}, nil
+	case setErr != nil && strings.Contains(setErr.Error(), "syntax error"):
+		s.scriptClaim.Store(true) // Redis < 7.0
+		return s.claimByScript(ctx, key, rec, value, lease)
+	case err != nil:
+		return Result{}, unavailable("claim", err)
+	}
+	return s.existing(rec, raw, pttl.Val())
+}
+
+func (s *Store) claimByScript(ctx context.Context, key string, rec *Record, value []byte, lease time.Duration) (Result, error) {
+	v, err := claimScript.Run(ctx, s.client, []string{key}, value, lease.Milliseconds()).Result()
 	if err != nil {
 		return Result{}, unavailable("claim", err)
 	}
@@ -80,16 +111,21 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 	}
 	raw, _ := pair[0].(string)
 	ttl, _ := pair[1].(int64)
-	existing, err := Decode([]byte(raw))
+	return s.existing(rec, raw, time.Duration(ttl)*time.Millisecond)
+}
+
+// existing interprets the value a claim found under its key.
+func (s *Store) existing(rec *Record, raw string, ttl time.Duration) (Result, error) {
+	found, err := Decode([]byte(raw))
 	if err != nil {
 		return Result{}, err
 	}
 	// go-redis resends a command whose reply was lost; the resend then finds
 	// the record the first send wrote. That is our claim, not a conflict.
-	if existing.Token == rec.Token && existing.State == InProgress {
+	if found.Token == rec.Token && found.State == InProgress {
 		return Result{Claimed: true}, nil
 	}
-	return Result{Existing: existing, TTL: time.Duration(max(ttl, 0)) * time.Millisecond}, nil
+	return Result{Existing: found, TTL: max(ttl, 0)}, nil
 }
 
 // Get returns the record under key, or nil when there is none.

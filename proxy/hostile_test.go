@@ -136,16 +136,22 @@ func TestRedisOutOfMemory(t *testing.T) {
 	full := redistest.Start(t, "--maxmemory", "2mb", "--maxmemory-policy", "noeviction")
 	rdb := full.Client()
 	ctx := context.Background()
-	junk := strings.Repeat("x", 64<<10)
-	for i := 0; ; i++ {
-		if err := rdb.Set(ctx, fmt.Sprintf("junk:%d", i), junk, 0).Err(); err != nil {
-			if !strings.Contains(err.Error(), "OOM") {
-				t.Fatalf("filling Redis: %v", err)
+	// Fill with ever smaller values until even a small write is refused:
+	// Redis only refuses writes while it is over maxmemory.
+	i := 0
+	for _, size := range []int{64 << 10, 4 << 10, 256, 16} {
+		junk := strings.Repeat("x", size)
+		for ; ; i++ {
+			err := rdb.Set(ctx, fmt.Sprintf("junk:%d", i), junk, 0).Err()
+			if err != nil {
+				if !strings.Contains(err.Error(), "OOM") {
+					t.Fatalf("filling Redis: %v", err)
+				}
+				break
 			}
-			break
-		}
-		if i > 1000 {
-			t.Fatal("Redis never filled up")
+			if i > 1_000_000 {
+				t.Fatal("Redis never filled up")
+			}
 		}
 	}
 	e2 := newEnvOn(t, full, created, nil)

@@ -1,0 +1,44 @@
+package claim
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// TestScriptClaim covers the Lua claim used on Redis < 7.0, forced here on
+// Redis 7 and on the embedded store.
+func TestScriptClaim(t *testing.T) {
+	e, err := StartEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for name, addr := range map[string]string{"embedded": e.Addr(), "redis-server": redistest.Start(t).Addr} {
+		t.Run(name, func(t *testing.T) {
+			c := NewClient(config.Redis{Addrs: []string{addr}})
+			defer c.Close()
+			s := New(c, "script:")
+			s.scriptClaim.Store(true)
+			ctx := context.Background()
+			key := s.Key("alice", "r", "k")
+			first := &Record{State: InProgress, Created: time.UnixMilli(1)}
+			first.Token[0] = 1
+			if res, err := s.Claim(ctx, key, first, 10*time.Second); err != nil || !res.Claimed {
+				t.Fatalf("claim: %+v %v", res, err)
+			}
+			if res, err := s.Claim(ctx, key, first, 10*time.Second); err != nil || !res.Claimed {
+				t.Fatalf("resent claim: %+v %v, want claimed", res, err)
+			}
+			second := &Record{State: InProgress, Created: time.UnixMilli(1)}
+			second.Token[0] = 2
+			res, err := s.Claim(ctx, key, second, 10*time.Second)
+			if err != nil || res.Claimed || res.Existing.Token != first.Token || res.TTL <= 0 {
+				t.Fatalf("conflicting claim: %+v %v, want the first record with its TTL", res, err)
+			}
+		})
+	}
+}
