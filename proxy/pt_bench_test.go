@@ -33,7 +33,9 @@ func benchParallel(b *testing.B, path string, body []byte, keyed bool) {
 	})
 }
 
-func BenchmarkParallelPassThrough(b *testing.B) { benchParallel(b, "/other", []byte(`{"amount":1}`), false) }
+func BenchmarkParallelPassThrough(b *testing.B) {
+	benchParallel(b, "/other", []byte(`{"amount":1}`), false)
+}
 
 func BenchmarkParallelFirstAttempt(b *testing.B) {
 	benchParallel(b, "/payments", []byte(`{"amount":1}`), true)
