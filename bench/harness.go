@@ -337,7 +337,7 @@ func bench(o options, dir, self, bin string) error {
 			&target{name: "idemproxy first attempts, 1 MiB body", start: idem, path: "/payments", body: body1m, keyed: true},
 		)
 		for _, t := range targets {
-			if o.only != "" && !strings.Contains(t.name, o.only) {
+			if !selected(o.only, t.name) {
 				continue
 			}
 			r, err := measure(o, t, delay, redisProc, &seq)
@@ -356,4 +356,18 @@ func bench(o options, dir, self, bin string) error {
 		return os.WriteFile(o.out, []byte(text), 0o644)
 	}
 	return nil
+}
+
+// selected reports whether name is among the comma-separated names in
+// only (exact match), or only is empty.
+func selected(only, name string) bool {
+	if only == "" {
+		return true
+	}
+	for n := range strings.SplitSeq(only, ",") {
+		if strings.TrimSpace(n) == name {
+			return true
+		}
+	}
+	return false
 }

@@ -59,7 +59,7 @@ func run() error {
 	flag.IntVar(&o.concurrency, "c", 32, "concurrent connections (closed loop)")
 	flag.Float64Var(&o.rate, "rate", 0, "fixed request rate per second instead of a closed loop (for latency)")
 	delays := flag.String("upstream-delay", "0ms,5ms", "upstream service times, comma-separated")
-	flag.StringVar(&o.only, "only", "", "run only targets whose name contains this")
+	flag.StringVar(&o.only, "only", "", "run only these targets (comma-separated exact names)")
 	flag.StringVar(&o.out, "out", "", "also write the markdown results to this file")
 	flag.Parse()
 	for d := range strings.SplitSeq(*delays, ",") {
