@@ -92,7 +92,7 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 		s.scriptClaim.Store(true) // Redis < 7.0
 		return s.claimByScript(ctx, key, rec, value, lease)
 	case err != nil:
-		return Result{}, unavailable("claim", err)
+		return Result{}, s.unavailable("claim", err)
 	}
 	return s.existing(rec, raw, pttl.Val())
 }
@@ -100,7 +100,7 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 func (s *Store) claimByScript(ctx context.Context, key string, rec *Record, value []byte, lease time.Duration) (Result, error) {
 	v, err := claimScript.Run(ctx, s.client, []string{key}, value, lease.Milliseconds()).Result()
 	if err != nil {
-		return Result{}, unavailable("claim", err)
+		return Result{}, s.unavailable("claim", err)
 	}
 	if n, ok := v.(int64); ok && n == 1 {
 		return Result{Claimed: true}, nil
@@ -134,14 +134,14 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, er
 	get := pipe.Get(ctx, key)
 	pttl := pipe.PTTL(ctx, key)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, 0, unavailable("get", err)
+		return nil, 0, s.unavailable("get", err)
 	}
 	raw, err := get.Bytes()
 	if errors.Is(err, redis.Nil) {
 		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, 0, unavailable("get", err)
+		return nil, 0, s.unavailable("get", err)
 	}
 	rec, err := Decode(raw)
 	if err != nil {
@@ -156,7 +156,7 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, er
 func (s *Store) Renew(ctx context.Context, key string, token Token, lease time.Duration) error {
 	n, err := renewScript.Run(ctx, s.client, []string{key}, token[:], lease.Milliseconds()).Int64()
 	if err != nil {
-		return unavailable("renew", err)
+		return s.unavailable("renew", err)
 	}
 	switch n {
 	case 1, -2:
@@ -183,7 +183,7 @@ const (
 func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention time.Duration) (Completion, error) {
 	n, err := completeScript.Run(ctx, s.client, []string{key}, rec.Token[:], rec.Encode(), retention.Milliseconds()).Int64()
 	if err != nil {
-		return 0, unavailable("complete", err)
+		return 0, s.unavailable("complete", err)
 	}
 	switch n {
 	case 1, 3:
@@ -201,7 +201,7 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 func (s *Store) Release(ctx context.Context, key string, token Token) error {
 	n, err := releaseScript.Run(ctx, s.client, []string{key}, token[:]).Int64()
 	if err != nil {
-		return unavailable("release", err)
+		return s.unavailable("release", err)
 	}
 	if n < 0 {
 		return fmt.Errorf("release: %w", ErrLeaseLost)
@@ -212,7 +212,7 @@ func (s *Store) Release(ctx context.Context, key string, token Token) error {
 // Ping reports whether Redis answers.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.client.Ping(ctx).Err(); err != nil {
-		return unavailable("ping", err)
+		return s.unavailable("ping", err)
 	}
 	return nil
 }
@@ -222,7 +222,7 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) Preload(ctx context.Context) error {
 	for _, sc := range scripts {
 		if err := sc.Load(ctx, s.client).Err(); err != nil {
-			return unavailable("script load", err)
+			return s.unavailable("script load", err)
 		}
 	}
 	return nil
@@ -233,9 +233,21 @@ func (s *Store) Preload(ctx context.Context) error {
 func (s *Store) EvictionPolicy(ctx context.Context) (string, error) {
 	v, err := s.client.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {
-		return "", unavailable("config get", err)
+		return "", s.unavailable("config get", err)
 	}
 	return v["maxmemory-policy"], nil
+}
+
+// unavailable wraps a Redis failure. On a Cluster it also asks go-redis to
+// reload the slot map: go-redis reloads it on MOVED, but not when a dead
+// master refuses connections, and otherwise keeps sending that shard's keys
+// to the dead node until its periodic reload (60 s), long after a replica
+// took over.
+func (s *Store) unavailable(op string, err error) error {
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		cc.ReloadState(context.Background())
+	}
+	return unavailable(op, err)
 }
 
 func unavailable(op string, err error) error {

@@ -17,33 +17,45 @@ import (
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
-// backend is one store implementation the contract suite runs against.
+// backend is one store deployment the contract suite runs against. setup
+// starts it once; every test then gets its own key prefix on it.
 type backend struct {
 	name  string
-	start func(t *testing.T) (redis.UniversalClient, *claim.Store)
+	setup func(t *testing.T) redis.UniversalClient
+}
+
+func clientFor(t *testing.T, cfg config.Redis) redis.UniversalClient {
+	c := claim.NewClient(cfg)
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 var backends = []backend{
-	{"embedded", func(t *testing.T) (redis.UniversalClient, *claim.Store) {
+	{"embedded", func(t *testing.T) redis.UniversalClient {
 		e, err := claim.StartEmbedded()
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(e.Close)
-		c := claim.NewClient(config.Redis{Addrs: []string{e.Addr()}})
-		t.Cleanup(func() { c.Close() })
-		return c, claim.New(c, "test:")
+		return clientFor(t, config.Redis{Addrs: []string{e.Addr()}})
 	}},
-	{"redis-server", func(t *testing.T) (redis.UniversalClient, *claim.Store) {
-		srv := redistest.Start(t)
-		c := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
-		t.Cleanup(func() { c.Close() })
-		return c, claim.New(c, "test:")
+	{"redis-server", func(t *testing.T) redis.UniversalClient {
+		return clientFor(t, config.Redis{Addrs: []string{redistest.Start(t).Addr}})
+	}},
+	// Every operation touches one key, so on a Cluster each is served by
+	// the key's slot owner; a cross-slot operation would fail here.
+	{"cluster", func(t *testing.T) redis.UniversalClient {
+		return clientFor(t, config.Redis{Addrs: redistest.StartCluster(t, 3, 1).Addrs()})
+	}},
+	{"sentinel", func(t *testing.T) redis.UniversalClient {
+		s := redistest.StartSentinel(t, 1)
+		return clientFor(t, config.Redis{Addrs: s.SentinelAddrs(), MasterName: s.MasterName})
 	}},
 }
 
-// TestContract runs every store test against the embedded store and a real
-// redis-server: the same behaviour is required of both.
+// TestContract runs every store test against the embedded store, a real
+// redis-server, a 3-master Cluster with replicas and a Sentinel-managed
+// master: the same behaviour is required of all.
 func TestContract(t *testing.T) {
 	tests := []struct {
 		name string
@@ -63,11 +75,11 @@ func TestContract(t *testing.T) {
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
+			c := b.setup(t)
 			for _, tt := range tests {
 				t.Run(tt.name, func(t *testing.T) {
 					t.Parallel()
-					c, s := b.start(t)
-					tt.fn(t, c, s)
+					tt.fn(t, c, claim.New(c, "test:"+tt.name+":"))
 				})
 			}
 		})

@@ -123,6 +123,13 @@ func newEnv(t testing.TB, app http.HandlerFunc, mutate func(*config.Config)) *en
 // newEnvOn is newEnv on a given redis-server.
 func newEnvOn(t testing.TB, srv *redistest.Server, app http.HandlerFunc, mutate func(*config.Config)) *env {
 	t.Helper()
+	return newEnvStore(t, srv, config.Redis{Addrs: []string{srv.Addr}}, app, mutate)
+}
+
+// newEnvStore is newEnv on any Redis deployment (Cluster, Sentinel); srv
+// may be nil when there is no single server.
+func newEnvStore(t testing.TB, srv *redistest.Server, store config.Redis, app http.HandlerFunc, mutate func(*config.Config)) *env {
+	t.Helper()
 	e := &env{t: t, ledger: &ledger{}, redis: srv, reg: prometheus.NewRegistry(), logs: &lockedBuffer{}}
 	e.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -136,7 +143,7 @@ func newEnvOn(t testing.TB, srv *redistest.Server, app http.HandlerFunc, mutate 
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:1"
 	cfg.Upstream.URL = e.upstream.URL
 	cfg.Upstream.Timeout = 5 * time.Second
-	cfg.Store.Redis.Addrs = []string{e.redis.Addr}
+	cfg.Store.Redis = store
 	cfg.Routes = []config.Route{route("pay", "POST /payments")}
 	if mutate != nil {
 		mutate(cfg)

@@ -69,11 +69,15 @@ func freePort() (int, error) {
 
 func (s *Server) start() error {
 	_, port, _ := net.SplitHostPort(s.Addr)
-	args := append([]string{
+	return s.startWith(append([]string{
 		"--port", port, "--bind", "127.0.0.1", "--dir", s.dir,
 		"--save", "", "--appendonly", "no", "--daemonize", "no",
 		"--loglevel", "warning",
-	}, s.args...)
+	}, s.args...)...)
+}
+
+// startWith runs redis-server with exactly args and waits for PING.
+func (s *Server) startWith(args ...string) error {
 	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir
 	if err := cmd.Start(); err != nil {
