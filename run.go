@@ -9,7 +9,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"runtime/debug"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -107,11 +109,32 @@ func serve(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 			"addr", emb.Addr())
 		redisCfg = config.Redis{Addrs: []string{emb.Addr()}}
 	}
+	if redisCfg.PasswordFile != "" {
+		b, err := os.ReadFile(redisCfg.PasswordFile)
+		if err != nil {
+			return fmt.Errorf("store.redis.password_file: %w", err)
+		}
+		redisCfg.Password = strings.TrimSpace(string(b))
+	}
 	client := claim.NewClient(redisCfg)
 	defer client.Close()
-	store := claim.New(client, cfg.Store.KeyPrefix)
 
 	reg := prometheus.NewRegistry()
+	waitShort := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemproxy_store_wait_short_total",
+		Help: "Claims and completions that fewer than store.wait_replicas replicas acknowledged within store.wait_timeout, by op.",
+	}, []string{"op"})
+	reg.MustRegister(waitShort)
+	var opts []claim.Option
+	if cfg.Store.WaitReplicas > 0 {
+		waitShort.WithLabelValues("claim")
+		waitShort.WithLabelValues("complete")
+		opts = append(opts, claim.WithWait(cfg.Store.WaitReplicas, cfg.Store.WaitTimeout, func(op string) {
+			waitShort.WithLabelValues(op).Inc()
+		}))
+	}
+	store := claim.New(client, cfg.Store.KeyPrefix, opts...)
+
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	evictionSafe := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "idemproxy_redis_eviction_policy_safe",

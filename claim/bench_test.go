@@ -75,3 +75,37 @@ func BenchmarkClaimComplete(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkClaimCompleteWait is BenchmarkClaimComplete with WAIT 1 after
+// each write, on a master with one replica: the price of wait_replicas.
+func BenchmarkClaimCompleteWait(b *testing.B) {
+	for _, wait := range []int{0, 1} {
+		b.Run("wait_replicas="+strconv.Itoa(wait), func(b *testing.B) {
+			topo := redistest.StartSentinel(b, 1)
+			c := claim.NewClient(config.Redis{Addrs: []string{topo.Master.Addr}})
+			defer c.Close()
+			var opts []claim.Option
+			if wait > 0 {
+				opts = append(opts, claim.WithWait(wait, 100*time.Millisecond, func(string) { b.Error("WAIT short") }))
+			}
+			s := claim.New(c, "bench:", opts...)
+			ctx := context.Background()
+			s.Preload(ctx)
+			done := benchRecord()
+			i := 0
+			for b.Loop() {
+				i++
+				key := s.Key("bench", "route", strconv.Itoa(i))
+				rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
+				rec.Token[0] = byte(i)
+				if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+					b.Fatal(res, err)
+				}
+				done.Token = rec.Token
+				if _, err := s.Complete(ctx, key, done, time.Hour); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

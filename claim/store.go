@@ -37,11 +37,54 @@ type Store struct {
 	prefix string
 	// scriptClaim is set once Redis refused SET NX GET (Redis < 7.0).
 	scriptClaim atomic.Bool
+
+	// waitReplicas > 0 sends WAIT after claims and completions.
+	waitReplicas int
+	waitTimeout  time.Duration
+	onWaitShort  func(op string)
+}
+
+// wait queues a WAIT on pipe, after the write it follows, when enabled.
+func (s *Store) wait(ctx context.Context, pipe redis.Pipeliner) *redis.Cmd {
+	if s.waitReplicas <= 0 {
+		return nil
+	}
+	return pipe.Do(ctx, "WAIT", s.waitReplicas, s.waitTimeout.Milliseconds())
+}
+
+// checkWait reports a WAIT that fewer replicas than asked acknowledged.
+func (s *Store) checkWait(op string, cmd *redis.Cmd) {
+	if cmd == nil {
+		return
+	}
+	if n, err := cmd.Int(); (err != nil || n < s.waitReplicas) && s.onWaitShort != nil {
+		s.onWaitShort(op)
+	}
 }
 
 // New returns a Store using client, with every key under prefix.
-func New(client redis.UniversalClient, prefix string) *Store {
-	return &Store{client: client, prefix: prefix}
+func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
+	s := &Store{client: client, prefix: prefix}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithWait makes every claim and completion wait, on the same connection,
+// until n replicas acknowledged it or timeout passed (Redis WAIT). It
+// narrows what an asynchronous failover can lose; it is not consensus: a
+// write acknowledged by fewer replicas is still in force on the master,
+// and onShort, when not nil, is called with the operation's name. Only for
+// a standalone master with replicas or Sentinel: on a Cluster, WAIT cannot
+// be sent to the key's node on the writing connection.
+func WithWait(n int, timeout time.Duration, onShort func(op string)) Option {
+	return func(s *Store) {
+		s.waitReplicas, s.waitTimeout, s.onWaitShort = n, timeout, onShort
+	}
 }
 
 // Key derives the Redis key for an idempotency key presented by principal
@@ -83,10 +126,12 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 	pipe := s.client.Pipeline()
 	set := pipe.SetArgs(ctx, key, value, redis.SetArgs{Mode: "NX", TTL: lease, Get: true})
 	pttl := pipe.PTTL(ctx, key)
+	wait := s.wait(ctx, pipe)
 	_, err := pipe.Exec(ctx)
 	raw, setErr := set.Result()
 	switch {
 	case errors.Is(setErr, redis.Nil):
+		s.checkWait("claim", wait)
 		return Result{Claimed: true}, nil
 	case setErr != nil && strings.Contains(setErr.Error(), "syntax error"):
 		s.scriptClaim.Store(true) // Redis < 7.0
@@ -181,7 +226,14 @@ const (
 // kept for retention. It returns ErrLeaseLost, writing nothing, when
 // another owner holds the key.
 func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention time.Duration) (Completion, error) {
-	n, err := completeScript.Run(ctx, s.client, []string{key}, rec.Token[:], rec.Encode(), retention.Milliseconds()).Int64()
+	args := []any{rec.Token[:], rec.Encode(), retention.Milliseconds()}
+	var n int64
+	var err error
+	if s.waitReplicas > 0 {
+		n, err = s.completeAndWait(ctx, key, args)
+	} else {
+		n, err = completeScript.Run(ctx, s.client, []string{key}, args...).Int64()
+	}
 	if err != nil {
 		return 0, s.unavailable("complete", err)
 	}
@@ -192,6 +244,29 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 		return StoredAfterLapse, nil
 	default:
 		return 0, fmt.Errorf("complete: %w", ErrLeaseLost)
+	}
+}
+
+// completeAndWait runs the completion and WAIT in one pipeline, so WAIT
+// follows the write on its connection. A Redis that lost its script cache
+// (a restart, a failover) gets the script loaded and the pipeline resent.
+func (s *Store) completeAndWait(ctx context.Context, key string, args []any) (int64, error) {
+	for attempt := 0; ; attempt++ {
+		pipe := s.client.Pipeline()
+		run := pipe.EvalSha(ctx, completeScript.Hash(), []string{key}, args...)
+		wait := s.wait(ctx, pipe)
+		_, _ = pipe.Exec(ctx)
+		n, err := run.Int64()
+		if err != nil && attempt == 0 && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			if err := completeScript.Load(ctx, s.client).Err(); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		if err == nil {
+			s.checkWait("complete", wait)
+		}
+		return n, err
 	}
 }
 

@@ -20,6 +20,7 @@ const (
 	DefaultUpstreamURL      = "http://127.0.0.1:3000"
 	DefaultUpstreamTimeout  = 30 * time.Second
 	DefaultKeyPrefix        = "idem:"
+	DefaultWaitTimeout      = 100 * time.Millisecond
 	DefaultIdentityHeader   = "X-Forwarded-User"
 	DefaultKeyHeader        = "Idempotency-Key"
 	DefaultRequireKey       = true
@@ -116,6 +117,11 @@ type Store struct {
 	Redis Redis
 	// KeyPrefix is prepended to every Redis key.
 	KeyPrefix string
+	// WaitReplicas, when positive, makes every claim and completion wait
+	// for that many replicas to acknowledge it (Redis WAIT), up to
+	// WaitTimeout. Zero never waits. Not consensus; not on a Cluster.
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // Redis is the connection to the Redis deployment.
@@ -127,7 +133,10 @@ type Redis struct {
 	MasterName string
 	Username   string
 	Password   string
-	TLS        bool
+	// PasswordFile, when set, holds the password (a mounted Secret); it is
+	// read at start, surrounding whitespace removed.
+	PasswordFile string
+	TLS          bool
 }
 
 // Identity configures where the principal comes from.
@@ -189,7 +198,7 @@ func Default() *Config {
 		Listen:      DefaultListen,
 		AdminListen: DefaultAdminListen,
 		Upstream:    Upstream{URL: DefaultUpstreamURL, Timeout: DefaultUpstreamTimeout},
-		Store:       Store{KeyPrefix: DefaultKeyPrefix},
+		Store:       Store{KeyPrefix: DefaultKeyPrefix, WaitTimeout: DefaultWaitTimeout},
 		Identity:    Identity{Header: DefaultIdentityHeader},
 		Defaults:    DefaultSettings(),
 	}

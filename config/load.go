@@ -21,7 +21,8 @@ var topKeys = []string{
 	"listen", "admin_listen",
 	"upstream.url", "upstream.timeout", "drain.delay", "drain.timeout",
 	"store.redis.addrs", "store.redis.master_name", "store.redis.username",
-	"store.redis.password", "store.redis.tls", "store.key_prefix",
+	"store.redis.password", "store.redis.password_file", "store.redis.tls", "store.key_prefix",
+	"store.wait_replicas", "store.wait_timeout",
 	"identity.header", "identity.trusted_proxies",
 }
 
@@ -66,7 +67,10 @@ func Load(path string) (*Config, error) {
 	d.str(src, "store.redis.master_name", "store.redis.master_name", &c.Store.Redis.MasterName)
 	d.str(src, "store.redis.username", "store.redis.username", &c.Store.Redis.Username)
 	d.str(src, "store.redis.password", "store.redis.password", &c.Store.Redis.Password)
+	d.str(src, "store.redis.password_file", "store.redis.password_file", &c.Store.Redis.PasswordFile)
 	d.boolean(src, "store.redis.tls", "store.redis.tls", &c.Store.Redis.TLS)
+	d.integer(src, "store.wait_replicas", "store.wait_replicas", &c.Store.WaitReplicas)
+	d.duration(src, "store.wait_timeout", "store.wait_timeout", &c.Store.WaitTimeout)
 	d.str(src, "store.key_prefix", "store.key_prefix", &c.Store.KeyPrefix)
 	d.str(src, "identity.header", "identity.header", &c.Identity.Header)
 	var proxies []string
@@ -282,6 +286,26 @@ func (d *decoder) boolean(src source, key, path string, dst *bool) {
 		*dst = b
 	default:
 		d.errorf(path, "must be true or false, got %s", describe(v))
+	}
+}
+
+func (d *decoder) integer(src source, key, path string, dst *int) {
+	v, ok := src.lookup(key)
+	if !ok || v == nil {
+		return
+	}
+	switch t := v.(type) {
+	case int:
+		*dst = t
+	case string:
+		n, err := strconv.Atoi(strings.TrimSpace(t))
+		if err != nil {
+			d.errorf(path, "must be a whole number, got %q", t)
+			return
+		}
+		*dst = n
+	default:
+		d.errorf(path, "must be a whole number, got %s", describe(v))
 	}
 }
 

@@ -46,6 +46,20 @@ func (c *Config) validate(failed map[string]bool) error {
 	if c.Store.KeyPrefix == "" {
 		add("store.key_prefix", "must not be empty: it keeps idemproxy's keys apart from other data")
 	}
+	if c.Store.Redis.Password != "" && c.Store.Redis.PasswordFile != "" {
+		add("store.redis.password_file", "set either store.redis.password or store.redis.password_file, not both")
+	}
+	if c.Store.WaitReplicas < 0 {
+		add("store.wait_replicas", "must not be negative, got %d", c.Store.WaitReplicas)
+	}
+	if c.Store.WaitReplicas > 0 {
+		if c.Store.WaitTimeout <= 0 {
+			add("store.wait_timeout", "must be positive when store.wait_replicas is set, got %s", c.Store.WaitTimeout)
+		}
+		if len(c.Store.Redis.Addrs) > 1 && c.Store.Redis.MasterName == "" {
+			add("store.wait_replicas", "is not supported on a Redis Cluster (several addrs without master_name)")
+		}
+	}
 	if c.Store.Redis.MasterName != "" && len(c.Store.Redis.Addrs) == 0 {
 		add("store.redis.addrs", "must list the sentinels when store.redis.master_name is set")
 	}

@@ -38,6 +38,8 @@ type env struct {
 	// active counts handler calls still running: a client can read its
 	// answer a moment before the handler returns and counts it.
 	active atomic.Int64
+	// waitShort counts WAITs that fewer replicas acknowledged than asked.
+	waitShort atomic.Int64
 }
 
 // quiesce waits until no handler call is running, so metrics and logs
@@ -151,7 +153,11 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store config.Redis, app ht
 	e.cfg = cfg
 	client := claim.NewClient(cfg.Store.Redis)
 	t.Cleanup(func() { client.Close() })
-	e.store = claim.New(client, cfg.Store.KeyPrefix)
+	var opts []claim.Option
+	if cfg.Store.WaitReplicas > 0 {
+		opts = append(opts, claim.WithWait(cfg.Store.WaitReplicas, cfg.Store.WaitTimeout, func(op string) { e.waitShort.Add(1) }))
+	}
+	e.store = claim.New(client, cfg.Store.KeyPrefix, opts...)
 	var out io.Writer = e.logs
 	if os.Getenv("IDEMPROXY_TEST_LOG") == "1" {
 		out = io.MultiWriter(e.logs, os.Stderr)

@@ -56,17 +56,23 @@ func TestConcurrentDuplicatesOnTopologies(t *testing.T) {
 func TestFailover(t *testing.T) {
 	t.Run("sentinel", func(t *testing.T) {
 		topo := redistest.StartSentinel(t, 1)
-		failover(t, config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, topo.Master, topo.Replicas[0])
+		failover(t, config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, 0, topo.Master, topo.Replicas[0])
+	})
+	t.Run("sentinel with wait_replicas 1", func(t *testing.T) {
+		topo := redistest.StartSentinel(t, 1)
+		failover(t, config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, 1, topo.Master, topo.Replicas[0])
 	})
 	t.Run("cluster", func(t *testing.T) {
 		topo := redistest.StartCluster(t, 3, 1)
-		failover(t, config.Redis{Addrs: topo.Addrs()}, topo.Masters[0], topo.Replicas[0])
+		failover(t, config.Redis{Addrs: topo.Addrs()}, 0, topo.Masters[0], topo.Replicas[0])
 	})
 }
 
-func failover(t *testing.T, store config.Redis, master, replica *redistest.Server) {
+func failover(t *testing.T, store config.Redis, waitReplicas int, master, replica *redistest.Server) {
 	e := newEnvStore(t, nil, store, created, func(c *config.Config) {
 		c.Routes[0].Settings.Lease = 2 * time.Second
+		c.Store.WaitReplicas = waitReplicas
+		c.Store.WaitTimeout = 100 * time.Millisecond
 	})
 	var mu sync.Mutex
 	var completed []string
@@ -111,26 +117,38 @@ func failover(t *testing.T, store config.Redis, master, replica *redistest.Serve
 	})
 
 	// Every completed key retried once more: a record the new master lacks
-	// executes again.
+	// executes again. Retried by 16 clients: with wait_replicas and no
+	// replica left after the failover, every write waits wait_timeout.
 	before := e.ledger.Total()
-	lost := 0
-	for _, key := range completed {
-		var r resp
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			r = e.do(req{user: "alice", key: key, body: `{"amount":1}`})
-			if r.status == http.StatusCreated {
-				break
+	var lost atomic.Int64
+	keys := make(chan string)
+	var rwg sync.WaitGroup
+	for range 16 {
+		rwg.Go(func() {
+			for key := range keys {
+				deadline := time.Now().Add(20 * time.Second)
+				for {
+					r := e.do(req{user: "alice", key: key, body: `{"amount":1}`})
+					if r.status == http.StatusCreated {
+						if r.header.Get("Idempotent-Replayed") != "true" {
+							lost.Add(1)
+						}
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Errorf("retry of %s still answered %d %s", key, r.status, r.body)
+						break
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("retry of %s still answered %d %s", key, r.status, r.body)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		if r.header.Get("Idempotent-Replayed") != "true" {
-			lost++
-		}
+		})
 	}
+	for _, key := range completed {
+		keys <- key
+	}
+	close(keys)
+	rwg.Wait()
 	dups := e.ledger.Total() - before
 	var parts []string
 	for _, s := range []int{http.StatusCreated, http.StatusServiceUnavailable, http.StatusConflict, 0} {
@@ -142,10 +160,10 @@ func failover(t *testing.T, store config.Redis, master, replica *redistest.Serve
 	if lastFailure.After(killed) {
 		unavailable = lastFailure.Sub(killed)
 	}
-	t.Logf("replica promoted %s after SIGKILL of the master; last failed request %s after it; %d requests in 8 s (%s; 0 = client timeout at 3 s); %d of %d completed records missing after failover, %d duplicate executions when their keys were retried",
-		promoted.Round(100*time.Millisecond), unavailable.Round(100*time.Millisecond), seq.Load(), strings.Join(parts, ", "), lost, len(completed), dups)
-	if lost != dups {
-		t.Errorf("%d retries were not replays but %d executions happened", lost, dups)
+	t.Logf("replica promoted %s after SIGKILL of the master; last failed request %s after it; %d requests in 8 s (%s; 0 = client timeout at 3 s); %d of %d completed records missing after failover, %d duplicate executions when their keys were retried; %d WAITs short",
+		promoted.Round(100*time.Millisecond), unavailable.Round(100*time.Millisecond), seq.Load(), strings.Join(parts, ", "), lost.Load(), len(completed), dups, e.waitShort.Load())
+	if int(lost.Load()) != dups {
+		t.Errorf("%d retries were not replays but %d executions happened", lost.Load(), dups)
 	}
 	if statuses[http.StatusCreated] == 0 {
 		t.Fatal("no request succeeded")

@@ -1,0 +1,44 @@
+package claim_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// TestWaitReplicas: with WAIT 1 and one replica, claims and completions are
+// acknowledged and on the replica when they return; asking for more
+// replicas than exist reports every write as short, without failing it.
+func TestWaitReplicas(t *testing.T) {
+	topo := redistest.StartSentinel(t, 1)
+	c := claim.NewClient(config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName})
+	defer c.Close()
+	replica := topo.Replicas[0].Client()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		want      int
+		wantShort int64
+	}{{1, 0}, {2, 2}} {
+		var short atomic.Int64
+		s := claim.New(c, "wait:", claim.WithWait(tc.want, 50*time.Millisecond, func(string) { short.Add(1) }))
+		key := s.Key("alice", "r", time.Now().String())
+		rec := newRecord(t)
+		if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v %v", res, err)
+		}
+		if tc.wantShort == 0 && replica.Exists(ctx, key).Val() != 1 {
+			t.Error("an acknowledged claim is not on the replica")
+		}
+		if _, err := s.Complete(ctx, key, completed(rec, "x"), time.Hour); err != nil {
+			t.Fatalf("complete: %v", err)
+		}
+		if got := short.Load(); got != tc.wantShort {
+			t.Errorf("wait_replicas=%d with one replica: %d short WAITs, want %d", tc.want, got, tc.wantShort)
+		}
+	}
+}
