@@ -139,3 +139,38 @@ func TestVersionFlag(t *testing.T) {
 		t.Fatalf("-version printed %q", out.String())
 	}
 }
+
+// TestPasswordFile: the Redis password comes from a mounted file; with the
+// right one the store is ready, with a wrong one /readyz says so.
+func TestPasswordFile(t *testing.T) {
+	srv := redistest.Start(t, "--requirepass", "s3cret")
+	for _, tc := range []struct {
+		password string
+		ready    int
+	}{{"s3cret\n", http.StatusOK}, {"wrong", http.StatusServiceUnavailable}} {
+		file := filepath.Join(t.TempDir(), "password")
+		os.WriteFile(file, []byte(tc.password), 0o600)
+		cfg := config.Default()
+		cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+		cfg.Store.Redis = config.Redis{Addrs: []string{srv.Addr}, PasswordFile: file}
+		ctx, cancel := context.WithCancel(context.Background())
+		addrs := make(chan string, 1)
+		served := make(chan error, 1)
+		go func() {
+			served <- serve(ctx, cfg, "", slog.New(slog.DiscardHandler), func(_, a string) { addrs <- a })
+		}()
+		admin := <-addrs
+		resp, err := http.Get("http://" + admin + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.ready {
+			t.Errorf("password %q: /readyz %d, want %d", tc.password, resp.StatusCode, tc.ready)
+		}
+		cancel()
+		if err := <-served; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

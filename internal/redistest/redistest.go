@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,7 +100,8 @@ func (s *Server) startWith(args ...string) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err := c.Ping(ctx).Err()
 		cancel()
-		if err == nil {
+		// NOAUTH is an answer too: the server is up and wants a password.
+		if err == nil || strings.Contains(err.Error(), "NOAUTH") {
 			go func() { <-exited }()
 			return nil
 		}
