@@ -116,7 +116,10 @@ func serve(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 		}
 		redisCfg.Password = strings.TrimSpace(string(b))
 	}
-	client := claim.NewClient(redisCfg)
+	client, err := claim.NewClient(redisCfg)
+	if err != nil {
+		return err
+	}
 	defer client.Close()
 
 	reg := prometheus.NewRegistry()

@@ -51,7 +51,7 @@ func BenchmarkKey(b *testing.B) {
 // real redis-server: one claim and one completion.
 func BenchmarkClaimComplete(b *testing.B) {
 	srv := redistest.Start(b)
-	c := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
+	c, _ := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
 	defer c.Close()
 	s := claim.New(c, "bench:")
 	ctx := context.Background()
@@ -88,7 +88,7 @@ func BenchmarkClaimCompleteWait(b *testing.B) {
 	for _, wait := range []int{0, 1} {
 		b.Run("wait_replicas="+strconv.Itoa(wait), func(b *testing.B) {
 			topo := redistest.StartSentinel(b, 1)
-			c := claim.NewClient(config.Redis{Addrs: []string{topo.Master.Addr}})
+			c, _ := claim.NewClient(config.Redis{Addrs: []string{topo.Master.Addr}})
 			defer c.Close()
 			var opts []claim.Option
 			if wait > 0 {

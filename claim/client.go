@@ -3,8 +3,10 @@ package claim
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -27,8 +29,9 @@ const (
 // NewClient returns a go-redis universal client for cfg: one address is a
 // standalone server, several are a Cluster, and MasterName selects Sentinel.
 // go-redis may resend a command after a lost reply; every Store operation is
-// written to be safe under that.
-func NewClient(cfg config.Redis) redis.UniversalClient {
+// written to be safe under that. It fails only when cfg names a TLS CA file
+// that cannot be read or parsed.
+func NewClient(cfg config.Redis) (redis.UniversalClient, error) {
 	opts := &redis.UniversalOptions{
 		Addrs:                 cfg.Addrs,
 		MasterName:            cfg.MasterName,
@@ -48,9 +51,20 @@ func NewClient(cfg config.Redis) redis.UniversalClient {
 		Protocol:              2,
 	}
 	if cfg.TLS {
-		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.TLSServerName}
+		if cfg.TLSCAFile != "" {
+			pem, err := os.ReadFile(cfg.TLSCAFile)
+			if err != nil {
+				return nil, fmt.Errorf("store.redis.tls_ca_file: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("store.redis.tls_ca_file: no PEM certificate in %s", cfg.TLSCAFile)
+			}
+		}
+		opts.TLSConfig = tc
 	}
-	return redis.NewUniversalClient(opts)
+	return redis.NewUniversalClient(opts), nil
 }
 
 // SlogLogger routes go-redis' internal log lines into slog. go-redis has

@@ -19,7 +19,7 @@ func TestScriptClaim(t *testing.T) {
 	defer e.Close()
 	for name, addr := range map[string]string{"embedded": e.Addr(), "redis-server": redistest.Start(t).Addr} {
 		t.Run(name, func(t *testing.T) {
-			c := NewClient(config.Redis{Addrs: []string{addr}})
+			c, _ := NewClient(config.Redis{Addrs: []string{addr}})
 			defer c.Close()
 			s := New(c, "script:")
 			s.scriptClaim.Store(true)

@@ -25,7 +25,7 @@ type backend struct {
 }
 
 func clientFor(t *testing.T, cfg config.Redis) redis.UniversalClient {
-	c := claim.NewClient(cfg)
+	c, _ := claim.NewClient(cfg)
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -399,7 +399,7 @@ func TestKeyFramingAndPrivacy(t *testing.T) {
 
 func TestStoreUnavailable(t *testing.T) {
 	srv := redistest.Start(t)
-	c := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
+	c, _ := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
 	defer c.Close()
 	s := claim.New(c, "test:")
 	srv.Stop()

@@ -16,7 +16,7 @@ import (
 // replicas than exist reports every write as short, without failing it.
 func TestWaitReplicas(t *testing.T) {
 	topo := redistest.StartSentinel(t, 1)
-	c := claim.NewClient(config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName})
+	c, _ := claim.NewClient(config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName})
 	defer c.Close()
 	replica := topo.Replicas[0].Client()
 	ctx := context.Background()

@@ -136,7 +136,12 @@ type Redis struct {
 	// PasswordFile, when set, holds the password (a mounted Secret); it is
 	// read at start, surrounding whitespace removed.
 	PasswordFile string
-	TLS          bool
+	// TLS connects with TLS, verifying the server against TLSCAFile (PEM;
+	// empty uses the system roots) and TLSServerName (empty uses the host
+	// of the address).
+	TLS           bool
+	TLSCAFile     string
+	TLSServerName string
 }
 
 // Identity configures where the principal comes from.

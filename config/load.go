@@ -21,7 +21,7 @@ var topKeys = []string{
 	"listen", "admin_listen",
 	"upstream.url", "upstream.timeout", "drain.delay", "drain.timeout",
 	"store.redis.addrs", "store.redis.master_name", "store.redis.username",
-	"store.redis.password", "store.redis.password_file", "store.redis.tls", "store.key_prefix",
+	"store.redis.password", "store.redis.password_file", "store.redis.tls", "store.redis.tls_ca_file", "store.redis.tls_server_name", "store.key_prefix",
 	"store.wait_replicas", "store.wait_timeout",
 	"identity.header", "identity.trusted_proxies",
 }
@@ -69,6 +69,8 @@ func Load(path string) (*Config, error) {
 	d.str(src, "store.redis.password", "store.redis.password", &c.Store.Redis.Password)
 	d.str(src, "store.redis.password_file", "store.redis.password_file", &c.Store.Redis.PasswordFile)
 	d.boolean(src, "store.redis.tls", "store.redis.tls", &c.Store.Redis.TLS)
+	d.str(src, "store.redis.tls_ca_file", "store.redis.tls_ca_file", &c.Store.Redis.TLSCAFile)
+	d.str(src, "store.redis.tls_server_name", "store.redis.tls_server_name", &c.Store.Redis.TLSServerName)
 	d.integer(src, "store.wait_replicas", "store.wait_replicas", &c.Store.WaitReplicas)
 	d.duration(src, "store.wait_timeout", "store.wait_timeout", &c.Store.WaitTimeout)
 	d.str(src, "store.key_prefix", "store.key_prefix", &c.Store.KeyPrefix)

@@ -49,6 +49,9 @@ func (c *Config) validate(failed map[string]bool) error {
 	if c.Store.Redis.Password != "" && c.Store.Redis.PasswordFile != "" {
 		add("store.redis.password_file", "set either store.redis.password or store.redis.password_file, not both")
 	}
+	if !c.Store.Redis.TLS && (c.Store.Redis.TLSCAFile != "" || c.Store.Redis.TLSServerName != "") {
+		add("store.redis.tls", "must be true when store.redis.tls_ca_file or tls_server_name is set")
+	}
 	if c.Store.WaitReplicas < 0 {
 		add("store.wait_replicas", "must not be negative, got %d", c.Store.WaitReplicas)
 	}

@@ -151,7 +151,10 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store config.Redis, app ht
 		mutate(cfg)
 	}
 	e.cfg = cfg
-	client := claim.NewClient(cfg.Store.Redis)
+	client, err := claim.NewClient(cfg.Store.Redis)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { client.Close() })
 	var opts []claim.Option
 	if cfg.Store.WaitReplicas > 0 {

@@ -3,6 +3,7 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -27,6 +28,8 @@ type Server struct {
 	dir  string
 	args []string
 	cmd  *exec.Cmd
+	// tls, when set, is how clients must connect (StartTLS).
+	tls *tls.Config
 }
 
 // Start launches redis-server on a free loopback port with persistence off
@@ -87,7 +90,7 @@ func (s *Server) startWith(args ...string) error {
 	s.cmd = cmd
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1, DisableIdentity: true})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DialTimeout: 200 * time.Millisecond, MaxRetries: -1, DisableIdentity: true, TLSConfig: s.tls})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -141,7 +144,7 @@ func (s *Server) Restart() {
 
 // Client returns a go-redis client for the server, closed with the test.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, TLSConfig: s.tls})
 	s.t.Cleanup(func() { c.Close() })
 	return c
 }

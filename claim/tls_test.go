@@ -1,0 +1,40 @@
+package claim_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// TestTLS: a claim over TLS to a redis-server that accepts only TLS,
+// verified against the configured CA; an unverifiable server is refused.
+func TestTLS(t *testing.T) {
+	srv, ca := redistest.StartTLS(t)
+	c, err := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}, TLS: true, TLSCAFile: ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := claim.New(c, "tls:")
+	if res, err := s.Claim(context.Background(), s.Key("a", "r", "k"), newRecord(t), time.Second); err != nil || !res.Claimed {
+		t.Fatalf("claim over TLS: %+v %v", res, err)
+	}
+	// Without the CA the server's certificate is not trusted.
+	plain, _ := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}, TLS: true})
+	defer plain.Close()
+	if err := claim.New(plain, "tls:").Ping(context.Background()); err == nil {
+		t.Fatal("a self-signed server was trusted without its CA")
+	}
+	bad := filepath.Join(t.TempDir(), "bad.pem")
+	os.WriteFile(bad, []byte("not a certificate"), 0o600)
+	if _, err := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}, TLS: true, TLSCAFile: bad}); err == nil || !strings.Contains(err.Error(), "store.redis.tls_ca_file") {
+		t.Fatalf("bad CA file: %v, want an error naming store.redis.tls_ca_file", err)
+	}
+}
