@@ -254,6 +254,7 @@ func redisRTT(addr string) (p50, p99 time.Duration) {
 
 const idemproxyConfig = `listen: %q
 admin_listen: "127.0.0.1:%d"
+admin_pprof: true
 upstream:
   url: %q
 store:

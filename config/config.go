@@ -84,6 +84,9 @@ type Config struct {
 	Listen string
 	// AdminListen serves /metrics, /healthz and /readyz.
 	AdminListen string
+	// AdminPprof also serves net/http/pprof under /debug/pprof/ on the
+	// admin port. Off by default.
+	AdminPprof bool
 	Upstream    Upstream
 	Store       Store
 	Drain       Drain
