@@ -87,10 +87,10 @@ type Config struct {
 	// AdminPprof also serves net/http/pprof under /debug/pprof/ on the
 	// admin port. Off by default.
 	AdminPprof bool
-	Upstream    Upstream
-	Store       Store
-	Drain       Drain
-	Identity    Identity
+	Upstream   Upstream
+	Store      Store
+	Drain      Drain
+	Identity   Identity
 	// Defaults are inherited by every route.
 	Defaults Settings
 	Routes   []Route
