@@ -51,7 +51,7 @@ func TestConcurrentDuplicatesExecuteOnce(t *testing.T) {
 			if r.status != original.status || r.body != original.body || r.header.Get("X-Charge-Id") != original.header.Get("X-Charge-Id") {
 				t.Errorf("replay differs from the original:\n got %d %s\nwant %d %s", r.status, r.body, original.status, original.body)
 			}
-		case &r != original && r.status != http.StatusCreated:
+		case r.status != http.StatusCreated: // the original is the only other 201
 			t.Errorf("unexpected response %d %s", r.status, r.body)
 		}
 	}

@@ -441,7 +441,7 @@ func (x *exchange) bypass(body []byte, why string) {
 	x.outcome, x.detail = outcomeBypassed, why
 	r := x.r
 	if body != nil {
-		r = r.Clone(r.Context())
+		r = r.WithContext(r.Context()) // a copy; ReverseProxy clones it again
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.ContentLength = int64(len(body))
 	}

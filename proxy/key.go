@@ -44,10 +44,8 @@ func parseKey(h http.Header, name string) (string, error) {
 	case len(v) > MaxKeyLen:
 		return "", errKeyTooLong
 	}
-	for i := 0; i < len(v); i++ {
-		if v[i] < 0x21 || v[i] > 0x7e {
-			return "", errKeyChars
-		}
+	if !visibleASCII(v) {
+		return "", errKeyChars
 	}
 	return v, nil
 }

@@ -40,7 +40,6 @@ type Metrics struct {
 	upstream     *prometheus.HistogramVec
 	added        *prometheus.HistogramVec
 	storedBytes  prometheus.Histogram
-	inFlight     prometheus.Gauge
 	claims       *claimAges
 	renewals     *prometheus.CounterVec
 }
@@ -78,10 +77,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Size of stored records.",
 			Buckets: prometheus.ExponentialBuckets(256, 4, 8),
 		}),
-		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "idemproxy_inflight_claims",
-			Help: "Claims this process owns and has not settled yet.",
-		}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_lease_renewals_total",
 			Help: "Lease renewals by result (ok, lost, error).",
@@ -96,11 +91,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.renewals.WithLabelValues(r)
 	}
 	if reg != nil {
+		inFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_inflight_claims",
+			Help: "Claims this process owns and has not settled yet.",
+		}, m.claims.count)
 		oldest := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "idemproxy_oldest_inflight_claim_seconds",
 			Help: "Age of the oldest claim this process owns and has not settled; 0 when none.",
 		}, m.claims.oldest)
-		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.inFlight, m.renewals, oldest)
+		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, inFlight, m.renewals, oldest)
 	}
 	return m
 }
@@ -114,9 +113,9 @@ func (m *Metrics) initRoutes(rt *router) {
 	}
 }
 
-// claimAges tracks when each in-flight claim started, for the age of the
-// oldest: a claim held far past the upstream timeout means a stuck upstream
-// call or a bug, and is worth an alert.
+// claimAges tracks when each in-flight claim started, for their number and
+// the age of the oldest: a claim held far past the upstream timeout means a
+// stuck upstream call or a bug, and is worth an alert.
 type claimAges struct {
 	mu      sync.Mutex // guards started
 	started map[*owner]time.Time
@@ -133,6 +132,12 @@ func (c *claimAges) remove(o *owner) {
 	c.mu.Lock()
 	delete(c.started, o)
 	c.mu.Unlock()
+}
+
+func (c *claimAges) count() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return float64(len(c.started))
 }
 
 func (c *claimAges) oldest() float64 {

@@ -54,12 +54,8 @@ func ownerFrom(ctx context.Context) *owner {
 // own forwards the request as the claim's owner and settles the claim.
 func (x *exchange) own(rec *claim.Record, body []byte) {
 	o := &owner{x: x, rec: rec, body: body}
-	x.h.metrics.inFlight.Inc()
 	x.h.metrics.claims.add(o)
-	defer func() {
-		x.h.metrics.inFlight.Dec()
-		x.h.metrics.claims.remove(o)
-	}()
+	defer x.h.metrics.claims.remove(o)
 	lease := x.rt.settings.Lease
 	o.renewer = time.AfterFunc(lease/3, o.renew)
 	defer o.settle(func() {}) // stops renewal if nothing settled (a panic)
@@ -73,7 +69,9 @@ func (x *exchange) own(rec *claim.Record, body []byte) {
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		WroteHeaders: func() { o.wrote.Store(true) },
 	})
-	out := x.r.Clone(ctx)
+	// A shallow copy is enough: ReverseProxy deep-clones it for the
+	// outbound request.
+	out := x.r.WithContext(ctx)
 	out.Body = io.NopCloser(bytes.NewReader(body))
 	out.ContentLength = int64(len(body))
 	sw := &statusWriter{ResponseWriter: x.w}
