@@ -279,7 +279,7 @@ func (x *exchange) serve() {
 	for {
 		res, err := x.claim(rec)
 		if err != nil {
-			x.storeFailed(err, body)
+			x.storeFailed("claim", err, body)
 			return
 		}
 		if res.Claimed {
@@ -290,7 +290,7 @@ func (x *exchange) serve() {
 		if existing.State == claim.InProgress && existing.Fingerprint == fp && x.h.now().Before(waitUntil) {
 			existing, ttl, err = x.wait(waitUntil)
 			if err != nil {
-				x.storeFailed(err, nil)
+				x.storeFailed("get", err, nil)
 				return
 			}
 			if existing == nil {
@@ -410,15 +410,16 @@ func readAll(r io.Reader, expected int64) ([]byte, error) {
 	return buf.Bytes(), err
 }
 
-// storeFailed answers when the store could not be used before anything was
+// storeFailed answers when store operation op failed before anything was
 // forwarded: per store_unavailable, 503 or an unprotected forward. A
-// record that cannot be decoded is never overwritten or worked around.
-func (x *exchange) storeFailed(err error, body []byte) {
-	x.h.metrics.storeErrors.WithLabelValues("claim").Inc()
+// record that cannot be decoded is never overwritten or worked around. A
+// client that went away is not a store error.
+func (x *exchange) storeFailed(op string, err error, body []byte) {
 	if errors.Is(err, context.Canceled) && x.r.Context().Err() != nil {
 		x.outcome, x.detail = outcomeRejected, "client went away"
 		return
 	}
+	x.h.metrics.storeErrors.WithLabelValues(op).Inc()
 	if errors.Is(err, claim.ErrCorrupt) {
 		x.outcome, x.detail = outcomeStoreError, err.Error()
 		x.problem(probRecordCorrupt.with("the record stored for this key is not one idemproxy can read; nothing was forwarded"))

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
@@ -174,6 +176,39 @@ func BenchmarkReplay(b *testing.B) {
 	for b.Loop() {
 		if r := e.do(req{user: "alice", key: "k", body: `{"amount":1}`}); r.header.Get("Idempotent-Replayed") != "true" {
 			b.Fatal(r.status)
+		}
+	}
+}
+
+// A client that gives up while waiting for the first attempt is not a
+// store error: the store-errors alert must not fire on impatient clients.
+func TestClientLeavingWaitIsNotAStoreError(t *testing.T) {
+	e := newEnv(t, slow(500*time.Millisecond, created), func(c *config.Config) {
+		c.Routes[0].Settings.Concurrent = config.ConcurrentWait
+		c.Routes[0].Settings.MaxWait = 5 * time.Second
+	})
+	first := make(chan resp)
+	go func() { first <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
+	eventually(t, "the first attempt is upstream", func() bool { return e.ledger.Total() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := e.try(ctx, req{user: "alice", key: "k", body: `{}`}); err == nil {
+		t.Fatal("the waiting client should have given up")
+	}
+	<-first
+	e.quiesce()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "idemproxy_store_errors_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if v := m.GetCounter().GetValue(); v != 0 {
+				t.Errorf("idemproxy_store_errors_total%v = %v, want 0", m.GetLabel(), v)
+			}
 		}
 	}
 }

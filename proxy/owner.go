@@ -184,6 +184,7 @@ func (o *owner) complete(rec *claim.Record) {
 		cancel()
 		if err == nil {
 			x.outcome = outcomeStored
+			x.h.metrics.storedBytes.Observe(float64(len(rec.Body)))
 			if how == claim.StoredAfterLapse {
 				x.detail = "stored after the lease had lapsed; nobody had claimed the key since"
 			}
@@ -279,7 +280,6 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		resp.Body = io.NopCloser(bytes.NewReader(buf))
 	}
 	o.settle(func() { o.complete(rec) })
-	h.metrics.storedBytes.Observe(float64(len(rec.Body)))
 	return nil
 }
 
