@@ -343,35 +343,50 @@ func (d *decoder) size(src source, key, path string, dst *int64) {
 	*dst = n
 }
 
-// strings accepts a YAML list or, from the environment, a comma-separated
-// string. It reports whether the key was present and well formed.
-func (d *decoder) strings(src source, key, path string, dst *[]string) bool {
-	v, ok := src.lookup(key)
-	if !ok || v == nil {
-		return false
-	}
-	var out []string
+// list reads a YAML list or, from the environment, a comma-separated
+// string, into its items.
+func list(v any) ([]any, bool) {
 	switch t := v.(type) {
+	case []any:
+		return t, true
+	case []string:
+		out := make([]any, len(t))
+		for i, s := range t {
+			out[i] = s
+		}
+		return out, true
 	case string:
+		var out []any
 		for part := range strings.SplitSeq(t, ",") {
 			if part = strings.TrimSpace(part); part != "" {
 				out = append(out, part)
 			}
 		}
-	case []any:
-		for i, item := range t {
-			s, ok := item.(string)
-			if !ok {
-				d.errorf(fmt.Sprintf("%s[%d]", path, i), "must be a string, got %s", describe(item))
-				continue
-			}
-			out = append(out, s)
-		}
-	case []string:
-		out = t
-	default:
+		return out, true
+	}
+	return nil, false
+}
+
+// strings decodes a list of strings. It reports whether the key was
+// present and a list.
+func (d *decoder) strings(src source, key, path string, dst *[]string) bool {
+	v, ok := src.lookup(key)
+	if !ok || v == nil {
+		return false
+	}
+	items, ok := list(v)
+	if !ok {
 		d.errorf(path, "must be a list of strings, got %s", describe(v))
 		return false
+	}
+	var out []string
+	for i, item := range items {
+		s, ok := item.(string)
+		if !ok {
+			d.errorf(fmt.Sprintf("%s[%d]", path, i), "must be a string, got %s", describe(item))
+			continue
+		}
+		out = append(out, s)
 	}
 	*dst = out
 	return true
@@ -382,17 +397,8 @@ func (d *decoder) ints(src source, key, path string, dst *[]int) {
 	if !ok || v == nil {
 		return
 	}
-	var items []any
-	switch t := v.(type) {
-	case string:
-		for part := range strings.SplitSeq(t, ",") {
-			if part = strings.TrimSpace(part); part != "" {
-				items = append(items, part)
-			}
-		}
-	case []any:
-		items = t
-	default:
+	items, ok := list(v)
+	if !ok {
 		d.errorf(path, "must be a list of HTTP status codes, got %s", describe(v))
 		return
 	}
