@@ -108,39 +108,60 @@ type Result struct {
 	Claimed bool
 	// Existing is the record found when not Claimed.
 	Existing *Record
-	// TTL is what is left of Existing's lease or retention.
+	// TTL is what is left of Existing's lease when it is InProgress (at
+	// least 1ms), for Retry-After. It is zero for a completed record: a
+	// replay does not need it, and not asking saves a command.
 	TTL time.Duration
 }
 
 // Claim takes key for rec's owner with a lease, or returns the record that
 // already holds it, in one round trip. rec must be InProgress.
 //
-// On Redis 7 it is one pipelined round trip of native commands,
-// SET key value NX PX lease GET and PTTL key, which costs Redis far less
-// CPU than a script. Redis 6.2 rejects NX with GET; then the claim script
-// does the same, and is used from then on.
+// On Redis 7 the round trip is one native command, SET key value NX PX
+// lease GET, which costs Redis far less CPU than a script; only a claim
+// that finds another attempt still in progress asks for its PTTL, in a
+// second round trip on that rare path. Redis 6.2 rejects NX with GET; then
+// the claim script does the same, and is used from then on.
 func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.Duration) (Result, error) {
 	value := rec.Encode()
 	if s.scriptClaim.Load() {
 		return s.claimByScript(ctx, key, rec, value, lease)
 	}
-	pipe := s.client.Pipeline()
-	set := pipe.SetArgs(ctx, key, value, redis.SetArgs{Mode: "NX", TTL: lease, Get: true})
-	pttl := pipe.PTTL(ctx, key)
-	wait := s.wait(ctx, pipe)
-	_, err := pipe.Exec(ctx)
-	raw, setErr := set.Result()
+	args := redis.SetArgs{Mode: "NX", TTL: lease, Get: true}
+	var raw string
+	var err error
+	if s.waitReplicas > 0 {
+		pipe := s.client.Pipeline()
+		set := pipe.SetArgs(ctx, key, value, args)
+		wait := s.wait(ctx, pipe)
+		_, _ = pipe.Exec(ctx)
+		raw, err = set.Result()
+		if errors.Is(err, redis.Nil) {
+			s.checkWait("claim", wait)
+		}
+	} else {
+		raw, err = s.client.SetArgs(ctx, key, value, args).Result()
+	}
 	switch {
-	case errors.Is(setErr, redis.Nil):
-		s.checkWait("claim", wait)
+	case errors.Is(err, redis.Nil):
 		return Result{Claimed: true}, nil
-	case setErr != nil && strings.Contains(setErr.Error(), "syntax error"):
+	case err != nil && strings.Contains(err.Error(), "syntax error"):
 		s.scriptClaim.Store(true) // Redis < 7.0
 		return s.claimByScript(ctx, key, rec, value, lease)
 	case err != nil:
 		return Result{}, s.unavailable("claim", err)
 	}
-	return s.existing(rec, raw, pttl.Val())
+	res, err := s.existing(rec, raw, 0)
+	if err != nil || res.Claimed || res.Existing.State != InProgress {
+		return res, err
+	}
+	// Only for Retry-After: when PTTL fails, the whole lease is an upper
+	// bound; when the key has just gone, a retry may come at once.
+	res.TTL = lease
+	if ttl, err := s.client.PTTL(ctx, key).Result(); err == nil {
+		res.TTL = max(ttl, time.Millisecond)
+	}
+	return res, nil
 }
 
 func (s *Store) claimByScript(ctx context.Context, key string, rec *Record, value []byte, lease time.Duration) (Result, error) {
@@ -171,7 +192,10 @@ func (s *Store) existing(rec *Record, raw string, ttl time.Duration) (Result, er
 	if found.Token == rec.Token && found.State == InProgress {
 		return Result{Claimed: true}, nil
 	}
-	return Result{Existing: found, TTL: max(ttl, 0)}, nil
+	if found.State != InProgress {
+		return Result{Existing: found}, nil
+	}
+	return Result{Existing: found, TTL: max(ttl, time.Millisecond)}, nil
 }
 
 // Get returns the record under key, or nil when there is none.
