@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -136,6 +138,19 @@ type result struct {
 	p50, p99, p999       time.Duration
 	cpuPer1k, redisPer1k float64
 	rss                  int64
+	// rpsMin and rpsMax span the rounds; the other figures are those of
+	// the round with the median rps.
+	rpsMin, rpsMax float64
+	rounds         int
+}
+
+// median is the run with the median rps, carrying the spread of all.
+func median(rs []result) result {
+	sorted := slices.Clone(rs)
+	slices.SortFunc(sorted, func(a, b result) int { return cmp.Compare(a.rps, b.rps) })
+	m := sorted[len(sorted)/2]
+	m.rpsMin, m.rpsMax, m.rounds = sorted[0].rps, sorted[len(sorted)-1].rps, len(sorted)
+	return m
 }
 
 // load runs the generator against base for d and returns latencies.
@@ -296,6 +311,10 @@ func bench(o options, dir, self, bin string) error {
 			a := fmt.Sprintf("127.0.0.1:%d", freePort())
 			return startProc("reverseproxy", a, self, "reverseproxy", "-listen", a, "-upstream", upURL)
 		}
+		floor := func() (*proc, error) {
+			a := fmt.Sprintf("127.0.0.1:%d", freePort())
+			return startProc("floor", a, self, "reverseproxy", "-listen", a, "-upstream", upURL, "-redis", redisAddr)
+		}
 		idem := func() (*proc, error) {
 			a := fmt.Sprintf("127.0.0.1:%d", freePort())
 			cfg := filepath.Join(dir, "idemproxy.yaml")
@@ -330,6 +349,7 @@ func bench(o options, dir, self, bin string) error {
 		}
 		targets = append(targets,
 			&target{name: "idemproxy pass-through", start: idem, path: "/other", body: small},
+			&target{name: floorName, start: floor, path: "/payments", body: small, keyed: true},
 			&target{name: "idemproxy first attempts", start: idem, path: "/payments", body: small, keyed: true},
 			&target{name: "idemproxy replays", start: idem, path: "/payments", body: small, prepare: seed},
 			&target{name: "ReverseProxy, 64 KiB body", start: rp, path: "/payments", body: body64k},
@@ -337,17 +357,27 @@ func bench(o options, dir, self, bin string) error {
 			&target{name: "ReverseProxy, 1 MiB body", start: rp, path: "/payments", body: body1m},
 			&target{name: "idemproxy first attempts, 1 MiB body", start: idem, path: "/payments", body: body1m, keyed: true},
 		)
+		// Rounds interleave the targets, so a slow minute on a shared
+		// machine hits every target instead of one.
+		runs := make(map[string][]result)
+		for round := range o.rounds {
+			for _, t := range targets {
+				if !selected(o.only, t.name) {
+					continue
+				}
+				r, err := measure(o, t, delay, redisProc, &seq)
+				if err != nil {
+					up.stop()
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "round %d/%d  %-44s %5s upstream: %8.0f rps  p50 %6s  p99 %6s\n", round+1, o.rounds, r.name, delay, r.rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond))
+				runs[t.name] = append(runs[t.name], r)
+			}
+		}
 		for _, t := range targets {
-			if !selected(o.only, t.name) {
-				continue
+			if rs := runs[t.name]; len(rs) > 0 {
+				results = append(results, median(rs))
 			}
-			r, err := measure(o, t, delay, redisProc, &seq)
-			if err != nil {
-				up.stop()
-				return err
-			}
-			fmt.Fprintf(os.Stderr, "%-40s %5s upstream: %8.0f rps  p50 %6s  p99 %6s\n", r.name, delay, r.rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond))
-			results = append(results, r)
 		}
 		up.stop()
 	}

@@ -46,6 +46,7 @@ type options struct {
 	duration    time.Duration
 	warmup      time.Duration
 	concurrency int
+	rounds      int
 	rate        float64
 	delays      []time.Duration
 	only        string
@@ -57,11 +58,15 @@ func run() error {
 	flag.DurationVar(&o.duration, "duration", 8*time.Second, "measured load per target")
 	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load before each target")
 	flag.IntVar(&o.concurrency, "c", 32, "concurrent connections (closed loop)")
+	flag.IntVar(&o.rounds, "rounds", 1, "measure every target this many times, interleaved, and report the median")
 	flag.Float64Var(&o.rate, "rate", 0, "fixed request rate per second instead of a closed loop (for latency)")
 	delays := flag.String("upstream-delay", "0ms,5ms", "upstream service times, comma-separated")
 	flag.StringVar(&o.only, "only", "", "run only these targets (comma-separated exact names)")
 	flag.StringVar(&o.out, "out", "", "also write the markdown results to this file")
 	flag.Parse()
+	if o.rounds < 1 {
+		return errors.New("-rounds must be at least 1")
+	}
 	for d := range strings.SplitSeq(*delays, ",") {
 		v, err := time.ParseDuration(strings.TrimSpace(d))
 		if err != nil {

@@ -60,8 +60,12 @@ func report(o options, results []result, rttP50, rttP99 time.Duration) string {
 	if o.rate > 0 {
 		mode = fmt.Sprintf("fixed rate %.0f/s over %d connections", o.rate, o.concurrency)
 	}
-	fmt.Fprintf(&b, "Machine: %s, %d cores (%s), %s. Load: %s, %s measured after %s warm-up per target; every server a separate process on 127.0.0.1; load generator in the harness process on the same cores.\n\n",
-		host, runtime.NumCPU(), cpu, runtime.Version(), mode, o.duration, o.warmup)
+	rounds := ""
+	if o.rounds > 1 {
+		rounds = fmt.Sprintf(" %d interleaved rounds: each row is the round with the median rps, with the range of all rounds;", o.rounds)
+	}
+	fmt.Fprintf(&b, "Machine: %s, %d cores (%s), %s. Load: %s, %s measured after %s warm-up per target;%s every server a separate process on 127.0.0.1; load generator in the harness process on the same cores.\n\n",
+		host, runtime.NumCPU(), cpu, runtime.Version(), mode, o.duration, o.warmup, rounds)
 	fmt.Fprintf(&b, "Redis round trip (PING, same run): p50 %s, p99 %s.\n", rttP50.Round(time.Microsecond), rttP99.Round(time.Microsecond))
 	for _, delay := range o.delays {
 		var base *result
@@ -88,9 +92,18 @@ func report(o options, results []result, rttP50, rttP99 time.Duration) string {
 			if r.errors > 0 {
 				errs = fmt.Sprintf(" (%d errors)", r.errors)
 			}
-			fmt.Fprintf(&b, "| %s%s | %.0f | %s | %s | %s | %.3f | %.3f | %.1f MiB | %s | %s |\n",
-				r.name, errs, r.rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond),
+			rps := fmt.Sprintf("%.0f", r.rps)
+			if r.rounds > 1 {
+				rps += fmt.Sprintf(" (%.0f–%.0f)", r.rpsMin, r.rpsMax)
+			}
+			fmt.Fprintf(&b, "| %s%s | %s | %s | %s | %s | %.3f | %.3f | %.1f MiB | %s | %s |\n",
+				r.name, errs, rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond),
 				r.cpuPer1k, r.redisPer1k, float64(r.rss)/(1<<20), ratio, added)
+		}
+		first, fl := find(results, delay, "idemproxy first attempts"), find(results, delay, floorName)
+		if first != nil && fl != nil {
+			fmt.Fprintf(&b, "\nidemproxy first attempts against the floor: %.2f× rps, %+.0f µs p50, %+.0f µs of proxy CPU and %+.0f µs of Redis CPU per request.\n",
+				first.rps/fl.rps, float64(first.p50-fl.p50)/1e3, (first.cpuPer1k-fl.cpuPer1k)*1e3, (first.redisPer1k-fl.redisPer1k)*1e3)
 		}
 	}
 	return b.String()
@@ -99,7 +112,7 @@ func report(o options, results []result, rttP50, rttP99 time.Duration) string {
 // baselineFor is the ReverseProxy result with the same body size and
 // upstream delay, which an idemproxy result is compared with.
 func baselineFor(results []result, r result) *result {
-	if !strings.HasPrefix(r.name, "idemproxy") {
+	if !strings.HasPrefix(r.name, "idemproxy") && !strings.HasPrefix(r.name, "ReverseProxy + ") {
 		return nil
 	}
 	want := "ReverseProxy"
@@ -110,6 +123,17 @@ func baselineFor(results []result, r result) *result {
 	}
 	for i := range results {
 		if results[i].delay == r.delay && results[i].name == want {
+			return &results[i]
+		}
+	}
+	return nil
+}
+
+const floorName = "ReverseProxy + 2 Redis round trips (floor)"
+
+func find(results []result, delay time.Duration, name string) *result {
+	for i := range results {
+		if results[i].delay == delay && results[i].name == name {
 			return &results[i]
 		}
 	}
