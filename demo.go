@@ -69,7 +69,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *verbose {
 		logOut = stderr
 	}
-	logger := slog.New(slog.NewJSONHandler(logOut, nil))
+	logger := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
 	addrs := make(chan [2]string, 1)

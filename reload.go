@@ -28,6 +28,7 @@ const reloadQuiet = 200 * time.Millisecond
 type reloader struct {
 	path    string
 	handler *proxy.Handler
+	level   *slog.LevelVar
 	log     *slog.Logger
 	total   *prometheus.CounterVec
 	success prometheus.Gauge
@@ -41,10 +42,11 @@ type reloader struct {
 	sum     [sha256.Size]byte
 }
 
-func newReloader(path string, cfg *config.Config, h *proxy.Handler, logger *slog.Logger, reg prometheus.Registerer) *reloader {
+func newReloader(path string, cfg *config.Config, h *proxy.Handler, level *slog.LevelVar, logger *slog.Logger, reg prometheus.Registerer) *reloader {
 	r := &reloader{
 		path:    path,
 		handler: h,
+		level:   level,
 		log:     logger,
 		current: cfg,
 		total: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -131,6 +133,8 @@ func (r *reloader) reload(trigger string, force bool) {
 	routes := cfg.Routes
 	next := *r.current
 	next.Routes = routes
+	next.LogLevel = cfg.LogLevel
+	r.level.Set(cfg.SlogLevel())
 	r.current = &next
 	r.total.WithLabelValues("ok").Inc()
 	r.success.Set(1)
@@ -153,6 +157,7 @@ func restartOnly(old, cfg *config.Config) []string {
 	}{
 		{"listen", old.Listen, cfg.Listen},
 		{"admin_listen", old.AdminListen, cfg.AdminListen},
+		{"admin_pprof", old.AdminPprof, cfg.AdminPprof},
 		{"upstream", old.Upstream, cfg.Upstream},
 		{"drain", old.Drain, cfg.Drain},
 		{"store", old.Store, cfg.Store},

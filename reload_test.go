@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -30,6 +32,11 @@ routes:
 // base URLs.
 func startFromFile(t *testing.T, path string) (client, admin string) {
 	t.Helper()
+	return startFromFileLogging(t, path, slog.New(slog.DiscardHandler))
+}
+
+func startFromFileLogging(t *testing.T, path string, logger *slog.Logger) (client, admin string) {
+	t.Helper()
 	cfg, err := config.Load(path)
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +45,7 @@ func startFromFile(t *testing.T, path string) (client, admin string) {
 	addrs := make(chan [2]string, 1)
 	served := make(chan error, 1)
 	go func() {
-		served <- serve(ctx, cfg, path, slog.New(slog.DiscardHandler), func(c, a string) { addrs <- [2]string{c, a} })
+		served <- serve(ctx, cfg, path, logger, func(c, a string) { addrs <- [2]string{c, a} })
 	}()
 	t.Cleanup(func() { cancel(); <-served })
 	select {
@@ -199,4 +206,64 @@ func TestDrainDelayFailsReadinessFirst(t *testing.T) {
 	if err := <-served; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestLogLevelReloads: log_level warn drops the per-request lines, and a
+// reload back to info brings them back, without a restart.
+func TestLogLevelReloads(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	write := func(level string) {
+		content := "log_level: " + level + "\n" + fmt.Sprintf(reloadBase, upstream.URL, "POST /a")
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("warn")
+	var logs lockedBuffer
+	client, admin := startFromFileLogging(t, path, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	keyed := func(key string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, client+"/a", strings.NewReader("{}"))
+		req.Header.Set("X-Forwarded-User", "alice")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	requestLines := func() int { return strings.Count(logs.String(), `"msg":"request"`) }
+	keyed("k1")
+	if n := requestLines(); n != 0 {
+		t.Fatalf("%d per-request lines at log_level warn, want 0:\n%s", n, logs.String())
+	}
+	write("info")
+	waitFor(t, "the reload", func() bool { return metric(t, admin, `idemproxy_config_reloads_total{result="ok"} 1`) })
+	keyed("k2")
+	waitFor(t, "a per-request line at log_level info", func() bool { return requestLines() == 1 })
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger and a test to share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

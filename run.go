@@ -64,7 +64,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%s: valid, %d routes\n", *path, len(cfg.Routes))
 		return nil
 	}
-	logger := slog.New(slog.NewJSONHandler(stderr, nil))
+	// serve filters by log_level; the handler passes everything it is given.
+	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	return serve(ctx, cfg, *path, logger, nil)
 }
 
@@ -95,6 +96,9 @@ func buildInfo() string {
 // SIGHUP. When ready is not nil it receives the client and admin addresses
 // once both listeners are open.
 func serve(ctx context.Context, cfg *config.Config, path string, logger *slog.Logger, ready func(client, admin string)) error {
+	level := new(slog.LevelVar)
+	level.Set(cfg.SlogLevel())
+	logger = slog.New(leveled{next: logger.Handler(), level: level})
 	// go-redis has one process-wide logger; route it into ours.
 	redis.SetLogger(claim.SlogLogger{Logger: logger})
 
@@ -157,7 +161,7 @@ func serve(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 		return err
 	}
 	if path != "" {
-		rl := newReloader(path, cfg, h, logger, reg)
+		rl := newReloader(path, cfg, h, level, logger, reg)
 		go rl.run(ctx)
 	}
 
@@ -281,4 +285,24 @@ func checkEviction(ctx context.Context, store *claim.Store, logger *slog.Logger,
 	default:
 		safe.Set(1)
 	}
+}
+
+// leveled filters a handler by a level that a reload can change.
+type leveled struct {
+	next  slog.Handler
+	level *slog.LevelVar
+}
+
+func (h leveled) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.level.Level() && h.next.Enabled(ctx, l)
+}
+
+func (h leveled) Handle(ctx context.Context, r slog.Record) error { return h.next.Handle(ctx, r) }
+
+func (h leveled) WithAttrs(as []slog.Attr) slog.Handler {
+	return leveled{next: h.next.WithAttrs(as), level: h.level}
+}
+
+func (h leveled) WithGroup(name string) slog.Handler {
+	return leveled{next: h.next.WithGroup(name), level: h.level}
 }

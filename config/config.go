@@ -8,6 +8,7 @@
 package config
 
 import (
+	"log/slog"
 	"net/netip"
 	"time"
 )
@@ -19,6 +20,7 @@ const (
 	DefaultAdminListen      = ":9090"
 	DefaultUpstreamURL      = "http://127.0.0.1:3000"
 	DefaultUpstreamTimeout  = 30 * time.Second
+	DefaultLogLevel         = "info"
 	DefaultKeyPrefix        = "idem:"
 	DefaultWaitTimeout      = 100 * time.Millisecond
 	DefaultIdentityHeader   = "X-Forwarded-User"
@@ -87,10 +89,14 @@ type Config struct {
 	// AdminPprof also serves net/http/pprof under /debug/pprof/ on the
 	// admin port. Off by default.
 	AdminPprof bool
-	Upstream   Upstream
-	Store      Store
-	Drain      Drain
-	Identity   Identity
+	// LogLevel is the least severe level logged: debug, info, warn or
+	// error. One line per protected request is logged at info; warn keeps
+	// only the anomalies. It reloads.
+	LogLevel string
+	Upstream Upstream
+	Store    Store
+	Drain    Drain
+	Identity Identity
 	// Defaults are inherited by every route.
 	Defaults Settings
 	Routes   []Route
@@ -205,6 +211,7 @@ func Default() *Config {
 	c := &Config{
 		Listen:      DefaultListen,
 		AdminListen: DefaultAdminListen,
+		LogLevel:    DefaultLogLevel,
 		Upstream:    Upstream{URL: DefaultUpstreamURL, Timeout: DefaultUpstreamTimeout},
 		Store:       Store{KeyPrefix: DefaultKeyPrefix, WaitTimeout: DefaultWaitTimeout},
 		Identity:    Identity{Header: DefaultIdentityHeader},
@@ -233,4 +240,17 @@ func DefaultSettings() Settings {
 		MaxResponseBody:  DefaultMaxResponseBody,
 		Fingerprint:      Fingerprint{Headers: append([]string(nil), DefaultFingerprintHeaders...)},
 	}
+}
+
+// SlogLevel is LogLevel as a slog.Level; info when LogLevel is not valid.
+func (c *Config) SlogLevel() slog.Level {
+	switch c.LogLevel {
+	case "debug":
+		return slog.LevelDebug
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	return slog.LevelInfo
 }

@@ -50,6 +50,7 @@ func TestInvalidFixtures(t *testing.T) {
 			`routes[0].release_on[1]: must be an HTTP status code, got "abc"`,
 		},
 		"bad_enum": {
+			`log_level: must be one of debug, info, warn, error, got "verbose"`,
 			`defaults.scope: must be one of route, principal, got "global"`,
 			`defaults.concurrent: must be one of reject, wait, got "queue"`,
 			`routes[0].unknown_outcome: must be one of keep, release, got "retry"`,

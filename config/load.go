@@ -18,7 +18,7 @@ const EnvPrefix = "IDEMPROXY"
 
 // topKeys are the keys outside defaults: and routes:, by YAML path.
 var topKeys = []string{
-	"listen", "admin_listen", "admin_pprof",
+	"listen", "admin_listen", "admin_pprof", "log_level",
 	"upstream.url", "upstream.timeout", "drain.delay", "drain.timeout",
 	"store.redis.addrs", "store.redis.master_name", "store.redis.username",
 	"store.redis.password", "store.redis.password_file", "store.redis.tls", "store.redis.tls_ca_file", "store.redis.tls_server_name", "store.key_prefix",
@@ -60,6 +60,7 @@ func Load(path string) (*Config, error) {
 	d.str(src, "listen", "listen", &c.Listen)
 	d.str(src, "admin_listen", "admin_listen", &c.AdminListen)
 	d.boolean(src, "admin_pprof", "admin_pprof", &c.AdminPprof)
+	d.str(src, "log_level", "log_level", &c.LogLevel)
 	d.str(src, "upstream.url", "upstream.url", &c.Upstream.URL)
 	d.duration(src, "upstream.timeout", "upstream.timeout", &c.Upstream.Timeout)
 	d.duration(src, "drain.delay", "drain.delay", &c.Drain.Delay)

@@ -34,6 +34,7 @@ func (c *Config) validate(failed map[string]bool) error {
 	if u, err := url.Parse(c.Upstream.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		add("upstream.url", "must be an absolute http or https URL, got %q", c.Upstream.URL)
 	}
+	oneOf("log_level", c.LogLevel, add, "debug", "info", "warn", "error")
 	if c.Upstream.Timeout <= 0 {
 		add("upstream.timeout", "must be positive, got %s", c.Upstream.Timeout)
 	}

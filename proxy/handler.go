@@ -479,6 +479,9 @@ func (x *exchange) finish() {
 	case outcomeStoreError, outcomeFenceLost:
 		level = slog.LevelError
 	}
+	if !x.h.log.Enabled(context.Background(), level) {
+		return // log_level above this line's: skip building it
+	}
 	attrs := []slog.Attr{
 		slog.String("route", x.rt.name),
 		slog.String("outcome", x.outcome),
