@@ -400,10 +400,15 @@ func selected(only, name string) bool {
 	if only == "" {
 		return true
 	}
+	// Names are separated by "," without a space after it: several target
+	// names contain ", " themselves ("ReverseProxy, 64 KiB body").
+	var names []string
 	for n := range strings.SplitSeq(only, ",") {
-		if strings.TrimSpace(n) == name {
-			return true
+		if strings.HasPrefix(n, " ") && len(names) > 0 {
+			names[len(names)-1] += "," + n
+			continue
 		}
+		names = append(names, n)
 	}
-	return false
+	return slices.Contains(names, name)
 }

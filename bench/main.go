@@ -61,7 +61,7 @@ func run() error {
 	flag.IntVar(&o.rounds, "rounds", 1, "measure every target this many times, interleaved, and report the median")
 	flag.Float64Var(&o.rate, "rate", 0, "fixed request rate per second instead of a closed loop (for latency)")
 	delays := flag.String("upstream-delay", "0ms,5ms", "upstream service times, comma-separated")
-	flag.StringVar(&o.only, "only", "", "run only these targets (comma-separated exact names)")
+	flag.StringVar(&o.only, "only", "", "run only these targets: exact names separated by \",\" (a comma followed by a space is part of a name)")
 	flag.StringVar(&o.out, "out", "", "also write the markdown results to this file")
 	flag.Parse()
 	if o.rounds < 1 {
