@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -363,13 +364,21 @@ func bench(o options, dir, self, bin string) error {
 			&target{name: "idemproxy first attempts, 1 MiB body", start: idem, path: "/payments", body: body1m, keyed: true},
 		)
 		// Rounds interleave the targets, so a slow minute on a shared
-		// machine hits every target instead of one.
+		// machine hits every target instead of one; after the first round
+		// the order is shuffled, so no target always follows the same one.
 		runs := make(map[string][]result)
+		var chosen []*target
+		for _, t := range targets {
+			if selected(o.only, t.name) {
+				chosen = append(chosen, t)
+			}
+		}
 		for round := range o.rounds {
-			for _, t := range targets {
-				if !selected(o.only, t.name) {
-					continue
-				}
+			order := slices.Clone(chosen)
+			if round > 0 {
+				rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+			}
+			for _, t := range order {
 				r, err := measure(o, t, delay, redisProc, &seq)
 				if err != nil {
 					up.stop()
