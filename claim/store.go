@@ -165,11 +165,21 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 }
 
 func (s *Store) claimByScript(ctx context.Context, key string, rec *Record, value []byte, lease time.Duration) (Result, error) {
-	v, err := claimScript.Run(ctx, s.client, []string{key}, value, lease.Milliseconds()).Result()
+	var v any
+	var err error
+	var wait *redis.Cmd
+	if s.waitReplicas > 0 {
+		var run *redis.Cmd
+		run, wait = s.runAndWait(ctx, claimScript, key, value, lease.Milliseconds())
+		v, err = run.Result()
+	} else {
+		v, err = claimScript.Run(ctx, s.client, []string{key}, value, lease.Milliseconds()).Result()
+	}
 	if err != nil {
 		return Result{}, s.unavailable("claim", err)
 	}
 	if n, ok := v.(int64); ok && n == 1 {
+		s.checkWait("claim", wait)
 		return Result{Claimed: true}, nil
 	}
 	pair, ok := v.([]any)
@@ -255,7 +265,10 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 	var n int64
 	var err error
 	if s.waitReplicas > 0 {
-		n, err = s.completeAndWait(ctx, key, args)
+		run, wait := s.runAndWait(ctx, completeScript, key, args...)
+		if n, err = run.Int64(); err == nil {
+			s.checkWait("complete", wait)
+		}
 	} else {
 		n, err = completeScript.Run(ctx, s.client, []string{key}, args...).Int64()
 	}
@@ -272,26 +285,23 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 	}
 }
 
-// completeAndWait runs the completion and WAIT in one pipeline, so WAIT
-// follows the write on its connection. A Redis that lost its script cache
-// (a restart, a failover) gets the script loaded and the pipeline resent.
-func (s *Store) completeAndWait(ctx context.Context, key string, args []any) (int64, error) {
+// runAndWait runs script and WAIT in one pipeline, so WAIT follows the
+// write on its connection. A Redis that lost its script cache (a restart,
+// a failover) gets the script loaded and the pipeline resent. The caller
+// passes wait to checkWait when the script wrote.
+func (s *Store) runAndWait(ctx context.Context, script *redis.Script, key string, args ...any) (run, wait *redis.Cmd) {
 	for attempt := 0; ; attempt++ {
 		pipe := s.client.Pipeline()
-		run := pipe.EvalSha(ctx, completeScript.Hash(), []string{key}, args...)
-		wait := s.wait(ctx, pipe)
+		run = pipe.EvalSha(ctx, script.Hash(), []string{key}, args...)
+		wait = s.wait(ctx, pipe)
 		_, _ = pipe.Exec(ctx)
-		n, err := run.Int64()
-		if err != nil && attempt == 0 && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			if err := completeScript.Load(ctx, s.client).Err(); err != nil {
-				return 0, err
+		if err := run.Err(); err != nil && attempt == 0 && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			if err := script.Load(ctx, s.client).Err(); err != nil {
+				return redis.NewCmdResult(nil, err), nil
 			}
 			continue
 		}
-		if err == nil {
-			s.checkWait("complete", wait)
-		}
-		return n, err
+		return run, wait
 	}
 }
 
