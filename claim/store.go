@@ -2,7 +2,7 @@
 // It is the only package that talks to Redis.
 //
 // Every operation touches exactly one key in one round trip (the claim as
-// native SET NX PX GET pipelined with PTTL, the others as Lua scripts), so
+// one native SET NX PX GET, the others as Lua scripts), so
 // it is atomic, works on Redis Cluster and is safe when go-redis resends a
 // command after a lost reply: a resent claim finds our own token and a
 // resent completion finds our own completed record, and both count as
