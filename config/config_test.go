@@ -43,6 +43,7 @@ func TestInvalidFixtures(t *testing.T) {
 			`routes[1].match: parsing "POST /orders/{id": at offset 13: bad wildcard segment (must end with '}')`,
 			`routes[2].match: "POST /payments/" ends in /, which matches a whole subtree; name the exact path (or end it with {$})`,
 			`routes[4].match: pattern "POST /payments" conflicts with pattern "POST /payments": POST /payments matches the same requests as POST /payments`,
+			`routes[5].match: pattern "POST /payments" conflicts with pattern "POST /payments": POST /payments matches the same requests as POST /payments`,
 		},
 		"bad_status": {
 			`defaults.release_on[1]: must be an HTTP status between 100 and 599, got 600`,

@@ -86,7 +86,7 @@ func (c *Config) validate(failed map[string]bool) error {
 		default:
 			names[r.Name] = i
 		}
-		if err := checkPattern(mux, r.Match); err != nil {
+		if err := checkPattern(mux, CanonicalPattern(r.Match)); err != nil {
 			add(path+".match", "%v", err)
 		}
 		r.Settings.validate(path+".", func(p, format string, args ...any) {
@@ -204,4 +204,16 @@ func validToken(s string) bool {
 		}
 	}
 	return true
+}
+
+// CanonicalPattern is a route's match pattern as it is registered: the
+// method upper-cased and single spaces. Request methods are matched
+// case-insensitively, so "post /payments" must protect POST /payments,
+// and must conflict with "POST /payments".
+func CanonicalPattern(match string) string {
+	method, path, ok := strings.Cut(strings.TrimSpace(match), " ")
+	if !ok {
+		return match
+	}
+	return strings.ToUpper(method) + " " + strings.TrimSpace(path)
 }

@@ -33,10 +33,13 @@ type router struct {
 	mux *http.ServeMux
 	// names are the route names, in config order.
 	names []string
+	// methods are the routes' methods: a request with any other method
+	// (most pass-through traffic) is not matched against the mux at all.
+	methods map[string]bool
 }
 
 func newRouter(routes []config.Route) (*router, error) {
-	rt := &router{mux: http.NewServeMux()}
+	rt := &router{mux: http.NewServeMux(), methods: make(map[string]bool)}
 	for i, rc := range routes {
 		rt.names = append(rt.names, rc.Name)
 		r := &route{name: rc.Name, scope: "route\x00" + rc.Name, settings: rc.Settings}
@@ -54,19 +57,29 @@ func newRouter(routes []config.Route) (*router, error) {
 			}
 		}
 		// config.Validate has rejected every pattern the mux panics on.
-		rt.mux.Handle(rc.Match, routeHandler{r})
+		pattern := config.CanonicalPattern(rc.Match)
+		rt.mux.Handle(pattern, routeHandler{r})
+		method, _, _ := strings.Cut(pattern, " ")
+		rt.methods[method] = true
+		if method == http.MethodGet {
+			rt.methods[http.MethodHead] = true // the mux matches HEAD to GET
+		}
 	}
 	return rt, nil
 }
 
 // match returns the route for r and the cleaned path it matched, or nil.
 func (rt *router) match(r *http.Request) (*route, string) {
+	// Methods are matched case-insensitively: protecting "post" as POST is
+	// the safe side if the upstream's framework does the same.
+	method := strings.ToUpper(r.Method)
+	if !rt.methods[method] {
+		return nil, ""
+	}
 	clean := cleanPath(r.URL.Path)
 	u := *r.URL
 	u.Path, u.RawPath = clean, ""
-	// Methods are matched case-insensitively: protecting "post" as POST is
-	// the safe side if the upstream's framework does the same.
-	probe := &http.Request{Method: strings.ToUpper(r.Method), Host: r.Host, URL: &u, Header: r.Header}
+	probe := &http.Request{Method: method, Host: r.Host, URL: &u, Header: r.Header}
 	h, _ := rt.mux.Handler(probe)
 	if rh, ok := h.(routeHandler); ok {
 		return rh.route, clean
@@ -77,5 +90,8 @@ func (rt *router) match(r *http.Request) (*route, string) {
 // cleanPath collapses repeated slashes and dot segments and drops a
 // trailing slash. The path is already percent-decoded by net/http.
 func cleanPath(p string) string {
+	if strings.HasPrefix(p, "/") {
+		return path.Clean(p) // no allocation when p is already clean
+	}
 	return path.Clean("/" + p)
 }
