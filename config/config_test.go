@@ -44,6 +44,9 @@ func TestInvalidFixtures(t *testing.T) {
 			`routes[2].match: "POST /payments/" ends in /, which matches a whole subtree; name the exact path (or end it with {$})`,
 			`routes[4].match: pattern "POST /payments" conflicts with pattern "POST /payments": POST /payments matches the same requests as POST /payments`,
 			`routes[5].match: pattern "POST /payments" conflicts with pattern "POST /payments": POST /payments matches the same requests as POST /payments`,
+			`routes[6].match: "POST /payments?currency=eur" contains "?": a route matches the path only, never the query or fragment`,
+			`routes[7].match: "POST /orders#new" contains "#": a route matches the path only, never the query or fragment`,
+			`routes[8].match: "POST /" matches every path; use "/{$}" for the root only, or "/{path...}" to protect everything`,
 		},
 		"bad_status": {
 			`defaults.release_on[1]: must be an HTTP status between 100 and 599, got 600`,

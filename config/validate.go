@@ -171,7 +171,15 @@ func checkPattern(mux *http.ServeMux, pattern string) (err error) {
 		return fmt.Errorf("%q is not an HTTP method", method)
 	}
 	path = strings.TrimSpace(path)
-	if strings.HasSuffix(path, "/") && path != "/" {
+	// Each of these would leave a route that never protects what it names,
+	// or protects far more, with nothing to say so at run time.
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		return fmt.Errorf("%q contains %q: a route matches the path only, never the query or fragment", pattern, path[i:i+1])
+	}
+	if path == "/" {
+		return fmt.Errorf("%q matches every path; use \"/{$}\" for the root only, or \"/{path...}\" to protect everything", pattern)
+	}
+	if strings.HasSuffix(path, "/") {
 		return fmt.Errorf("%q ends in /, which matches a whole subtree; name the exact path (or end it with {$})", pattern)
 	}
 	defer func() {
