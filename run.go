@@ -62,6 +62,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *check {
 		fmt.Fprintf(stdout, "%s: valid, %d routes\n", *path, len(cfg.Routes))
+		for _, w := range cfg.Warnings() {
+			fmt.Fprintf(stdout, "warning: %s\n", w)
+		}
 		return nil
 	}
 	// serve filters by log_level; the handler passes everything it is given.
@@ -102,6 +105,9 @@ func serve(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 	// go-redis has one process-wide logger; route it into ours.
 	redis.SetLogger(claim.SlogLogger{Logger: logger})
 
+	for _, w := range cfg.Warnings() {
+		logger.Warn(w)
+	}
 	redisCfg := cfg.Store.Redis
 	embedded := len(redisCfg.Addrs) == 0
 	if embedded {

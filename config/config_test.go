@@ -191,3 +191,15 @@ func TestSizes(t *testing.T) {
 		}
 	}
 }
+
+func TestWarnings(t *testing.T) {
+	c := config.Default()
+	if w := c.Warnings(); len(w) != 0 {
+		t.Errorf("defaults warn: %q", w)
+	}
+	c.Identity.TrustedProxies = append(c.Identity.TrustedProxies, netip.MustParsePrefix("0.0.0.0/0"))
+	w := c.Warnings()
+	if len(w) != 1 || !strings.HasPrefix(w[0], "identity.trusted_proxies[2]: 0.0.0.0/0 trusts every peer") {
+		t.Errorf("warnings = %q, want one naming identity.trusted_proxies[2]", w)
+	}
+}

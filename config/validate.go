@@ -225,3 +225,15 @@ func CanonicalPattern(match string) string {
 	}
 	return strings.ToUpper(method) + " " + strings.TrimSpace(path)
 }
+
+// Warnings are settings that are valid but dangerous enough to say so at
+// every start: each names its key.
+func (c *Config) Warnings() []string {
+	var w []string
+	for i, p := range c.Identity.TrustedProxies {
+		if p.Bits() == 0 {
+			w = append(w, fmt.Sprintf("identity.trusted_proxies[%d]: %s trusts every peer: any client can send %s and be any principal, and read another principal's replays; list only the auth proxy or mesh in the pod", i, p, c.Identity.Header))
+		}
+	}
+	return w
+}
