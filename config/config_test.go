@@ -202,4 +202,14 @@ func TestWarnings(t *testing.T) {
 	if len(w) != 1 || !strings.HasPrefix(w[0], "identity.trusted_proxies[2]: 0.0.0.0/0 trusts every peer") {
 		t.Errorf("warnings = %q, want one naming identity.trusted_proxies[2]", w)
 	}
+	c = config.Default()
+	c.Drain.Timeout = 10 * time.Second
+	w = c.Warnings()
+	if len(w) != 1 || !strings.HasPrefix(w[0], "drain.timeout: 10s is shorter than upstream.timeout (30s)") {
+		t.Errorf("warnings = %q, want one naming drain.timeout", w)
+	}
+	c.Drain.Timeout = time.Minute
+	if w := c.Warnings(); len(w) != 0 {
+		t.Errorf("a drain.timeout longer than upstream.timeout warns: %q", w)
+	}
 }

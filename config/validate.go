@@ -235,5 +235,8 @@ func (c *Config) Warnings() []string {
 			w = append(w, fmt.Sprintf("identity.trusted_proxies[%d]: %s trusts every peer: any client can send %s and be any principal, and read another principal's replays; list only the auth proxy or mesh in the pod", i, p, c.Identity.Header))
 		}
 	}
+	if c.Drain.Timeout > 0 && c.Drain.Timeout < c.Upstream.Timeout {
+		w = append(w, fmt.Sprintf("drain.timeout: %s is shorter than upstream.timeout (%s): at shutdown a request still upstream can be cut off after the upstream acted and before its answer is stored; 0 waits upstream.timeout + 5s", c.Drain.Timeout, c.Upstream.Timeout))
+	}
 	return w
 }

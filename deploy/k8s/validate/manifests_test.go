@@ -173,6 +173,9 @@ func TestManifests(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ConfigMap idemproxy-config is not a valid idemproxy config:\n%v", err)
 	}
+	for _, w := range cfg.Warnings() {
+		t.Errorf("ConfigMap idemproxy-config: %s", w)
+	}
 	if cfg.Listen != ":8080" || cfg.AdminListen != ":9090" {
 		t.Errorf("config listens on %s/%s, the pod declares :8080/:9090", cfg.Listen, cfg.AdminListen)
 	}
