@@ -73,6 +73,12 @@ func TestInvalidFixtures(t *testing.T) {
 			`upstream.url: must be an absolute http or https URL, got "127.0.0.1:3000"`,
 			`upstream.timeout: must be positive, got 0s`,
 		},
+		"upstream_loop": {
+			`upstream.url: "http://localhost:8080/api" is idemproxy's own listen (:8080): every request would loop back into the proxy; point it at the app`,
+		},
+		"upstream_loop_admin": {
+			`upstream.url: "http://127.0.0.1:9090" is idemproxy's own admin_listen (127.0.0.1:9090): every request would loop back into the proxy; point it at the app`,
+		},
 		"bad_store": {
 			`store.redis.password_file: set either store.redis.password or store.redis.password_file, not both`,
 			`store.wait_timeout: must be positive when store.wait_replicas is set, got 0s`,

@@ -3,7 +3,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"regexp"
 	"strings"
@@ -33,6 +35,8 @@ func (c *Config) validate(failed map[string]bool) error {
 	}
 	if u, err := url.Parse(c.Upstream.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		add("upstream.url", "must be an absolute http or https URL, got %q", c.Upstream.URL)
+	} else if key, own := ownListener(u, c.Listen, c.AdminListen); own != "" {
+		add("upstream.url", "%q is idemproxy's own %s (%s): every request would loop back into the proxy; point it at the app", c.Upstream.URL, key, own)
 	}
 	oneOf("log_level", c.LogLevel, add, "debug", "info", "warn", "error")
 	if c.Upstream.Timeout <= 0 {
@@ -239,4 +243,29 @@ func (c *Config) Warnings() []string {
 		w = append(w, fmt.Sprintf("drain.timeout: %s is shorter than upstream.timeout (%s): at shutdown a request still upstream can be cut off after the upstream acted and before its answer is stored; 0 waits upstream.timeout + 5s", c.Drain.Timeout, c.Upstream.Timeout))
 	}
 	return w
+}
+
+// ownListener returns the key and address of the listener u points at,
+// when u is on this host (loopback, localhost or the listener's own host)
+// and on a port idemproxy itself listens on.
+func ownListener(u *url.URL, listen, admin string) (key, addr string) {
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	host := u.Hostname()
+	local := strings.EqualFold(host, "localhost")
+	if ip, err := netip.ParseAddr(host); err == nil {
+		local = ip.IsLoopback() || ip.IsUnspecified()
+	}
+	for _, l := range []struct{ key, addr string }{{"listen", listen}, {"admin_listen", admin}} {
+		lhost, lport, err := net.SplitHostPort(l.addr)
+		if err != nil || lport != port || lport == "0" {
+			continue
+		}
+		if local || strings.EqualFold(lhost, host) {
+			return l.key, l.addr
+		}
+	}
+	return "", ""
 }
