@@ -174,3 +174,39 @@ func TestPasswordFile(t *testing.T) {
 		}
 	}
 }
+
+// TestSentinelPasswordFile: sentinels with their own password, read from a
+// mounted file; with the right one the store is ready, with a wrong one
+// /readyz says so.
+func TestSentinelPasswordFile(t *testing.T) {
+	topo := redistest.StartSentinelAuth(t, 1, "data-pw", "sentinel-pw")
+	for _, tc := range []struct {
+		password string
+		ready    int
+	}{{"sentinel-pw\n", http.StatusOK}, {"wrong", http.StatusServiceUnavailable}} {
+		file := filepath.Join(t.TempDir(), "sentinel-password")
+		os.WriteFile(file, []byte(tc.password), 0o600)
+		cfg := config.Default()
+		cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+		cfg.Store.Redis = config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName, Password: "data-pw", SentinelPasswordFile: file}
+		ctx, cancel := context.WithCancel(context.Background())
+		addrs := make(chan string, 1)
+		served := make(chan error, 1)
+		go func() {
+			served <- serve(ctx, cfg, "", slog.New(slog.DiscardHandler), func(_, a string) { addrs <- a })
+		}()
+		admin := <-addrs
+		resp, err := http.Get("http://" + admin + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.ready {
+			t.Errorf("sentinel password %q: /readyz %d, want %d", tc.password, resp.StatusCode, tc.ready)
+		}
+		cancel()
+		if err := <-served; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

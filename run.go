@@ -127,6 +127,13 @@ func serve(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 		}
 		redisCfg.Password = strings.TrimSpace(string(b))
 	}
+	if redisCfg.SentinelPasswordFile != "" {
+		b, err := os.ReadFile(redisCfg.SentinelPasswordFile)
+		if err != nil {
+			return fmt.Errorf("store.redis.sentinel_password_file: %w", err)
+		}
+		redisCfg.SentinelPassword = strings.TrimSpace(string(b))
+	}
 	client, err := claim.NewClient(redisCfg)
 	if err != nil {
 		return err

@@ -50,6 +50,9 @@ func NewClient(cfg config.Redis) (redis.UniversalClient, error) {
 		DisableIdentity:       true,
 		Protocol:              2,
 	}
+	if cfg.SentinelUsername != "" || cfg.SentinelPassword != "" {
+		opts.SentinelUsername, opts.SentinelPassword = cfg.SentinelUsername, cfg.SentinelPassword
+	}
 	if cfg.TLS {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.TLSServerName}
 		if cfg.TLSCAFile != "" {

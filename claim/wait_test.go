@@ -42,3 +42,27 @@ func TestWaitReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestSentinelAuth: sentinels with a password of their own are reached with
+// sentinel_password while the data nodes take password; with only the data
+// password, the sentinels refuse the client.
+func TestSentinelAuth(t *testing.T) {
+	topo := redistest.StartSentinelAuth(t, 1, "data-pw", "sentinel-pw")
+	ctx := context.Background()
+	claimOnce := func(cfg config.Redis) error {
+		c, _ := claim.NewClient(cfg)
+		defer c.Close()
+		s := claim.New(c, "auth:")
+		_, err := s.Claim(ctx, s.Key("alice", "r", time.Now().String()), newRecord(t), 10*time.Second)
+		return err
+	}
+	base := config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName, Password: "data-pw"}
+	withSentinel := base
+	withSentinel.SentinelPassword = "sentinel-pw"
+	if err := claimOnce(withSentinel); err != nil {
+		t.Fatalf("claim with sentinel_password: %v", err)
+	}
+	if err := claimOnce(base); err == nil {
+		t.Fatal("claim without sentinel_password succeeded against password-protected sentinels")
+	}
+}

@@ -145,6 +145,12 @@ type Redis struct {
 	// PasswordFile, when set, holds the password (a mounted Secret); it is
 	// read at start, surrounding whitespace removed.
 	PasswordFile string
+	// SentinelUsername and SentinelPassword (or SentinelPasswordFile)
+	// authenticate to the sentinels when theirs differ from the data
+	// nodes'; when all are empty the data nodes' credentials are used.
+	SentinelUsername     string
+	SentinelPassword     string
+	SentinelPasswordFile string
 	// TLS connects with TLS, verifying the server against TLSCAFile (PEM;
 	// empty uses the system roots) and TLSServerName (empty uses the host
 	// of the address).

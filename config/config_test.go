@@ -79,6 +79,13 @@ func TestInvalidFixtures(t *testing.T) {
 		"upstream_loop_admin": {
 			`upstream.url: "http://127.0.0.1:9090" is idemproxy's own admin_listen (127.0.0.1:9090): every request would loop back into the proxy; point it at the app`,
 		},
+		"bad_sentinel_auth": {
+			`store.redis.sentinel_username: is only used with Sentinel: set store.redis.master_name, or remove it`,
+			`store.redis.sentinel_password_file: is only used with Sentinel: set store.redis.master_name, or remove it`,
+		},
+		"bad_sentinel_both": {
+			`store.redis.sentinel_password_file: set either store.redis.sentinel_password or store.redis.sentinel_password_file, not both`,
+		},
 		"bad_store": {
 			`store.redis.password_file: set either store.redis.password or store.redis.password_file, not both`,
 			`store.wait_timeout: must be positive when store.wait_replicas is set, got 0s`,

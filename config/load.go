@@ -21,7 +21,8 @@ var topKeys = []string{
 	"listen", "admin_listen", "admin_pprof", "log_level",
 	"upstream.url", "upstream.timeout", "drain.delay", "drain.timeout",
 	"store.redis.addrs", "store.redis.master_name", "store.redis.username",
-	"store.redis.password", "store.redis.password_file", "store.redis.tls", "store.redis.tls_ca_file", "store.redis.tls_server_name", "store.key_prefix",
+	"store.redis.password", "store.redis.password_file",
+	"store.redis.sentinel_username", "store.redis.sentinel_password", "store.redis.sentinel_password_file", "store.redis.tls", "store.redis.tls_ca_file", "store.redis.tls_server_name", "store.key_prefix",
 	"store.wait_replicas", "store.wait_timeout",
 	"identity.header", "identity.trusted_proxies",
 }
@@ -70,6 +71,9 @@ func Load(path string) (*Config, error) {
 	d.str(src, "store.redis.username", "store.redis.username", &c.Store.Redis.Username)
 	d.str(src, "store.redis.password", "store.redis.password", &c.Store.Redis.Password)
 	d.str(src, "store.redis.password_file", "store.redis.password_file", &c.Store.Redis.PasswordFile)
+	d.str(src, "store.redis.sentinel_username", "store.redis.sentinel_username", &c.Store.Redis.SentinelUsername)
+	d.str(src, "store.redis.sentinel_password", "store.redis.sentinel_password", &c.Store.Redis.SentinelPassword)
+	d.str(src, "store.redis.sentinel_password_file", "store.redis.sentinel_password_file", &c.Store.Redis.SentinelPasswordFile)
 	d.boolean(src, "store.redis.tls", "store.redis.tls", &c.Store.Redis.TLS)
 	d.str(src, "store.redis.tls_ca_file", "store.redis.tls_ca_file", &c.Store.Redis.TLSCAFile)
 	d.str(src, "store.redis.tls_server_name", "store.redis.tls_server_name", &c.Store.Redis.TLSServerName)

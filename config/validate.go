@@ -54,6 +54,15 @@ func (c *Config) validate(failed map[string]bool) error {
 	if c.Store.Redis.Password != "" && c.Store.Redis.PasswordFile != "" {
 		add("store.redis.password_file", "set either store.redis.password or store.redis.password_file, not both")
 	}
+	if r := c.Store.Redis; r.MasterName == "" {
+		for key, v := range map[string]string{"sentinel_username": r.SentinelUsername, "sentinel_password": r.SentinelPassword, "sentinel_password_file": r.SentinelPasswordFile} {
+			if v != "" {
+				add("store.redis."+key, "is only used with Sentinel: set store.redis.master_name, or remove it")
+			}
+		}
+	} else if r.SentinelPassword != "" && r.SentinelPasswordFile != "" {
+		add("store.redis.sentinel_password_file", "set either store.redis.sentinel_password or store.redis.sentinel_password_file, not both")
+	}
 	if !c.Store.Redis.TLS && (c.Store.Redis.TLSCAFile != "" || c.Store.Redis.TLSServerName != "") {
 		add("store.redis.tls", "must be true when store.redis.tls_ca_file or tls_server_name is set")
 	}

@@ -30,6 +30,8 @@ type Server struct {
 	cmd  *exec.Cmd
 	// tls, when set, is how clients must connect (StartTLS).
 	tls *tls.Config
+	// password, when set, is what Client authenticates with.
+	password string
 }
 
 // Start launches redis-server on a free loopback port with persistence off
@@ -144,7 +146,7 @@ func (s *Server) Restart() {
 
 // Client returns a go-redis client for the server, closed with the test.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, TLSConfig: s.tls})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, DisableIdentity: true, TLSConfig: s.tls, Password: s.password})
 	s.t.Cleanup(func() { c.Close() })
 	return c
 }

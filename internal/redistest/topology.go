@@ -116,13 +116,27 @@ func (s *Sentinel) SentinelAddrs() []string {
 // other sentinels.
 func StartSentinel(t testing.TB, replicas int) *Sentinel {
 	t.Helper()
+	return StartSentinelAuth(t, replicas, "", "")
+}
+
+// StartSentinelAuth is StartSentinel with requirepass: dataPass on the
+// master and replicas, sentinelPass on the sentinels (either may be empty).
+func StartSentinelAuth(t testing.TB, replicas int, dataPass, sentinelPass string) *Sentinel {
+	t.Helper()
 	// No diskless-sync delay: by default the master waits 5 s for more
 	// replicas before the first sync, and a test would fail over an empty
 	// replica.
-	s := &Sentinel{MasterName: "idemproxy", Master: Start(t, "--repl-diskless-sync-delay", "0")}
+	args := []string{"--repl-diskless-sync-delay", "0"}
+	if dataPass != "" {
+		args = append(args, "--requirepass", dataPass, "--masterauth", dataPass)
+	}
+	s := &Sentinel{MasterName: "idemproxy", Master: Start(t, args...)}
+	s.Master.password = dataPass
 	host, port := splitAddr(s.Master.Addr)
 	for range replicas {
-		s.Replicas = append(s.Replicas, Start(t, "--replicaof", host, port, "--repl-diskless-sync-delay", "0"))
+		r := Start(t, append([]string{"--replicaof", host, port}, args...)...)
+		r.password = dataPass
+		s.Replicas = append(s.Replicas, r)
 	}
 	ctx := context.Background()
 	waitFor(t, "every replica's link to the master is up", func() bool {
@@ -135,7 +149,7 @@ func StartSentinel(t testing.TB, replicas int) *Sentinel {
 		return true
 	})
 	for range 3 {
-		s.Sentinels = append(s.Sentinels, startSentinel(t, s.MasterName, host, port))
+		s.Sentinels = append(s.Sentinels, startSentinel(t, s.MasterName, host, port, dataPass, sentinelPass))
 	}
 	waitFor(t, "the sentinels see the replicas and each other", func() bool {
 		for _, n := range s.Sentinels {
@@ -153,7 +167,7 @@ func StartSentinel(t testing.TB, replicas int) *Sentinel {
 
 // startSentinel runs redis-server in sentinel mode with a config file of
 // its own (sentinels rewrite it).
-func startSentinel(t testing.TB, name, host, port string) *Server {
+func startSentinel(t testing.TB, name, host, port, dataPass, sentinelPass string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -166,7 +180,7 @@ func startSentinel(t testing.TB, name, host, port string) *Server {
 			t.Fatal(err)
 		}
 		conf := filepath.Join(dir, "sentinel.conf")
-		os.WriteFile(conf, []byte(fmt.Sprintf(`port %d
+		text := fmt.Sprintf(`port %d
 bind 127.0.0.1
 dir %s
 sentinel resolve-hostnames no
@@ -174,8 +188,16 @@ sentinel monitor %s %s %s 2
 sentinel down-after-milliseconds %s 1000
 sentinel failover-timeout %s 5000
 sentinel parallel-syncs %s 1
-`, p, dir, name, host, port, name, name, name)), 0o644)
-		s := &Server{t: t, bin: bin, dir: dir, Addr: "127.0.0.1:" + strconv.Itoa(p)}
+`, p, dir, name, host, port, name, name, name)
+		if dataPass != "" {
+			text += fmt.Sprintf("sentinel auth-pass %s %s\n", name, dataPass)
+		}
+		if sentinelPass != "" {
+			// Its own password, and the one it gives the other sentinels.
+			text += fmt.Sprintf("requirepass %s\nsentinel sentinel-pass %s\n", sentinelPass, sentinelPass)
+		}
+		os.WriteFile(conf, []byte(text), 0o644)
+		s := &Server{t: t, bin: bin, dir: dir, Addr: "127.0.0.1:" + strconv.Itoa(p), password: sentinelPass}
 		if err := s.startWith(conf, "--sentinel"); err == nil {
 			t.Cleanup(s.Stop)
 			return s
