@@ -31,9 +31,9 @@ func observedEnv(t *testing.T) *env {
 		c.Routes = append(c.Routes, route("opt", "POST /optional"))
 		c.Routes[1].Settings.RequireKey = false
 	})
-	e.do(req{user: "alice", key: "k", body: `{"card":"4242"}`})                      // stored
-	e.do(req{user: "alice", key: "k", body: `{"card":"4242"}`})                      // replayed
-	e.do(req{user: "alice", key: "k", body: `{"card":"5555"}`})                      // mismatch
+	e.do(req{user: "alice", key: "k", body: `{"card":"tok_visa_secret"}`})           // stored
+	e.do(req{user: "alice", key: "k", body: `{"card":"tok_visa_secret"}`})           // replayed
+	e.do(req{user: "alice", key: "k", body: `{"card":"tok_mc_secret"}`})             // mismatch
 	e.do(req{user: "alice", body: `{}`})                                             // rejected
 	e.do(req{user: "alice", key: "busy", body: `{}`})                                // released
 	e.do(req{path: "/optional", user: "alice", body: `{}`})                          // bypassed
@@ -98,7 +98,7 @@ func TestLogLines(t *testing.T) {
 		t.Errorf("the replay's log line must name the original request: %v then %v", lines[0], lines[1])
 	}
 	all := e.logs.String()
-	for _, secret := range []string{`"k"`, "alice", "4242", "5555"} {
+	for _, secret := range []string{`"k"`, "alice", "tok_visa_secret", "tok_mc_secret"} {
 		if strings.Contains(all, secret) {
 			t.Errorf("logs contain %s", secret)
 		}
