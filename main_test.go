@@ -153,24 +153,8 @@ func TestPasswordFile(t *testing.T) {
 		cfg := config.Default()
 		cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Store.Redis = config.Redis{Addrs: []string{srv.Addr}, PasswordFile: file}
-		ctx, cancel := context.WithCancel(context.Background())
-		addrs := make(chan string, 1)
-		served := make(chan error, 1)
-		go func() {
-			served <- serve(ctx, cfg, "", slog.New(slog.DiscardHandler), func(_, a string) { addrs <- a })
-		}()
-		admin := <-addrs
-		resp, err := http.Get("http://" + admin + "/readyz")
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != tc.ready {
-			t.Errorf("password %q: /readyz %d, want %d", tc.password, resp.StatusCode, tc.ready)
-		}
-		cancel()
-		if err := <-served; err != nil {
-			t.Fatal(err)
+		if got := readyzOnce(t, cfg); got != tc.ready {
+			t.Errorf("password %q: /readyz %d, want %d", tc.password, got, tc.ready)
 		}
 	}
 }
@@ -189,24 +173,30 @@ func TestSentinelPasswordFile(t *testing.T) {
 		cfg := config.Default()
 		cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Store.Redis = config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName, Password: "data-pw", SentinelPasswordFile: file}
-		ctx, cancel := context.WithCancel(context.Background())
-		addrs := make(chan string, 1)
-		served := make(chan error, 1)
-		go func() {
-			served <- serve(ctx, cfg, "", slog.New(slog.DiscardHandler), func(_, a string) { addrs <- a })
-		}()
-		admin := <-addrs
-		resp, err := http.Get("http://" + admin + "/readyz")
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != tc.ready {
-			t.Errorf("sentinel password %q: /readyz %d, want %d", tc.password, resp.StatusCode, tc.ready)
-		}
-		cancel()
-		if err := <-served; err != nil {
-			t.Fatal(err)
+		if got := readyzOnce(t, cfg); got != tc.ready {
+			t.Errorf("sentinel password %q: /readyz %d, want %d", tc.password, got, tc.ready)
 		}
 	}
+}
+
+// readyzOnce serves cfg, asks /readyz once, stops and returns its status.
+func readyzOnce(t *testing.T, cfg *config.Config) int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan string, 1)
+	served := make(chan error, 1)
+	go func() {
+		served <- serve(ctx, cfg, "", slog.New(slog.DiscardHandler), func(_, a string) { addrs <- a })
+	}()
+	admin := <-addrs
+	resp, err := http.Get("http://" + admin + "/readyz")
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if err := <-served; err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode
 }

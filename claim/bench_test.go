@@ -51,14 +51,7 @@ func BenchmarkKey(b *testing.B) {
 // BenchmarkClaimComplete is the store's share of a first attempt against a
 // real redis-server: one claim and one completion.
 func BenchmarkClaimComplete(b *testing.B) {
-	srv := redistest.Start(b)
-	c, _ := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
-	defer c.Close()
-	s := claim.New(c, "bench:")
-	ctx := context.Background()
-	if err := s.Preload(ctx); err != nil {
-		b.Fatal(err)
-	}
+	s := benchStore(b)
 	b.ReportAllocs()
 	claimComplete(b, s)
 }
@@ -109,14 +102,8 @@ func BenchmarkClaimCompleteWait(b *testing.B) {
 // holds a completed record (a replay). With client and server on the same
 // cores, ns/op is CPU per claim, the client's and Redis' together.
 func BenchmarkParallelClaim(b *testing.B) {
-	srv := redistest.Start(b)
-	c, _ := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
-	defer c.Close()
-	s := claim.New(c, "bench:")
+	s := benchStore(b)
 	ctx := context.Background()
-	if err := s.Preload(ctx); err != nil {
-		b.Fatal(err)
-	}
 	b.Run("new", func(b *testing.B) {
 		var seq atomic.Int64
 		b.ReportAllocs()
@@ -152,4 +139,16 @@ func BenchmarkParallelClaim(b *testing.B) {
 			}
 		})
 	})
+}
+
+// benchStore is a Store on a fresh redis-server, scripts preloaded.
+func benchStore(b *testing.B) *claim.Store {
+	srv := redistest.Start(b)
+	c, _ := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
+	b.Cleanup(func() { c.Close() })
+	s := claim.New(c, "bench:")
+	if err := s.Preload(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	return s
 }

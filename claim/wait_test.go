@@ -2,7 +2,8 @@ package claim_test
 
 import (
 	"context"
-	"sync/atomic"
+	"maps"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,31 +15,48 @@ import (
 // TestWaitReplicas: with WAIT 1 and one replica, claims and completions are
 // acknowledged and on the replica when they return; asking for more
 // replicas than exist reports every write as short, without failing it.
+// The same holds for the Lua claim of Redis < 7.0, also after Redis lost
+// its script cache.
 func TestWaitReplicas(t *testing.T) {
 	topo := redistest.StartSentinel(t, 1)
 	c, _ := claim.NewClient(config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName})
 	defer c.Close()
 	replica := topo.Replicas[0].Client()
 	ctx := context.Background()
-	for _, tc := range []struct {
-		want      int
-		wantShort int64
-	}{{1, 0}, {2, 2}} {
-		var short atomic.Int64
-		s := claim.New(c, "wait:", claim.WithWait(tc.want, 50*time.Millisecond, func(string) { short.Add(1) }))
-		key := s.Key("alice", "r", time.Now().String())
-		rec := newRecord(t)
-		if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
-			t.Fatalf("claim: %+v %v", res, err)
-		}
-		if tc.wantShort == 0 && replica.Exists(ctx, key).Val() != 1 {
-			t.Error("an acknowledged claim is not on the replica")
-		}
-		if _, err := s.Complete(ctx, key, completed(rec, "x"), time.Hour); err != nil {
-			t.Fatalf("complete: %v", err)
-		}
-		if got := short.Load(); got != tc.wantShort {
-			t.Errorf("wait_replicas=%d with one replica: %d short WAITs, want %d", tc.want, got, tc.wantShort)
+	for _, script := range []bool{false, true} {
+		for _, tc := range []struct {
+			want      int
+			wantShort map[string]int
+		}{{1, map[string]int{}}, {2, map[string]int{"claim": 1, "complete": 1}}} {
+			var mu sync.Mutex
+			short := map[string]int{}
+			s := claim.New(c, "wait:", claim.WithWait(tc.want, 50*time.Millisecond, func(op string) {
+				mu.Lock()
+				defer mu.Unlock()
+				short[op]++
+			}))
+			if script {
+				claim.ForceScriptClaim(s)
+				if err := c.ScriptFlush(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			key := s.Key("alice", "r", time.Now().String())
+			rec := newRecord(t)
+			if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+				t.Fatalf("script claim %v: claim: %+v %v", script, res, err)
+			}
+			if len(tc.wantShort) == 0 && replica.Exists(ctx, key).Val() != 1 {
+				t.Errorf("script claim %v: an acknowledged claim is not on the replica", script)
+			}
+			if _, err := s.Complete(ctx, key, completed(rec, "x"), time.Hour); err != nil {
+				t.Fatalf("script claim %v: complete: %v", script, err)
+			}
+			mu.Lock()
+			if !maps.Equal(short, tc.wantShort) {
+				t.Errorf("script claim %v, wait_replicas=%d with one replica: short WAITs %v, want %v", script, tc.want, short, tc.wantShort)
+			}
+			mu.Unlock()
 		}
 	}
 }
