@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -59,5 +60,31 @@ func BenchmarkRouteMatchOtherMethod(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		rt.match(r)
+	}
+}
+
+// BenchmarkRouteMatchOtherPath is pass-through traffic with a method the
+// routes use on a path none of them matches (a POST /other in front of
+// POST routes).
+func BenchmarkRouteMatchOtherPath(b *testing.B) {
+	rt, _ := newRouter([]config.Route{
+		{Name: "a", Match: "POST /payments", Settings: config.DefaultSettings()},
+		{Name: "b", Match: "POST /orders/{id}/capture", Settings: config.DefaultSettings()},
+	})
+	r, _ := http.NewRequest("POST", "/other", nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		rt.match(r)
+	}
+}
+
+func BenchmarkIdentity(b *testing.B) {
+	id := identity{header: "X-Forwarded-User", trusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")}}
+	r, _ := http.NewRequest("POST", "/other", nil)
+	r.RemoteAddr = "127.0.0.1:53124"
+	r.Header.Set("X-Forwarded-User", "alice")
+	b.ReportAllocs()
+	for b.Loop() {
+		id.principal(r)
 	}
 }

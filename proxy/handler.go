@@ -80,12 +80,14 @@ type Handler struct {
 	id              identity
 	upstream        *url.URL
 	upstreamTimeout time.Duration
-	proxy           *httputil.ReverseProxy
-	log             *slog.Logger
-	metrics         *Metrics
-	now             func() time.Time
-	rand            io.Reader
-	bodyTimeout     time.Duration
+	// forwarders send requests to the upstream, one set for trusted peers
+	// and one for the rest, so that trust is decided once per request.
+	trustedPeer, otherPeer forwarder
+	log                    *slog.Logger
+	metrics                *Metrics
+	now                    func() time.Time
+	rand                   io.Reader
+	bodyTimeout            time.Duration
 }
 
 // New builds a Handler for cfg, which must be valid.
@@ -133,18 +135,50 @@ func New(cfg *config.Config, store Store, opts Options) (*Handler, error) {
 	if transport == nil {
 		transport = NewTransport()
 	}
-	h.proxy = &httputil.ReverseProxy{
-		Rewrite:        h.rewrite,
-		Transport:      &ownerTransport{next: transport},
-		ModifyResponse: h.modifyResponse,
-		ErrorHandler:   h.errorHandler,
-		ErrorLog:       slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
-		// FlushInterval stays 0: ReverseProxy already flushes every write of
-		// a streamed response (SSE, or no Content-Length), and flushing
-		// every write of the rest cost pass-through 40% of its throughput.
-		BufferPool: newBufferPool(),
-	}
+	h.trustedPeer = h.newForwarder(transport, true)
+	h.otherPeer = h.newForwarder(transport, false)
 	return h, nil
+}
+
+// forwarder is a pair of ReverseProxies to the upstream: protected with
+// the owner's hooks, which settle the claim, and direct for pass-through
+// requests, with none.
+type forwarder struct {
+	protected, direct *httputil.ReverseProxy
+}
+
+func (h *Handler) newForwarder(transport http.RoundTripper, trustedPeer bool) forwarder {
+	rewrite := func(pr *httputil.ProxyRequest) { h.rewrite(pr, trustedPeer) }
+	errorLog := slog.NewLogLogger(h.log.Handler(), slog.LevelWarn)
+	// FlushInterval stays 0: ReverseProxy already flushes every write of a
+	// streamed response (SSE, or no Content-Length), and flushing every
+	// write of the rest cost pass-through 40% of its throughput.
+	pool := newBufferPool()
+	return forwarder{
+		protected: &httputil.ReverseProxy{
+			Rewrite:        rewrite,
+			Transport:      &ownerTransport{next: transport},
+			ModifyResponse: h.modifyResponse,
+			ErrorHandler:   h.errorHandler,
+			ErrorLog:       errorLog,
+			BufferPool:     pool,
+		},
+		direct: &httputil.ReverseProxy{
+			Rewrite:      rewrite,
+			Transport:    transport,
+			ErrorHandler: h.passThroughError,
+			ErrorLog:     errorLog,
+			BufferPool:   pool,
+		},
+	}
+}
+
+// forwarder returns the ReverseProxies for a peer.
+func (h *Handler) forwarder(trustedPeer bool) *forwarder {
+	if trustedPeer {
+		return &h.trustedPeer
+	}
+	return &h.otherPeer
 }
 
 // Reload replaces the routes and their settings with cfg's. Requests in
@@ -165,14 +199,15 @@ func (h *Handler) Reload(cfg *config.Config) error {
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	principal, idErr := h.id.principal(r)
+	principal, trusted, idErr := h.id.principal(r)
 	rt, path := h.routes.Load().match(r)
 	if rt == nil {
-		h.proxy.ServeHTTP(w, r)
+		h.forwarder(trusted).direct.ServeHTTP(w, r)
 		return
 	}
 	x := &exchange{
 		h:         h,
+		fwd:       h.forwarder(trusted),
 		rt:        rt,
 		w:         w,
 		r:         r,
@@ -216,6 +251,7 @@ func visibleASCII(s string) bool {
 // exchange is one protected request on its way through the protocol.
 type exchange struct {
 	h         *Handler
+	fwd       *forwarder
 	rt        *route
 	w         http.ResponseWriter
 	r         *http.Request
@@ -447,7 +483,7 @@ func (x *exchange) bypass(body []byte, why string) {
 		r.ContentLength = int64(len(body))
 	}
 	sw := &statusWriter{ResponseWriter: x.w}
-	x.h.proxy.ServeHTTP(sw, r)
+	x.fwd.protected.ServeHTTP(sw, r)
 	x.status = sw.status
 }
 

@@ -19,21 +19,21 @@ type identity struct {
 }
 
 // principal returns the caller's principal, "" when there is none, after
-// stripping the header from an untrusted peer's request. It must run before
-// anything reads the request's headers.
-func (id *identity) principal(r *http.Request) (string, error) {
+// stripping the header from an untrusted peer's request, and whether the
+// peer is trusted. It must run before anything reads the request's headers.
+func (id *identity) principal(r *http.Request) (principal string, trusted bool, err error) {
 	if !id.isTrusted(r.RemoteAddr) {
 		r.Header.Del(id.header)
-		return "", nil
+		return "", false, nil
 	}
 	vs := r.Header.Values(id.header)
 	switch len(vs) {
 	case 0:
-		return "", nil
+		return "", true, nil
 	case 1:
-		return vs[0], nil
+		return vs[0], true, nil
 	default:
-		return "", errIdentityAmbiguous
+		return "", true, errIdentityAmbiguous
 	}
 }
 

@@ -49,7 +49,7 @@ func TestParseKey(t *testing.T) {
 }
 
 func TestIdentityTrust(t *testing.T) {
-	id := identity{header: "X-Forwarded-User", trusted: mustPrefixes("127.0.0.0/8", "::1/128", "10.1.0.0/16")}
+	id := identity{header: "X-Forwarded-User", trusted: mustPrefixes("127.0.0.0/8", "::1/128", "10.1.0.0/16", "fd00::/8")}
 	for _, tt := range []struct {
 		remote string
 		want   bool
@@ -60,17 +60,21 @@ func TestIdentityTrust(t *testing.T) {
 		{"10.1.2.3:80", true},
 		{"10.2.0.1:80", false},
 		{"[fe80::1%eth0]:80", false},
+		{"[fd00::1%eth0]:80", true},
+		{"10.1.2.3", true}, // no port: a custom listener's RemoteAddr
+		{"::1", true},
 		{"garbage", false},
+		{"", false},
 	} {
 		r, _ := http.NewRequest(http.MethodPost, "/", nil)
 		r.RemoteAddr = tt.remote
 		r.Header.Set("X-Forwarded-User", "alice")
-		got, err := id.principal(r)
+		got, trusted, err := id.principal(r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if (got == "alice") != tt.want {
-			t.Errorf("%s: principal %q, trusted want %v", tt.remote, got, tt.want)
+		if (got == "alice") != tt.want || trusted != tt.want {
+			t.Errorf("%s: principal %q, trusted %v; want trusted %v", tt.remote, got, trusted, tt.want)
 		}
 		if !tt.want && r.Header.Get("X-Forwarded-User") != "" {
 			t.Errorf("%s: header not stripped from an untrusted peer", tt.remote)
@@ -80,7 +84,7 @@ func TestIdentityTrust(t *testing.T) {
 	r.RemoteAddr = "127.0.0.1:1"
 	r.Header.Add("X-Forwarded-User", "alice")
 	r.Header.Add("X-Forwarded-User", "bob")
-	if _, err := id.principal(r); !errors.Is(err, errIdentityAmbiguous) {
+	if _, _, err := id.principal(r); !errors.Is(err, errIdentityAmbiguous) {
 		t.Errorf("two identity headers: %v, want errIdentityAmbiguous", err)
 	}
 }

@@ -76,7 +76,7 @@ func (x *exchange) own(rec *claim.Record, body []byte) {
 	out.ContentLength = int64(len(body))
 	sw := &statusWriter{ResponseWriter: x.w}
 	o.sent = time.Now()
-	x.h.proxy.ServeHTTP(sw, out)
+	x.fwd.protected.ServeHTTP(sw, out)
 	if x.status == 0 {
 		x.status = sw.status
 	}
@@ -206,8 +206,8 @@ func (o *owner) complete(rec *claim.Record) {
 
 // rewrite directs every request to the upstream. It runs inside
 // ReverseProxy for protected and pass-through requests alike.
-func (h *Handler) rewrite(pr *httputil.ProxyRequest) {
-	if h.id.isTrusted(pr.In.RemoteAddr) {
+func (h *Handler) rewrite(pr *httputil.ProxyRequest, trustedPeer bool) {
+	if trustedPeer {
 		// A trusted mesh proxy's X-Forwarded-For is the real client chain.
 		pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
 	}
@@ -288,13 +288,19 @@ type readCloser struct {
 	io.Closer
 }
 
+// passThroughError answers an unprotected request the upstream gave no
+// usable response to.
+func (h *Handler) passThroughError(w http.ResponseWriter, r *http.Request, err error) {
+	h.log.Warn("upstream error on pass-through request", "method", r.Method, "err", err)
+	writeProblem(w, probUpstreamDown.with("the upstream could not be reached"), r.Header.Get(RequestIDHeader))
+}
+
 // errorHandler answers when the upstream gave no usable response. For a
 // protected request, whether the upstream may have acted decides the claim.
 func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	o := ownerFrom(r.Context())
-	if o == nil {
-		h.log.Warn("upstream error on pass-through request", "method", r.Method, "err", err)
-		writeProblem(w, probUpstreamDown.with("the upstream could not be reached"), r.Header.Get(RequestIDHeader))
+	if o == nil { // bypassed: no claim to settle
+		h.passThroughError(w, r, err)
 		return
 	}
 	x := o.x

@@ -33,13 +33,16 @@ type router struct {
 	mux *http.ServeMux
 	// names are the route names, in config order.
 	names []string
-	// methods are the routes' methods: a request with any other method
-	// (most pass-through traffic) is not matched against the mux at all.
-	methods map[string]bool
+	// prefixes are, per method, the literal starts of the routes' paths
+	// (up to their first wildcard): a request whose method no route uses,
+	// or whose path starts with none of its method's prefixes (most
+	// pass-through traffic), is not matched against the mux at all. A
+	// miss in the mux costs ten allocations, to work out a 405.
+	prefixes map[string][]string
 }
 
 func newRouter(routes []config.Route) (*router, error) {
-	rt := &router{mux: http.NewServeMux(), methods: make(map[string]bool)}
+	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string)}
 	for i, rc := range routes {
 		rt.names = append(rt.names, rc.Name)
 		r := &route{name: rc.Name, scope: "route\x00" + rc.Name, settings: rc.Settings}
@@ -59,13 +62,39 @@ func newRouter(routes []config.Route) (*router, error) {
 		// config.Validate has rejected every pattern the mux panics on.
 		pattern := config.CanonicalPattern(rc.Match)
 		rt.mux.Handle(pattern, routeHandler{r})
-		method, _, _ := strings.Cut(pattern, " ")
-		rt.methods[method] = true
-		if method == http.MethodGet {
-			rt.methods[http.MethodHead] = true // the mux matches HEAD to GET
+		method, p, _ := strings.Cut(pattern, " ")
+		prefix := literalPrefix(p)
+		rt.prefixes[method] = append(rt.prefixes[method], prefix)
+		if method == http.MethodGet { // the mux matches HEAD to GET
+			rt.prefixes[http.MethodHead] = append(rt.prefixes[http.MethodHead], prefix)
 		}
 	}
 	return rt, nil
+}
+
+// literalPrefix is the part of a pattern's path every matching (cleaned,
+// decoded) path starts with: up to its first wildcard. A pattern with an
+// escape in it is matched segment by segment after unescaping, so only
+// "/" is certain.
+func literalPrefix(p string) string {
+	if i := strings.IndexByte(p, '{'); i >= 0 {
+		p = p[:i]
+	}
+	if strings.Contains(p, "%") {
+		return "/"
+	}
+	return p
+}
+
+// mayMatch reports whether a route could match method and path: a
+// necessary condition, cheap enough to run on every request.
+func (rt *router) mayMatch(method, path string) bool {
+	for _, prefix := range rt.prefixes[method] {
+		if strings.HasPrefix(path, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // match returns the route for r and the cleaned path it matched, or nil.
@@ -73,18 +102,30 @@ func (rt *router) match(r *http.Request) (*route, string) {
 	// Methods are matched case-insensitively: protecting "post" as POST is
 	// the safe side if the upstream's framework does the same.
 	method := strings.ToUpper(r.Method)
-	if !rt.methods[method] {
-		return nil, ""
+	if _, ok := rt.prefixes[method]; !ok {
+		return nil, "" // before cleaning: cleanPath may allocate
 	}
 	clean := cleanPath(r.URL.Path)
+	if !rt.mayMatch(method, clean) {
+		return nil, ""
+	}
+	if found := rt.lookup(r, method, clean); found != nil {
+		return found, clean
+	}
+	return nil, ""
+}
+
+// lookup matches a request to a route in the mux, with method upper-cased
+// and path cleaned.
+func (rt *router) lookup(r *http.Request, method, clean string) *route {
 	u := *r.URL
 	u.Path, u.RawPath = clean, ""
 	probe := &http.Request{Method: method, Host: r.Host, URL: &u, Header: r.Header}
 	h, _ := rt.mux.Handler(probe)
 	if rh, ok := h.(routeHandler); ok {
-		return rh.route, clean
+		return rh.route
 	}
-	return nil, ""
+	return nil
 }
 
 // cleanPath collapses repeated slashes and dot segments and drops a

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"net/url"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/config"
@@ -41,4 +42,63 @@ func TestRouteMethods(t *testing.T) {
 			t.Errorf("%s %s matched %q, want %q", tc.method, tc.path, got, tc.want)
 		}
 	}
+}
+
+// TestPrefixFilterNeverHidesAMatch: the literal-prefix filter in front of
+// the mux is only a shortcut. Over every path of up to three segments
+// from an alphabet built to hit the patterns' edges (wildcards, {$},
+// escapes, dot segments, encoded slashes), the router with the filter
+// answers exactly what the mux alone answers.
+func TestPrefixFilterNeverHidesAMatch(t *testing.T) {
+	rt, err := newRouter([]config.Route{
+		{Name: "pay", Match: "POST /payments", Settings: config.DefaultSettings()},
+		{Name: "capture", Match: "POST /orders/{id}/capture", Settings: config.DefaultSettings()},
+		{Name: "root", Match: "PUT /{$}", Settings: config.DefaultSettings()},
+		{Name: "all", Match: "PATCH /{rest...}", Settings: config.DefaultSettings()},
+		{Name: "cafe", Match: "POST /caf%C3%A9/{id}", Settings: config.DefaultSettings()},
+		{Name: "slash", Match: "POST /a%2Fb", Settings: config.DefaultSettings()},
+		{Name: "report", Match: "GET /reports/{id}/{$}", Settings: config.DefaultSettings()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alphabet := []string{"", "payments", "payment", "paymentsx", "orders", "7", "capture", "café", "caf%C3%A9", "a", "b", "a/b", "a%2Fb", "..", ".", "x y", "{id}", "reports"}
+	paths := []string{"/"}
+	for _, a := range alphabet {
+		paths = append(paths, "/"+a)
+		for _, b := range alphabet {
+			paths = append(paths, "/"+a+"/"+b)
+			for _, c := range alphabet {
+				paths = append(paths, "/"+a+"/"+b+"/"+c, "/"+a+"/"+b+"/"+c+"/")
+			}
+		}
+	}
+	var matched, filtered int
+	for _, method := range []string{"POST", "PUT", "PATCH", "GET", "HEAD", "DELETE"} {
+		for _, p := range paths {
+			r := &http.Request{Method: method, URL: &url.URL{Path: p}, Header: http.Header{}}
+			clean := cleanPath(p)
+			var want string
+			if _, ok := rt.prefixes[method]; ok {
+				if found := rt.lookup(r, method, clean); found != nil {
+					want = found.name
+					matched++
+				}
+			}
+			got := ""
+			if found, _ := rt.match(r); found != nil {
+				got = found.name
+			}
+			if got != want {
+				t.Fatalf("%s %s: router matched %q, the mux alone %q", method, p, got, want)
+			}
+			if !rt.mayMatch(method, clean) {
+				filtered++
+			}
+		}
+	}
+	if matched == 0 || filtered == 0 {
+		t.Fatalf("the paths exercised too little: %d matched, %d filtered out", matched, filtered)
+	}
+	t.Logf("%d requests: %d matched, %d filtered out before the mux", 6*len(paths), matched, filtered)
 }
