@@ -71,6 +71,7 @@ func BenchmarkParallelPlainReverseProxy(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			req, _ := http.NewRequest(http.MethodPost, front.URL+"/other", bytes.NewReader(body))
+			req.Header.Set("X-Forwarded-User", "bench") // as benchParallel sends
 			resp, err := client.Do(req)
 			if err != nil {
 				b.Fatal(err)
