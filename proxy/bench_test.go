@@ -1,7 +1,12 @@
 package proxy
 
 import (
+	"bytes"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"net/netip"
 	"strings"
 	"testing"
@@ -87,4 +92,80 @@ func BenchmarkIdentity(b *testing.B) {
 	for b.Loop() {
 		id.principal(r)
 	}
+}
+
+// cannedTransport answers every request at once with a ~1 KiB JSON body,
+// so the handler benchmarks below measure the proxy's own CPU per request
+// with no network, client or upstream in the loop.
+type cannedTransport struct{}
+
+var cannedBody = bytes.Repeat([]byte("x"), 1000)
+
+func (cannedTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Body != nil {
+		io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+	}
+	return &http.Response{
+		StatusCode:    http.StatusCreated,
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        http.Header{"Content-Type": {"application/json"}},
+		Body:          io.NopCloser(bytes.NewReader(cannedBody)),
+		ContentLength: int64(len(cannedBody)),
+		Request:       r,
+	}, nil
+}
+
+// discardWriter is a ResponseWriter that keeps nothing.
+type discardWriter struct{ h http.Header }
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (w *discardWriter) WriteHeader(int)             {}
+
+// benchHandler serves pass-through requests, as the client listener would
+// hand them over, through h.
+func benchHandler(b *testing.B, h http.Handler) {
+	body := []byte(`{"amount":1250,"currency":"EUR","customer":"cus_42","description":"order 42"}`)
+	w := &discardWriter{h: http.Header{}}
+	r := httptest.NewRequest(http.MethodPost, "http://127.0.0.1:8080/other", nil)
+	r.RemoteAddr = "127.0.0.1:53124"
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("X-Forwarded-User", "bench")
+	var br bytes.Reader
+	b.ReportAllocs()
+	for b.Loop() {
+		br.Reset(body)
+		r.Body = io.NopCloser(&br)
+		clear(w.h)
+		h.ServeHTTP(w, r)
+	}
+}
+
+// BenchmarkHandlerPassThrough and BenchmarkHandlerPlainReverseProxy put a
+// pass-through request through idemproxy's handler and through a plain
+// httputil.ReverseProxy, on the same canned transport: the difference is
+// idemproxy's own CPU per pass-through request.
+func BenchmarkHandlerPassThrough(b *testing.B) {
+	cfg := config.Default()
+	cfg.Upstream.URL = "http://127.0.0.1:9"
+	cfg.Routes = []config.Route{
+		{Name: "a", Match: "POST /payments", Settings: config.DefaultSettings()},
+		{Name: "b", Match: "POST /orders/{id}/capture", Settings: config.DefaultSettings()},
+	}
+	h, err := New(cfg, nil, Options{Transport: cannedTransport{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchHandler(b, h)
+}
+
+func BenchmarkHandlerPlainReverseProxy(b *testing.B) {
+	u, _ := url.Parse("http://127.0.0.1:9")
+	benchHandler(b, &httputil.ReverseProxy{
+		Rewrite:    func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.SetXForwarded() },
+		Transport:  cannedTransport{},
+		BufferPool: newBufferPool(),
+	})
 }
