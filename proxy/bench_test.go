@@ -6,8 +6,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
-	"net/url"
 	"net/netip"
+	"net/url"
 	"strings"
 	"testing"
 
