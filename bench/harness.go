@@ -21,18 +21,19 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/internal/loopback"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat.
 const clockTicks = 100
 
 func freePort() int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := loopback.FreePort()
 	if err != nil {
 		panic(err) // a loopback port is always available on the bench machine
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // proc is a server process the harness started and stops by its PID.

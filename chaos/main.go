@@ -31,6 +31,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/loopback"
 )
 
 func main() {
@@ -89,7 +90,7 @@ func harness(o options, dir string) error {
 		return fmt.Errorf("build idemproxy: %w", err)
 	}
 
-	port, err := freePort()
+	port, err := loopback.FreePort()
 	if err != nil {
 		return err
 	}
@@ -116,8 +117,8 @@ func harness(o options, dir string) error {
 
 	var scs []*sidecar
 	for i := range o.sidecars {
-		p1, _ := freePort()
-		p2, _ := freePort()
+		p1, _ := loopback.FreePort()
+		p2, _ := loopback.FreePort()
 		sc := &sidecar{id: i, bin: bin, port: p1, adminPort: p2, logDir: dir}
 		if err := sc.writeConfig(dir, "http://"+upLn.Addr().String(), lat.addr()); err != nil {
 			return err

@@ -17,15 +17,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // redisProc is a redis-server this harness started and may kill -9.
 type redisProc struct {
 	dir  string

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/internal/loopback"
 )
 
 // RequireEnv, when "1", turns a missing redis-server into a test failure
@@ -50,7 +52,7 @@ func Start(t testing.TB, args ...string) *Server {
 	s := &Server{t: t, bin: bin, dir: t.TempDir(), args: args}
 	var lastErr error
 	for range 5 {
-		port, err := freePort()
+		port, err := loopback.FreePort()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -62,15 +64,6 @@ func Start(t testing.TB, args ...string) *Server {
 	}
 	t.Fatalf("start redis-server: %v", lastErr)
 	return nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func (s *Server) start() error {

@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/loopback"
 )
 
 // StartTLS starts a redis-server that accepts only TLS, with a
@@ -34,7 +36,7 @@ func StartTLS(t testing.TB) (s *Server, caFile string) {
 	b, _ := os.ReadFile(caFile)
 	pool.AppendCertsFromPEM(b)
 	for range 5 {
-		port, err := freePort()
+		port, err := loopback.FreePort()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/internal/loopback"
 )
 
 // Cluster is a Redis Cluster of real redis-server processes on loopback.
@@ -175,7 +177,7 @@ func startSentinel(t testing.TB, name, host, port, dataPass, sentinelPass string
 	}
 	dir := t.TempDir()
 	for range 5 {
-		p, err := freePort()
+		p, err := loopback.FreePort()
 		if err != nil {
 			t.Fatal(err)
 		}
