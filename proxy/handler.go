@@ -216,6 +216,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		requestID: h.requestID(r),
 		start:     h.now(),
 	}
+	defer x.giveBack() // runs last: nothing of x reads its buffers after it
 	// Deferred so that a client disconnect, which aborts the handler with
 	// http.ErrAbortHandler while the response is copied, is still counted.
 	defer x.finish()
@@ -270,6 +271,47 @@ type exchange struct {
 	upstream time.Duration
 	// original is the request id of the attempt a replay answers with.
 	original string
+
+	// reqBuf and respBuf are the pooled buffers the request's body and
+	// the upstream's answer were read into; lent are the bodies handed out
+	// over them (the forwarded body, a resend, the answer), more those
+	// beyond three. giveBack takes all of them back. Only the handler's
+	// goroutine lends: ReverseProxy calls its hooks and Transport in it.
+	reqBuf, respBuf []byte
+	lent            [3]lentBody
+	nlent           int
+	more            []*lentBody
+}
+
+// lend returns a body that reads buf until giveBack.
+func (x *exchange) lend(buf []byte) *lentBody {
+	var b *lentBody
+	if x.nlent < len(x.lent) {
+		b = &x.lent[x.nlent]
+		x.nlent++
+	} else {
+		b = &lentBody{}
+		x.more = append(x.more, b)
+	}
+	b.r.Reset(buf)
+	return b
+}
+
+// giveBack ends every lent body's reads, then returns the exchange's
+// buffers to their pool.
+func (x *exchange) giveBack() {
+	for i := range x.nlent {
+		x.lent[i].takeBack()
+	}
+	for _, b := range x.more {
+		b.takeBack()
+	}
+	for _, buf := range [...][]byte{x.reqBuf, x.respBuf} {
+		if buf != nil {
+			putBody(buf)
+		}
+	}
+	x.reqBuf, x.respBuf = nil, nil
 }
 
 // serve runs steps 2 to 8 of the request flow (route match is done).
@@ -417,6 +459,7 @@ func (x *exchange) readBody() ([]byte, bool) {
 	rc := http.NewResponseController(x.w)
 	_ = rc.SetReadDeadline(time.Now().Add(x.h.bodyTimeout))
 	body, err := readAll(http.MaxBytesReader(x.w, x.r.Body, limit), x.r.ContentLength)
+	x.reqBuf = body
 	if err != nil {
 		// Close after answering: otherwise net/http reads the rest of the
 		// body before writing the answer, and a stalled client never gets
@@ -433,15 +476,16 @@ func (x *exchange) readBody() ([]byte, bool) {
 	return body, true
 }
 
-// readAll reads r to the end into a buffer sized for the expected length
-// (when known), instead of growing one by doubling: a 1 MiB body costs one
-// allocation, not a dozen.
+// readAll reads r to the end into a pooled buffer sized for the expected
+// length (when known), instead of growing one by doubling: a 1 MiB body
+// costs at most one allocation, not a dozen. The caller returns the buffer
+// with putBody when nothing reads it any more.
 func readAll(r io.Reader, expected int64) ([]byte, error) {
 	size := int64(bytes.MinRead)
 	if expected > 0 {
 		size += expected // room to see EOF without growing
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, size))
+	buf := bytes.NewBuffer(getBody(int(size)))
 	_, err := buf.ReadFrom(r)
 	return buf.Bytes(), err
 }
@@ -479,7 +523,7 @@ func (x *exchange) bypass(body []byte, why string) {
 	r := x.r
 	if body != nil {
 		r = r.WithContext(r.Context()) // a copy; ReverseProxy clones it again
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.Body = x.lend(body)
 		r.ContentLength = int64(len(body))
 	}
 	sw := &statusWriter{ResponseWriter: x.w}

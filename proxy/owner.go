@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -72,7 +71,7 @@ func (x *exchange) own(rec *claim.Record, body []byte) {
 	// A shallow copy is enough: ReverseProxy deep-clones it for the
 	// outbound request.
 	out := x.r.WithContext(ctx)
-	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.Body = x.lend(body)
 	out.ContentLength = int64(len(body))
 	sw := &statusWriter{ResponseWriter: x.w}
 	o.sent = time.Now()
@@ -255,6 +254,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		expected = limit + 1
 	}
 	buf, err := readAll(io.LimitReader(resp.Body, limit+1), expected)
+	x.respBuf = buf
 	if err != nil {
 		// The upstream answered, so it may have acted, but the body broke
 		// off: there is nothing whole to store. errorHandler applies
@@ -273,11 +273,11 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	}
 	if int64(len(buf)) > limit {
 		rec.BodyOmitted = true
-		resp.Body = readCloser{io.MultiReader(bytes.NewReader(buf), resp.Body), resp.Body}
+		resp.Body = readCloser{io.MultiReader(x.lend(buf), resp.Body), resp.Body}
 	} else {
 		rec.Body = buf
 		resp.Body.Close()
-		resp.Body = io.NopCloser(bytes.NewReader(buf))
+		resp.Body = x.lend(buf)
 	}
 	o.settle(func() { o.complete(rec) })
 	return nil
@@ -350,9 +350,10 @@ func (t *ownerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	retry := req.Clone(req.Context())
-	retry.Body = io.NopCloser(bytes.NewReader(o.body))
 	if len(o.body) == 0 {
 		retry.Body = emptyBody{}
+	} else {
+		retry.Body = o.x.lend(o.body)
 	}
 	return t.next.RoundTrip(retry)
 }

@@ -1,6 +1,11 @@
 package proxy
 
-import "sync"
+import (
+	"bytes"
+	"errors"
+	"math/bits"
+	"sync"
+)
 
 // copyBufferSize is the size of the buffers ReverseProxy copies response
 // bodies through.
@@ -23,4 +28,75 @@ func (p *bufferPool) Put(b []byte) {
 	if cap(b) == copyBufferSize {
 		p.pool.Put(&b)
 	}
+}
+
+// Body buffers: protected requests' bodies and the upstream's answers are
+// read whole, so they come from pools of power-of-two sizes, from 1 KiB
+// to 16 MiB. Larger buffers are allocated and left to the GC.
+const (
+	minBodyClass = 10 // 1 KiB
+	maxBodyClass = 24 // 16 MiB
+)
+
+var bodyPools [maxBodyClass + 1]sync.Pool
+
+// bodyClass is the smallest class whose buffers hold n bytes.
+func bodyClass(n int) int {
+	return max(minBodyClass, bits.Len(uint(max(n, 1)-1)))
+}
+
+// getBody returns an empty buffer with room for at least n bytes.
+func getBody(n int) []byte {
+	c := bodyClass(n)
+	if c > maxBodyClass {
+		return make([]byte, 0, n)
+	}
+	if p, ok := bodyPools[c].Get().(*[]byte); ok {
+		return (*p)[:0]
+	}
+	return make([]byte, 0, 1<<c)
+}
+
+// putBody gives b back for reuse. Nothing may read or write b afterwards.
+func putBody(b []byte) {
+	c := bits.Len(uint(cap(b))) - 1 // the largest class b holds
+	if c < minBodyClass || c > maxBodyClass {
+		return
+	}
+	b = b[:0]
+	bodyPools[c].Put(&b)
+}
+
+// errBodyReturned is what a lent body reads once its buffer went back to
+// the pool.
+var errBodyReturned = errors.New("proxy: request finished; its body buffer was reused")
+
+// lentBody reads a pooled buffer until the exchange that owns the buffer
+// takes it back. http.Transport may still read a request body after
+// RoundTrip returned (when the upstream answers before reading all of it,
+// its write loop goes on); once taken back, Read fails instead of reading
+// bytes that another request now owns.
+type lentBody struct {
+	mu       sync.Mutex
+	r        bytes.Reader
+	returned bool
+}
+
+func (b *lentBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.returned {
+		return 0, errBodyReturned
+	}
+	return b.r.Read(p)
+}
+
+func (b *lentBody) Close() error { return nil }
+
+// takeBack ends every Read of the buffer; it waits for one in progress.
+func (b *lentBody) takeBack() {
+	b.mu.Lock()
+	b.returned = true
+	b.r.Reset(nil)
+	b.mu.Unlock()
 }
