@@ -45,6 +45,22 @@ type Store struct {
 	onWaitShort  func(op string)
 }
 
+// writePipeline returns a pipeline on which a write to key and the WAIT
+// after it share one connection, as WAIT counts only the writes made on
+// its own connection: on a Cluster the pipeline of the key's master (the
+// Cluster client would send a keyless WAIT to any node), elsewhere the
+// client's.
+func (s *Store) writePipeline(ctx context.Context, key string) (redis.Pipeliner, error) {
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		return node.Pipeline(), nil
+	}
+	return s.client.Pipeline(), nil
+}
+
 // wait queues a WAIT on pipe, after the write it follows, when enabled.
 func (s *Store) wait(ctx context.Context, pipe redis.Pipeliner) *redis.Cmd {
 	if s.waitReplicas <= 0 {
@@ -79,9 +95,8 @@ type Option func(*Store)
 // until n replicas acknowledged it or timeout passed (Redis WAIT). It
 // narrows what an asynchronous failover can lose; it is not consensus: a
 // write acknowledged by fewer replicas is still in force on the master,
-// and onShort, when not nil, is called with the operation's name. Only for
-// a standalone master with replicas or Sentinel: on a Cluster, WAIT cannot
-// be sent to the key's node on the writing connection.
+// and onShort, when not nil, is called with the operation's name. On a
+// Cluster the write and its WAIT go together to the key's master.
 func WithWait(n int, timeout time.Duration, onShort func(op string)) Option {
 	return func(s *Store) {
 		s.waitReplicas, s.waitTimeout, s.onWaitShort = n, timeout, onShort
@@ -131,7 +146,10 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 	var raw string
 	var err error
 	if s.waitReplicas > 0 {
-		pipe := s.client.Pipeline()
+		pipe, perr := s.writePipeline(ctx, key)
+		if perr != nil {
+			return Result{}, s.unavailable("claim", perr)
+		}
 		set := pipe.SetArgs(ctx, key, value, args)
 		wait := s.wait(ctx, pipe)
 		_, _ = pipe.Exec(ctx)
@@ -291,7 +309,10 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 // passes wait to checkWait when the script wrote.
 func (s *Store) runAndWait(ctx context.Context, script *redis.Script, key string, args ...any) (run, wait *redis.Cmd) {
 	for attempt := 0; ; attempt++ {
-		pipe := s.client.Pipeline()
+		pipe, err := s.writePipeline(ctx, key)
+		if err != nil {
+			return redis.NewCmdResult(nil, err), nil
+		}
 		run = pipe.EvalSha(ctx, script.Hash(), []string{key}, args...)
 		wait = s.wait(ctx, pipe)
 		_, _ = pipe.Exec(ctx)

@@ -2,10 +2,13 @@ package claim_test
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/config"
@@ -16,49 +19,130 @@ import (
 // acknowledged and on the replica when they return; asking for more
 // replicas than exist reports every write as short, without failing it.
 // The same holds for the Lua claim of Redis < 7.0, also after Redis lost
-// its script cache.
+// its script cache, and on a Cluster, where the WAIT must reach the key's
+// master on the connection that wrote (sent as a keyless command through
+// the Cluster client, it would go to any node and count nothing).
 func TestWaitReplicas(t *testing.T) {
-	topo := redistest.StartSentinel(t, 1)
-	c, _ := claim.NewClient(config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName})
-	defer c.Close()
-	replica := topo.Replicas[0].Client()
 	ctx := context.Background()
-	for _, script := range []bool{false, true} {
-		for _, tc := range []struct {
-			want      int
-			wantShort map[string]int
-		}{{1, map[string]int{}}, {2, map[string]int{"claim": 1, "complete": 1}}} {
-			var mu sync.Mutex
-			short := map[string]int{}
-			s := claim.New(c, "wait:", claim.WithWait(tc.want, 50*time.Millisecond, func(op string) {
-				mu.Lock()
-				defer mu.Unlock()
-				short[op]++
-			}))
-			if script {
-				claim.ForceScriptClaim(s)
-				if err := c.ScriptFlush(ctx).Err(); err != nil {
+	sentinel := redistest.StartSentinel(t, 1)
+	cluster := redistest.StartCluster(t, 3, 1)
+	for _, topo := range []struct {
+		name string
+		cfg  config.Redis
+		// replica returns the replica that follows key's master.
+		replica func(c redis.UniversalClient, key string) *redis.Client
+	}{
+		{"sentinel", config.Redis{Addrs: sentinel.SentinelAddrs(), MasterName: sentinel.MasterName},
+			func(redis.UniversalClient, string) *redis.Client { return sentinel.Replicas[0].Client() }},
+		{"cluster", config.Redis{Addrs: cluster.Addrs()},
+			func(c redis.UniversalClient, key string) *redis.Client {
+				master, err := c.(*redis.ClusterClient).MasterForKey(ctx, key)
+				if err != nil {
 					t.Fatal(err)
 				}
+				for i, m := range cluster.Masters {
+					if m.Addr == master.Options().Addr {
+						return cluster.Replicas[i].Client()
+					}
+				}
+				t.Fatalf("no master at %s", master.Options().Addr)
+				return nil
+			}},
+	} {
+		c, _ := claim.NewClient(topo.cfg)
+		defer c.Close()
+		for _, script := range []bool{false, true} {
+			for _, tc := range []struct {
+				want      int
+				wantShort map[string]int
+			}{{1, map[string]int{}}, {2, map[string]int{"claim": 1, "complete": 1}}} {
+				var mu sync.Mutex
+				short := map[string]int{}
+				s := claim.New(c, "wait:", claim.WithWait(tc.want, 50*time.Millisecond, func(op string) {
+					mu.Lock()
+					defer mu.Unlock()
+					short[op]++
+				}))
+				if script {
+					claim.ForceScriptClaim(s)
+					if err := c.ScriptFlush(ctx).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				what := fmt.Sprintf("%s, script claim %v, wait_replicas=%d with one replica", topo.name, script, tc.want)
+				key := s.Key("alice", "r", time.Now().String())
+				rec := newRecord(t)
+				if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+					t.Fatalf("%s: claim: %+v %v", what, res, err)
+				}
+				if len(tc.wantShort) == 0 && !onReplica(ctx, topo.replica(c, key), key) {
+					t.Errorf("%s: an acknowledged claim is not on the replica", what)
+				}
+				if _, err := s.Complete(ctx, key, completed(rec, "x"), time.Hour); err != nil {
+					t.Fatalf("%s: complete: %v", what, err)
+				}
+				mu.Lock()
+				if !maps.Equal(short, tc.wantShort) {
+					t.Errorf("%s: short WAITs %v, want %v", what, short, tc.wantShort)
+				}
+				mu.Unlock()
 			}
-			key := s.Key("alice", "r", time.Now().String())
-			rec := newRecord(t)
-			if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
-				t.Fatalf("script claim %v: claim: %+v %v", script, res, err)
-			}
-			if len(tc.wantShort) == 0 && replica.Exists(ctx, key).Val() != 1 {
-				t.Errorf("script claim %v: an acknowledged claim is not on the replica", script)
-			}
-			if _, err := s.Complete(ctx, key, completed(rec, "x"), time.Hour); err != nil {
-				t.Fatalf("script claim %v: complete: %v", script, err)
-			}
-			mu.Lock()
-			if !maps.Equal(short, tc.wantShort) {
-				t.Errorf("script claim %v, wait_replicas=%d with one replica: short WAITs %v, want %v", script, tc.want, short, tc.wantShort)
-			}
-			mu.Unlock()
 		}
 	}
+
+	// On the Cluster, WAIT must go to the key's own master: with that
+	// master's replica down, every claim and completion of its keys is
+	// short, even though the other masters' replicas are up (a WAIT sent to
+	// one of them would count its replica and report nothing).
+	c, _ := claim.NewClient(config.Redis{Addrs: cluster.Addrs()})
+	defer c.Close()
+	var mu sync.Mutex
+	short := map[string]int{}
+	s := claim.New(c, "wait-down:", claim.WithWait(1, 50*time.Millisecond, func(op string) {
+		mu.Lock()
+		defer mu.Unlock()
+		short[op]++
+	}))
+	cc := c.(*redis.ClusterClient)
+	first, err := cc.MasterForKey(ctx, s.Key("alice", "r", "k0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range cluster.Masters {
+		if m.Addr == first.Options().Addr {
+			cluster.Replicas[i].Kill()
+		}
+	}
+	const keys = 6
+	for i, n := 0, 0; n < keys; i++ {
+		key := s.Key("alice", "r", fmt.Sprintf("k%d", i))
+		if m, err := cc.MasterForKey(ctx, key); err != nil || m.Options().Addr != first.Options().Addr {
+			continue // another shard's key
+		}
+		n++
+		rec := newRecord(t)
+		if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+			t.Fatalf("claim with the shard's replica down: %+v %v", res, err)
+		}
+		if _, err := s.Complete(ctx, key, completed(rec, "x"), time.Hour); err != nil {
+			t.Fatalf("complete with the shard's replica down: %v", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := map[string]int{"claim": keys, "complete": keys}; !maps.Equal(short, want) {
+		t.Errorf("cluster, the key's shard without its replica: short WAITs %v, want %v", short, want)
+	}
+}
+
+// onReplica reports whether key is on replica. A Cluster replica answers
+// reads only on a connection that sent READONLY (others get MOVED); other
+// replicas refuse READONLY and answer anyway.
+func onReplica(ctx context.Context, replica *redis.Client, key string) bool {
+	conn := replica.Conn()
+	defer conn.Close()
+	_ = conn.ReadOnly(ctx).Err()
+	return conn.Exists(ctx, key).Val() == 1
 }
 
 // TestSentinelAuth: sentinels with a password of their own are reached with

@@ -128,7 +128,8 @@ type Store struct {
 	KeyPrefix string
 	// WaitReplicas, when positive, makes every claim and completion wait
 	// for that many replicas to acknowledge it (Redis WAIT), up to
-	// WaitTimeout. Zero never waits. Not consensus; not on a Cluster.
+	// WaitTimeout. Zero never waits. Not consensus. On a Cluster the WAIT
+	// goes to the key's master.
 	WaitReplicas int
 	WaitTimeout  time.Duration
 }

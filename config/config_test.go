@@ -89,7 +89,6 @@ func TestInvalidFixtures(t *testing.T) {
 		"bad_store": {
 			`store.redis.password_file: set either store.redis.password or store.redis.password_file, not both`,
 			`store.wait_timeout: must be positive when store.wait_replicas is set, got 0s`,
-			`store.wait_replicas: is not supported on a Redis Cluster (several addrs without master_name)`,
 		},
 		"routes_not_list": {
 			`routes: must be a list of routes, got a mapping`,

@@ -73,9 +73,6 @@ func (c *Config) validate(failed map[string]bool) error {
 		if c.Store.WaitTimeout <= 0 {
 			add("store.wait_timeout", "must be positive when store.wait_replicas is set, got %s", c.Store.WaitTimeout)
 		}
-		if len(c.Store.Redis.Addrs) > 1 && c.Store.Redis.MasterName == "" {
-			add("store.wait_replicas", "is not supported on a Redis Cluster (several addrs without master_name)")
-		}
 	}
 	if c.Store.Redis.MasterName != "" && len(c.Store.Redis.Addrs) == 0 {
 		add("store.redis.addrs", "must list the sentinels when store.redis.master_name is set")
