@@ -66,6 +66,10 @@ func TestFailover(t *testing.T) {
 		topo := redistest.StartCluster(t, 3, 1)
 		failover(t, config.Redis{Addrs: topo.Addrs()}, 0, topo.Masters[0], topo.Replicas[0])
 	})
+	t.Run("cluster with wait_replicas 1", func(t *testing.T) {
+		topo := redistest.StartCluster(t, 3, 1)
+		failover(t, config.Redis{Addrs: topo.Addrs()}, 1, topo.Masters[0], topo.Replicas[0])
+	})
 }
 
 func failover(t *testing.T, store config.Redis, waitReplicas int, master, replica *redistest.Server) {
