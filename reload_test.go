@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,12 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/syncbuf"
 )
 
 const reloadBase = `listen: "127.0.0.1:0"
@@ -223,7 +222,7 @@ func TestLogLevelReloads(t *testing.T) {
 		}
 	}
 	write("warn")
-	var logs lockedBuffer
+	var logs syncbuf.Buffer
 	client, admin := startFromFileLogging(t, path, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	keyed := func(key string) {
 		t.Helper()
@@ -248,22 +247,4 @@ func TestLogLevelReloads(t *testing.T) {
 	waitFor(t, "the reload", func() bool { return metric(t, admin, `idemproxy_config_reloads_total{result="ok"} 1`) })
 	keyed("k2")
 	waitFor(t, "a per-request line at log_level info", func() bool { return requestLines() == 1 })
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger and a test to share.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

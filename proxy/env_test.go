@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -20,6 +19,7 @@ import (
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/syncbuf"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -34,7 +34,7 @@ type env struct {
 	reg      *prometheus.Registry
 	cfg      *config.Config
 	// logs holds the proxy's JSON log lines.
-	logs *lockedBuffer
+	logs *syncbuf.Buffer
 	// active counts handler calls still running: a client can read its
 	// answer a moment before the handler returns and counts it.
 	active atomic.Int64
@@ -47,24 +47,6 @@ type env struct {
 func (e *env) quiesce() {
 	e.t.Helper()
 	eventually(e.t, "every handler call returned", func() bool { return e.active.Load() == 0 })
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // ledger counts upstream executions per idempotency key, as a legacy
@@ -132,7 +114,7 @@ func newEnvOn(t testing.TB, srv *redistest.Server, app http.HandlerFunc, mutate 
 // may be nil when there is no single server.
 func newEnvStore(t testing.TB, srv *redistest.Server, store config.Redis, app http.HandlerFunc, mutate func(*config.Config)) *env {
 	t.Helper()
-	e := &env{t: t, ledger: &ledger{}, redis: srv, reg: prometheus.NewRegistry(), logs: &lockedBuffer{}}
+	e := &env{t: t, ledger: &ledger{}, redis: srv, reg: prometheus.NewRegistry(), logs: &syncbuf.Buffer{}}
 	e.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(strings.NewReader(string(body)))
