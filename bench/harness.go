@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -67,9 +68,31 @@ func startProc(name, addr string, bin string, args ...string) (*proc, error) {
 }
 
 func (p *proc) stop() {
-	if !p.shared && p.cmd != nil && p.cmd.Process != nil {
+	if p.shared || p.cmd == nil || p.cmd.Process == nil {
+		return
+	}
+	children := p.pids()[1:]
+	if len(children) == 0 {
 		p.cmd.Process.Kill()
 		p.cmd.Wait()
+		return
+	}
+	// nginx: its workers outlive a killed master (and keep its port), so
+	// the master is asked to stop them and reap them (SIGTERM); whatever is
+	// left after 5 s is killed by the PIDs found before.
+	exited := make(chan struct{})
+	go func() { p.cmd.Wait(); close(exited) }()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		p.cmd.Process.Kill()
+		<-exited
+	}
+	for _, pid := range children {
+		if child, err := os.FindProcess(pid); err == nil {
+			child.Kill() // fails harmlessly once the master reaped it
+		}
 	}
 }
 
