@@ -120,19 +120,21 @@ func serve(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 			"addr", emb.Addr())
 		redisCfg = config.Redis{Addrs: []string{emb.Addr()}}
 	}
-	if redisCfg.PasswordFile != "" {
-		b, err := os.ReadFile(redisCfg.PasswordFile)
-		if err != nil {
-			return fmt.Errorf("store.redis.password_file: %w", err)
+	for _, secret := range []struct {
+		key, file string
+		dst       *string
+	}{
+		{"store.redis.password_file", redisCfg.PasswordFile, &redisCfg.Password},
+		{"store.redis.sentinel_password_file", redisCfg.SentinelPasswordFile, &redisCfg.SentinelPassword},
+	} {
+		if secret.file == "" {
+			continue
 		}
-		redisCfg.Password = strings.TrimSpace(string(b))
-	}
-	if redisCfg.SentinelPasswordFile != "" {
-		b, err := os.ReadFile(redisCfg.SentinelPasswordFile)
+		b, err := os.ReadFile(secret.file)
 		if err != nil {
-			return fmt.Errorf("store.redis.sentinel_password_file: %w", err)
+			return fmt.Errorf("%s: %w", secret.key, err)
 		}
-		redisCfg.SentinelPassword = strings.TrimSpace(string(b))
+		*secret.dst = strings.TrimSpace(string(b))
 	}
 	client, err := claim.NewClient(redisCfg)
 	if err != nil {

@@ -251,13 +251,9 @@ func DefaultSettings() Settings {
 
 // SlogLevel is LogLevel as a slog.Level; info when LogLevel is not valid.
 func (c *Config) SlogLevel() slog.Level {
-	switch c.LogLevel {
-	case "debug":
-		return slog.LevelDebug
-	case "warn":
-		return slog.LevelWarn
-	case "error":
-		return slog.LevelError
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return slog.LevelInfo
 	}
-	return slog.LevelInfo
+	return l
 }

@@ -135,8 +135,15 @@ func New(cfg *config.Config, store Store, opts Options) (*Handler, error) {
 	if transport == nil {
 		transport = NewTransport()
 	}
-	h.trustedPeer = h.newForwarder(transport, true)
-	h.otherPeer = h.newForwarder(transport, false)
+	// FlushInterval stays 0: ReverseProxy already flushes every write of a
+	// streamed response (SSE, or no Content-Length), and flushing every
+	// write of the rest cost pass-through 40% of its throughput.
+	base := httputil.ReverseProxy{
+		ErrorLog:   slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+		BufferPool: newBufferPool(),
+	}
+	h.trustedPeer = h.newForwarder(base, transport, true)
+	h.otherPeer = h.newForwarder(base, transport, false)
 	return h, nil
 }
 
@@ -147,30 +154,17 @@ type forwarder struct {
 	protected, direct *httputil.ReverseProxy
 }
 
-func (h *Handler) newForwarder(transport http.RoundTripper, trustedPeer bool) forwarder {
-	rewrite := func(pr *httputil.ProxyRequest) { h.rewrite(pr, trustedPeer) }
-	errorLog := slog.NewLogLogger(h.log.Handler(), slog.LevelWarn)
-	// FlushInterval stays 0: ReverseProxy already flushes every write of a
-	// streamed response (SSE, or no Content-Length), and flushing every
-	// write of the rest cost pass-through 40% of its throughput.
-	pool := newBufferPool()
-	return forwarder{
-		protected: &httputil.ReverseProxy{
-			Rewrite:        rewrite,
-			Transport:      &ownerTransport{next: transport},
-			ModifyResponse: h.modifyResponse,
-			ErrorHandler:   h.errorHandler,
-			ErrorLog:       errorLog,
-			BufferPool:     pool,
-		},
-		direct: &httputil.ReverseProxy{
-			Rewrite:      rewrite,
-			Transport:    transport,
-			ErrorHandler: h.passThroughError,
-			ErrorLog:     errorLog,
-			BufferPool:   pool,
-		},
-	}
+// newForwarder builds a peer's pair from base, which carries what all of
+// them share (error log, buffer pool).
+func (h *Handler) newForwarder(base httputil.ReverseProxy, transport http.RoundTripper, trustedPeer bool) forwarder {
+	base.Rewrite = func(pr *httputil.ProxyRequest) { h.rewrite(pr, trustedPeer) }
+	protected, direct := base, base
+	protected.Transport = &ownerTransport{next: transport}
+	protected.ModifyResponse = h.modifyResponse
+	protected.ErrorHandler = h.errorHandler
+	direct.Transport = transport
+	direct.ErrorHandler = h.passThroughError
+	return forwarder{protected: &protected, direct: &direct}
 }
 
 // forwarder returns the ReverseProxies for a peer.

@@ -86,10 +86,10 @@ func literalPrefix(p string) string {
 	return p
 }
 
-// mayMatch reports whether a route could match method and path: a
-// necessary condition, cheap enough to run on every request.
-func (rt *router) mayMatch(method, path string) bool {
-	for _, prefix := range rt.prefixes[method] {
+// mayMatch reports whether a route with one of prefixes could match path:
+// a necessary condition, cheap enough to run on every request.
+func mayMatch(prefixes []string, path string) bool {
+	for _, prefix := range prefixes {
 		if strings.HasPrefix(path, prefix) {
 			return true
 		}
@@ -102,11 +102,12 @@ func (rt *router) match(r *http.Request) (*route, string) {
 	// Methods are matched case-insensitively: protecting "post" as POST is
 	// the safe side if the upstream's framework does the same.
 	method := strings.ToUpper(r.Method)
-	if _, ok := rt.prefixes[method]; !ok {
+	prefixes, ok := rt.prefixes[method]
+	if !ok {
 		return nil, "" // before cleaning: cleanPath may allocate
 	}
 	clean := cleanPath(r.URL.Path)
-	if !rt.mayMatch(method, clean) {
+	if !mayMatch(prefixes, clean) {
 		return nil, ""
 	}
 	if found := rt.lookup(r, method, clean); found != nil {
