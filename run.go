@@ -32,9 +32,9 @@ const (
 	readHeaderTimeout = 10 * time.Second
 	idleTimeout       = 120 * time.Second
 	maxHeaderBytes    = 64 << 10
-	// drainExtra is added to upstream.timeout for the shutdown grace: an
-	// in-flight request may run that long and then store its response.
-	drainExtra = 5 * time.Second
+	// abandonWait bounds how long the calls a drain cancelled take to
+	// settle: a few store round trips each, retried as any settle is.
+	abandonWait = 10 * time.Second
 )
 
 // run is the whole program: it parses args, and either checks a config,
@@ -239,20 +239,39 @@ func serve(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 	// Drain: fail readiness, wait for load balancers to notice, stop
 	// accepting, let in-flight requests settle and store, then exit.
 	draining.Store(true)
-	grace := cfg.Drain.Timeout
-	if grace == 0 {
-		grace = cfg.Upstream.Timeout + drainExtra
-	}
+	grace := cfg.Grace()
 	logger.Info("draining", "delay", cfg.Drain.Delay.String(), "timeout", grace.String())
 	time.Sleep(cfg.Drain.Delay)
-	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	err = drain(srv, h, grace, logger)
+	actx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	err = srv.Shutdown(sctx)
-	_ = adminSrv.Shutdown(sctx)
+	_ = adminSrv.Shutdown(actx)
+	if err != nil {
+		return err
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+// drain stops srv accepting and waits up to grace for the requests in
+// flight, late upstream calls included, to settle and store. Calls still
+// running then are cancelled and settled by their routes' unknown_outcome,
+// rather than left to the dual-write window by the exit.
+func drain(srv *http.Server, h *proxy.Handler, grace time.Duration, logger *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	err := srv.Shutdown(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		n := h.Abandon()
+		logger.Error("drain.timeout ran out with requests in flight: cancelling their upstream calls; each key is settled by its route's unknown_outcome",
+			"timeout", grace.String(), "upstream_calls", n)
+		actx, acancel := context.WithTimeout(context.Background(), abandonWait)
+		defer acancel()
+		err = srv.Shutdown(actx)
+	}
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("drain: %w", err)
 	}
-	logger.Info("stopped")
 	return nil
 }
 

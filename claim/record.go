@@ -52,9 +52,17 @@ const (
 	headerLen      = offStatus + 2
 )
 
-// flagBodyOmitted marks a completed record whose response body was larger
-// than the route's max_response_body and was not stored.
-const flagBodyOmitted = 1
+// Flags, in the flags byte.
+const (
+	// flagBodyOmitted marks a completed record whose response body was
+	// larger than the route's max_response_body and was not stored.
+	flagBodyOmitted = 1
+	// flagTail marks an in-progress record that outlives its lease: the
+	// completed-time slot, unused while in progress, holds its Tail in
+	// milliseconds.
+	flagTail   = 2
+	knownFlags = flagBodyOmitted | flagTail
+)
 
 // ErrCorrupt means a stored value could not be decoded: another program
 // wrote under our prefix, or the format is from a newer version.
@@ -78,6 +86,19 @@ type Record struct {
 	// BodyOmitted reports that the response was too large to store: a
 	// retry cannot be answered with it and must not execute again either.
 	BodyOmitted bool
+	// Tail, set only while InProgress, is how long the record outlives
+	// its owner's lease (unknown_outcome: fail): the key's TTL is lease +
+	// Tail, so once at most Tail is left the owner stopped renewing, and
+	// the next attempt settles the key as an unknown outcome instead of
+	// executing. Zero: the record lapses with its lease.
+	Tail time.Duration
+}
+
+// Orphaned reports whether r is an in-progress record that outlives its
+// lease and whose lease, leaseLeft as Store reports it, has run out: its
+// owner is gone and the outcome of its request is unknown.
+func (r *Record) Orphaned(leaseLeft time.Duration) bool {
+	return r.State == InProgress && r.Tail > 0 && leaseLeft <= 0
 }
 
 // Encode returns the versioned binary form of r.
@@ -99,6 +120,10 @@ func (r *Record) Encode() []byte {
 	copy(b[offFingerprint:], r.Fingerprint[:])
 	binary.BigEndian.PutUint64(b[offCreated:], uint64(unixMilli(r.Created)))
 	binary.BigEndian.PutUint64(b[offCompleted:], uint64(unixMilli(r.Completed)))
+	if r.State == InProgress && r.Tail > 0 {
+		b[offFlags] |= flagTail
+		binary.BigEndian.PutUint64(b[offCompleted:], uint64(max(r.Tail.Milliseconds(), 1)))
+	}
 	binary.BigEndian.PutUint16(b[offStatus:], uint16(r.Status))
 	b = appendString(b, r.RequestID)
 	b = binary.AppendUvarint(b, uint64(len(r.Header)))
@@ -145,8 +170,15 @@ func Decode(b []byte) (*Record, error) {
 		Completed:   fromMilli(int64(binary.BigEndian.Uint64(b[offCompleted:]))),
 		Status:      int(binary.BigEndian.Uint16(b[offStatus:])),
 	}
-	if r.State != InProgress && r.State != Completed || b[offFlags]&^flagBodyOmitted != 0 {
+	if r.State != InProgress && r.State != Completed || b[offFlags]&^knownFlags != 0 {
 		return nil, ErrCorrupt
+	}
+	if b[offFlags]&flagTail != 0 {
+		tail := int64(binary.BigEndian.Uint64(b[offCompleted:]))
+		if r.State != InProgress || tail <= 0 || tail > 1<<40 {
+			return nil, ErrCorrupt
+		}
+		r.Tail, r.Completed = time.Duration(tail)*time.Millisecond, time.Time{}
 	}
 	copy(r.Token[:], b[offToken:])
 	copy(r.Fingerprint[:], b[offFingerprint:])

@@ -32,6 +32,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	for _, r := range []*Record{
 		sampleRecord(),
 		{State: InProgress, Created: time.UnixMilli(5), RequestID: "x"},
+		{State: InProgress, Created: time.UnixMilli(5), RequestID: "x", Tail: 24 * time.Hour},
 		{State: Completed, Status: 204, BodyOmitted: true, Created: time.UnixMilli(5), Completed: time.UnixMilli(6)},
 	} {
 		got, err := Decode(r.Encode())

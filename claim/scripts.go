@@ -72,4 +72,23 @@ redis.call('DEL', KEYS[1])
 return 1
 `)
 
-var scripts = []*redis.Script{claimScript, renewScript, completeScript, releaseScript}
+// orphanScript settles an orphaned in-progress record, one whose owner
+// stopped renewing: its key's TTL (lease + tail) has fallen to the tail.
+// The record is replaced by the caller's completed one, fenced on the
+// orphan's token and on the lease still being over.
+//
+// KEYS[1] key; ARGV[1] orphan's token; ARGV[2] encoded completed record;
+// ARGV[3] retention ms; ARGV[4] the orphan's tail ms.
+// Returns 1 settled, 0 gone, -1 owned by someone else, -2 completed, -3
+// the owner renewed its lease.
+var orphanScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
+if string.byte(cur, 2) ~= 1 then return -2 end
+if redis.call('PTTL', KEYS[1]) > tonumber(ARGV[4]) then return -3 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+`)
+
+var scripts = []*redis.Script{claimScript, renewScript, completeScript, releaseScript, orphanScript}

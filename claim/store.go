@@ -124,8 +124,9 @@ type Result struct {
 	// Existing is the record found when not Claimed.
 	Existing *Record
 	// TTL is what is left of Existing's lease when it is InProgress (at
-	// least 1ms), for Retry-After. It is zero for a completed record: a
-	// replay does not need it, and not asking saves a command.
+	// least 1ms), for Retry-After; zero when Existing is orphaned (see
+	// Record.Orphaned). It is zero for a completed record: a replay does
+	// not need it, and not asking saves a command.
 	TTL time.Duration
 }
 
@@ -139,6 +140,7 @@ type Result struct {
 // the claim script does the same, and is used from then on.
 func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.Duration) (Result, error) {
 	value := rec.Encode()
+	lease += rec.Tail // the record outlives its lease by its tail
 	if s.scriptClaim.Load() {
 		return s.claimByScript(ctx, key, rec, value, lease)
 	}
@@ -173,13 +175,24 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 	if err != nil || res.Claimed || res.Existing.State != InProgress {
 		return res, err
 	}
-	// Only for Retry-After: when PTTL fails, the whole lease is an upper
-	// bound; when the key has just gone, a retry may come at once.
-	res.TTL = lease
-	if ttl, err := s.client.PTTL(ctx, key).Result(); err == nil {
-		res.TTL = max(ttl, time.Millisecond)
+	// For Retry-After, and to tell an orphaned record: when PTTL fails,
+	// the whole lease is an upper bound; when the key has just gone, a
+	// retry may come at once.
+	ttl, err := s.client.PTTL(ctx, key).Result()
+	if err != nil {
+		ttl = lease
 	}
+	res.TTL = leaseLeft(res.Existing, max(ttl, time.Millisecond))
 	return res, nil
+}
+
+// leaseLeft is what is left of rec's lease when its key has ttl left: all
+// of it, less the record's tail, and at least 1ms unless orphaned.
+func leaseLeft(rec *Record, ttl time.Duration) time.Duration {
+	if rec.Tail > 0 {
+		return max(ttl-rec.Tail, 0)
+	}
+	return max(ttl, time.Millisecond)
 }
 
 func (s *Store) claimByScript(ctx context.Context, key string, rec *Record, value []byte, lease time.Duration) (Result, error) {
@@ -223,10 +236,11 @@ func (s *Store) existing(rec *Record, raw string, ttl time.Duration) (Result, er
 	if found.State != InProgress {
 		return Result{Existing: found}, nil
 	}
-	return Result{Existing: found, TTL: max(ttl, time.Millisecond)}, nil
+	return Result{Existing: found, TTL: leaseLeft(found, ttl)}, nil
 }
 
-// Get returns the record under key, or nil when there is none.
+// Get returns the record under key, or nil when there is none, and for an
+// in-progress record what is left of its lease (see Result.TTL).
 func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, error) {
 	pipe := s.client.Pipeline()
 	get := pipe.Get(ctx, key)
@@ -245,14 +259,18 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, er
 	if err != nil {
 		return nil, 0, err
 	}
+	if rec.State == InProgress {
+		return rec, leaseLeft(rec, max(pttl.Val(), 0)), nil
+	}
 	return rec, max(pttl.Val(), 0), nil
 }
 
-// Renew extends the owner's lease. It returns ErrLeaseLost when the key is
-// gone or owned by someone else, and nil when the record was already
-// completed by this owner (a renewal racing the completion).
-func (s *Store) Renew(ctx context.Context, key string, token Token, lease time.Duration) error {
-	n, err := renewScript.Run(ctx, s.client, []string{key}, token[:], lease.Milliseconds()).Int64()
+// Renew extends the owner's lease, for rec's token and tail. It returns
+// ErrLeaseLost when the key is gone or owned by someone else, and nil when
+// the record was already completed by this owner (a renewal racing the
+// completion).
+func (s *Store) Renew(ctx context.Context, key string, rec *Record, lease time.Duration) error {
+	n, err := renewScript.Run(ctx, s.client, []string{key}, rec.Token[:], (lease + rec.Tail).Milliseconds()).Int64()
 	if err != nil {
 		return s.unavailable("renew", err)
 	}
@@ -301,6 +319,33 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 	default:
 		return 0, fmt.Errorf("complete: %w", ErrLeaseLost)
 	}
+}
+
+// SettleOrphan replaces the orphaned in-progress record of orphan's owner
+// (see Record.Orphaned) with rec, a Completed record of the caller's own,
+// kept for retention. The check is atomic with the write: it returns
+// ErrLeaseLost, writing nothing, when the key changed since it was read
+// (gone, completed, claimed by another) or the owner renewed its lease
+// after all; the caller then claims again.
+func (s *Store) SettleOrphan(ctx context.Context, key string, orphan *Record, rec *Record, retention time.Duration) error {
+	args := []any{orphan.Token[:], rec.Encode(), retention.Milliseconds(), orphan.Tail.Milliseconds()}
+	var n int64
+	var err error
+	if s.waitReplicas > 0 {
+		run, wait := s.runAndWait(ctx, orphanScript, key, args...)
+		if n, err = run.Int64(); err == nil && n == 1 {
+			s.checkWait("complete", wait)
+		}
+	} else {
+		n, err = orphanScript.Run(ctx, s.client, []string{key}, args...).Int64()
+	}
+	if err != nil {
+		return s.unavailable("settle orphan", err)
+	}
+	if n != 1 {
+		return fmt.Errorf("settle orphan: %w", ErrLeaseLost)
+	}
+	return nil
 }
 
 // runAndWait runs script and WAIT in one pipeline, so WAIT follows the

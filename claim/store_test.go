@@ -72,6 +72,8 @@ func TestContract(t *testing.T) {
 		{"CompleteAfterLapse", testCompleteAfterLapse},
 		{"ForeignValueNeverTouched", testForeignValue},
 		{"ConcurrentClaimsOneWinner", testConcurrentClaims},
+		{"TailOutlivesLease", testTailOutlivesLease},
+		{"SettleOrphanFenced", testSettleOrphanFenced},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
@@ -193,18 +195,18 @@ func testRenewFenced(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 	if _, err := s.Claim(ctx, key, rec, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Renew(ctx, key, rec.Token, time.Minute); err != nil {
+	if err := s.Renew(ctx, key, rec, time.Minute); err != nil {
 		t.Fatalf("owner renew: %v", err)
 	}
 	if _, ttl, _ := s.Get(ctx, key); ttl <= 2*time.Second {
 		t.Errorf("TTL after renew = %s, want about a minute", ttl)
 	}
-	var other claim.Token
-	other[0] = 1
+	other := &claim.Record{State: claim.InProgress}
+	other.Token[0] = 1
 	if err := s.Renew(ctx, key, other, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
 		t.Errorf("renew with another token = %v, want ErrLeaseLost", err)
 	}
-	if err := s.Renew(ctx, s.Key("alice", "route", "absent"), rec.Token, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
+	if err := s.Renew(ctx, s.Key("alice", "route", "absent"), rec, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
 		t.Errorf("renew of a missing key = %v, want ErrLeaseLost", err)
 	}
 }
@@ -260,7 +262,7 @@ func testStaleOwnerAfterTakeover(t *testing.T, _ redis.UniversalClient, s *claim
 	if err := s.Release(ctx, key, stale.Token); !errors.Is(err, claim.ErrLeaseLost) {
 		t.Errorf("stale release = %v, want ErrLeaseLost", err)
 	}
-	if err := s.Renew(ctx, key, stale.Token, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
+	if err := s.Renew(ctx, key, stale, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
 		t.Errorf("stale renew = %v, want ErrLeaseLost", err)
 	}
 	got, _, err := s.Get(ctx, key)
@@ -409,5 +411,100 @@ func TestStoreUnavailable(t *testing.T) {
 	}
 	if err := s.Ping(context.Background()); !errors.Is(err, claim.ErrUnavailable) {
 		t.Fatalf("ping with Redis down = %v, want ErrUnavailable", err)
+	}
+}
+
+// An in-progress record with a tail stays after its lease, and reports its
+// lease left (not its TTL), so a finder can tell a live owner from a gone
+// one; renewals keep the tail.
+func testTailOutlivesLease(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	key := s.Key("alice", "route", "k1")
+	owner := newRecord(t)
+	owner.Tail = time.Hour
+	if res, err := s.Claim(ctx, key, owner, 300*time.Millisecond); err != nil || !res.Claimed {
+		t.Fatalf("claim = %+v, %v", res, err)
+	}
+	res, err := s.Claim(ctx, key, newRecord(t), time.Second)
+	if err != nil || res.Claimed || res.Existing.Tail != time.Hour {
+		t.Fatalf("second claim = %+v, %v; want the owner's record with its tail", res, err)
+	}
+	if res.TTL <= 0 || res.TTL > 300*time.Millisecond || res.Existing.Orphaned(res.TTL) {
+		t.Fatalf("lease left = %s, want within the 300ms lease, not orphaned", res.TTL)
+	}
+	if err := s.Renew(ctx, key, owner, 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		res, err = s.Claim(ctx, key, newRecord(t), time.Second)
+		if err != nil || res.Claimed {
+			t.Fatalf("claim after the lease = %+v, %v; want the orphaned record, kept by its tail", res, err)
+		}
+		if res.Existing.Orphaned(res.TTL) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lease never ran out")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	got, left, err := s.Get(ctx, key)
+	if err != nil || got == nil || !got.Orphaned(left) {
+		t.Fatalf("Get of the orphan = %+v, %s, %v; want it orphaned", got, left, err)
+	}
+}
+
+// SettleOrphan writes only over the orphan it was given, and only while
+// its lease is still over.
+func testSettleOrphanFenced(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	key := s.Key("alice", "route", "k1")
+	owner := newRecord(t)
+	owner.Tail = time.Hour
+	if _, err := s.Claim(ctx, key, owner, 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	settler := newRecord(t)
+	outcome := completed(settler, "outcome unknown")
+	if err := s.SettleOrphan(ctx, key, owner, outcome, time.Hour); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Fatalf("settling a live owner's record = %v, want ErrLeaseLost", err)
+	}
+	other := newRecord(t)
+	other.Tail = time.Hour
+	eventually(t, "the owner's lease runs out", func() bool {
+		got, left, err := s.Get(ctx, key)
+		return err == nil && got != nil && got.Orphaned(left)
+	})
+	if err := s.SettleOrphan(ctx, key, other, outcome, time.Hour); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Fatalf("settling with another record's token = %v, want ErrLeaseLost", err)
+	}
+	if err := s.SettleOrphan(ctx, key, owner, outcome, time.Hour); err != nil {
+		t.Fatalf("settle orphan: %v", err)
+	}
+	got, ttl, err := s.Get(ctx, key)
+	if err != nil || got == nil || got.State != claim.Completed || got.Token != settler.Token || string(got.Body) != "outcome unknown" {
+		t.Fatalf("record after settling = %+v, %v; want the settler's completed record", got, err)
+	}
+	if ttl < 59*time.Minute {
+		t.Errorf("settled record's TTL = %s, want the retention", ttl)
+	}
+	// The vanished owner comes back: its completion is fenced off.
+	if _, err := s.Complete(ctx, key, completed(owner, "late"), time.Hour); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Fatalf("the orphan's owner completing after the settle = %v, want ErrLeaseLost", err)
+	}
+	if err := s.SettleOrphan(ctx, key, owner, outcome, time.Hour); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Fatalf("settling a completed record = %v, want ErrLeaseLost", err)
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

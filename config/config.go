@@ -20,6 +20,8 @@ const (
 	DefaultAdminListen      = ":9090"
 	DefaultUpstreamURL      = "http://127.0.0.1:3000"
 	DefaultUpstreamTimeout  = 30 * time.Second
+	DefaultLateAnswerWindow = 5 * time.Minute
+	DefaultMaxLateCalls     = 1000
 	DefaultLogLevel         = "info"
 	DefaultKeyPrefix        = "idem:"
 	DefaultWaitTimeout      = 100 * time.Millisecond
@@ -72,6 +74,10 @@ const (
 const (
 	OutcomeKeep    = "keep"    // hold the claim one more lease, then let it lapse
 	OutcomeRelease = "release" // free the key at once
+	// OutcomeFail stores a replayable 502 outcome-unknown for the key, so
+	// nothing executes again; a claim whose owner vanished is settled the
+	// same way by the next attempt that finds it.
+	OutcomeFail = "fail"
 )
 
 // StoreUnavailable values: what happens when Redis cannot be reached.
@@ -106,19 +112,48 @@ type Config struct {
 type Upstream struct {
 	// URL is the upstream's base URL, e.g. http://127.0.0.1:3000.
 	URL string
-	// Timeout is the longest a protected request may run upstream.
+	// Timeout is how long a client waits for the upstream's answer; past
+	// it the client gets 504 and, with a LateAnswerWindow, the upstream
+	// call goes on.
 	Timeout time.Duration
+	// LateAnswerWindow is how much longer than Timeout the owner keeps the
+	// upstream call open, renewing its lease, to store a late answer for
+	// the client's retries. Zero cancels the call at Timeout.
+	LateAnswerWindow time.Duration
+	// MaxLateCalls caps the calls running past Timeout at once in this
+	// process; beyond it a call is cancelled at Timeout and its route's
+	// unknown_outcome applies. Zero holds none.
+	MaxLateCalls int
 }
+
+// Budget is the longest a protected request may run upstream: Timeout
+// plus LateAnswerWindow.
+func (u Upstream) Budget() time.Duration { return u.Timeout + u.LateAnswerWindow }
 
 // Drain configures shutdown on SIGTERM.
 type Drain struct {
 	// Delay is how long /readyz fails before the client listener stops
 	// accepting, so load balancers stop sending first. Zero stops at once.
 	Delay time.Duration
-	// Timeout bounds how long in-flight requests may take to settle and
-	// store after the listener stopped. Zero means upstream.timeout plus
-	// 5s: a request that just started may run that long.
+	// Timeout bounds how long in-flight requests, late calls included, may
+	// take to settle and store after the listener stopped; what still runs
+	// then is settled by its route's unknown_outcome. Zero means
+	// upstream.timeout plus upstream.late_answer_window plus 5s: a request
+	// that just started may run that long.
 	Timeout time.Duration
+}
+
+// DrainExtra is added to the upstream budget for the default drain
+// timeout: an in-flight request may run that long and then store.
+const DrainExtra = 5 * time.Second
+
+// Grace is how long a drain waits for in-flight requests: Drain.Timeout,
+// or when zero, the upstream budget plus DrainExtra.
+func (c *Config) Grace() time.Duration {
+	if c.Drain.Timeout > 0 {
+		return c.Drain.Timeout
+	}
+	return c.Upstream.Budget() + DrainExtra
 }
 
 // Store configures Redis.
@@ -219,10 +254,13 @@ func Default() *Config {
 		Listen:      DefaultListen,
 		AdminListen: DefaultAdminListen,
 		LogLevel:    DefaultLogLevel,
-		Upstream:    Upstream{URL: DefaultUpstreamURL, Timeout: DefaultUpstreamTimeout},
-		Store:       Store{KeyPrefix: DefaultKeyPrefix, WaitTimeout: DefaultWaitTimeout},
-		Identity:    Identity{Header: DefaultIdentityHeader},
-		Defaults:    DefaultSettings(),
+		Upstream: Upstream{
+			URL: DefaultUpstreamURL, Timeout: DefaultUpstreamTimeout,
+			LateAnswerWindow: DefaultLateAnswerWindow, MaxLateCalls: DefaultMaxLateCalls,
+		},
+		Store:    Store{KeyPrefix: DefaultKeyPrefix, WaitTimeout: DefaultWaitTimeout},
+		Identity: Identity{Header: DefaultIdentityHeader},
+		Defaults: DefaultSettings(),
 	}
 	for _, p := range DefaultTrustedProxies {
 		c.Identity.TrustedProxies = append(c.Identity.TrustedProxies, netip.MustParsePrefix(p))

@@ -57,7 +57,7 @@ func TestInvalidFixtures(t *testing.T) {
 			`log_level: must be one of debug, info, warn, error, got "verbose"`,
 			`defaults.scope: must be one of route, principal, got "global"`,
 			`defaults.concurrent: must be one of reject, wait, got "queue"`,
-			`routes[0].unknown_outcome: must be one of keep, release, got "retry"`,
+			`routes[0].unknown_outcome: must be one of keep, release, fail, got "retry"`,
 			`routes[0].store_unavailable: must be one of fail_closed, fail_open, got "ignore"`,
 		},
 		"bad_identity": {
@@ -72,6 +72,10 @@ func TestInvalidFixtures(t *testing.T) {
 		"bad_upstream": {
 			`upstream.url: must be an absolute http or https URL, got "127.0.0.1:3000"`,
 			`upstream.timeout: must be positive, got 0s`,
+		},
+		"bad_late_answers": {
+			`upstream.late_answer_window: must not be negative (0s cancels the upstream call at upstream.timeout), got -1s`,
+			`upstream.max_late_calls: must not be negative, got -5`,
 		},
 		"upstream_loop": {
 			`upstream.url: "http://localhost:8080/api" is idemproxy's own listen (:8080): every request would loop back into the proxy; point it at the app`,
@@ -217,11 +221,20 @@ func TestWarnings(t *testing.T) {
 	c = config.Default()
 	c.Drain.Timeout = 10 * time.Second
 	w = c.Warnings()
-	if len(w) != 1 || !strings.HasPrefix(w[0], "drain.timeout: 10s is shorter than upstream.timeout (30s)") {
+	if len(w) != 1 || !strings.HasPrefix(w[0], "drain.timeout: 10s is shorter than upstream.timeout + upstream.late_answer_window (5m30s)") {
 		t.Errorf("warnings = %q, want one naming drain.timeout", w)
 	}
 	c.Drain.Timeout = time.Minute
+	if w := c.Warnings(); len(w) != 1 {
+		t.Errorf("a drain.timeout shorter than the late-answer window does not warn: %q", w)
+	}
+	c.Upstream.LateAnswerWindow = 0
 	if w := c.Warnings(); len(w) != 0 {
-		t.Errorf("a drain.timeout longer than upstream.timeout warns: %q", w)
+		t.Errorf("a drain.timeout longer than upstream.timeout, no late answers, warns: %q", w)
+	}
+	c = config.Default()
+	c.Upstream.MaxLateCalls = 0
+	if w := c.Warnings(); len(w) != 1 || !strings.HasPrefix(w[0], "upstream.max_late_calls: 0") {
+		t.Errorf("warnings = %q, want one naming upstream.max_late_calls", w)
 	}
 }

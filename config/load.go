@@ -19,7 +19,7 @@ const EnvPrefix = "IDEMPROXY"
 // topKeys are the keys outside defaults: and routes:, by YAML path.
 var topKeys = []string{
 	"listen", "admin_listen", "admin_pprof", "log_level",
-	"upstream.url", "upstream.timeout", "drain.delay", "drain.timeout",
+	"upstream.url", "upstream.timeout", "upstream.late_answer_window", "upstream.max_late_calls", "drain.delay", "drain.timeout",
 	"store.redis.addrs", "store.redis.master_name", "store.redis.username",
 	"store.redis.password", "store.redis.password_file",
 	"store.redis.sentinel_username", "store.redis.sentinel_password", "store.redis.sentinel_password_file", "store.redis.tls", "store.redis.tls_ca_file", "store.redis.tls_server_name", "store.key_prefix",
@@ -64,6 +64,8 @@ func Load(path string) (*Config, error) {
 	d.str(src, "log_level", "log_level", &c.LogLevel)
 	d.str(src, "upstream.url", "upstream.url", &c.Upstream.URL)
 	d.duration(src, "upstream.timeout", "upstream.timeout", &c.Upstream.Timeout)
+	d.duration(src, "upstream.late_answer_window", "upstream.late_answer_window", &c.Upstream.LateAnswerWindow)
+	d.integer(src, "upstream.max_late_calls", "upstream.max_late_calls", &c.Upstream.MaxLateCalls)
 	d.duration(src, "drain.delay", "drain.delay", &c.Drain.Delay)
 	d.duration(src, "drain.timeout", "drain.timeout", &c.Drain.Timeout)
 	d.strings(src, "store.redis.addrs", "store.redis.addrs", &c.Store.Redis.Addrs)

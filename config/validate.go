@@ -42,6 +42,12 @@ func (c *Config) validate(failed map[string]bool) error {
 	if c.Upstream.Timeout <= 0 {
 		add("upstream.timeout", "must be positive, got %s", c.Upstream.Timeout)
 	}
+	if c.Upstream.LateAnswerWindow < 0 {
+		add("upstream.late_answer_window", "must not be negative (0s cancels the upstream call at upstream.timeout), got %s", c.Upstream.LateAnswerWindow)
+	}
+	if c.Upstream.MaxLateCalls < 0 {
+		add("upstream.max_late_calls", "must not be negative, got %d", c.Upstream.MaxLateCalls)
+	}
 	if c.Drain.Delay < 0 {
 		add("drain.delay", "must not be negative, got %s", c.Drain.Delay)
 	}
@@ -125,7 +131,7 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 	}
 	oneOf(path+"scope", s.Scope, add, ScopeRoute, ScopePrincipal)
 	oneOf(path+"concurrent", s.Concurrent, add, ConcurrentReject, ConcurrentWait)
-	oneOf(path+"unknown_outcome", s.UnknownOutcome, add, OutcomeKeep, OutcomeRelease)
+	oneOf(path+"unknown_outcome", s.UnknownOutcome, add, OutcomeKeep, OutcomeRelease, OutcomeFail)
 	oneOf(path+"store_unavailable", s.StoreUnavailable, add, FailClosed, FailOpen)
 	if s.Lease < MinLease {
 		add(path+"lease", "must be at least %s, got %s", MinLease, s.Lease)
@@ -245,8 +251,11 @@ func (c *Config) Warnings() []string {
 			w = append(w, fmt.Sprintf("identity.trusted_proxies[%d]: %s trusts every peer: any client can send %s and be any principal, and read another principal's replays; list only the auth proxy or mesh in the pod", i, p, c.Identity.Header))
 		}
 	}
-	if c.Drain.Timeout > 0 && c.Drain.Timeout < c.Upstream.Timeout {
-		w = append(w, fmt.Sprintf("drain.timeout: %s is shorter than upstream.timeout (%s): at shutdown a request still upstream can be cut off after the upstream acted and before its answer is stored; 0 waits upstream.timeout + 5s", c.Drain.Timeout, c.Upstream.Timeout))
+	if need := c.Upstream.Budget(); c.Drain.Timeout > 0 && c.Drain.Timeout < need {
+		w = append(w, fmt.Sprintf("drain.timeout: %s is shorter than upstream.timeout + upstream.late_answer_window (%s): a rollout can cut off a request still upstream after the upstream acted; its key is then settled by unknown_outcome (keep: a retry may execute again once the lease lapses; fail: retries get 502 outcome-unknown) instead of its answer being stored; 0 waits %s", c.Drain.Timeout, need, need+DrainExtra))
+	}
+	if c.Upstream.LateAnswerWindow > 0 && c.Upstream.MaxLateCalls == 0 {
+		w = append(w, "upstream.max_late_calls: 0 holds no late call: upstream.late_answer_window has no effect, every call is cancelled at upstream.timeout")
 	}
 	return w
 }

@@ -344,6 +344,7 @@ func TestUnknownOutcomeKeepsOrReleases(t *testing.T) {
 				created(w, r)
 			}, func(c *config.Config) {
 				c.Upstream.Timeout = 300 * time.Millisecond
+				c.Upstream.LateAnswerWindow = 0 // cancel at the timeout, as before late answers
 				c.Routes[0].Settings.UnknownOutcome = policy
 			})
 			r := e.do(req{user: "alice", key: "hang", body: `{}`})

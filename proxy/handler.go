@@ -28,8 +28,9 @@ type Store interface {
 	Key(principal, scope, key string) string
 	Claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration) (claim.Result, error)
 	Get(ctx context.Context, key string) (*claim.Record, time.Duration, error)
-	Renew(ctx context.Context, key string, token claim.Token, lease time.Duration) error
+	Renew(ctx context.Context, key string, rec *claim.Record, lease time.Duration) error
 	Complete(ctx context.Context, key string, rec *claim.Record, retention time.Duration) (claim.Completion, error)
+	SettleOrphan(ctx context.Context, key string, orphan, rec *claim.Record, retention time.Duration) error
 	Release(ctx context.Context, key string, token claim.Token) error
 }
 
@@ -88,6 +89,15 @@ type Handler struct {
 	now                    func() time.Time
 	rand                   io.Reader
 	bodyTimeout            time.Duration
+
+	// lateWindow is upstream.late_answer_window; maxLate caps lateCalls,
+	// the owners' upstream calls running past upstream.timeout now.
+	lateWindow time.Duration
+	maxLate    int64
+	lateCalls  atomic.Int64
+	// abandoned is set by Abandon: upstream calls starting after it are
+	// cancelled at once.
+	abandoned atomic.Bool
 }
 
 // New builds a Handler for cfg, which must be valid.
@@ -108,6 +118,8 @@ func New(cfg *config.Config, store Store, opts Options) (*Handler, error) {
 		id:              identity{header: http.CanonicalHeaderKey(cfg.Identity.Header), trusted: cfg.Identity.TrustedProxies},
 		upstream:        upstream,
 		upstreamTimeout: cfg.Upstream.Timeout,
+		lateWindow:      cfg.Upstream.LateAnswerWindow,
+		maxLate:         int64(cfg.Upstream.MaxLateCalls),
 		log:             opts.Logger,
 		metrics:         opts.Metrics,
 		now:             opts.Now,
@@ -191,6 +203,21 @@ func (h *Handler) Reload(cfg *config.Config) error {
 	return nil
 }
 
+// Abandon cancels every upstream call of a protected request still
+// running, and any that starts later; each is then settled by its route's
+// unknown_outcome. A drain calls it when drain.timeout runs out, so that
+// no claim is left to the dual-write window by the process exiting. It
+// returns the number of calls cancelled.
+func (h *Handler) Abandon() int {
+	h.abandoned.Store(true)
+	n := 0
+	h.metrics.claims.each(func(o *owner) {
+		o.cancel(errAbandoned)
+		n++
+	})
+	return n
+}
+
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	principal, trusted, idErr := h.id.principal(r)
@@ -265,6 +292,11 @@ type exchange struct {
 	upstream time.Duration
 	// original is the request id of the attempt a replay answers with.
 	original string
+	// unknown, when set, says why the upstream's outcome is unknown.
+	unknown string
+	// late is set when the client was answered 504 while the upstream
+	// call went on past upstream.timeout.
+	late bool
 
 	// reqBuf and respBuf are the pooled buffers the request's body and
 	// the upstream's answer were read into; lent are the bodies handed out
@@ -344,11 +376,16 @@ func (x *exchange) serve() {
 		RequestID:   x.requestID,
 	}
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
+	if s.UnknownOutcome == config.OutcomeFail {
+		// The claim outlives its lease, so that an owner that vanishes
+		// leaves an orphan the next attempt settles, not a free key.
+		rec.Tail = s.Retention
+	}
 	var waitUntil time.Time
 	if s.Concurrent == config.ConcurrentWait {
 		waitUntil = x.start.Add(s.MaxWait)
 	}
-	for {
+	for attempt := 0; ; attempt++ {
 		res, err := x.claim(rec)
 		if err != nil {
 			x.storeFailed("claim", err, body)
@@ -359,7 +396,7 @@ func (x *exchange) serve() {
 			return
 		}
 		existing, ttl := res.Existing, res.TTL
-		if existing.State == claim.InProgress && existing.Fingerprint == fp && x.h.now().Before(waitUntil) {
+		if existing.State == claim.InProgress && existing.Fingerprint == fp && !existing.Orphaned(ttl) && x.h.now().Before(waitUntil) {
 			existing, ttl, err = x.wait(waitUntil)
 			if err != nil {
 				x.storeFailed("get", err, nil)
@@ -369,9 +406,44 @@ func (x *exchange) serve() {
 				continue // released or lapsed: claim it ourselves
 			}
 		}
+		if existing.Fingerprint == fp && existing.Orphaned(ttl) && attempt < maxOrphanSettles {
+			if err := x.settleOrphan(existing); err == nil || !errors.Is(err, claim.ErrLeaseLost) {
+				return
+			}
+			continue // the key changed under us: look again
+		}
 		x.answerExisting(existing, fp, ttl)
 		return
 	}
+}
+
+// maxOrphanSettles bounds how often one request tries to settle an
+// orphaned claim that keeps changing under it.
+const maxOrphanSettles = 3
+
+// settleOrphan settles a claim whose owner vanished (unknown_outcome:
+// fail) as outcome-unknown, and answers with it: the request may have
+// executed, so this attempt must not. It returns ErrLeaseLost, having
+// answered nothing, when the key changed first.
+func (x *exchange) settleOrphan(orphan *claim.Record) error {
+	rec := outcomeUnknownRecord(orphan, claim.Token{}, x.h.now(), true)
+	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
+	ctx, cancel := settleCtx()
+	defer cancel()
+	start := time.Now()
+	err := x.h.store.SettleOrphan(ctx, x.hashedKey, orphan, rec, x.rt.settings.Retention)
+	x.h.observeStore("complete", start)
+	switch {
+	case errors.Is(err, claim.ErrLeaseLost):
+		return err
+	case err != nil:
+		x.storeFailed("complete", err, nil)
+		return err
+	}
+	x.h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, unknownOrphan).Inc()
+	x.replay(rec)
+	x.detail = "the claim's owner vanished without settling (lease lapsed): settled as 502 outcome-unknown"
+	return nil
 }
 
 // claim runs the one-round-trip claim-or-read, timed.
@@ -404,13 +476,21 @@ func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl t
 // replay writes the stored response, byte for byte, marked as a replay.
 func (x *exchange) replay(rec *claim.Record) {
 	x.outcome = outcomeReplayed
-	x.status = rec.Status
 	x.original = rec.RequestID
+	x.writeRecord(rec, true)
+}
+
+// writeRecord writes a completed record's response, marked as a replay
+// when replayed.
+func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
+	x.status = rec.Status
 	h := x.w.Header()
 	for k, vs := range rec.Header {
 		h[k] = vs
 	}
-	h.Set(ReplayedHeader, "true")
+	if replayed {
+		h.Set(ReplayedHeader, "true")
+	}
 	x.w.WriteHeader(rec.Status)
 	_, _ = x.w.Write(rec.Body)
 }
@@ -571,6 +651,9 @@ func (x *exchange) finish() {
 	}
 	if x.original != "" {
 		attrs = append(attrs, slog.String("original_request_id", x.original))
+	}
+	if x.late {
+		attrs = append(attrs, slog.Bool("late", true))
 	}
 	if x.detail != "" {
 		attrs = append(attrs, slog.String("detail", x.detail))

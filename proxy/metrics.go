@@ -42,7 +42,19 @@ type Metrics struct {
 	storedBytes  prometheus.Histogram
 	claims       *claimAges
 	renewals     *prometheus.CounterVec
+	// lateAnswers counts late calls by how they ended; lateCalls is how
+	// many run now.
+	lateAnswers *prometheus.CounterVec
+	lateCalls   prometheus.Gauge
+	// unknownOutcomes counts requests whose outcome was unknown, by the
+	// unknown_outcome that handled them (or orphan, for a vanished owner's
+	// claim settled by a later attempt).
+	unknownOutcomes *prometheus.CounterVec
 }
+
+// unknownOrphan is the handling label of an orphaned claim settled as
+// outcome-unknown by a later attempt.
+const unknownOrphan = "orphan"
 
 // NewMetrics creates the collectors and registers them with reg; a nil reg
 // leaves them unregistered (tests, or a caller that exposes no metrics).
@@ -81,6 +93,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_lease_renewals_total",
 			Help: "Lease renewals by result (ok, lost, error).",
 		}, []string{"result"}),
+		lateAnswers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_late_answers_total",
+			Help: "Upstream calls that ran past upstream.timeout after the client got 504, by route and result (stored, released, abandoned, unstored).",
+		}, []string{"route", "result"}),
+		lateCalls: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemproxy_late_calls",
+			Help: "Upstream calls running past upstream.timeout now, waiting for a late answer; capped by upstream.max_late_calls.",
+		}),
+		unknownOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_unknown_outcomes_total",
+			Help: "Protected requests the upstream may have acted on without an answer, by route and handling (keep, release, fail, or orphan: an owner vanished and a later attempt settled its claim).",
+		}, []string{"route", "handling"}),
 	}
 	// Series that exist from the start make rate() and absent-based alerts
 	// work before the first error.
@@ -99,7 +123,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_oldest_inflight_claim_seconds",
 			Help: "Age of the oldest claim this process owns and has not settled; 0 when none.",
 		}, m.claims.oldest)
-		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, inFlight, m.renewals, oldest)
+		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, inFlight, m.renewals, oldest,
+			m.lateAnswers, m.lateCalls, m.unknownOutcomes)
 	}
 	return m
 }
@@ -109,6 +134,9 @@ func (m *Metrics) initRoutes(rt *router) {
 	for _, name := range rt.names {
 		for _, o := range outcomes {
 			m.requests.WithLabelValues(name, o)
+		}
+		for _, r := range lateResults {
+			m.lateAnswers.WithLabelValues(name, r)
 		}
 	}
 }
@@ -132,6 +160,15 @@ func (c *claimAges) remove(o *owner) {
 	c.mu.Lock()
 	delete(c.started, o)
 	c.mu.Unlock()
+}
+
+// each calls f for every in-flight claim, under the lock: f must not block.
+func (c *claimAges) each(f func(*owner)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for o := range c.started {
+		f(o)
+	}
 }
 
 func (c *claimAges) count() float64 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -35,6 +36,15 @@ type owner struct {
 	wrote atomic.Bool
 	// sent is when the request was forwarded, for the upstream histogram.
 	sent time.Time
+	// gate carries the answer to the client; the late-answer timer may
+	// close it.
+	gate *gate
+	// cancel ends the upstream call with a cause: the late-call cap, or a
+	// drain that ran out of time.
+	cancel context.CancelCauseFunc
+	// late is set once the client was answered 504 and the upstream call
+	// went on past upstream.timeout, holding one of the late-call slots.
+	late atomic.Bool
 
 	// mu guards settled and serialises renewals with settling, so a
 	// renewal never runs after the record was completed or released.
@@ -50,20 +60,45 @@ func ownerFrom(ctx context.Context) *owner {
 	return o
 }
 
+// Causes that end an owner's upstream call early; errorHandler names them.
+var (
+	errLateCap    = errors.New("upstream.max_late_calls reached: cancelled at upstream.timeout")
+	errLateWindow = errors.New("no answer within upstream.timeout + upstream.late_answer_window")
+	errAbandoned  = errors.New("drain.timeout ran out at shutdown: cancelled")
+)
+
 // own forwards the request as the claim's owner and settles the claim.
 func (x *exchange) own(rec *claim.Record, body []byte) {
-	o := &owner{x: x, rec: rec, body: body}
-	x.h.metrics.claims.add(o)
-	defer x.h.metrics.claims.remove(o)
+	h := x.h
+	g := newGate(x.w)
+	x.w = g // every answer of the owner goes through the gate
+	defer g.seal()
+	o := &owner{x: x, rec: rec, body: body, gate: g}
 	lease := x.rt.settings.Lease
 	o.renewer = time.AfterFunc(lease/3, o.renew)
 	defer o.settle(func() {}) // stops renewal if nothing settled (a panic)
 
 	// The upstream call is detached from the client: if the client hangs
 	// up, the upstream still finishes and its answer is stored, so the
-	// client's retry gets a replay instead of a second execution.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), x.h.upstreamTimeout)
-	defer cancel()
+	// client's retry gets a replay instead of a second execution. It may
+	// run past upstream.timeout, which bounds only the client's wait, for
+	// upstream.late_answer_window more.
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(x.r.Context()))
+	defer cancel(nil)
+	o.cancel = cancel
+	budget, cause := h.upstreamTimeout, error(nil)
+	if h.lateWindow > 0 {
+		budget, cause = h.upstreamTimeout+h.lateWindow, errLateWindow
+		client := time.AfterFunc(h.upstreamTimeout, o.clientTimedOut)
+		defer client.Stop()
+	}
+	ctx, stop := context.WithTimeoutCause(ctx, budget, cause)
+	defer stop()
+	h.metrics.claims.add(o)
+	defer h.metrics.claims.remove(o)
+	if h.abandoned.Load() {
+		cancel(errAbandoned) // a drain gave up before this call began
+	}
 	ctx = context.WithValue(ctx, ownerKey{}, o)
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		WroteHeaders: func() { o.wrote.Store(true) },
@@ -73,12 +108,77 @@ func (x *exchange) own(rec *claim.Record, body []byte) {
 	out := x.r.WithContext(ctx)
 	out.Body = x.lend(body)
 	out.ContentLength = int64(len(body))
-	sw := &statusWriter{ResponseWriter: x.w}
 	o.sent = time.Now()
-	x.fwd.protected.ServeHTTP(sw, out)
-	if x.status == 0 {
-		x.status = sw.status
+	x.fwd.protected.ServeHTTP(g, out)
+	status, closed := g.seal()
+	if x.status == 0 || status != 0 {
+		x.status = status
 	}
+	if closed {
+		x.status = http.StatusGatewayTimeout
+	}
+	if o.late.Load() {
+		h.lateCalls.Add(-1)
+		h.metrics.lateCalls.Dec()
+		o.lateSettled()
+	}
+}
+
+// clientTimedOut runs at upstream.timeout, on the timer's goroutine, while
+// the upstream call goes on. It answers the client 504 and keeps the call
+// running for its late answer, when a late-call slot is free; otherwise it
+// cancels the call, whose outcome is then unknown.
+func (o *owner) clientTimedOut() {
+	x, h := o.x, o.x.h
+	if h.lateCalls.Add(1) > h.maxLate {
+		h.lateCalls.Add(-1)
+		o.cancel(errLateCap)
+		return
+	}
+	p := probUpstreamTimeout.with(fmt.Sprintf("no answer within %s; the request is still running upstream and its answer will be stored: retry with the same key to get it", h.upstreamTimeout))
+	p.retryAfter = x.rt.settings.Lease
+	answered := o.gate.close(func(w http.ResponseWriter) {
+		o.late.Store(true) // under the gate's lock: seal sees it
+		h.metrics.lateCalls.Inc()
+		w.Header().Set("Connection", "close") // this handler stays busy
+		writeProblem(w, p, x.requestID)
+	})
+	if !answered { // the answer is already on its way
+		h.lateCalls.Add(-1)
+	}
+}
+
+// Results of a late call, the values of the result label of
+// idemproxy_late_answers_total.
+const (
+	lateStored    = "stored"    // the late answer was stored for the retries
+	lateReleased  = "released"  // the late answer was transient: key released
+	lateAbandoned = "abandoned" // no answer: window, cap or drain ran out, or the call broke
+	lateUnstored  = "unstored"  // answered, but the store refused or failed (fence_lost, store_error)
+)
+
+var lateResults = []string{lateStored, lateReleased, lateAbandoned, lateUnstored}
+
+// lateSettled counts and logs how a late call ended.
+func (o *owner) lateSettled() {
+	x := o.x
+	result := lateAbandoned
+	switch {
+	case x.outcome == outcomeStored && x.unknown == "":
+		result = lateStored
+	case x.outcome == outcomeReleased && x.unknown == "":
+		result = lateReleased
+	case (x.outcome == outcomeStoreError || x.outcome == outcomeFenceLost) && x.unknown == "":
+		result = lateUnstored
+	}
+	x.late = true
+	x.h.metrics.lateAnswers.WithLabelValues(x.rt.name, result).Inc()
+	level := slog.LevelInfo
+	if result != lateStored && result != lateReleased {
+		level = slog.LevelWarn
+	}
+	x.h.log.Log(context.Background(), level, "late answer", "route", x.rt.name, "result", result,
+		"key", x.hashedKey, "request_id", x.requestID, "upstream", time.Since(o.sent), "outcome", x.outcome)
 }
 
 // renew extends the lease every lease/3 while the upstream runs.
@@ -93,7 +193,7 @@ func (o *owner) renew() {
 	ctx, cancel := context.WithTimeout(context.Background(), lease/3)
 	defer cancel()
 	start := time.Now()
-	err := x.h.store.Renew(ctx, x.hashedKey, o.rec.Token, lease)
+	err := x.h.store.Renew(ctx, x.hashedKey, o.rec, lease)
 	x.h.observeStore("renew", start)
 	switch {
 	case err == nil:
@@ -158,7 +258,7 @@ func (o *owner) keep(why string) {
 	ctx, cancel := settleCtx()
 	defer cancel()
 	start := time.Now()
-	err := x.h.store.Renew(ctx, x.hashedKey, o.rec.Token, x.rt.settings.Lease)
+	err := x.h.store.Renew(ctx, x.hashedKey, o.rec, x.rt.settings.Lease)
 	x.h.observeStore("renew", start)
 	x.outcome, x.detail = outcomeClaimed, why+"; claim kept for one lease"
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
@@ -312,19 +412,61 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		x.problem(probUpstreamDown.with("the request was not sent to the upstream; it is safe to retry"))
 		return
 	}
+	if cause := context.Cause(r.Context()); cause != nil && cause != r.Context().Err() {
+		err = fmt.Errorf("%w (%w)", cause, err)
+	}
+	x.unknown = "outcome unknown: " + err.Error()
+	timeout := isTimeout(err) || errors.Is(err, errLateCap) || errors.Is(err, errAbandoned)
+	policy := x.rt.settings.UnknownOutcome
+	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy).Inc()
+	switch policy {
+	case config.OutcomeFail:
+		rec := outcomeUnknownRecord(o.rec, o.rec.Token, h.now(), timeout)
+		o.settle(func() {
+			o.complete(rec)
+			if x.outcome == outcomeStored {
+				x.detail = x.unknown + "; stored as 502 outcome-unknown, replayed to every retry"
+			}
+		})
+		x.writeRecord(rec, false)
+		return
+	case config.OutcomeRelease:
+		o.settle(func() { o.release(x.unknown) })
+	default:
+		o.settle(func() { o.keep(x.unknown) })
+	}
 	p := probUpstreamFailed.with("the upstream may have acted; retry later to learn the outcome")
-	if isTimeout(err) {
+	if timeout {
 		p = probUpstreamTimeout.with(fmt.Sprintf("no answer within %s; the upstream may have acted", h.upstreamTimeout))
 	}
-	why := "outcome unknown: " + err.Error()
-	o.settle(func() {
-		if x.rt.settings.UnknownOutcome == config.OutcomeRelease {
-			o.release(why)
-		} else {
-			o.keep(why)
-		}
-	})
 	x.problem(p)
+}
+
+// outcomeUnknownRecord is the completed record that settles a key whose
+// request may or may not have been executed (unknown_outcome: fail): a
+// 502 outcome-unknown problem, replayed to every retry, so nothing
+// executes again. orig is the claim it settles, token the writer's.
+func outcomeUnknownRecord(orig *claim.Record, token claim.Token, now time.Time, timeout bool) *claim.Record {
+	what := "the connection to the upstream broke after the request was sent"
+	if timeout {
+		what = "the upstream did not answer in time"
+	}
+	p := probOutcomeUnknown.with(what + "; it may have acted on the request. It will not be executed again with this idempotency key: check the state of the resource, and to try again send a new key")
+	body := problemBody(p, orig.RequestID)
+	return &claim.Record{
+		State:       claim.Completed,
+		Token:       token,
+		Fingerprint: orig.Fingerprint,
+		Created:     orig.Created,
+		Completed:   now,
+		RequestID:   orig.RequestID,
+		Status:      p.Status,
+		Header: http.Header{
+			"Content-Type":  {problemContentType},
+			"Cache-Control": {"no-store"},
+		},
+		Body: body,
+	}
 }
 
 func isTimeout(err error) bool {

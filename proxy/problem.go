@@ -45,7 +45,11 @@ var (
 	probUpstreamDown     = problem{Type: "upstream-unreachable", Status: http.StatusBadGateway, Title: "Upstream unreachable; the request was not sent"}
 	probUpstreamFailed   = problem{Type: "upstream-failed", Status: http.StatusBadGateway, Title: "Upstream connection failed after the request was sent"}
 	probUpstreamTimeout  = problem{Type: "upstream-timeout", Status: http.StatusGatewayTimeout, Title: "Upstream did not answer in time"}
+	probOutcomeUnknown   = problem{Type: "outcome-unknown", Status: http.StatusBadGateway, Title: "The outcome of the request sent with this idempotency key is unknown"}
 )
+
+// problemContentType is the media type of every problem answer.
+const problemContentType = "application/problem+json"
 
 // with returns a copy of p carrying detail.
 func (p problem) with(detail string) problem {
@@ -56,18 +60,24 @@ func (p problem) with(detail string) problem {
 // writeProblem is the proxy's one error path: every error response goes
 // out through here.
 func writeProblem(w http.ResponseWriter, p problem, requestID string) {
-	p.RequestID = requestID
-	p.Type = ProblemTypePrefix + p.Type
-	body, _ := json.Marshal(p) // a struct of strings and ints always marshals
+	body := problemBody(p, requestID)
 	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	h.Set("Content-Type", problemContentType)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("Cache-Control", "no-store")
 	if p.retryAfter > 0 {
 		h.Set("Retry-After", retryAfterSeconds(p.retryAfter))
 	}
 	w.WriteHeader(p.Status)
-	_, _ = w.Write(append(body, '\n'))
+	_, _ = w.Write(body)
+}
+
+// problemBody is p's JSON form, with its full type URI and requestID.
+func problemBody(p problem, requestID string) []byte {
+	p.RequestID = requestID
+	p.Type = ProblemTypePrefix + p.Type
+	body, _ := json.Marshal(p) // a struct of strings and ints always marshals
+	return append(body, '\n')
 }
 
 // retryAfterSeconds rounds d up to whole seconds, at least 1.
