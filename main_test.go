@@ -200,3 +200,131 @@ func readyzOnce(t *testing.T, cfg *config.Config) int {
 	}
 	return resp.StatusCode
 }
+
+// serveInBackground runs serve for cfg until the returned stop is called;
+// it returns the client address, and stop returns serve's error.
+func serveInBackground(t *testing.T, cfg *config.Config) (addr string, stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addrs := make(chan string, 1)
+	served := make(chan error, 1)
+	go func() {
+		served <- serve(ctx, cfg, "", slog.New(slog.DiscardHandler), func(c, _ string) { addrs <- c })
+	}()
+	select {
+	case addr = <-addrs:
+	case err := <-served:
+		cancel()
+		t.Fatalf("serve: %v", err)
+	}
+	var once atomic.Bool
+	t.Cleanup(func() {
+		if once.CompareAndSwap(false, true) {
+			cancel()
+			<-served
+		}
+	})
+	return addr, func() error {
+		once.Store(true)
+		cancel()
+		return <-served
+	}
+}
+
+// pay sends one protected POST and returns its status and body.
+func pay(t *testing.T, addr, key string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/payments", strings.NewReader("{}"))
+	req.Header.Set("X-Forwarded-User", "alice")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST /payments: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func lateConfig(srv *redistest.Server, upstream string) *config.Config {
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Upstream.URL = upstream
+	cfg.Upstream.Timeout = time.Second
+	cfg.Store.Redis.Addrs = []string{srv.Addr}
+	cfg.Routes = []config.Route{{Name: "pay", Match: "POST /payments", Settings: config.DefaultSettings()}}
+	return cfg
+}
+
+// TestDrainStoresLateAnswer: SIGTERM while a call runs past
+// upstream.timeout (its client already got 504) waits for it, within
+// drain.timeout, and stores its late answer before serve returns.
+func TestDrainStoresLateAnswer(t *testing.T) {
+	srv := redistest.Start(t)
+	release := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "charged late")
+	}))
+	defer upstream.Close()
+	cfg := lateConfig(srv, upstream.URL)
+	cfg.Drain.Timeout = 10 * time.Second
+	addr, stop := serveInBackground(t, cfg)
+	if status, body := pay(t, addr, "late-1"); status != http.StatusGatewayTimeout {
+		t.Fatalf("first attempt: %d %s, want 504", status, body)
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }() // SIGTERM
+	time.Sleep(300 * time.Millisecond)
+	select {
+	case err := <-stopped:
+		t.Fatalf("serve returned (%v) while a late call was running", err)
+	default:
+	}
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	store := claim.New(srv.Client(), cfg.Store.KeyPrefix)
+	rec, _, err := store.Get(context.Background(), store.Key("alice", "route\x00pay", "late-1"))
+	if err != nil || rec == nil || rec.State != claim.Completed || string(rec.Body) != "charged late" {
+		t.Fatalf("stored record after drain: %+v, %v; want the late answer", rec, err)
+	}
+}
+
+// TestDrainTimeoutSettlesLateCalls: a late call still running when
+// drain.timeout runs out is cancelled and settled by unknown_outcome (fail:
+// a stored outcome-unknown), not left in progress by the exit.
+func TestDrainTimeoutSettlesLateCalls(t *testing.T) {
+	srv := redistest.Start(t)
+	var cancelled atomic.Bool
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body) // net/http watches for a closed connection only after the body
+		<-r.Context().Done()
+		cancelled.Store(true)
+	}))
+	defer upstream.Close()
+	cfg := lateConfig(srv, upstream.URL)
+	cfg.Drain.Timeout = 500 * time.Millisecond
+	cfg.Routes[0].Settings.UnknownOutcome = config.OutcomeFail
+	addr, stop := serveInBackground(t, cfg)
+	if status, body := pay(t, addr, "late-2"); status != http.StatusGatewayTimeout {
+		t.Fatalf("first attempt: %d %s, want 504", status, body)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	store := claim.New(srv.Client(), cfg.Store.KeyPrefix)
+	rec, _, err := store.Get(context.Background(), store.Key("alice", "route\x00pay", "late-2"))
+	if err != nil || rec == nil || rec.State != claim.Completed || rec.Status != http.StatusBadGateway || !strings.Contains(string(rec.Body), "outcome-unknown") {
+		t.Fatalf("record after the drain ran out: %+v, %v; want a stored 502 outcome-unknown", rec, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !cancelled.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the upstream call was not cancelled")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
