@@ -77,6 +77,7 @@ type report struct {
 	ReplayMismatch    int            // must be 0: a replay that differs from every stored original
 	TransientReplayed int            // must be 0
 	Stuck             int            // must be 0
+	Orphans           int            // unknown_outcome: fail claims whose owner vanished, settled by the next attempt
 	Changed           int            // retries sent with a changed body
 	ChangedRejected   int            // of those, answered 422
 	Faults            map[string]int
@@ -94,8 +95,9 @@ type opKey struct{ principal, key string }
 
 // check judges a history. outcomes maps request ids to the sidecars'
 // logged outcomes; stuck is the number of in-progress records left after
-// the quiet period.
-func check(ops int, gaveUp int, history []attempt, execs []execution, faults []fault, outcomes map[string]string, stuck int) *report {
+// the quiet period. strict is a run with unknown_outcome: fail, where only
+// Redis losing acknowledged data may explain a duplicate.
+func check(ops int, gaveUp int, history []attempt, execs []execution, faults []fault, outcomes map[string]string, stuck int, strict bool) *report {
 	r := &report{
 		Ops: ops, Attempts: len(history), GaveUp: gaveUp, Executions: len(execs), Stuck: stuck,
 		Explained: map[string]int{}, Faults: map[string]int{}, FinalStatus: map[string]int{}, AttemptStatus: map[string]int{},
@@ -118,7 +120,7 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 		sort.Slice(list, func(i, j int) bool { return list[i].Start.Before(list[j].Start) })
 		for i := 1; i < len(list); i++ {
 			r.Duplicates++
-			cause := explain(list[i-1], list[i], faults, outcomes, sidecarOf)
+			cause := explain(list[i-1], list[i], faults, outcomes, sidecarOf, strict)
 			if cause == "" {
 				r.Unexplained = append(r.Unexplained, fmt.Sprintf("%s/%s: executions by %s then %s (first logged as %q)",
 					k.principal, k.key, list[i-1].RequestID, list[i].RequestID, outcomes[list[i-1].RequestID]))
@@ -185,8 +187,8 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 // prev: a settled answer over an unsettled one (a concurrent sibling may
 // finish later with a 409), else the later one.
 func better(a, prev attempt) bool {
-	if settled(a.Status) != settled(prev.Status) {
-		return settled(a.Status)
+	if settled(a) != settled(prev) {
+		return settled(a)
 	}
 	return a.End.After(prev.End)
 }
@@ -195,6 +197,10 @@ func statusLabel(a attempt) string {
 	switch {
 	case a.Status == 0:
 		return "no answer (timeout, disconnect, reset)"
+	case outcomeUnknown(a) && a.Replayed:
+		return "502 outcome-unknown replayed"
+	case outcomeUnknown(a):
+		return "502 outcome-unknown"
 	case a.Replayed:
 		return fmt.Sprintf("%d replayed", a.Status)
 	}
@@ -202,8 +208,12 @@ func statusLabel(a attempt) string {
 }
 
 // explain names the injected fault that let next execute after prev had
-// already executed the same key, or "" when none did: a bug.
-func explain(prev, next execution, faults []fault, outcomes map[string]string, sidecarOf map[string]int) string {
+// already executed the same key, or "" when none did: a bug. In a strict
+// run (unknown_outcome: fail) only Redis losing acknowledged data can: an
+// owner that failed to store, lost its lease or was killed leaves a claim
+// the next attempt settles as outcome-unknown, and an upstream that never
+// answered gets a stored outcome-unknown.
+func explain(prev, next execution, faults []fault, outcomes map[string]string, sidecarOf map[string]int, strict bool) string {
 	overlaps := func(kinds ...string) bool {
 		for _, f := range faults {
 			for _, k := range kinds {
@@ -217,22 +227,25 @@ func explain(prev, next execution, faults []fault, outcomes map[string]string, s
 		}
 		return false
 	}
-	switch outcome, logged := outcomes[prev.RequestID]; {
+	outcome, logged := outcomes[prev.RequestID]
+	switch {
+	case overlaps(faultRedisLost):
+		return "Redis lost acknowledged data: restart without persistence"
+	case overlaps(faultRedisRestart):
+		return "Redis lost acknowledged data: killed, AOF everysec lost the last second"
+	case strict:
+		return ""
 	case outcome == "store_error" || outcome == "fence_lost":
 		// The sidecar could not store the answer (Redis unreachable, slow
 		// or lost its lease): the dual-write window, counted by idemproxy.
 		return "dual-write: store failed after the upstream acted (" + outcome + ")"
-	case outcome == "claimed" && overlaps(faultUpstreamHang, faultUpstreamReset):
-		// No usable answer from the upstream after it acted (hang, reset):
-		// unknown_outcome: keep holds the claim one lease, then a retry
-		// executes again. By design, and counted as outcome "claimed".
-		return "unknown outcome: upstream acted but never answered (hang/reset), claim lapsed after its lease"
+	case outcome == "claimed" && prev.Mode == modeNames[modeReset]:
+		// The upstream acted and dropped the connection: no answer to
+		// store. unknown_outcome: keep holds the claim one lease, then a
+		// retry executes again. By design, and counted as "claimed".
+		return "unknown outcome: upstream reset the connection after acting (keep: claim lapsed after its lease)"
 	case !logged && overlaps(faultKillSidecar):
 		return "dual-write: sidecar killed (kill -9) before storing"
-	case overlaps(faultRedisLost):
-		return "dual-write: Redis lost its data (restart without persistence)"
-	case overlaps(faultRedisRestart):
-		return "dual-write: Redis killed, AOF everysec lost the last second"
 	}
 	return ""
 }
@@ -263,6 +276,7 @@ func (r *report) markdown() string {
 	mustZero("answers matching no execution", r.WrongBody)
 	mustZero("transient responses (429/503) replayed", r.TransientReplayed)
 	mustZero("keys stuck in progress after lease + upstream timeout", r.Stuck)
+	fmt.Fprintf(&b, "| orphaned claims left (fail mode: the next attempt settles them as outcome-unknown) | %d | |\n", r.Orphans)
 	fmt.Fprintf(&b, "| retries with a changed body, answered 422 | %d of %d | |\n", r.ChangedRejected, r.Changed)
 	fmt.Fprintf(&b, "\nFaults injected:\n\n| fault | count |\n|---|---|\n")
 	for _, k := range sortedKeys(r.Faults) {

@@ -26,7 +26,7 @@ const alice2 = `{"principal":"alice","key":"k","execution":2}`
 func TestCheckerFindsDefects(t *testing.T) {
 	execs := []execution{exec1("alice", "k", "r1", 0, alice1)}
 	clean := []attempt{answer("alice", "k", "r1", 0, 201, false, alice1), answer("alice", "k", "r2", 1, 201, true, alice1)}
-	if r := check(1, 0, clean, execs, nil, map[string]string{"r1": "stored"}, 0); r.failed() {
+	if r := check(1, 0, clean, execs, nil, map[string]string{"r1": "stored"}, 0, false); r.failed() {
 		t.Fatalf("a clean history failed: %+v", r)
 	}
 	tests := []struct {
@@ -54,7 +54,7 @@ func TestCheckerFindsDefects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := check(1, 0, tt.history, tt.execs, tt.faults, map[string]string{"r1": "stored"}, tt.stuck)
+			r := check(1, 0, tt.history, tt.execs, tt.faults, map[string]string{"r1": "stored"}, tt.stuck, false)
 			if tt.field(r) != 1 || !r.failed() {
 				t.Fatalf("defect not reported: %+v", r)
 			}
@@ -65,20 +65,41 @@ func TestCheckerFindsDefects(t *testing.T) {
 func TestCheckerExplainsInjectedFaults(t *testing.T) {
 	history := []attempt{answer("alice", "k", "r1", 2, 201, false, alice1)}
 	execs := []execution{exec1("alice", "k", "r1", 0, alice1), exec1("alice", "k", "r3", 5, alice2)}
+	reset := []execution{execs[0], execs[1]}
+	reset[0].Mode = "reset"
+	hung := []execution{execs[0], execs[1]}
+	hung[0].Mode = "hang"
 	for _, tt := range []struct {
 		name     string
+		execs    []execution
 		outcomes map[string]string
 		faults   []fault
-		cause    string
+		strict   bool
+		cause    string // "": must stay unexplained
 	}{
-		{"store failed", map[string]string{"r1": "store_error"}, nil, "dual-write: store failed"},
-		{"lost fence", map[string]string{"r1": "fence_lost"}, nil, "dual-write: store failed"},
-		{"owning sidecar killed before logging", nil, []fault{{Kind: faultKillSidecar, Target: 2, Start: at(1), End: at(2)}}, "sidecar killed"},
-		{"Redis lost its data", map[string]string{"r1": "stored"}, []fault{{Kind: faultRedisLost, Start: at(3), End: at(3)}}, "Redis lost its data"},
-		{"upstream hung", map[string]string{"r1": "claimed"}, []fault{{Kind: faultUpstreamHang, Start: at(0), End: at(1)}}, "unknown outcome"},
+		{"store failed", execs, map[string]string{"r1": "store_error"}, nil, false, "dual-write: store failed"},
+		{"lost fence", execs, map[string]string{"r1": "fence_lost"}, nil, false, "dual-write: store failed"},
+		{"owning sidecar killed before logging", execs, nil, []fault{{Kind: faultKillSidecar, Target: 2, Start: at(1), End: at(2)}}, false, "sidecar killed"},
+		{"Redis lost its data", execs, map[string]string{"r1": "stored"}, []fault{{Kind: faultRedisLost, Start: at(3), End: at(3)}}, false, "Redis lost acknowledged data"},
+		{"upstream reset after acting", reset, map[string]string{"r1": "claimed"}, nil, false, "unknown outcome: upstream reset"},
+		// Late answers are stored: a hang explains no duplicate any more.
+		{"upstream hung", hung, map[string]string{"r1": "claimed"}, []fault{{Kind: faultUpstreamHang, Start: at(0), End: at(1)}}, false, ""},
+		{"claimed without an upstream fault", execs, map[string]string{"r1": "claimed"}, nil, false, ""},
+		{"a fault after both executions", execs, map[string]string{"r1": "stored"}, []fault{{Kind: faultRedisLost, Start: at(9), End: at(9)}}, false, ""},
+		// Strict (unknown_outcome: fail): only Redis losing data explains.
+		{"strict: Redis lost its data", execs, map[string]string{"r1": "stored"}, []fault{{Kind: faultRedisRestart, Start: at(3), End: at(3)}}, true, "AOF everysec"},
+		{"strict: store failed", execs, map[string]string{"r1": "store_error"}, nil, true, ""},
+		{"strict: sidecar killed", execs, nil, []fault{{Kind: faultKillSidecar, Target: 2, Start: at(1), End: at(2)}}, true, ""},
+		{"strict: upstream reset", reset, map[string]string{"r1": "claimed"}, nil, true, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			r := check(1, 0, history, execs, tt.faults, tt.outcomes, 0)
+			r := check(1, 0, history, tt.execs, tt.faults, tt.outcomes, 0, tt.strict)
+			if tt.cause == "" {
+				if len(r.Unexplained) != 1 || !r.failed() {
+					t.Fatalf("explained, want unexplained: %+v", r)
+				}
+				return
+			}
 			if len(r.Unexplained) != 0 || len(r.Explained) != 1 {
 				t.Fatalf("report %+v", r)
 			}
@@ -88,15 +109,5 @@ func TestCheckerExplainsInjectedFaults(t *testing.T) {
 				}
 			}
 		})
-	}
-	// A fault outside the window explains nothing.
-	r := check(1, 0, history, execs, []fault{{Kind: faultRedisLost, Start: at(9), End: at(9)}}, map[string]string{"r1": "stored"}, 0)
-	if len(r.Unexplained) != 1 {
-		t.Fatalf("a fault after both executions explained the duplicate: %+v", r)
-	}
-	// "claimed" without an upstream fault is not explained.
-	r = check(1, 0, history, execs, nil, map[string]string{"r1": "claimed"}, 0)
-	if len(r.Unexplained) != 1 {
-		t.Fatalf("an unknown outcome with no upstream fault was explained: %+v", r)
 	}
 }

@@ -32,10 +32,17 @@ type attempt struct {
 	Err       string    `json:"err,omitempty"`
 }
 
-// settled reports whether a client would stop retrying on this answer.
-func settled(status int) bool {
-	return status == http.StatusCreated || status == http.StatusInternalServerError ||
-		status == http.StatusUnprocessableEntity
+// settled reports whether a client would stop retrying on this answer:
+// the outcome, or (unknown_outcome: fail) word that it is unknown.
+func settled(a attempt) bool {
+	return a.Status == http.StatusCreated || a.Status == http.StatusInternalServerError ||
+		a.Status == http.StatusUnprocessableEntity || outcomeUnknown(a)
+}
+
+// outcomeUnknown reports a 502 outcome-unknown: the key is settled, and
+// the client must check the resource and use a new key.
+func outcomeUnknown(a attempt) bool {
+	return a.Status == http.StatusBadGateway && strings.Contains(a.Body, "problem:outcome-unknown")
 }
 
 // workload runs logical operations against the sidecars: each is one
@@ -101,7 +108,7 @@ func (w *workload) operation(op int) {
 		done := false
 		wait := backoff
 		for _, a := range results {
-			done = done || settled(a.Status)
+			done = done || settled(a)
 			if a.Status == http.StatusConflict {
 				wait = max(wait, 300*time.Millisecond)
 			}

@@ -50,6 +50,7 @@ type options struct {
 	rate       float64
 	out        string
 	keep       bool
+	strict     bool
 }
 
 func run() error {
@@ -63,6 +64,7 @@ func run() error {
 	flag.DurationVar(&o.faultEvery, "fault-every", 2*time.Second, "mean time between injected faults")
 	flag.StringVar(&o.out, "out", "", "also write the report (markdown) to this file")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs, history) for inspection")
+	flag.BoolVar(&o.strict, "strict", false, "run every route with unknown_outcome: fail; then only Redis losing data may explain a duplicate")
 	flag.Parse()
 	if *short {
 		o.ops, o.duration, o.rate = 1500, 75*time.Second, 25
@@ -120,7 +122,7 @@ func harness(o options, dir string) error {
 		p1, _ := loopback.FreePort()
 		p2, _ := loopback.FreePort()
 		sc := &sidecar{id: i, bin: bin, port: p1, adminPort: p2, logDir: dir}
-		if err := sc.writeConfig(dir, "http://"+upLn.Addr().String(), lat.addr()); err != nil {
+		if err := sc.writeConfig(dir, "http://"+upLn.Addr().String(), lat.addr(), o.strict); err != nil {
 			return err
 		}
 		if err := sc.start(); err != nil {
@@ -152,7 +154,7 @@ func harness(o options, dir string) error {
 	// Quiet period: every lease (2s) and upstream timeout (2s) has passed
 	// for anything still in progress, so nothing may be in progress now.
 	time.Sleep(6 * time.Second)
-	stuck, err := countInProgress(rdb.addr())
+	stuck, orphans, err := countInProgress(rdb.addr())
 	if err != nil {
 		return err
 	}
@@ -168,9 +170,14 @@ func harness(o options, dir string) error {
 		}
 	}
 	ops := min(int(w.next.Load()), o.ops)
-	rep := check(ops, w.gaveUp, w.history, led.executions(), inj.log(), outcomes, stuck)
-	text := fmt.Sprintf("Run: %d operations in %s (%.0f/s, %d workers, %d sidecars, a fault every ~%s).\n\n%s\n",
-		ops, elapsed.Round(time.Second), o.rate, o.workers, o.sidecars, o.faultEvery, rep.markdown())
+	rep := check(ops, w.gaveUp, w.history, led.executions(), inj.log(), outcomes, stuck, o.strict)
+	rep.Orphans = orphans
+	mode := "defaults (unknown_outcome: keep)"
+	if o.strict {
+		mode = "strict (unknown_outcome: fail on every route)"
+	}
+	text := fmt.Sprintf("Run: %d operations in %s (%.0f/s, %d workers, %d sidecars, a fault every ~%s), %s.\n\n%s\n",
+		ops, elapsed.Round(time.Second), o.rate, o.workers, o.sidecars, o.faultEvery, mode, rep.markdown())
 	fmt.Print(text)
 	if o.keep {
 		b, _ := json.Marshal(map[string]any{"history": w.history, "executions": led.executions(), "faults": inj.log()})
@@ -187,13 +194,14 @@ func harness(o options, dir string) error {
 	return nil
 }
 
-// countInProgress scans the keyspace for records still in progress. A scan
-// is fine here, in a test harness; idemproxy itself never scans.
-func countInProgress(addr string) (int, error) {
+// countInProgress scans the keyspace for records still in progress: stuck
+// ones, whose lease still runs, and orphans (unknown_outcome: fail), whose
+// lease ran out and which the next attempt settles as outcome-unknown. A
+// scan is fine here, in a test harness; idemproxy itself never scans.
+func countInProgress(addr string) (stuck, orphans int, err error) {
 	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
 	defer c.Close()
 	ctx := context.Background()
-	n := 0
 	iter := c.Scan(ctx, 0, "idem:*", 1000).Iterator()
 	for iter.Next(ctx) {
 		v, err := c.Get(ctx, iter.Val()).Bytes()
@@ -202,13 +210,20 @@ func countInProgress(addr string) (int, error) {
 		}
 		rec, err := claim.Decode(v)
 		if err != nil {
-			return 0, fmt.Errorf("undecodable record %s: %w", iter.Val(), err)
+			return 0, 0, fmt.Errorf("undecodable record %s: %w", iter.Val(), err)
 		}
-		if rec.State == claim.InProgress {
-			n++
+		if rec.State != claim.InProgress {
+			continue
+		}
+		ttl, err := c.PTTL(ctx, iter.Val()).Result()
+		switch {
+		case err == nil && rec.Orphaned(max(ttl-rec.Tail, 0)):
+			orphans++
+		default:
+			stuck++
 		}
 	}
-	return n, iter.Err()
+	return stuck, orphans, iter.Err()
 }
 
 // injector runs the fault schedule and logs what it did.

@@ -208,8 +208,12 @@ func (s *sidecar) kill() {
 	}
 }
 
-func (s *sidecar) writeConfig(dir, upstream, redisAddr string) error {
+func (s *sidecar) writeConfig(dir, upstream, redisAddr string, strict bool) error {
 	s.config = filepath.Join(dir, fmt.Sprintf("sidecar-%d.yaml", s.id))
+	unknown := "keep"
+	if strict {
+		unknown = "fail"
+	}
 	return os.WriteFile(s.config, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
 admin_listen: "127.0.0.1:%d"
 upstream:
@@ -223,6 +227,7 @@ store:
 defaults:
   lease: 2s
   retention: 1h
+  unknown_outcome: %s
 routes:
   - name: pay
     match: "POST /payments"
@@ -230,5 +235,5 @@ routes:
     match: "POST /payments-wait"
     concurrent: wait
     max_wait: 3s
-`, s.port, s.adminPort, upstream, redisAddr)), 0o644)
+`, s.port, s.adminPort, upstream, redisAddr, unknown)), 0o644)
 }

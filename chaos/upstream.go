@@ -33,6 +33,9 @@ type execution struct {
 	Status    int       `json:"status"`
 	Response  string    `json:"response"`
 	Start     time.Time `json:"start"`
+	// Mode is the upstream mode the execution ran in: a hang answers
+	// late, a reset never answers.
+	Mode string `json:"mode"`
 }
 
 // ledger is a legacy payments upstream that records every execution per
@@ -74,6 +77,7 @@ func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		BodyHash:  hex.EncodeToString(sum[:8]),
 		Status:    http.StatusCreated,
 		Start:     time.Now(),
+		Mode:      modeNames[mode],
 	}
 	if mode == modeNormal && roll > 1-l.failRate {
 		ex.Status = http.StatusInternalServerError
