@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
@@ -179,8 +180,10 @@ func TestManifests(t *testing.T) {
 	if cfg.Listen != ":8080" || cfg.AdminListen != ":9090" {
 		t.Errorf("config listens on %s/%s, the pod declares :8080/:9090", cfg.Listen, cfg.AdminListen)
 	}
-	if secs := int64((cfg.Drain.Delay + cfg.Drain.Timeout).Seconds()); secs >= grace {
-		t.Errorf("drain.delay + drain.timeout = %ds, not below terminationGracePeriodSeconds %d", secs, grace)
+	// After drain.timeout, the calls still running are cancelled and
+	// settled, which takes up to 10s more.
+	if secs := int64((cfg.Drain.Delay + cfg.Grace() + 10*time.Second).Seconds()); secs >= grace {
+		t.Errorf("drain.delay + drain.timeout + 10s = %ds, not below terminationGracePeriodSeconds %d", secs, grace)
 	}
 
 	redisConf := get[*corev1.ConfigMap](t, b, "ConfigMap/"+generatedName(b, "redis-config"))
