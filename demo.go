@@ -72,18 +72,13 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	logger := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
-	addrs := make(chan [2]string, 1)
-	served := make(chan error, 1)
-	go func() {
-		served <- serve(sctx, cfg, "", logger, func(c, a string) { addrs <- [2]string{c, a} })
-	}()
-	var client, admin string
-	select {
-	case a := <-addrs:
-		client, admin = a[0], a[1]
-	case err := <-served:
+	srv, err := start(sctx, cfg, "", logger)
+	if err != nil {
 		return err
 	}
+	served := make(chan error, 1)
+	go func() { served <- srv.wait(sctx) }()
+	client, admin := srv.clientAddr, srv.adminAddr
 
 	fmt.Fprintf(stdout, "idemproxy demo: sidecar http://%s -> legacy payments upstream %s (embedded store)\n\n", client, cfg.Upstream.URL)
 	show := &demoShow{base: "http://" + client, bank: bank, out: stdout}
@@ -252,10 +247,9 @@ func (s *demoShow) run() error {
 // legacyBank is the demo's unmodified upstream: it charges on every POST
 // it receives, slowly, with no idempotency of its own.
 type legacyBank struct {
-	mu    sync.Mutex
-	n     int
-	busy  map[string]bool
-	calls int
+	mu   sync.Mutex
+	n    int
+	busy map[string]bool
 }
 
 func newLegacyBank() *legacyBank { return &legacyBank{busy: map[string]bool{}} }
@@ -272,7 +266,6 @@ func (b *legacyBank) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.Unmarshal(body, &in)
 	key := r.Header.Get("Idempotency-Key")
 	b.mu.Lock()
-	b.calls++
 	if in["simulate"] == "busy_once" && !b.busy[key] {
 		b.busy[key] = true
 		b.mu.Unlock()

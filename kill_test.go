@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/loopback"
+	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -88,11 +89,7 @@ routes:
 			resp.Body.Close()
 		}
 	}()
-	for deadline := time.Now().Add(10 * time.Second); calls.Load() == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the request never reached the upstream")
-		}
-	}
+	poll.Until(t, "the request reaches the upstream", func() bool { return calls.Load() > 0 })
 	first.Process.Kill() // SIGKILL, by the PID this test started
 	first.Wait()
 	start()
@@ -101,11 +98,10 @@ routes:
 	}
 	var status int
 	var body string
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if status, body = pay(t, addr, "killed-1"); status != http.StatusConflict || time.Now().After(deadline) {
-			break
-		}
-	}
+	poll.Until(t, "the dead owner's lease lapses", func() bool {
+		status, body = pay(t, addr, "killed-1")
+		return status != http.StatusConflict
+	})
 	if status != http.StatusBadGateway || !strings.Contains(body, "outcome-unknown") {
 		t.Fatalf("retry after the lease: %d %s, want 502 outcome-unknown", status, body)
 	}

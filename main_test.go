@@ -10,13 +10,16 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 func TestCheckFlag(t *testing.T) {
@@ -80,19 +83,8 @@ func TestDrainStoresInFlightRequest(t *testing.T) {
 	cfg.Store.Redis.Addrs = []string{srv.Addr}
 	cfg.Routes = []config.Route{{Name: "pay", Match: "POST /payments", Settings: config.DefaultSettings()}}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	addrs := make(chan string, 1)
-	served := make(chan error, 1)
-	go func() {
-		served <- serve(ctx, cfg, "", slog.New(slog.DiscardHandler), func(c, _ string) { addrs <- c })
-	}()
-	var addr string
-	select {
-	case addr = <-addrs:
-	case err := <-served:
-		t.Fatalf("serve: %v", err)
-	}
+	s, stop := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	addr := s.clientAddr
 	type result struct {
 		status int
 		body   string
@@ -115,16 +107,17 @@ func TestDrainStoresInFlightRequest(t *testing.T) {
 	for !arrived.Load() {
 		time.Sleep(5 * time.Millisecond)
 	}
-	cancel() // SIGTERM
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }() // SIGTERM
 	r := <-done
 	if r.err != nil || r.status != http.StatusCreated || r.body != "charged" {
 		t.Fatalf("in-flight request during drain: %d %q %v", r.status, r.body, r.err)
 	}
-	if err := <-served; err != nil {
+	if err := <-stopped; err != nil {
 		t.Fatalf("serve: %v", err)
 	}
 	store := claim.New(srv.Client(), cfg.Store.KeyPrefix)
-	rec, _, err := store.Get(context.Background(), store.Key("alice", "route\x00pay", "drain-1"))
+	rec, _, err := store.Get(context.Background(), store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "drain-1"))
 	if err != nil || rec == nil || rec.State != claim.Completed || string(rec.Body) != "charged" {
 		t.Fatalf("stored record after drain: %+v, %v", rec, err)
 	}
@@ -182,53 +175,42 @@ func TestSentinelPasswordFile(t *testing.T) {
 // readyzOnce serves cfg, asks /readyz once, stops and returns its status.
 func readyzOnce(t *testing.T, cfg *config.Config) int {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan string, 1)
-	served := make(chan error, 1)
-	go func() {
-		served <- serve(ctx, cfg, "", slog.New(slog.DiscardHandler), func(_, a string) { addrs <- a })
-	}()
-	admin := <-addrs
-	resp, err := http.Get("http://" + admin + "/readyz")
-	cancel()
+	s, stop := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	resp, err := http.Get("http://" + s.adminAddr + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if err := <-served; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	return resp.StatusCode
 }
 
-// serveInBackground runs serve for cfg until the returned stop is called;
-// it returns the client address, and stop returns serve's error.
-func serveInBackground(t *testing.T, cfg *config.Config) (addr string, stop func() error) {
+// startTest starts idemproxy for cfg, reloading from path when it is set,
+// and stops it when the test ends. stop cancels it, as SIGTERM does, and
+// returns what wait returned once the drain is over.
+func startTest(t *testing.T, cfg *config.Config, path string, logger *slog.Logger) (s *server, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan string, 1)
-	served := make(chan error, 1)
-	go func() {
-		served <- serve(ctx, cfg, "", slog.New(slog.DiscardHandler), func(c, _ string) { addrs <- c })
-	}()
-	select {
-	case addr = <-addrs:
-	case err := <-served:
+	s, err := start(ctx, cfg, path, logger)
+	if err != nil {
 		cancel()
-		t.Fatalf("serve: %v", err)
+		t.Fatalf("start: %v", err)
 	}
-	var once atomic.Bool
-	t.Cleanup(func() {
-		if once.CompareAndSwap(false, true) {
+	done := make(chan error, 1)
+	go func() { done <- s.wait(ctx) }()
+	var once sync.Once
+	var waitErr error
+	stop = func() error {
+		once.Do(func() {
 			cancel()
-			<-served
-		}
-	})
-	return addr, func() error {
-		once.Store(true)
-		cancel()
-		return <-served
+			waitErr = <-done
+		})
+		return waitErr
 	}
+	t.Cleanup(func() { stop() })
+	return s, stop
 }
 
 // pay sends one protected POST and returns its status and body.
@@ -270,7 +252,8 @@ func TestDrainStoresLateAnswer(t *testing.T) {
 	defer upstream.Close()
 	cfg := lateConfig(srv, upstream.URL)
 	cfg.Drain.Timeout = 10 * time.Second
-	addr, stop := serveInBackground(t, cfg)
+	s, stop := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	addr := s.clientAddr
 	if status, body := pay(t, addr, "late-1"); status != http.StatusGatewayTimeout {
 		t.Fatalf("first attempt: %d %s, want 504", status, body)
 	}
@@ -287,7 +270,7 @@ func TestDrainStoresLateAnswer(t *testing.T) {
 		t.Fatalf("serve: %v", err)
 	}
 	store := claim.New(srv.Client(), cfg.Store.KeyPrefix)
-	rec, _, err := store.Get(context.Background(), store.Key("alice", "route\x00pay", "late-1"))
+	rec, _, err := store.Get(context.Background(), store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "late-1"))
 	if err != nil || rec == nil || rec.State != claim.Completed || string(rec.Body) != "charged late" {
 		t.Fatalf("stored record after drain: %+v, %v; want the late answer", rec, err)
 	}
@@ -308,7 +291,8 @@ func TestDrainTimeoutSettlesLateCalls(t *testing.T) {
 	cfg := lateConfig(srv, upstream.URL)
 	cfg.Drain.Timeout = 500 * time.Millisecond
 	cfg.Routes[0].Settings.UnknownOutcome = config.OutcomeFail
-	addr, stop := serveInBackground(t, cfg)
+	s, stop := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	addr := s.clientAddr
 	if status, body := pay(t, addr, "late-2"); status != http.StatusGatewayTimeout {
 		t.Fatalf("first attempt: %d %s, want 504", status, body)
 	}
@@ -316,15 +300,9 @@ func TestDrainTimeoutSettlesLateCalls(t *testing.T) {
 		t.Fatalf("serve: %v", err)
 	}
 	store := claim.New(srv.Client(), cfg.Store.KeyPrefix)
-	rec, _, err := store.Get(context.Background(), store.Key("alice", "route\x00pay", "late-2"))
+	rec, _, err := store.Get(context.Background(), store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "late-2"))
 	if err != nil || rec == nil || rec.State != claim.Completed || rec.Status != http.StatusBadGateway || !strings.Contains(string(rec.Body), "outcome-unknown") {
 		t.Fatalf("record after the drain ran out: %+v, %v; want a stored 502 outcome-unknown", rec, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for !cancelled.Load() {
-		if time.Now().After(deadline) {
-			t.Fatal("the upstream call was not cancelled")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	poll.Until(t, "the upstream call is cancelled", cancelled.Load)
 }

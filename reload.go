@@ -42,24 +42,17 @@ type reloader struct {
 	sum     [sha256.Size]byte
 }
 
-func newReloader(path string, cfg *config.Config, h *proxy.Handler, level *slog.LevelVar, logger *slog.Logger, reg prometheus.Registerer) *reloader {
+func newReloader(path string, cfg *config.Config, h *proxy.Handler, level *slog.LevelVar, logger *slog.Logger, m *metrics) *reloader {
 	r := &reloader{
 		path:    path,
 		handler: h,
 		level:   level,
 		log:     logger,
 		current: cfg,
-		total: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemproxy_config_reloads_total",
-			Help: "Config reload attempts by result (ok, error).",
-		}, []string{"result"}),
-		success: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "idemproxy_config_last_reload_successful",
-			Help: "1 when the last config reload attempt succeeded (or none was made), 0 when the file on disk is rejected.",
-		}),
+		total:   m.reloads,
+		success: m.reloadOK,
 	}
 	r.success.Set(1)
-	reg.MustRegister(r.total, r.success)
 	r.hup = make(chan os.Signal, 1)
 	signal.Notify(r.hup, syscall.SIGHUP)
 	if b, err := os.ReadFile(path); err == nil {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/syncbuf"
 )
 
@@ -40,20 +40,8 @@ func startFromFileLogging(t *testing.T, path string, logger *slog.Logger) (clien
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan [2]string, 1)
-	served := make(chan error, 1)
-	go func() {
-		served <- serve(ctx, cfg, path, logger, func(c, a string) { addrs <- [2]string{c, a} })
-	}()
-	t.Cleanup(func() { cancel(); <-served })
-	select {
-	case a := <-addrs:
-		return "http://" + a[0], "http://" + a[1]
-	case err := <-served:
-		t.Fatalf("serve: %v", err)
-	}
-	return "", ""
+	s, _ := startTest(t, cfg, path, logger)
+	return "http://" + s.clientAddr, "http://" + s.adminAddr
 }
 
 func status(t *testing.T, url string) int {
@@ -76,17 +64,6 @@ func metric(t *testing.T, admin, line string) bool {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return strings.Contains(string(b), line)
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
 }
 
 // TestReloadFollowsAConfigMapUpdate lays the file out as a Kubernetes
@@ -123,7 +100,7 @@ func TestReloadFollowsAConfigMapUpdate(t *testing.T) {
 	}
 
 	publish(fmt.Sprintf(reloadBase, upstream.URL, "POST /b"))
-	waitFor(t, "the new routes serve", func() bool { return status(t, client+"/b") == http.StatusUnauthorized })
+	poll.Until(t, "the new routes serve", func() bool { return status(t, client+"/b") == http.StatusUnauthorized })
 	if got := status(t, client+"/a"); got != http.StatusCreated {
 		t.Fatalf("/a after reload: %d, want it passed through", got)
 	}
@@ -132,7 +109,7 @@ func TestReloadFollowsAConfigMapUpdate(t *testing.T) {
 	}
 
 	publish(fmt.Sprintf(reloadBase, upstream.URL, "POST /b") + "    lease: banana\n")
-	waitFor(t, "the bad file is rejected", func() bool {
+	poll.Until(t, "the bad file is rejected", func() bool {
 		return metric(t, admin, `idemproxy_config_reloads_total{result="error"} 1`)
 	})
 	if !metric(t, admin, "idemproxy_config_last_reload_successful 0") {
@@ -160,7 +137,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "SIGHUP reloads", func() bool { return status(t, client+"/c") == http.StatusUnauthorized })
+	poll.Until(t, "SIGHUP reloads", func() bool { return status(t, client+"/c") == http.StatusUnauthorized })
 	if metric(t, admin, `idemproxy_config_reloads_total{result="ok"} 0`) {
 		t.Error("reload not counted")
 	}
@@ -177,14 +154,8 @@ func TestDrainDelayFailsReadinessFirst(t *testing.T) {
 	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Upstream.URL = upstream.URL
 	cfg.Drain.Delay = 700 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	addrs := make(chan [2]string, 1)
-	served := make(chan error, 1)
-	go func() {
-		served <- serve(ctx, cfg, "", slog.New(slog.DiscardHandler), func(c, a string) { addrs <- [2]string{c, a} })
-	}()
-	a := <-addrs
-	client, admin := "http://"+a[0], "http://"+a[1]
+	s, stop := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	client, admin := "http://"+s.clientAddr, "http://"+s.adminAddr
 	ready := func() int {
 		resp, err := http.Get(admin + "/readyz")
 		if err != nil {
@@ -196,13 +167,14 @@ func TestDrainDelayFailsReadinessFirst(t *testing.T) {
 	if got := ready(); got != http.StatusOK {
 		t.Fatalf("/readyz before drain: %d", got)
 	}
-	cancel()
-	waitFor(t, "/readyz fails", func() bool { return ready() == http.StatusServiceUnavailable })
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }() // SIGTERM
+	poll.Until(t, "/readyz fails", func() bool { return ready() == http.StatusServiceUnavailable })
 	// Still within the delay: the client port keeps serving.
 	if got := status(t, client+"/anything"); got != http.StatusCreated {
 		t.Fatalf("client port during drain delay: %d, want still served", got)
 	}
-	if err := <-served; err != nil {
+	if err := <-stopped; err != nil {
 		t.Fatal(err)
 	}
 }
@@ -244,7 +216,7 @@ func TestLogLevelReloads(t *testing.T) {
 		t.Fatalf("%d per-request lines at log_level warn, want 0:\n%s", n, logs.String())
 	}
 	write("info")
-	waitFor(t, "the reload", func() bool { return metric(t, admin, `idemproxy_config_reloads_total{result="ok"} 1`) })
+	poll.Until(t, "the reload", func() bool { return metric(t, admin, `idemproxy_config_reloads_total{result="ok"} 1`) })
 	keyed("k2")
-	waitFor(t, "a per-request line at log_level info", func() bool { return requestLines() == 1 })
+	poll.Until(t, "a per-request line at log_level info", func() bool { return requestLines() == 1 })
 }

@@ -1,12 +1,13 @@
 // Package claim stores idempotency claims and settled responses in Redis.
 // It is the only package that talks to Redis.
 //
-// Every operation touches exactly one key in one round trip (the claim as
-// one native SET NX PX GET, the others as Lua scripts), so
-// it is atomic, works on Redis Cluster and is safe when go-redis resends a
-// command after a lost reply: a resent claim finds our own token and a
-// resent completion finds our own completed record, and both count as
-// success.
+// Every write touches exactly one key in one atomic command: the claim is
+// one native SET NX PX GET (followed by a PTTL read only when it finds
+// another attempt in progress, for Retry-After), the others are Lua
+// scripts. So each works on Redis Cluster and is safe when go-redis
+// resends a command after a lost reply: a resent claim finds our own token
+// and a resent completion finds our own completed record, and both count
+// as success.
 package claim
 
 import (
@@ -16,7 +17,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -165,7 +165,7 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 	switch {
 	case errors.Is(err, redis.Nil):
 		return Result{Claimed: true}, nil
-	case err != nil && strings.Contains(err.Error(), "syntax error"):
+	case redis.HasErrorPrefix(err, "syntax error"):
 		s.scriptClaim.Store(true) // Redis < 7.0
 		return s.claimByScript(ctx, key, rec, value, lease)
 	case err != nil:
@@ -215,7 +215,7 @@ func (s *Store) claimByScript(ctx context.Context, key string, rec *Record, valu
 	}
 	pair, ok := v.([]any)
 	if !ok || len(pair) != 2 {
-		return Result{}, fmt.Errorf("claim: unexpected reply %T: %w", v, ErrUnavailable)
+		return Result{}, fmt.Errorf("unexpected reply %T: %w", v, ErrUnavailable)
 	}
 	raw, _ := pair[0].(string)
 	ttl, _ := pair[1].(int64)
@@ -361,7 +361,7 @@ func (s *Store) runAndWait(ctx context.Context, script *redis.Script, key string
 		run = pipe.EvalSha(ctx, script.Hash(), []string{key}, args...)
 		wait = s.wait(ctx, pipe)
 		_, _ = pipe.Exec(ctx)
-		if err := run.Err(); err != nil && attempt == 0 && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		if err := run.Err(); attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			if err := script.Load(ctx, s.client).Err(); err != nil {
 				return redis.NewCmdResult(nil, err), nil
 			}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -472,7 +473,7 @@ func testSettleOrphanFenced(t *testing.T, _ redis.UniversalClient, s *claim.Stor
 	}
 	other := newRecord(t)
 	other.Tail = time.Hour
-	eventually(t, "the owner's lease runs out", func() bool {
+	poll.Until(t, "the owner's lease runs out", func() bool {
 		got, left, err := s.Get(ctx, key)
 		return err == nil && got != nil && got.Orphaned(left)
 	})
@@ -495,16 +496,5 @@ func testSettleOrphanFenced(t *testing.T, _ redis.UniversalClient, s *claim.Stor
 	}
 	if err := s.SettleOrphan(ctx, key, owner, outcome, time.Hour); !errors.Is(err, claim.ErrLeaseLost) {
 		t.Fatalf("settling a completed record = %v, want ErrLeaseLost", err)
-	}
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -15,9 +15,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/internal/syncbuf"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -25,8 +27,12 @@ import (
 
 // env is a proxy between a real httptest upstream and a real redis-server.
 type env struct {
-	t        testing.TB
-	redis    *redistest.Server
+	t testing.TB
+	// redis is the redis-server under the store; nil on the embedded
+	// store or a multi-node topology.
+	redis *redistest.Server
+	// rdb is a client of the store, for looking at Redis directly.
+	rdb      redis.UniversalClient
 	store    *claim.Store
 	upstream *httptest.Server
 	ledger   *ledger
@@ -46,7 +52,7 @@ type env struct {
 // cover every request the test has seen answered.
 func (e *env) quiesce() {
 	e.t.Helper()
-	eventually(e.t, "every handler call returned", func() bool { return e.active.Load() == 0 })
+	poll.Until(e.t, "every handler call returned", func() bool { return e.active.Load() == 0 })
 }
 
 // ledger counts upstream executions per idempotency key, as a legacy
@@ -97,11 +103,23 @@ func route(name, match string) config.Route {
 	return config.Route{Name: name, Match: match, Settings: config.DefaultSettings()}
 }
 
-// newEnv starts Redis, the upstream (app sees every request after the
-// ledger recorded it) and the proxy. mutate adjusts the config.
+// newEnv starts a store, the upstream (app sees every request after the
+// ledger recorded it) and the proxy. mutate adjusts the config. The store
+// is a real redis-server when one is installed (or required), else the
+// embedded store, which passes the same contract suite: the flow tests
+// then still run on a machine without Redis.
 func newEnv(t testing.TB, app http.HandlerFunc, mutate func(*config.Config)) *env {
 	t.Helper()
-	return newEnvOn(t, redistest.Start(t), app, mutate)
+	if redistest.Available() {
+		return newEnvOn(t, redistest.Start(t), app, mutate)
+	}
+	t.Logf("redis-server not found: running on the embedded store (set %s=1 to require Redis)", redistest.RequireEnv)
+	emb, err := claim.StartEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Close)
+	return newEnvStore(t, nil, config.Redis{Addrs: []string{emb.Addr()}}, app, mutate)
 }
 
 // newEnvOn is newEnv on a given redis-server.
@@ -138,6 +156,7 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store config.Redis, app ht
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
+	e.rdb = client
 	var opts []claim.Option
 	if cfg.Store.WaitReplicas > 0 {
 		opts = append(opts, claim.WithWait(cfg.Store.WaitReplicas, cfg.Store.WaitTimeout, func(op string) { e.waitShort.Add(1) }))
@@ -248,18 +267,6 @@ func (e *env) outcomes() map[string]float64 {
 		}
 	}
 	return out
-}
-
-// eventually polls cond until it holds or 10s pass.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // created answers 201 with a body naming the execution, like a charge.

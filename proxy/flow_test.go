@@ -15,6 +15,9 @@ import (
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/poll"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 func TestConcurrentDuplicatesExecuteOnce(t *testing.T) {
@@ -281,7 +284,7 @@ func TestClientDisconnectStillStores(t *testing.T) {
 		t.Fatal("the client should have given up before the upstream answered")
 	}
 	var r resp
-	eventually(t, "the retry is answered from the store", func() bool {
+	poll.Until(t, "the retry is answered from the store", func() bool {
 		r = e.do(req{user: "alice", key: "k", body: `{}`})
 		return r.status != http.StatusConflict
 	})
@@ -299,13 +302,13 @@ func TestStaleOwnerCannotComplete(t *testing.T) {
 		<-release
 		created(w, r)
 	}, nil)
-	key := e.store.Key("alice", "route\x00pay", "k")
+	key := e.store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "k")
 	done := make(chan resp)
 	go func() { done <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
-	eventually(t, "the first attempt holds the claim", func() bool { return e.ledger.Total() == 1 })
+	poll.Until(t, "the first attempt holds the claim", func() bool { return e.ledger.Total() == 1 })
 	// Another owner takes the key over, as after a lapsed lease.
 	ctx := context.Background()
-	rdb := e.redis.Client()
+	rdb := e.rdb
 	if err := rdb.Del(ctx, key).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -397,12 +400,12 @@ func TestSidecarDeathAfterClaim(t *testing.T) {
 	if first.status != http.StatusCreated {
 		t.Fatal(first.status)
 	}
-	probe, _, err := e.store.Get(context.Background(), e.store.Key("alice", "route\x00pay", "probe"))
+	probe, _, err := e.store.Get(context.Background(), e.store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "probe"))
 	if err != nil || probe == nil {
 		t.Fatal(err)
 	}
 	dead.Fingerprint = probe.Fingerprint // same request body and path, another key
-	key := e.store.Key("alice", "route\x00pay", "k")
+	key := e.store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "k")
 	if res, err := e.store.Claim(context.Background(), key, dead, time.Second); err != nil || !res.Claimed {
 		t.Fatalf("dead sidecar's claim: %+v %v", res, err)
 	}
@@ -410,7 +413,7 @@ func TestSidecarDeathAfterClaim(t *testing.T) {
 	if r.status != http.StatusConflict {
 		t.Fatalf("retry during the dead owner's lease: %d, want 409", r.status)
 	}
-	eventually(t, "the dead owner's lease lapses and the retry executes", func() bool {
+	poll.Until(t, "the dead owner's lease lapses and the retry executes", func() bool {
 		return e.do(req{user: "alice", key: "k", body: `{}`}).status == http.StatusCreated
 	})
 	if n := e.ledger.Total(); n != 2 {
@@ -421,7 +424,7 @@ func TestSidecarDeathAfterClaim(t *testing.T) {
 func TestStoreUnavailable(t *testing.T) {
 	for _, policy := range []string{config.FailClosed, config.FailOpen} {
 		t.Run(policy, func(t *testing.T) {
-			e := newEnv(t, created, func(c *config.Config) { c.Routes[0].Settings.StoreUnavailable = policy })
+			e := newEnvOn(t, redistest.Start(t), created, func(c *config.Config) { c.Routes[0].Settings.StoreUnavailable = policy })
 			e.redis.Stop()
 			r := e.do(req{user: "alice", key: "k", body: `{"amount":1}`})
 			switch policy {
@@ -473,7 +476,7 @@ func TestBadRequestsAreRejectedBeforeAnyClaim(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d %s problem", tc.name, r.status, r.body, tc.status, tc.typ)
 		}
 	}
-	if keys, _ := e.redis.Client().Keys(context.Background(), "*").Result(); len(keys) != 0 {
+	if keys, _ := e.rdb.Keys(context.Background(), "*").Result(); len(keys) != 0 {
 		t.Errorf("rejected requests left %d keys in Redis", len(keys))
 	}
 	if n := e.ledger.Total(); n != 0 {
@@ -579,7 +582,7 @@ func TestWaiterClaimsAfterRelease(t *testing.T) {
 	})
 	first := make(chan resp)
 	go func() { first <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
-	eventually(t, "the first attempt is upstream", func() bool { return e.ledger.Total() == 1 })
+	poll.Until(t, "the first attempt is upstream", func() bool { return e.ledger.Total() == 1 })
 	waiter := e.do(req{user: "alice", key: "k", body: `{}`})
 	if r := <-first; r.status != http.StatusServiceUnavailable {
 		t.Fatalf("first attempt: %d, want the upstream's 503", r.status)
@@ -599,7 +602,7 @@ func TestWaiterGivesUpAfterMaxWait(t *testing.T) {
 	})
 	first := make(chan resp)
 	go func() { first <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
-	eventually(t, "the first attempt is upstream", func() bool { return e.ledger.Total() == 1 })
+	poll.Until(t, "the first attempt is upstream", func() bool { return e.ledger.Total() == 1 })
 	waiter := e.do(req{user: "alice", key: "k", body: `{}`})
 	if waiter.status != http.StatusConflict || waiter.header.Get("Retry-After") == "" {
 		t.Fatalf("waiter past max_wait: %d, want 409 with Retry-After", waiter.status)

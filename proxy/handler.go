@@ -57,8 +57,6 @@ type Options struct {
 	// Metrics collects counters and latencies. Nil creates unregistered
 	// collectors.
 	Metrics *Metrics
-	// Now is the clock. Nil uses time.Now.
-	Now func() time.Time
 	// Rand is the source of owner tokens and request ids. Nil uses
 	// crypto/rand.
 	Rand io.Reader
@@ -86,7 +84,6 @@ type Handler struct {
 	trustedPeer, otherPeer forwarder
 	log                    *slog.Logger
 	metrics                *Metrics
-	now                    func() time.Time
 	rand                   io.Reader
 	bodyTimeout            time.Duration
 
@@ -122,7 +119,6 @@ func New(cfg *config.Config, store Store, opts Options) (*Handler, error) {
 		maxLate:         int64(cfg.Upstream.MaxLateCalls),
 		log:             opts.Logger,
 		metrics:         opts.Metrics,
-		now:             opts.Now,
 		rand:            opts.Rand,
 		bodyTimeout:     opts.BodyReadTimeout,
 	}
@@ -137,9 +133,6 @@ func New(cfg *config.Config, store Store, opts Options) (*Handler, error) {
 		h.metrics = NewMetrics(nil)
 	}
 	h.metrics.initRoutes(routes)
-	if h.now == nil {
-		h.now = time.Now
-	}
 	if h.rand == nil {
 		h.rand = rand.Reader
 	}
@@ -235,7 +228,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		path:      path,
 		principal: principal,
 		requestID: h.requestID(r),
-		start:     h.now(),
+		start:     time.Now(),
 	}
 	defer x.giveBack() // runs last: nothing of x reads its buffers after it
 	// Deferred so that a client disconnect, which aborts the handler with
@@ -372,7 +365,7 @@ func (x *exchange) serve() {
 	rec := &claim.Record{
 		State:       claim.InProgress,
 		Fingerprint: fp,
-		Created:     x.h.now(),
+		Created:     time.Now(),
 		RequestID:   x.requestID,
 	}
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
@@ -396,7 +389,7 @@ func (x *exchange) serve() {
 			return
 		}
 		existing, ttl := res.Existing, res.TTL
-		if existing.State == claim.InProgress && existing.Fingerprint == fp && !existing.Orphaned(ttl) && x.h.now().Before(waitUntil) {
+		if existing.State == claim.InProgress && existing.Fingerprint == fp && !existing.Orphaned(ttl) && time.Now().Before(waitUntil) {
 			existing, ttl, err = x.wait(waitUntil)
 			if err != nil {
 				x.storeFailed("get", err, nil)
@@ -426,7 +419,7 @@ const maxOrphanSettles = 3
 // executed, so this attempt must not. It returns ErrLeaseLost, having
 // answered nothing, when the key changed first.
 func (x *exchange) settleOrphan(orphan *claim.Record) error {
-	rec := outcomeUnknownRecord(orphan, claim.Token{}, x.h.now(), true)
+	rec := outcomeUnknownRecord(orphan, claim.Token{}, time.Now(), true)
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
 	ctx, cancel := settleCtx()
 	defer cancel()
@@ -495,8 +488,9 @@ func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
 	_, _ = x.w.Write(rec.Body)
 }
 
-// wait polls the key until its first attempt settles, the deadline passes
-// or the client goes away. It returns nil when the key is free again.
+// wait polls the key until its first attempt settles or is orphaned, the
+// deadline passes or the client goes away. It returns nil when the key is
+// free again.
 func (x *exchange) wait(until time.Time) (*claim.Record, time.Duration, error) {
 	interval := 10 * time.Millisecond
 	timer := time.NewTimer(interval)
@@ -510,13 +504,13 @@ func (x *exchange) wait(until time.Time) (*claim.Record, time.Duration, error) {
 		start := time.Now()
 		rec, ttl, err := x.h.store.Get(x.r.Context(), x.hashedKey)
 		x.h.observeStore("get", start)
-		if err != nil || rec == nil || rec.State == claim.Completed {
+		if err != nil || rec == nil || rec.State == claim.Completed || rec.Orphaned(ttl) {
 			return rec, ttl, err
 		}
-		if !x.h.now().Before(until) {
+		if !time.Now().Before(until) {
 			return rec, ttl, nil
 		}
-		interval = min(interval*2, 200*time.Millisecond, until.Sub(x.h.now())+time.Millisecond)
+		interval = min(interval*2, 200*time.Millisecond, until.Sub(time.Now())+time.Millisecond)
 		timer.Reset(interval)
 	}
 }
@@ -625,7 +619,7 @@ func (x *exchange) finish() {
 	if x.outcome == "" {
 		x.outcome = outcomeRejected // aborted before an answer was chosen
 	}
-	total := x.h.now().Sub(x.start)
+	total := time.Now().Sub(x.start)
 	x.h.metrics.requests.WithLabelValues(x.rt.name, x.outcome).Inc()
 	x.h.metrics.added.WithLabelValues(x.rt.name).Observe((total - x.upstream).Seconds())
 	level := slog.LevelInfo

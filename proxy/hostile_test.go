@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // raw sends bytes on a fresh connection and returns the response's status
@@ -47,7 +48,7 @@ func raw(t *testing.T, e *env, request string, pause time.Duration, rest string)
 // noClaims asserts nothing was forwarded and no claim was left behind.
 func noClaims(t *testing.T, e *env, what string) {
 	t.Helper()
-	if keys, _ := e.redis.Client().Keys(context.Background(), e.cfg.Store.KeyPrefix+"*").Result(); len(keys) != 0 {
+	if keys, _ := e.rdb.Keys(context.Background(), e.cfg.Store.KeyPrefix+"*").Result(); len(keys) != 0 {
 		t.Errorf("%s left %d claims in Redis", what, len(keys))
 	}
 	if n := e.ledger.Total(); n != 0 {
@@ -117,8 +118,8 @@ func TestInvalidJSONWithIgnoredFields(t *testing.T) {
 
 func TestForeignRecordUnderOurPrefix(t *testing.T) {
 	e := newEnv(t, created, nil)
-	key := e.store.Key("alice", "route\x00pay", "k")
-	rdb := e.redis.Client()
+	key := e.store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "k")
+	rdb := e.rdb
 	if err := rdb.Set(context.Background(), key, "not ours", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}

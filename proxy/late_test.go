@@ -10,6 +10,8 @@ import (
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/poll"
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // held is an upstream that acts at once and answers only when the test
@@ -80,7 +82,7 @@ func TestLateAnswerIsStoredAndReplayed(t *testing.T) {
 	}
 	close(up.release)
 	var after resp
-	eventually(t, "the late answer is replayed", func() bool {
+	poll.Until(t, "the late answer is replayed", func() bool {
 		after = e.do(req{user: "alice", key: "k", body: `{}`})
 		return after.status != http.StatusConflict
 	})
@@ -118,7 +120,7 @@ func TestLateTransientAnswerReleases(t *testing.T) {
 		t.Fatalf("first attempt: %d, want 504", r.status)
 	}
 	close(up.release)
-	eventually(t, "the late 503 releases the key and the retry executes", func() bool {
+	poll.Until(t, "the late 503 releases the key and the retry executes", func() bool {
 		return e.do(req{user: "alice", key: "k", body: `{}`}).status == http.StatusCreated
 	})
 	if n := e.ledger.Total(); n != 2 {
@@ -146,13 +148,13 @@ func TestLateCallCap(t *testing.T) {
 	if capped.status != http.StatusBadGateway || !strings.Contains(capped.body, "outcome-unknown") || capped.header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("call beyond the cap: %d %v %s, want 502 outcome-unknown", capped.status, capped.header, capped.body)
 	}
-	eventually(t, "the capped call is cancelled upstream", func() bool { return up.cancelled.Load() == 1 })
+	poll.Until(t, "the capped call is cancelled upstream", func() bool { return up.cancelled.Load() == 1 })
 	retry := e.do(req{user: "alice", key: "b", body: `{}`})
 	if retry.status != http.StatusBadGateway || retry.body != capped.body || retry.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry of the capped call: %d %s, want the same 502 replayed", retry.status, retry.body)
 	}
 	close(up.release)
-	eventually(t, "the late call's answer is replayed", func() bool {
+	poll.Until(t, "the late call's answer is replayed", func() bool {
 		return e.do(req{user: "alice", key: "a", body: `{}`}).status == http.StatusCreated
 	})
 	if n := e.ledger.Total(); n != 2 {
@@ -203,12 +205,12 @@ func TestOrphanedClaimIsSettledInFailMode(t *testing.T) {
 	if r := e.do(req{user: "alice", key: "probe", body: `{}`}); r.status != http.StatusCreated {
 		t.Fatal(r.status)
 	}
-	probe, _, err := e.store.Get(ctx, e.store.Key("alice", "route\x00pay", "probe"))
+	probe, _, err := e.store.Get(ctx, e.store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "probe"))
 	if err != nil || probe == nil {
 		t.Fatal(err)
 	}
 	dead := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: "dead-owner", Fingerprint: probe.Fingerprint, Tail: time.Hour}
-	key := e.store.Key("alice", "route\x00pay", "k")
+	key := e.store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "k")
 	if res, err := e.store.Claim(ctx, key, dead, time.Second); err != nil || !res.Claimed {
 		t.Fatalf("dead sidecar's claim: %+v %v", res, err)
 	}
@@ -216,7 +218,7 @@ func TestOrphanedClaimIsSettledInFailMode(t *testing.T) {
 		t.Fatalf("retry during the dead owner's lease: %d, want 409", r.status)
 	}
 	var settled resp
-	eventually(t, "the dead owner's lease lapses", func() bool {
+	poll.Until(t, "the dead owner's lease lapses", func() bool {
 		settled = e.do(req{user: "alice", key: "k", body: `{}`})
 		return settled.status != http.StatusConflict
 	})

@@ -1,9 +1,11 @@
 package proxy_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
 	"strconv"
@@ -15,6 +17,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/poll"
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // observedEnv runs one request of each deterministic outcome.
@@ -147,11 +151,11 @@ func TestOldestInflightClaimAge(t *testing.T) {
 	}
 	done := make(chan resp)
 	go func() { done <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
-	eventually(t, "the claim ages", func() bool { return gauge() >= 0.1 })
+	poll.Until(t, "the claim ages", func() bool { return gauge() >= 0.1 })
 	close(release)
 	<-done
 	// The client may see the answer a moment before the handler returns.
-	eventually(t, "the settled claim is no longer counted", func() bool { return gauge() == 0 })
+	poll.Until(t, "the settled claim is no longer counted", func() bool { return gauge() == 0 })
 }
 
 // BenchmarkFirstAttempt is one protected request end to end: client,
@@ -189,7 +193,7 @@ func TestClientLeavingWaitIsNotAStoreError(t *testing.T) {
 	})
 	first := make(chan resp)
 	go func() { first <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
-	eventually(t, "the first attempt is upstream", func() bool { return e.ledger.Total() == 1 })
+	poll.Until(t, "the first attempt is upstream", func() bool { return e.ledger.Total() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	if _, err := e.try(ctx, req{user: "alice", key: "k", body: `{}`}); err == nil {
@@ -210,5 +214,26 @@ func TestClientLeavingWaitIsNotAStoreError(t *testing.T) {
 				t.Errorf("idemproxy_store_errors_total%v = %v, want 0", m.GetLabel(), v)
 			}
 		}
+	}
+}
+
+// Request ids come from Options.Rand: a fixed source gives a fixed id,
+// which the problem body and the upstream both see.
+func TestRequestIDFromInjectedRand(t *testing.T) {
+	cfg := config.Default()
+	cfg.Upstream.URL = "http://127.0.0.1:1"
+	cfg.Routes = []config.Route{route("pay", "POST /payments")}
+	h, err := proxy.New(cfg, nil, proxy.Options{Rand: bytes.NewReader(bytes.Repeat([]byte{0xab}, 16))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodPost, "/payments", strings.NewReader("{}"))
+	r.RemoteAddr = "127.0.0.1:5000"
+	r.Header.Set("X-Forwarded-User", "alice")
+	h.ServeHTTP(w, r) // no key: 400, nothing stored, no store needed
+	want := strings.Repeat("ab", 16)
+	if w.Code != http.StatusBadRequest || !strings.Contains(w.Body.String(), `"request_id":"`+want+`"`) {
+		t.Fatalf("got %d %s, want 400 with request_id %s", w.Code, w.Body.String(), want)
 	}
 }

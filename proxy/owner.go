@@ -366,7 +366,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		Token:       o.rec.Token,
 		Fingerprint: o.rec.Fingerprint,
 		Created:     o.rec.Created,
-		Completed:   h.now(),
+		Completed:   time.Now(),
 		RequestID:   o.rec.RequestID,
 		Status:      resp.StatusCode,
 		Header:      resp.Header.Clone(),
@@ -421,7 +421,7 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy).Inc()
 	switch policy {
 	case config.OutcomeFail:
-		rec := outcomeUnknownRecord(o.rec, o.rec.Token, h.now(), timeout)
+		rec := outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout)
 		o.settle(func() {
 			o.complete(rec)
 			if x.outcome == outcomeStored {

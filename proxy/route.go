@@ -20,6 +20,16 @@ type route struct {
 	releaseOn [600]bool
 }
 
+// KeyScope is what a route hashes into its Redis keys beside the principal
+// and the idempotency key: its own name, or, with scope: principal, one
+// value that every such route shares.
+func KeyScope(route, scope string) string {
+	if scope == config.ScopePrincipal {
+		return "principal"
+	}
+	return "route\x00" + route
+}
+
 // routeHandler marks a route in the mux. It is never served: the mux is
 // used only to match, so its redirects and 405s never answer a client.
 type routeHandler struct{ *route }
@@ -45,10 +55,7 @@ func newRouter(routes []config.Route) (*router, error) {
 	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string)}
 	for i, rc := range routes {
 		rt.names = append(rt.names, rc.Name)
-		r := &route{name: rc.Name, scope: "route\x00" + rc.Name, settings: rc.Settings}
-		if rc.Settings.Scope == config.ScopePrincipal {
-			r.scope = "principal"
-		}
+		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.Settings.Scope), settings: rc.Settings}
 		fp, err := newFingerprinter(rc.Settings.Fingerprint)
 		if err != nil {
 			return nil, fmt.Errorf("routes[%d]: %w", i, err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -123,7 +124,7 @@ func failover(t *testing.T, store config.Redis, waitReplicas int, master, replic
 	}
 	promoted := time.Since(killed)
 	wg.Wait()
-	eventually(t, "requests succeed after the failover", func() bool {
+	poll.Until(t, "requests succeed after the failover", func() bool {
 		return e.do(req{user: "alice", key: "after-" + fmt.Sprint(time.Now().UnixNano()), body: `{}`}).status == http.StatusCreated
 	})
 

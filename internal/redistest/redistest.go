@@ -36,6 +36,17 @@ type Server struct {
 	password string
 }
 
+// Available reports whether tests should run against a real redis-server:
+// it is installed, or IDEMPROXY_REQUIRE_REDIS=1 demands it (Start then
+// fails the test when it is missing).
+func Available() bool {
+	if os.Getenv(RequireEnv) == "1" {
+		return true
+	}
+	_, err := exec.LookPath("redis-server")
+	return err == nil
+}
+
 // Start launches redis-server on a free loopback port with persistence off
 // and stops it when the test ends. It skips the test with a clear message
 // when the binary is absent, or fails it under IDEMPROXY_REQUIRE_REDIS=1.

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are the main package's collectors, beside the proxy's own, all
+// on one registry that /metrics serves.
+type metrics struct {
+	reg *prometheus.Registry
+	// waitShort counts claims and completions that fewer replicas than
+	// store.wait_replicas acknowledged in time.
+	waitShort *prometheus.CounterVec
+	// evictionSafe says whether Redis' maxmemory-policy keeps claims.
+	evictionSafe prometheus.Gauge
+	// reloads counts config reloads by result; reloadOK says whether the
+	// last one succeeded.
+	reloads  *prometheus.CounterVec
+	reloadOK prometheus.Gauge
+}
+
+// newMetrics registers the process, Go runtime and main package collectors
+// on a new registry. With waitReplicas the wait_short series start at 0.
+func newMetrics(waitReplicas bool) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		waitShort: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_store_wait_short_total",
+			Help: "Claims and completions that fewer than store.wait_replicas replicas acknowledged within store.wait_timeout, by op.",
+		}, []string{"op"}),
+		evictionSafe: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemproxy_redis_eviction_policy_safe",
+			Help: "1 when Redis' maxmemory-policy is noeviction, 0 when it can evict idempotency keys, -1 when unknown.",
+		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_config_reloads_total",
+			Help: "Config reload attempts by result (ok, error).",
+		}, []string{"result"}),
+		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemproxy_config_last_reload_successful",
+			Help: "1 when the last config reload attempt succeeded (or none was made), 0 when the file on disk is rejected.",
+		}),
+	}
+	if waitReplicas {
+		m.waitShort.WithLabelValues("claim")
+		m.waitShort.WithLabelValues("complete")
+	}
+	m.reloadOK.Set(1)
+	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}

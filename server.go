@@ -1,0 +1,270 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// Server limits on the client port. Headers are small for a JSON API; a
+// slow client cannot hold a connection open forever.
+const (
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 120 * time.Second
+	maxHeaderBytes    = 64 << 10
+	// abandonWait bounds how long the calls a drain cancelled take to
+	// settle: a few store round trips each, retried as any settle is.
+	abandonWait = 10 * time.Second
+)
+
+// server is one running idemproxy: its store, handler and listeners. start
+// opens it and serves in the background; wait blocks until the context
+// ends, then drains and closes it.
+type server struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	level   *slog.LevelVar
+	metrics *metrics
+	store   *claim.Store
+	handler *proxy.Handler
+	// client and admin serve on clientAddr and adminAddr, where their
+	// listeners are bound.
+	client, admin         *http.Server
+	clientAddr, adminAddr string
+	// errc receives the first listener that stops serving.
+	errc     chan error
+	draining atomic.Bool
+	// closers release what start opened, run last to first by close.
+	closers []func()
+}
+
+// serve runs idemproxy for cfg until ctx ends and in-flight requests have
+// settled. With a non-empty path, routes reload when that file changes and
+// on SIGHUP.
+func serve(ctx context.Context, cfg *config.Config, path string, logger *slog.Logger) error {
+	s, err := start(ctx, cfg, path, logger)
+	if err != nil {
+		return err
+	}
+	return s.wait(ctx)
+}
+
+// start wires the store, metrics and handler, opens both listeners and
+// serves on them in the background.
+func start(ctx context.Context, cfg *config.Config, path string, logger *slog.Logger) (s *server, err error) {
+	s = &server{cfg: cfg, level: new(slog.LevelVar), errc: make(chan error, 2)}
+	s.level.Set(cfg.SlogLevel())
+	s.log = slog.New(leveled{next: logger.Handler(), level: s.level})
+	// go-redis has one process-wide logger; route it into ours.
+	redis.SetLogger(claim.SlogLogger{Logger: s.log})
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	for _, w := range cfg.Warnings() {
+		s.log.Warn(w)
+	}
+	s.metrics = newMetrics(cfg.Store.WaitReplicas > 0)
+	embedded, err := s.openStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.handler, err = proxy.New(cfg, s.store, proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg)})
+	if err != nil {
+		return nil, err
+	}
+	if embedded {
+		s.metrics.evictionSafe.Set(1) // the embedded store has no memory limit and never evicts
+	} else {
+		go watchEviction(ctx, s.store, s.log, s.metrics.evictionSafe)
+	}
+	if path != "" {
+		rl := newReloader(path, cfg, s.handler, s.level, s.log, s.metrics)
+		go rl.run(ctx)
+	}
+	if err := s.listen(); err != nil {
+		return nil, err
+	}
+	s.log.Info("serving", "listen", s.clientAddr, "admin_listen", s.adminAddr,
+		"upstream", cfg.Upstream.URL, "routes", len(cfg.Routes))
+	return s, nil
+}
+
+// openStore connects to Redis, or starts the embedded store when no
+// address is configured, which it reports.
+func (s *server) openStore(ctx context.Context) (embedded bool, err error) {
+	redisCfg := s.cfg.Store.Redis
+	if len(redisCfg.Addrs) == 0 {
+		emb, err := claim.StartEmbedded()
+		if err != nil {
+			return false, fmt.Errorf("start embedded store: %w", err)
+		}
+		s.closers = append(s.closers, emb.Close)
+		s.log.Warn("USING THE EMBEDDED IN-MEMORY STORE: single instance, not durable, for development only; set store.redis.addrs in production",
+			"addr", emb.Addr())
+		redisCfg = config.Redis{Addrs: []string{emb.Addr()}}
+		embedded = true
+	}
+	if err := readSecrets(&redisCfg); err != nil {
+		return false, err
+	}
+	client, err := claim.NewClient(redisCfg)
+	if err != nil {
+		return false, err
+	}
+	s.closers = append(s.closers, func() { client.Close() })
+	var opts []claim.Option
+	if s.cfg.Store.WaitReplicas > 0 {
+		opts = append(opts, claim.WithWait(s.cfg.Store.WaitReplicas, s.cfg.Store.WaitTimeout, func(op string) {
+			s.metrics.waitShort.WithLabelValues(op).Inc()
+		}))
+	}
+	s.store = claim.New(client, s.cfg.Store.KeyPrefix, opts...)
+	preload(ctx, s.store, s.log)
+	return embedded, nil
+}
+
+// readSecrets reads the passwords configured as files (mounted Secrets).
+func readSecrets(r *config.Redis) error {
+	for _, secret := range []struct {
+		key, file string
+		dst       *string
+	}{
+		{"store.redis.password_file", r.PasswordFile, &r.Password},
+		{"store.redis.sentinel_password_file", r.SentinelPasswordFile, &r.SentinelPassword},
+	} {
+		if secret.file == "" {
+			continue
+		}
+		b, err := os.ReadFile(secret.file)
+		if err != nil {
+			return fmt.Errorf("%s: %w", secret.key, err)
+		}
+		*secret.dst = strings.TrimSpace(string(b))
+	}
+	return nil
+}
+
+// adminMux serves /metrics, the probes and, when enabled, pprof.
+func (s *server) adminMux() *http.ServeMux {
+	admin := http.NewServeMux()
+	admin.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
+	if s.cfg.AdminPprof {
+		admin.HandleFunc("/debug/pprof/", pprof.Index)
+		admin.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		admin.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		admin.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		admin.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	admin.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if s.draining.Load() {
+			http.Error(w, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		pctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if err := s.store.Ping(pctx); err != nil {
+			http.Error(w, "store unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return admin
+}
+
+// listen opens the client and admin listeners and serves on them.
+func (s *server) listen() error {
+	clientLn, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	adminLn, err := net.Listen("tcp", s.cfg.AdminListen)
+	if err != nil {
+		clientLn.Close()
+		return fmt.Errorf("admin_listen: %w", err)
+	}
+	s.clientAddr, s.adminAddr = clientLn.Addr().String(), adminLn.Addr().String()
+	s.client = &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	s.admin = &http.Server{Handler: s.adminMux(), ReadHeaderTimeout: readHeaderTimeout}
+	go func() { s.errc <- s.client.Serve(clientLn) }()
+	go func() { s.errc <- s.admin.Serve(adminLn) }()
+	return nil
+}
+
+// wait serves until ctx ends (or a listener fails), then drains: it fails
+// readiness, waits for load balancers to notice, stops accepting, lets
+// in-flight requests settle and store, and closes the store.
+func (s *server) wait(ctx context.Context) error {
+	defer s.close()
+	select {
+	case err := <-s.errc:
+		return err
+	case <-ctx.Done():
+	}
+	s.draining.Store(true)
+	grace := s.cfg.Grace()
+	s.log.Info("draining", "delay", s.cfg.Drain.Delay.String(), "timeout", grace.String())
+	time.Sleep(s.cfg.Drain.Delay)
+	err := s.drain(grace)
+	actx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = s.admin.Shutdown(actx)
+	if err != nil {
+		return err
+	}
+	s.log.Info("stopped")
+	return nil
+}
+
+// drain stops the client server accepting and waits up to grace for the
+// requests in flight, late upstream calls included, to settle and store.
+// Calls still running then are cancelled and settled by their routes'
+// unknown_outcome, rather than left to the dual-write window by the exit.
+func (s *server) drain(grace time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	err := s.client.Shutdown(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		n := s.handler.Abandon()
+		s.log.Error("drain.timeout ran out with requests in flight: cancelling their upstream calls; each key is settled by its route's unknown_outcome",
+			"timeout", grace.String(), "upstream_calls", n)
+		actx, acancel := context.WithTimeout(context.Background(), abandonWait)
+		defer acancel()
+		err = s.client.Shutdown(actx)
+	}
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("drain: %w", err)
+	}
+	return nil
+}
+
+// close releases what start opened, last first.
+func (s *server) close() {
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i]()
+	}
+	s.closers = nil
+}
