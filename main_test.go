@@ -117,7 +117,7 @@ func TestDrainStoresInFlightRequest(t *testing.T) {
 		t.Fatalf("serve: %v", err)
 	}
 	store := claim.New(srv.Client(), cfg.Store.KeyPrefix)
-	rec, _, err := store.Get(context.Background(), store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "drain-1"))
+	rec, _, err := store.Get(context.Background(), store.Key("alice", proxy.KeyScope("pay", false), "drain-1"))
 	if err != nil || rec == nil || rec.State != claim.Completed || string(rec.Body) != "charged" {
 		t.Fatalf("stored record after drain: %+v, %v", rec, err)
 	}
@@ -270,7 +270,7 @@ func TestDrainStoresLateAnswer(t *testing.T) {
 		t.Fatalf("serve: %v", err)
 	}
 	store := claim.New(srv.Client(), cfg.Store.KeyPrefix)
-	rec, _, err := store.Get(context.Background(), store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "late-1"))
+	rec, _, err := store.Get(context.Background(), store.Key("alice", proxy.KeyScope("pay", false), "late-1"))
 	if err != nil || rec == nil || rec.State != claim.Completed || string(rec.Body) != "charged late" {
 		t.Fatalf("stored record after drain: %+v, %v; want the late answer", rec, err)
 	}
@@ -300,7 +300,7 @@ func TestDrainTimeoutSettlesLateCalls(t *testing.T) {
 		t.Fatalf("serve: %v", err)
 	}
 	store := claim.New(srv.Client(), cfg.Store.KeyPrefix)
-	rec, _, err := store.Get(context.Background(), store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "late-2"))
+	rec, _, err := store.Get(context.Background(), store.Key("alice", proxy.KeyScope("pay", false), "late-2"))
 	if err != nil || rec == nil || rec.State != claim.Completed || rec.Status != http.StatusBadGateway || !strings.Contains(string(rec.Body), "outcome-unknown") {
 		t.Fatalf("record after the drain ran out: %+v, %v; want a stored 502 outcome-unknown", rec, err)
 	}

@@ -111,7 +111,7 @@ func (r *reloader) reload(trigger string, force bool) {
 	}
 	cfg, err := config.Load(r.path)
 	if err == nil {
-		err = r.handler.Reload(cfg)
+		err = r.handler.Reload(proxyRoutes(cfg.Routes))
 	}
 	if err != nil {
 		r.fail(trigger, err)

@@ -85,7 +85,11 @@ func start(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 	if err != nil {
 		return nil, err
 	}
-	s.handler, err = proxy.New(cfg, s.store, proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg)})
+	pcfg, err := proxyConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.handler, err = proxy.New(pcfg, s.store, proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg)})
 	if err != nil {
 		return nil, err
 	}
@@ -124,9 +128,9 @@ func (s *server) openStore(ctx context.Context) (embedded bool, err error) {
 	if err := readSecrets(&redisCfg); err != nil {
 		return false, err
 	}
-	client, err := claim.NewClient(redisCfg)
+	client, err := claim.NewClient(clientOptions(redisCfg))
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("store.redis.tls_ca_file: %w", err) // the only way it fails
 	}
 	s.closers = append(s.closers, func() { client.Close() })
 	var opts []claim.Option

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -82,7 +81,7 @@ func BenchmarkClaimCompleteWait(b *testing.B) {
 	for _, wait := range []int{0, 1} {
 		b.Run("wait_replicas="+strconv.Itoa(wait), func(b *testing.B) {
 			topo := redistest.StartSentinel(b, 1)
-			c, _ := claim.NewClient(config.Redis{Addrs: []string{topo.Master.Addr}})
+			c, _ := claim.NewClient(claim.ClientOptions{Addrs: []string{topo.Master.Addr}})
 			defer c.Close()
 			var opts []claim.Option
 			if wait > 0 {
@@ -144,7 +143,7 @@ func BenchmarkParallelClaim(b *testing.B) {
 // benchStore is a Store on a fresh redis-server, scripts preloaded.
 func benchStore(b *testing.B) *claim.Store {
 	srv := redistest.Start(b)
-	c, _ := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
+	c, _ := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}})
 	b.Cleanup(func() { c.Close() })
 	s := claim.New(c, "bench:")
 	if err := s.Preload(context.Background()); err != nil {

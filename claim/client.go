@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/idemproxy/idemproxy/config"
 )
 
 // Timeouts for every Redis connection. go-redis only honours a context's
@@ -26,12 +24,31 @@ const (
 	maxRetryWait = 64 * time.Millisecond
 )
 
+// ClientOptions say how to reach a Redis deployment.
+type ClientOptions struct {
+	// Addrs: one address is a standalone server, several are a Cluster;
+	// with MasterName, the sentinels.
+	Addrs []string
+	// MasterName selects Sentinel and names the monitored master.
+	MasterName string
+	// Username and Password authenticate to the data nodes (and to the
+	// sentinels, unless SentinelUsername or SentinelPassword is set).
+	Username, Password                 string
+	SentinelUsername, SentinelPassword string
+	// TLS connects with TLS, verifying the server against TLSCAFile (PEM;
+	// empty uses the system roots) and TLSServerName (empty uses the host
+	// of the address).
+	TLS           bool
+	TLSCAFile     string
+	TLSServerName string
+}
+
 // NewClient returns a go-redis universal client for cfg: one address is a
 // standalone server, several are a Cluster, and MasterName selects Sentinel.
 // go-redis may resend a command after a lost reply; every Store operation is
 // written to be safe under that. It fails only when cfg names a TLS CA file
 // that cannot be read or parsed.
-func NewClient(cfg config.Redis) (redis.UniversalClient, error) {
+func NewClient(cfg ClientOptions) (redis.UniversalClient, error) {
 	opts := &redis.UniversalOptions{
 		Addrs:                 cfg.Addrs,
 		MasterName:            cfg.MasterName,
@@ -58,11 +75,11 @@ func NewClient(cfg config.Redis) (redis.UniversalClient, error) {
 		if cfg.TLSCAFile != "" {
 			pem, err := os.ReadFile(cfg.TLSCAFile)
 			if err != nil {
-				return nil, fmt.Errorf("store.redis.tls_ca_file: %w", err)
+				return nil, fmt.Errorf("TLS CA file: %w", err)
 			}
 			tc.RootCAs = x509.NewCertPool()
 			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("store.redis.tls_ca_file: no PEM certificate in %s", cfg.TLSCAFile)
+				return nil, fmt.Errorf("TLS CA file: no PEM certificate in %s", cfg.TLSCAFile)
 			}
 		}
 		opts.TLSConfig = tc

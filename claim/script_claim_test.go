@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -19,7 +18,7 @@ func TestScriptClaim(t *testing.T) {
 	defer e.Close()
 	for name, addr := range map[string]string{"embedded": e.Addr(), "redis-server": redistest.Start(t).Addr} {
 		t.Run(name, func(t *testing.T) {
-			c, _ := NewClient(config.Redis{Addrs: []string{addr}})
+			c, _ := NewClient(ClientOptions{Addrs: []string{addr}})
 			defer c.Close()
 			s := New(c, "script:")
 			s.scriptClaim.Store(true)

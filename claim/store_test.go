@@ -13,7 +13,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -25,7 +24,7 @@ type backend struct {
 	setup func(t *testing.T) redis.UniversalClient
 }
 
-func clientFor(t *testing.T, cfg config.Redis) redis.UniversalClient {
+func clientFor(t *testing.T, cfg claim.ClientOptions) redis.UniversalClient {
 	c, _ := claim.NewClient(cfg)
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -38,19 +37,19 @@ var backends = []backend{
 			t.Fatal(err)
 		}
 		t.Cleanup(e.Close)
-		return clientFor(t, config.Redis{Addrs: []string{e.Addr()}})
+		return clientFor(t, claim.ClientOptions{Addrs: []string{e.Addr()}})
 	}},
 	{"redis-server", func(t *testing.T) redis.UniversalClient {
-		return clientFor(t, config.Redis{Addrs: []string{redistest.Start(t).Addr}})
+		return clientFor(t, claim.ClientOptions{Addrs: []string{redistest.Start(t).Addr}})
 	}},
 	// Every operation touches one key, so on a Cluster each is served by
 	// the key's slot owner; a cross-slot operation would fail here.
 	{"cluster", func(t *testing.T) redis.UniversalClient {
-		return clientFor(t, config.Redis{Addrs: redistest.StartCluster(t, 3, 1).Addrs()})
+		return clientFor(t, claim.ClientOptions{Addrs: redistest.StartCluster(t, 3, 1).Addrs()})
 	}},
 	{"sentinel", func(t *testing.T) redis.UniversalClient {
 		s := redistest.StartSentinel(t, 1)
-		return clientFor(t, config.Redis{Addrs: s.SentinelAddrs(), MasterName: s.MasterName})
+		return clientFor(t, claim.ClientOptions{Addrs: s.SentinelAddrs(), MasterName: s.MasterName})
 	}},
 }
 
@@ -402,7 +401,7 @@ func TestKeyFramingAndPrivacy(t *testing.T) {
 
 func TestStoreUnavailable(t *testing.T) {
 	srv := redistest.Start(t)
-	c, _ := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
+	c, _ := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}})
 	defer c.Close()
 	s := claim.New(c, "test:")
 	srv.Stop()

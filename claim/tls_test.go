@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -17,7 +16,7 @@ import (
 // verified against the configured CA; an unverifiable server is refused.
 func TestTLS(t *testing.T) {
 	srv, ca := redistest.StartTLS(t)
-	c, err := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}, TLS: true, TLSCAFile: ca})
+	c, err := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}, TLS: true, TLSCAFile: ca})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,14 +26,14 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("claim over TLS: %+v %v", res, err)
 	}
 	// Without the CA the server's certificate is not trusted.
-	plain, _ := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}, TLS: true})
+	plain, _ := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}, TLS: true})
 	defer plain.Close()
 	if err := claim.New(plain, "tls:").Ping(context.Background()); err == nil {
 		t.Fatal("a self-signed server was trusted without its CA")
 	}
 	bad := filepath.Join(t.TempDir(), "bad.pem")
 	os.WriteFile(bad, []byte("not a certificate"), 0o600)
-	if _, err := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}, TLS: true, TLSCAFile: bad}); err == nil || !strings.Contains(err.Error(), "store.redis.tls_ca_file") {
-		t.Fatalf("bad CA file: %v, want an error naming store.redis.tls_ca_file", err)
+	if _, err := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}, TLS: true, TLSCAFile: bad}); err == nil || !strings.Contains(err.Error(), "TLS CA file") {
+		t.Fatalf("bad CA file: %v, want an error naming the TLS CA file", err)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -28,13 +27,13 @@ func TestWaitReplicas(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3, 1)
 	for _, topo := range []struct {
 		name string
-		cfg  config.Redis
+		cfg  claim.ClientOptions
 		// replica returns the replica that follows key's master.
 		replica func(c redis.UniversalClient, key string) *redis.Client
 	}{
-		{"sentinel", config.Redis{Addrs: sentinel.SentinelAddrs(), MasterName: sentinel.MasterName},
+		{"sentinel", claim.ClientOptions{Addrs: sentinel.SentinelAddrs(), MasterName: sentinel.MasterName},
 			func(redis.UniversalClient, string) *redis.Client { return sentinel.Replicas[0].Client() }},
-		{"cluster", config.Redis{Addrs: cluster.Addrs()},
+		{"cluster", claim.ClientOptions{Addrs: cluster.Addrs()},
 			func(c redis.UniversalClient, key string) *redis.Client {
 				master, err := c.(*redis.ClusterClient).MasterForKey(ctx, key)
 				if err != nil {
@@ -94,7 +93,7 @@ func TestWaitReplicas(t *testing.T) {
 	// master's replica down, every claim and completion of its keys is
 	// short, even though the other masters' replicas are up (a WAIT sent to
 	// one of them would count its replica and report nothing).
-	c, _ := claim.NewClient(config.Redis{Addrs: cluster.Addrs()})
+	c, _ := claim.NewClient(claim.ClientOptions{Addrs: cluster.Addrs()})
 	defer c.Close()
 	var mu sync.Mutex
 	short := map[string]int{}
@@ -151,14 +150,14 @@ func onReplica(ctx context.Context, replica *redis.Client, key string) bool {
 func TestSentinelAuth(t *testing.T) {
 	topo := redistest.StartSentinelAuth(t, 1, "data-pw", "sentinel-pw")
 	ctx := context.Background()
-	claimOnce := func(cfg config.Redis) error {
+	claimOnce := func(cfg claim.ClientOptions) error {
 		c, _ := claim.NewClient(cfg)
 		defer c.Close()
 		s := claim.New(c, "auth:")
 		_, err := s.Claim(ctx, s.Key("alice", "r", time.Now().String()), newRecord(t), 10*time.Second)
 		return err
 	}
-	base := config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName, Password: "data-pw"}
+	base := claim.ClientOptions{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName, Password: "data-pw"}
 	withSentinel := base
 	withSentinel.SentinelPassword = "sentinel-pw"
 	if err := claimOnce(withSentinel); err != nil {

@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+
+	"github.com/idemproxy/idemproxy/internal/jsonpointer"
 )
 
 // Validate checks the configuration and reports every problem at once, each
@@ -159,7 +161,7 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 		}
 	}
 	for i, p := range s.Fingerprint.IgnoreJSONFields {
-		if _, err := ParsePointer(p); err != nil {
+		if _, err := jsonpointer.Parse(p); err != nil {
 			add(fmt.Sprintf("%sfingerprint.ignore_json_fields[%d]", path, i), "%v", err)
 		}
 	}

@@ -10,14 +10,12 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-
-	"github.com/idemproxy/idemproxy/config"
 )
 
 var benchBody = []byte(`{"amount":1250,"currency":"EUR","customer":"cus_42","description":"order 42","nonce":"a1b2c3"}`)
 
 func BenchmarkFingerprintRaw(b *testing.B) {
-	fp, _ := newFingerprinter(config.Fingerprint{Headers: []string{"Content-Type"}})
+	fp, _ := newFingerprinter([]string{"Content-Type"}, nil)
 	h := http.Header{"Content-Type": {"application/json; charset=utf-8"}}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -26,7 +24,7 @@ func BenchmarkFingerprintRaw(b *testing.B) {
 }
 
 func BenchmarkFingerprintCanonicalJSON(b *testing.B) {
-	fp, _ := newFingerprinter(config.Fingerprint{Headers: []string{"Content-Type"}, IgnoreJSONFields: []string{"/nonce"}})
+	fp, _ := newFingerprinter([]string{"Content-Type"}, []string{"/nonce"})
 	h := http.Header{"Content-Type": {"application/json"}}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -44,9 +42,9 @@ func BenchmarkParseKey(b *testing.B) {
 
 // benchMatch matches method and path against two POST routes.
 func benchMatch(b *testing.B, method, path string) {
-	rt, _ := newRouter([]config.Route{
-		{Name: "a", Match: "POST /payments", Settings: config.DefaultSettings()},
-		{Name: "b", Match: "POST /orders/{id}/capture", Settings: config.DefaultSettings()},
+	rt, _ := newRouter([]Route{
+		testRoute("a", "POST /payments"),
+		testRoute("b", "POST /orders/{id}/capture"),
 	})
 	r, _ := http.NewRequest(method, path, nil)
 	b.ReportAllocs()
@@ -137,12 +135,8 @@ func benchHandler(b *testing.B, h http.Handler) {
 // httputil.ReverseProxy, on the same canned transport: the difference is
 // idemproxy's own CPU per pass-through request.
 func BenchmarkHandlerPassThrough(b *testing.B) {
-	cfg := config.Default()
-	cfg.Upstream.URL = "http://127.0.0.1:9"
-	cfg.Routes = []config.Route{
-		{Name: "a", Match: "POST /payments", Settings: config.DefaultSettings()},
-		{Name: "b", Match: "POST /orders/{id}/capture", Settings: config.DefaultSettings()},
-	}
+	cfg := testConfig("http://127.0.0.1:9")
+	cfg.Routes = []Route{testRoute("a", "POST /payments"), testRoute("b", "POST /orders/{id}/capture")}
 	h, err := New(cfg, nil, Options{Transport: cannedTransport{}})
 	if err != nil {
 		b.Fatal(err)

@@ -18,7 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/internal/syncbuf"
@@ -38,7 +37,8 @@ type env struct {
 	ledger   *ledger
 	front    *httptest.Server
 	reg      *prometheus.Registry
-	cfg      *config.Config
+	// prefix is the store's key prefix.
+	prefix string
 	// logs holds the proxy's JSON log lines.
 	logs *syncbuf.Buffer
 	// active counts handler calls still running: a client can read its
@@ -99,8 +99,14 @@ func (l *ledger) Last() http.Header {
 }
 
 // route returns a route named after its pattern with default settings.
-func route(name, match string) config.Route {
-	return config.Route{Name: name, Match: match, Settings: config.DefaultSettings()}
+func route(name, match string) proxy.Route { return proxy.TestRoute(name, match) }
+
+// setup is what a test may adjust before the proxy starts: its config and
+// the store's WAIT for replicas.
+type setup struct {
+	proxy.Config
+	WaitReplicas int
+	WaitTimeout  time.Duration
 }
 
 // newEnv starts a store, the upstream (app sees every request after the
@@ -108,7 +114,7 @@ func route(name, match string) config.Route {
 // is a real redis-server when one is installed (or required), else the
 // embedded store, which passes the same contract suite: the flow tests
 // then still run on a machine without Redis.
-func newEnv(t testing.TB, app http.HandlerFunc, mutate func(*config.Config)) *env {
+func newEnv(t testing.TB, app http.HandlerFunc, mutate func(*setup)) *env {
 	t.Helper()
 	if redistest.Available() {
 		return newEnvOn(t, redistest.Start(t), app, mutate)
@@ -119,18 +125,18 @@ func newEnv(t testing.TB, app http.HandlerFunc, mutate func(*config.Config)) *en
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Close)
-	return newEnvStore(t, nil, config.Redis{Addrs: []string{emb.Addr()}}, app, mutate)
+	return newEnvStore(t, nil, claim.ClientOptions{Addrs: []string{emb.Addr()}}, app, mutate)
 }
 
 // newEnvOn is newEnv on a given redis-server.
-func newEnvOn(t testing.TB, srv *redistest.Server, app http.HandlerFunc, mutate func(*config.Config)) *env {
+func newEnvOn(t testing.TB, srv *redistest.Server, app http.HandlerFunc, mutate func(*setup)) *env {
 	t.Helper()
-	return newEnvStore(t, srv, config.Redis{Addrs: []string{srv.Addr}}, app, mutate)
+	return newEnvStore(t, srv, claim.ClientOptions{Addrs: []string{srv.Addr}}, app, mutate)
 }
 
 // newEnvStore is newEnv on any Redis deployment (Cluster, Sentinel); srv
 // may be nil when there is no single server.
-func newEnvStore(t testing.TB, srv *redistest.Server, store config.Redis, app http.HandlerFunc, mutate func(*config.Config)) *env {
+func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions, app http.HandlerFunc, mutate func(*setup)) *env {
 	t.Helper()
 	e := &env{t: t, ledger: &ledger{}, redis: srv, reg: prometheus.NewRegistry(), logs: &syncbuf.Buffer{}}
 	e.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -141,33 +147,30 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store config.Redis, app ht
 	}))
 	t.Cleanup(e.upstream.Close)
 
-	cfg := config.Default()
-	cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:1"
-	cfg.Upstream.URL = e.upstream.URL
-	cfg.Upstream.Timeout = 5 * time.Second
-	cfg.Store.Redis = store
-	cfg.Routes = []config.Route{route("pay", "POST /payments")}
+	cfg := &setup{Config: proxy.TestConfig(e.upstream.URL), WaitTimeout: 100 * time.Millisecond}
+	cfg.UpstreamTimeout = 5 * time.Second
+	cfg.Routes = []proxy.Route{route("pay", "POST /payments")}
 	if mutate != nil {
 		mutate(cfg)
 	}
-	e.cfg = cfg
-	client, err := claim.NewClient(cfg.Store.Redis)
+	e.prefix = "idem:"
+	client, err := claim.NewClient(store)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
 	e.rdb = client
 	var opts []claim.Option
-	if cfg.Store.WaitReplicas > 0 {
-		opts = append(opts, claim.WithWait(cfg.Store.WaitReplicas, cfg.Store.WaitTimeout, func(op string) { e.waitShort.Add(1) }))
+	if cfg.WaitReplicas > 0 {
+		opts = append(opts, claim.WithWait(cfg.WaitReplicas, cfg.WaitTimeout, func(op string) { e.waitShort.Add(1) }))
 	}
-	e.store = claim.New(client, cfg.Store.KeyPrefix, opts...)
+	e.store = claim.New(client, e.prefix, opts...)
 	var out io.Writer = e.logs
 	if os.Getenv("IDEMPROXY_TEST_LOG") == "1" {
 		out = io.MultiWriter(e.logs, os.Stderr)
 	}
 	logger := slog.New(slog.NewJSONHandler(out, nil))
-	h, err := proxy.New(cfg, e.store, proxy.Options{
+	h, err := proxy.New(cfg.Config, e.store, proxy.Options{
 		Logger:  logger,
 		Metrics: proxy.NewMetrics(e.reg),
 		// Short, for the slow-loris test; no other test trickles its body.
@@ -189,8 +192,8 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store config.Redis, app ht
 
 // untrusted makes every peer untrusted: loopback test clients then count
 // as outsiders.
-func untrusted(c *config.Config) {
-	c.Identity.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+func untrusted(c *setup) {
+	c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
 }
 
 // resp is a response with its body read.

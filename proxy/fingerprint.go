@@ -15,7 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/jsonpointer"
 )
 
 // fingerprinter hashes what makes two requests "the same request": method,
@@ -30,13 +30,13 @@ type fingerprinter struct {
 	ignore [][]string
 }
 
-func newFingerprinter(fp config.Fingerprint) (*fingerprinter, error) {
+func newFingerprinter(headers, ignoreJSONFields []string) (*fingerprinter, error) {
 	f := &fingerprinter{}
-	for _, h := range fp.Headers {
+	for _, h := range headers {
 		f.headers = append(f.headers, http.CanonicalHeaderKey(h))
 	}
-	for _, p := range fp.IgnoreJSONFields {
-		tokens, err := config.ParsePointer(p)
+	for _, p := range ignoreJSONFields {
+		tokens, err := jsonpointer.Parse(p)
 		if err != nil {
 			return nil, err
 		}

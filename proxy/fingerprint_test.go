@@ -4,8 +4,6 @@ import (
 	"net/http"
 	"net/netip"
 	"testing"
-
-	"github.com/idemproxy/idemproxy/config"
 )
 
 func mustPrefixes(ss ...string) []netip.Prefix {
@@ -17,11 +15,11 @@ func mustPrefixes(ss ...string) []netip.Prefix {
 }
 
 func TestFingerprint(t *testing.T) {
-	fp, err := newFingerprinter(config.Fingerprint{Headers: []string{"content-type"}, IgnoreJSONFields: []string{"/nonce", "/items/0/ts", "/a~1b"}})
+	fp, err := newFingerprinter([]string{"content-type"}, []string{"/nonce", "/items/0/ts", "/a~1b"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain, _ := newFingerprinter(config.Fingerprint{Headers: []string{"Content-Type"}})
+	plain, _ := newFingerprinter([]string{"Content-Type"}, nil)
 	jsonCT := http.Header{"Content-Type": {"application/json"}}
 	base := fp.sum("POST", "/p", "", jsonCT, []byte(`{"amount":1,"nonce":"x","items":[{"ts":1,"n":2}],"a/b":1}`))
 	same := []struct {

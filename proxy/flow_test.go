@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,7 +15,6 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -68,9 +68,9 @@ func TestConcurrentDuplicatesExecuteOnce(t *testing.T) {
 }
 
 func TestConcurrentDuplicatesWaitForOneAnswer(t *testing.T) {
-	e := newEnv(t, slow(150*time.Millisecond, created), func(c *config.Config) {
-		c.Routes[0].Settings.Concurrent = config.ConcurrentWait
-		c.Routes[0].Settings.MaxWait = 10 * time.Second
+	e := newEnv(t, slow(150*time.Millisecond, created), func(c *setup) {
+		c.Routes[0].Wait = true
+		c.Routes[0].MaxWait = 10 * time.Second
 	})
 	results := burst(t, e, 100, req{user: "alice", key: "k-1", body: `{"amount":100}`})
 	if n := e.ledger.Total(); n != 1 {
@@ -150,10 +150,10 @@ func TestPrincipalsAreIsolated(t *testing.T) {
 }
 
 func TestSpoofedIdentityFromUntrustedPeer(t *testing.T) {
-	e := newEnv(t, created, func(c *config.Config) {
+	e := newEnv(t, created, func(c *setup) {
 		untrusted(c)
 		c.Routes = append(c.Routes, route("opt", "POST /optional"))
-		c.Routes[1].Settings.RequireKey = false
+		c.Routes[1].RequireKey = false
 	})
 	// With a key: the forged principal is dropped, so there is none: 401.
 	r := e.do(req{user: "mallory-as-alice", key: "k", body: `{}`})
@@ -193,8 +193,8 @@ func TestTrustedIdentityAndKeyAreForwarded(t *testing.T) {
 }
 
 func TestChangedBodyIsMismatch(t *testing.T) {
-	e := newEnv(t, created, func(c *config.Config) {
-		c.Routes[0].Settings.Fingerprint.IgnoreJSONFields = []string{"/attempt", "/meta/sent_at"}
+	e := newEnv(t, created, func(c *setup) {
+		c.Routes[0].IgnoreJSONFields = []string{"/attempt", "/meta/sent_at"}
 		c.Routes = append(c.Routes, route("capture", "POST /orders/{id}/capture"))
 	})
 	e.do(req{user: "alice", key: "k", body: `{"amount":100,"attempt":1,"meta":{"sent_at":"t1","x":1}}`})
@@ -255,12 +255,12 @@ func TestTransientIsReleasedSettledIsStored(t *testing.T) {
 }
 
 func TestDialRefusedReleases(t *testing.T) {
-	e := newEnv(t, created, func(c *config.Config) {
+	e := newEnv(t, created, func(c *setup) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.Upstream.URL = "http://" + ln.Addr().String()
+		c.Upstream = &url.URL{Scheme: "http", Host: ln.Addr().String()}
 		ln.Close() // nothing listens here now: connections are refused
 	})
 	r := e.do(req{user: "alice", key: "k", body: `{}`})
@@ -302,7 +302,7 @@ func TestStaleOwnerCannotComplete(t *testing.T) {
 		<-release
 		created(w, r)
 	}, nil)
-	key := e.store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "k")
+	key := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
 	done := make(chan resp)
 	go func() { done <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
 	poll.Until(t, "the first attempt holds the claim", func() bool { return e.ledger.Total() == 1 })
@@ -332,8 +332,8 @@ func TestStaleOwnerCannotComplete(t *testing.T) {
 }
 
 func TestUnknownOutcomeKeepsOrReleases(t *testing.T) {
-	for _, policy := range []string{config.OutcomeKeep, config.OutcomeRelease} {
-		t.Run(policy, func(t *testing.T) {
+	for _, policy := range []proxy.Unknown{proxy.Keep, proxy.Release} {
+		t.Run(policy.String(), func(t *testing.T) {
 			hang := make(chan struct{})
 			defer close(hang)
 			e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
@@ -345,20 +345,20 @@ func TestUnknownOutcomeKeepsOrReleases(t *testing.T) {
 					return
 				}
 				created(w, r)
-			}, func(c *config.Config) {
-				c.Upstream.Timeout = 300 * time.Millisecond
-				c.Upstream.LateAnswerWindow = 0 // cancel at the timeout, as before late answers
-				c.Routes[0].Settings.UnknownOutcome = policy
+			}, func(c *setup) {
+				c.UpstreamTimeout = 300 * time.Millisecond
+				c.LateAnswerWindow = 0 // cancel at the timeout, as before late answers
+				c.Routes[0].Unknown = policy
 			})
 			r := e.do(req{user: "alice", key: "hang", body: `{}`})
 			if r.status != http.StatusGatewayTimeout || !strings.Contains(r.body, "upstream-timeout") {
 				t.Fatalf("hung upstream: %d %s, want 504 upstream-timeout", r.status, r.body)
 			}
 			r = e.do(req{user: "alice", key: "hang", body: `{}`})
-			if policy == config.OutcomeKeep && r.status != http.StatusConflict {
+			if policy == proxy.Keep && r.status != http.StatusConflict {
 				t.Fatalf("keep: retry got %d, want 409 while the claim is held", r.status)
 			}
-			if policy == config.OutcomeRelease && r.status != http.StatusGatewayTimeout {
+			if policy == proxy.Release && r.status != http.StatusGatewayTimeout {
 				t.Fatalf("release: retry got %d, want a second real attempt", r.status)
 			}
 		})
@@ -370,7 +370,7 @@ func TestOversizedResponseIsNotReplayedNorReExecuted(t *testing.T) {
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, big)
-	}, func(c *config.Config) { c.Routes[0].Settings.MaxResponseBody = 1 << 10 })
+	}, func(c *setup) { c.Routes[0].MaxResponseBody = 1 << 10 })
 	first := e.do(req{user: "alice", key: "k", body: `{}`})
 	if first.status != http.StatusCreated || first.body != big {
 		t.Fatalf("first attempt: %d, %d bytes; want the whole 201 streamed", first.status, len(first.body))
@@ -394,18 +394,18 @@ func TestOversizedResponseIsNotReplayedNorReExecuted(t *testing.T) {
 func TestSidecarDeathAfterClaim(t *testing.T) {
 	// A sidecar that claims and dies leaves an in-progress record that no
 	// one renews: retries get 409 until the lease lapses, then execute.
-	e := newEnv(t, created, func(c *config.Config) { c.Routes[0].Settings.Lease = time.Second })
+	e := newEnv(t, created, func(c *setup) { c.Routes[0].Lease = time.Second })
 	dead := &claim.Record{State: claim.InProgress, Created: time.Now()}
 	first := e.do(req{user: "alice", key: "probe", body: `{}`}) // learn the fingerprint
 	if first.status != http.StatusCreated {
 		t.Fatal(first.status)
 	}
-	probe, _, err := e.store.Get(context.Background(), e.store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "probe"))
+	probe, _, err := e.store.Get(context.Background(), e.store.Key("alice", proxy.KeyScope("pay", false), "probe"))
 	if err != nil || probe == nil {
 		t.Fatal(err)
 	}
 	dead.Fingerprint = probe.Fingerprint // same request body and path, another key
-	key := e.store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "k")
+	key := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
 	if res, err := e.store.Claim(context.Background(), key, dead, time.Second); err != nil || !res.Claimed {
 		t.Fatalf("dead sidecar's claim: %+v %v", res, err)
 	}
@@ -422,20 +422,20 @@ func TestSidecarDeathAfterClaim(t *testing.T) {
 }
 
 func TestStoreUnavailable(t *testing.T) {
-	for _, policy := range []string{config.FailClosed, config.FailOpen} {
+	for _, policy := range []string{"fail_closed", "fail_open"} {
 		t.Run(policy, func(t *testing.T) {
-			e := newEnvOn(t, redistest.Start(t), created, func(c *config.Config) { c.Routes[0].Settings.StoreUnavailable = policy })
+			e := newEnvOn(t, redistest.Start(t), created, func(c *setup) { c.Routes[0].FailOpen = policy == "fail_open" })
 			e.redis.Stop()
 			r := e.do(req{user: "alice", key: "k", body: `{"amount":1}`})
 			switch policy {
-			case config.FailClosed:
+			case "fail_closed":
 				if r.status != http.StatusServiceUnavailable || r.header.Get("Retry-After") == "" || !strings.Contains(r.body, "store-unavailable") {
 					t.Fatalf("fail_closed: %d %q %s, want 503 store-unavailable with Retry-After", r.status, r.header.Get("Retry-After"), r.body)
 				}
 				if n := e.ledger.Total(); n != 0 {
 					t.Fatalf("fail_closed forwarded %d requests", n)
 				}
-			case config.FailOpen:
+			case "fail_open":
 				if r.status != http.StatusCreated || e.ledger.Total() != 1 {
 					t.Fatalf("fail_open: %d with %d executions, want the upstream's 201", r.status, e.ledger.Total())
 				}
@@ -448,10 +448,10 @@ func TestStoreUnavailable(t *testing.T) {
 }
 
 func TestBadRequestsAreRejectedBeforeAnyClaim(t *testing.T) {
-	e := newEnv(t, created, func(c *config.Config) {
-		c.Routes[0].Settings.MaxRequestBody = 1 << 10
+	e := newEnv(t, created, func(c *setup) {
+		c.Routes[0].MaxRequestBody = 1 << 10
 		c.Routes = append(c.Routes, route("opt", "POST /optional"))
-		c.Routes[1].Settings.RequireKey = false
+		c.Routes[1].RequireKey = false
 	})
 	long := strings.Repeat("k", 256)
 	for _, tc := range []struct {
@@ -576,9 +576,9 @@ func TestWaiterClaimsAfterRelease(t *testing.T) {
 			return
 		}
 		created(w, r)
-	}, func(c *config.Config) {
-		c.Routes[0].Settings.Concurrent = config.ConcurrentWait
-		c.Routes[0].Settings.MaxWait = 5 * time.Second
+	}, func(c *setup) {
+		c.Routes[0].Wait = true
+		c.Routes[0].MaxWait = 5 * time.Second
 	})
 	first := make(chan resp)
 	go func() { first <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
@@ -596,9 +596,9 @@ func TestWaiterClaimsAfterRelease(t *testing.T) {
 }
 
 func TestWaiterGivesUpAfterMaxWait(t *testing.T) {
-	e := newEnv(t, slow(time.Second, created), func(c *config.Config) {
-		c.Routes[0].Settings.Concurrent = config.ConcurrentWait
-		c.Routes[0].Settings.MaxWait = 200 * time.Millisecond
+	e := newEnv(t, slow(time.Second, created), func(c *setup) {
+		c.Routes[0].Wait = true
+		c.Routes[0].MaxWait = 200 * time.Millisecond
 	})
 	first := make(chan resp)
 	go func() { first <- e.do(req{user: "alice", key: "k", body: `{}`}) }()

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/config"
 )
 
 // Store is what the proxy needs from the claim store. *claim.Store
@@ -97,26 +96,21 @@ type Handler struct {
 	abandoned atomic.Bool
 }
 
-// New builds a Handler for cfg, which must be valid.
-func New(cfg *config.Config, store Store, opts Options) (*Handler, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	upstream, err := url.Parse(cfg.Upstream.URL)
-	if err != nil {
-		return nil, fmt.Errorf("upstream.url: %w", err)
-	}
+// New builds a Handler for cfg, which the caller has validated: a route
+// pattern http.ServeMux refuses panics there. It fails on JSON Pointers
+// that do not parse.
+func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	routes, err := newRouter(cfg.Routes)
 	if err != nil {
 		return nil, err
 	}
 	h := &Handler{
 		store:           store,
-		id:              identity{header: http.CanonicalHeaderKey(cfg.Identity.Header), trusted: cfg.Identity.TrustedProxies},
-		upstream:        upstream,
-		upstreamTimeout: cfg.Upstream.Timeout,
-		lateWindow:      cfg.Upstream.LateAnswerWindow,
-		maxLate:         int64(cfg.Upstream.MaxLateCalls),
+		id:              identity{header: http.CanonicalHeaderKey(cfg.IdentityHeader), trusted: cfg.TrustedProxies},
+		upstream:        cfg.Upstream,
+		upstreamTimeout: cfg.UpstreamTimeout,
+		lateWindow:      cfg.LateAnswerWindow,
+		maxLate:         int64(cfg.MaxLateCalls),
 		log:             opts.Logger,
 		metrics:         opts.Metrics,
 		rand:            opts.Rand,
@@ -180,19 +174,15 @@ func (h *Handler) forwarder(trustedPeer bool) *forwarder {
 	return &h.otherPeer
 }
 
-// Reload replaces the routes and their settings with cfg's. Requests in
-// flight finish with the settings they started with. The rest of cfg
-// (listeners, store, upstream, identity) is not reloadable and is ignored.
-func (h *Handler) Reload(cfg *config.Config) error {
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	routes, err := newRouter(cfg.Routes)
+// Reload replaces the routes and their settings. Requests in flight finish
+// with the settings they started with.
+func (h *Handler) Reload(routes []Route) error {
+	rt, err := newRouter(routes)
 	if err != nil {
 		return err
 	}
-	h.metrics.initRoutes(routes)
-	h.routes.Store(routes)
+	h.metrics.initRoutes(rt)
+	h.routes.Store(rt)
 	return nil
 }
 
@@ -369,13 +359,13 @@ func (x *exchange) serve() {
 		RequestID:   x.requestID,
 	}
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
-	if s.UnknownOutcome == config.OutcomeFail {
+	if s.Unknown == Fail {
 		// The claim outlives its lease, so that an owner that vanishes
 		// leaves an orphan the next attempt settles, not a free key.
 		rec.Tail = s.Retention
 	}
 	var waitUntil time.Time
-	if s.Concurrent == config.ConcurrentWait {
+	if s.Wait {
 		waitUntil = x.start.Add(s.MaxWait)
 	}
 	for attempt := 0; ; attempt++ {
@@ -573,7 +563,7 @@ func (x *exchange) storeFailed(op string, err error, body []byte) {
 		x.problem(probRecordCorrupt.with("the record stored for this key is not one idemproxy can read; nothing was forwarded"))
 		return
 	}
-	if x.rt.settings.StoreUnavailable == config.FailOpen && body != nil {
+	if x.rt.settings.FailOpen && body != nil {
 		x.h.log.Warn("store unavailable, forwarding unprotected (fail_open)", "route", x.rt.name, "request_id", x.requestID, "err", err)
 		x.bypass(body, "store unavailable, fail_open: "+err.Error())
 		return

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -48,7 +47,7 @@ func raw(t *testing.T, e *env, request string, pause time.Duration, rest string)
 // noClaims asserts nothing was forwarded and no claim was left behind.
 func noClaims(t *testing.T, e *env, what string) {
 	t.Helper()
-	if keys, _ := e.rdb.Keys(context.Background(), e.cfg.Store.KeyPrefix+"*").Result(); len(keys) != 0 {
+	if keys, _ := e.rdb.Keys(context.Background(), e.prefix+"*").Result(); len(keys) != 0 {
 		t.Errorf("%s left %d claims in Redis", what, len(keys))
 	}
 	if n := e.ledger.Total(); n != 0 {
@@ -57,7 +56,7 @@ func noClaims(t *testing.T, e *env, what string) {
 }
 
 func TestHostileInput(t *testing.T) {
-	e := newEnv(t, created, func(c *config.Config) { c.Routes[0].Settings.MaxRequestBody = 1 << 10 })
+	e := newEnv(t, created, func(c *setup) { c.Routes[0].MaxRequestBody = 1 << 10 })
 	head := "POST /payments HTTP/1.1\r\nHost: x\r\nX-Forwarded-User: alice\r\n"
 	for _, tc := range []struct {
 		name, request string
@@ -104,8 +103,8 @@ func TestHostileInput(t *testing.T) {
 }
 
 func TestInvalidJSONWithIgnoredFields(t *testing.T) {
-	e := newEnv(t, created, func(c *config.Config) {
-		c.Routes[0].Settings.Fingerprint.IgnoreJSONFields = []string{"/nonce"}
+	e := newEnv(t, created, func(c *setup) {
+		c.Routes[0].IgnoreJSONFields = []string{"/nonce"}
 	})
 	first := e.do(req{user: "alice", key: "k", body: `{"amount":1,"nonce":`})
 	again := e.do(req{user: "alice", key: "k", body: `{"amount":1,"nonce":`})
@@ -118,7 +117,7 @@ func TestInvalidJSONWithIgnoredFields(t *testing.T) {
 
 func TestForeignRecordUnderOurPrefix(t *testing.T) {
 	e := newEnv(t, created, nil)
-	key := e.store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "k")
+	key := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
 	rdb := e.rdb
 	if err := rdb.Set(context.Background(), key, "not ours", time.Hour).Err(); err != nil {
 		t.Fatal(err)

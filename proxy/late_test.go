@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -68,7 +67,7 @@ func (e *env) counter(name string, labels map[string]string) float64 {
 // replay; the upstream executes once.
 func TestLateAnswerIsStoredAndReplayed(t *testing.T) {
 	up := newHeld()
-	e := newEnv(t, up.app(created), func(c *config.Config) { c.Upstream.Timeout = time.Second })
+	e := newEnv(t, up.app(created), func(c *setup) { c.UpstreamTimeout = time.Second })
 	first := e.do(req{user: "alice", key: "k", body: `{}`})
 	if first.status != http.StatusGatewayTimeout || !strings.Contains(first.body, "upstream-timeout") || !strings.Contains(first.body, "still running upstream") {
 		t.Fatalf("first attempt: %d %s, want 504 upstream-timeout saying the request still runs", first.status, first.body)
@@ -115,7 +114,7 @@ func TestLateTransientAnswerReleases(t *testing.T) {
 			return
 		}
 		created(w, r)
-	}, func(c *config.Config) { c.Upstream.Timeout = time.Second })
+	}, func(c *setup) { c.UpstreamTimeout = time.Second })
 	if r := e.do(req{user: "alice", key: "k", body: `{}`}); r.status != http.StatusGatewayTimeout {
 		t.Fatalf("first attempt: %d, want 504", r.status)
 	}
@@ -136,10 +135,10 @@ func TestLateTransientAnswerReleases(t *testing.T) {
 // unknown_outcome applies; here fail, so every retry gets outcome-unknown.
 func TestLateCallCap(t *testing.T) {
 	up := newHeld()
-	e := newEnv(t, up.app(created), func(c *config.Config) {
-		c.Upstream.Timeout = time.Second
-		c.Upstream.MaxLateCalls = 1
-		c.Routes[0].Settings.UnknownOutcome = config.OutcomeFail
+	e := newEnv(t, up.app(created), func(c *setup) {
+		c.UpstreamTimeout = time.Second
+		c.MaxLateCalls = 1
+		c.Routes[0].Unknown = proxy.Fail
 	})
 	if r := e.do(req{user: "alice", key: "a", body: `{}`}); r.status != http.StatusGatewayTimeout {
 		t.Fatalf("first call: %d, want 504 and a late call", r.status)
@@ -175,7 +174,7 @@ func TestOutcomeUnknownIsStoredInFailMode(t *testing.T) {
 		if err == nil {
 			conn.Close() // acted, then the connection broke
 		}
-	}, func(c *config.Config) { c.Routes[0].Settings.UnknownOutcome = config.OutcomeFail })
+	}, func(c *setup) { c.Routes[0].Unknown = proxy.Fail })
 	first := e.do(req{user: "alice", key: "k", body: `{}`})
 	if first.status != http.StatusBadGateway || !strings.Contains(first.body, "urn:idemproxy:problem:outcome-unknown") || !strings.Contains(first.body, "new key") {
 		t.Fatalf("first attempt: %d %s, want 502 outcome-unknown", first.status, first.body)
@@ -197,20 +196,20 @@ func TestOutcomeUnknownIsStoredInFailMode(t *testing.T) {
 // retries get 409, after it the next attempt settles the key as
 // outcome-unknown instead of executing.
 func TestOrphanedClaimIsSettledInFailMode(t *testing.T) {
-	e := newEnv(t, created, func(c *config.Config) {
-		c.Routes[0].Settings.Lease = time.Second
-		c.Routes[0].Settings.UnknownOutcome = config.OutcomeFail
+	e := newEnv(t, created, func(c *setup) {
+		c.Routes[0].Lease = time.Second
+		c.Routes[0].Unknown = proxy.Fail
 	})
 	ctx := context.Background()
 	if r := e.do(req{user: "alice", key: "probe", body: `{}`}); r.status != http.StatusCreated {
 		t.Fatal(r.status)
 	}
-	probe, _, err := e.store.Get(ctx, e.store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "probe"))
+	probe, _, err := e.store.Get(ctx, e.store.Key("alice", proxy.KeyScope("pay", false), "probe"))
 	if err != nil || probe == nil {
 		t.Fatal(err)
 	}
 	dead := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: "dead-owner", Fingerprint: probe.Fingerprint, Tail: time.Hour}
-	key := e.store.Key("alice", proxy.KeyScope("pay", config.ScopeRoute), "k")
+	key := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
 	if res, err := e.store.Claim(ctx, key, dead, time.Second); err != nil || !res.Claimed {
 		t.Fatalf("dead sidecar's claim: %+v %v", res, err)
 	}
@@ -243,10 +242,10 @@ func TestOrphanedClaimIsSettledInFailMode(t *testing.T) {
 // answer replayed.
 func TestWaiterGetsLateAnswer(t *testing.T) {
 	up := newHeld()
-	e := newEnv(t, up.app(created), func(c *config.Config) {
-		c.Upstream.Timeout = 500 * time.Millisecond
-		c.Routes[0].Settings.Concurrent = config.ConcurrentWait
-		c.Routes[0].Settings.MaxWait = 5 * time.Second
+	e := newEnv(t, up.app(created), func(c *setup) {
+		c.UpstreamTimeout = 500 * time.Millisecond
+		c.Routes[0].Wait = true
+		c.Routes[0].MaxWait = 5 * time.Second
 	})
 	if r := e.do(req{user: "alice", key: "k", body: `{}`}); r.status != http.StatusGatewayTimeout {
 		t.Fatalf("first attempt: %d, want 504", r.status)

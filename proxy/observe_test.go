@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -31,9 +30,9 @@ func observedEnv(t *testing.T) *env {
 			return
 		}
 		created(w, r)
-	}, func(c *config.Config) {
+	}, func(c *setup) {
 		c.Routes = append(c.Routes, route("opt", "POST /optional"))
-		c.Routes[1].Settings.RequireKey = false
+		c.Routes[1].RequireKey = false
 	})
 	e.do(req{user: "alice", key: "k", body: `{"card":"tok_visa_secret"}`})           // stored
 	e.do(req{user: "alice", key: "k", body: `{"card":"tok_visa_secret"}`})           // replayed
@@ -187,9 +186,9 @@ func BenchmarkReplay(b *testing.B) {
 // A client that gives up while waiting for the first attempt is not a
 // store error: the store-errors alert must not fire on impatient clients.
 func TestClientLeavingWaitIsNotAStoreError(t *testing.T) {
-	e := newEnv(t, slow(500*time.Millisecond, created), func(c *config.Config) {
-		c.Routes[0].Settings.Concurrent = config.ConcurrentWait
-		c.Routes[0].Settings.MaxWait = 5 * time.Second
+	e := newEnv(t, slow(500*time.Millisecond, created), func(c *setup) {
+		c.Routes[0].Wait = true
+		c.Routes[0].MaxWait = 5 * time.Second
 	})
 	first := make(chan resp)
 	go func() { first <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
@@ -220,9 +219,8 @@ func TestClientLeavingWaitIsNotAStoreError(t *testing.T) {
 // Request ids come from Options.Rand: a fixed source gives a fixed id,
 // which the problem body and the upstream both see.
 func TestRequestIDFromInjectedRand(t *testing.T) {
-	cfg := config.Default()
-	cfg.Upstream.URL = "http://127.0.0.1:1"
-	cfg.Routes = []config.Route{route("pay", "POST /payments")}
+	cfg := proxy.TestConfig("http://127.0.0.1:1")
+	cfg.Routes = []proxy.Route{route("pay", "POST /payments")}
 	h, err := proxy.New(cfg, nil, proxy.Options{Rand: bytes.NewReader(bytes.Repeat([]byte{0xab}, 16))})
 	if err != nil {
 		t.Fatal(err)

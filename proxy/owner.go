@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/config"
 )
 
 // Store-write retry after the upstream answered: the dual-write window.
@@ -417,10 +416,10 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	}
 	x.unknown = "outcome unknown: " + err.Error()
 	timeout := isTimeout(err) || errors.Is(err, errLateCap) || errors.Is(err, errAbandoned)
-	policy := x.rt.settings.UnknownOutcome
-	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy).Inc()
+	policy := x.rt.settings.Unknown
+	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy.String()).Inc()
 	switch policy {
-	case config.OutcomeFail:
+	case Fail:
 		rec := outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout)
 		o.settle(func() {
 			o.complete(rec)
@@ -430,7 +429,7 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		})
 		x.writeRecord(rec, false)
 		return
-	case config.OutcomeRelease:
+	case Release:
 		o.settle(func() { o.release(x.unknown) })
 	default:
 		o.settle(func() { o.keep(x.unknown) })

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -123,16 +122,15 @@ func TestPooledBodiesNeverReachAnotherRequest(t *testing.T) {
 		return c, err
 	}
 	srv := redistest.Start(t)
-	client, err := claim.NewClient(config.Redis{Addrs: []string{srv.Addr}})
+	client, err := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	cfg := config.Default()
-	cfg.Upstream.URL = upstream.URL
-	settings := config.DefaultSettings()
-	settings.MaxRequestBody = 2 << 20
-	cfg.Routes = []config.Route{{Name: "pay", Match: "POST /payments", Settings: settings}}
+	cfg := testConfig(upstream.URL)
+	pay := testRoute("pay", "POST /payments")
+	pay.MaxRequestBody = 2 << 20
+	cfg.Routes = []Route{pay}
 	h, err := New(cfg, claim.New(client, "t:"), Options{Transport: transport, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

@@ -5,8 +5,6 @@ import (
 	"net/http"
 	"path"
 	"strings"
-
-	"github.com/idemproxy/idemproxy/config"
 )
 
 // route is one protected endpoint, compiled from its config.
@@ -15,16 +13,16 @@ type route struct {
 	// scope is hashed into the Redis key: the route's name, or one shared
 	// value for scope: principal.
 	scope     string
-	settings  config.Settings
+	settings  Route
 	fp        *fingerprinter
 	releaseOn [600]bool
 }
 
 // KeyScope is what a route hashes into its Redis keys beside the principal
-// and the idempotency key: its own name, or, with scope: principal, one
-// value that every such route shares.
-func KeyScope(route, scope string) string {
-	if scope == config.ScopePrincipal {
+// and the idempotency key: its own name, or, when shared (scope:
+// principal), one value that every such route shares.
+func KeyScope(route string, shared bool) string {
+	if shared {
 		return "principal"
 	}
 	return "route\x00" + route
@@ -51,23 +49,23 @@ type router struct {
 	prefixes map[string][]string
 }
 
-func newRouter(routes []config.Route) (*router, error) {
+func newRouter(routes []Route) (*router, error) {
 	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string)}
 	for i, rc := range routes {
 		rt.names = append(rt.names, rc.Name)
-		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.Settings.Scope), settings: rc.Settings}
-		fp, err := newFingerprinter(rc.Settings.Fingerprint)
+		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.SharedScope), settings: rc}
+		fp, err := newFingerprinter(rc.FingerprintHeaders, rc.IgnoreJSONFields)
 		if err != nil {
 			return nil, fmt.Errorf("routes[%d]: %w", i, err)
 		}
 		r.fp = fp
-		for _, code := range rc.Settings.ReleaseOn {
+		for _, code := range rc.ReleaseOn {
 			if code >= 0 && code < len(r.releaseOn) {
 				r.releaseOn[code] = true
 			}
 		}
-		// config.Validate has rejected every pattern the mux panics on.
-		pattern := config.CanonicalPattern(rc.Match)
+		// The caller validated the pattern: the mux panics on a bad one.
+		pattern := rc.Pattern
 		rt.mux.Handle(pattern, routeHandler{r})
 		method, p, _ := strings.Cut(pattern, " ")
 		prefix := literalPrefix(p)

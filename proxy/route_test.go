@@ -13,9 +13,9 @@ import (
 // silently protected nothing), a GET route also covers HEAD as the mux
 // does, and methods no route uses are never matched.
 func TestRouteMethods(t *testing.T) {
-	rt, err := newRouter([]config.Route{
-		{Name: "pay", Match: "post /payments", Settings: config.DefaultSettings()},
-		{Name: "report", Match: "GET  /reports/{id}", Settings: config.DefaultSettings()},
+	rt, err := newRouter([]Route{
+		testRoute("pay", config.CanonicalPattern("post /payments")),
+		testRoute("report", config.CanonicalPattern("GET  /reports/{id}")),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -50,14 +50,14 @@ func TestRouteMethods(t *testing.T) {
 // escapes, dot segments, encoded slashes), the router with the filter
 // answers exactly what the mux alone answers.
 func TestPrefixFilterNeverHidesAMatch(t *testing.T) {
-	rt, err := newRouter([]config.Route{
-		{Name: "pay", Match: "POST /payments", Settings: config.DefaultSettings()},
-		{Name: "capture", Match: "POST /orders/{id}/capture", Settings: config.DefaultSettings()},
-		{Name: "root", Match: "PUT /{$}", Settings: config.DefaultSettings()},
-		{Name: "all", Match: "PATCH /{rest...}", Settings: config.DefaultSettings()},
-		{Name: "cafe", Match: "POST /caf%C3%A9/{id}", Settings: config.DefaultSettings()},
-		{Name: "slash", Match: "POST /a%2Fb", Settings: config.DefaultSettings()},
-		{Name: "report", Match: "GET /reports/{id}/{$}", Settings: config.DefaultSettings()},
+	rt, err := newRouter([]Route{
+		testRoute("pay", "POST /payments"),
+		testRoute("capture", "POST /orders/{id}/capture"),
+		testRoute("root", "PUT /{$}"),
+		testRoute("all", "PATCH /{rest...}"),
+		testRoute("cafe", "POST /caf%C3%A9/{id}"),
+		testRoute("slash", "POST /a%2Fb"),
+		testRoute("report", "GET /reports/{id}/{$}"),
 	})
 	if err != nil {
 		t.Fatal(err)

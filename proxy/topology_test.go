@@ -10,20 +10,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
 // The concurrency guarantee on the deployments users scale out to.
 func TestConcurrentDuplicatesOnTopologies(t *testing.T) {
-	for name, start := range map[string]func(t *testing.T) config.Redis{
-		"cluster": func(t *testing.T) config.Redis {
-			return config.Redis{Addrs: redistest.StartCluster(t, 3, 1).Addrs()}
+	for name, start := range map[string]func(t *testing.T) claim.ClientOptions{
+		"cluster": func(t *testing.T) claim.ClientOptions {
+			return claim.ClientOptions{Addrs: redistest.StartCluster(t, 3, 1).Addrs()}
 		},
-		"sentinel": func(t *testing.T) config.Redis {
+		"sentinel": func(t *testing.T) claim.ClientOptions {
 			s := redistest.StartSentinel(t, 1)
-			return config.Redis{Addrs: s.SentinelAddrs(), MasterName: s.MasterName}
+			return claim.ClientOptions{Addrs: s.SentinelAddrs(), MasterName: s.MasterName}
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -57,27 +57,27 @@ func TestConcurrentDuplicatesOnTopologies(t *testing.T) {
 func TestFailover(t *testing.T) {
 	t.Run("sentinel", func(t *testing.T) {
 		topo := redistest.StartSentinel(t, 1)
-		failover(t, config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, 0, topo.Master, topo.Replicas[0])
+		failover(t, claim.ClientOptions{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, 0, topo.Master, topo.Replicas[0])
 	})
 	t.Run("sentinel with wait_replicas 1", func(t *testing.T) {
 		topo := redistest.StartSentinel(t, 1)
-		failover(t, config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, 1, topo.Master, topo.Replicas[0])
+		failover(t, claim.ClientOptions{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, 1, topo.Master, topo.Replicas[0])
 	})
 	t.Run("cluster", func(t *testing.T) {
 		topo := redistest.StartCluster(t, 3, 1)
-		failover(t, config.Redis{Addrs: topo.Addrs()}, 0, topo.Masters[0], topo.Replicas[0])
+		failover(t, claim.ClientOptions{Addrs: topo.Addrs()}, 0, topo.Masters[0], topo.Replicas[0])
 	})
 	t.Run("cluster with wait_replicas 1", func(t *testing.T) {
 		topo := redistest.StartCluster(t, 3, 1)
-		failover(t, config.Redis{Addrs: topo.Addrs()}, 1, topo.Masters[0], topo.Replicas[0])
+		failover(t, claim.ClientOptions{Addrs: topo.Addrs()}, 1, topo.Masters[0], topo.Replicas[0])
 	})
 }
 
-func failover(t *testing.T, store config.Redis, waitReplicas int, master, replica *redistest.Server) {
-	e := newEnvStore(t, nil, store, created, func(c *config.Config) {
-		c.Routes[0].Settings.Lease = 2 * time.Second
-		c.Store.WaitReplicas = waitReplicas
-		c.Store.WaitTimeout = 100 * time.Millisecond
+func failover(t *testing.T, store claim.ClientOptions, waitReplicas int, master, replica *redistest.Server) {
+	e := newEnvStore(t, nil, store, created, func(c *setup) {
+		c.Routes[0].Lease = 2 * time.Second
+		c.WaitReplicas = waitReplicas
+		c.WaitTimeout = 100 * time.Millisecond
 	})
 	var mu sync.Mutex
 	var completed []string

@@ -1,15 +1,16 @@
-package config
+// Package jsonpointer parses JSON Pointers (RFC 6901).
+package jsonpointer
 
 import (
 	"fmt"
 	"strings"
 )
 
-// ParsePointer splits a JSON Pointer (RFC 6901) such as "/metadata/attempt"
+// Parse splits a JSON Pointer (RFC 6901) such as "/metadata/attempt"
 // into its unescaped reference tokens. The empty pointer, which names the
 // whole document, is rejected: ignoring the whole body would make every
 // request with the same key look identical.
-func ParsePointer(p string) ([]string, error) {
+func Parse(p string) ([]string, error) {
 	if p == "" {
 		return nil, fmt.Errorf("the empty JSON Pointer would ignore the whole body")
 	}

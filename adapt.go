@@ -1,0 +1,82 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// The one place that knows both the YAML config and the packages it
+// configures: config validates, these translate, proxy and claim take
+// their own typed options and import nothing from config.
+
+// proxyConfig is cfg as the proxy serves it. cfg is valid.
+func proxyConfig(cfg *config.Config) (proxy.Config, error) {
+	u, err := url.Parse(cfg.Upstream.URL)
+	if err != nil {
+		return proxy.Config{}, fmt.Errorf("upstream.url: %w", err)
+	}
+	return proxy.Config{
+		Upstream:         u,
+		UpstreamTimeout:  cfg.Upstream.Timeout,
+		LateAnswerWindow: cfg.Upstream.LateAnswerWindow,
+		MaxLateCalls:     cfg.Upstream.MaxLateCalls,
+		IdentityHeader:   cfg.Identity.Header,
+		TrustedProxies:   slices.Clone(cfg.Identity.TrustedProxies),
+		Routes:           proxyRoutes(cfg.Routes),
+	}, nil
+}
+
+// proxyRoutes compiles the routes' YAML settings into typed ones.
+func proxyRoutes(routes []config.Route) []proxy.Route {
+	out := make([]proxy.Route, 0, len(routes))
+	for _, r := range routes {
+		s := r.Settings
+		unknown := proxy.Keep
+		switch s.UnknownOutcome {
+		case config.OutcomeRelease:
+			unknown = proxy.Release
+		case config.OutcomeFail:
+			unknown = proxy.Fail
+		}
+		out = append(out, proxy.Route{
+			Name:               r.Name,
+			Pattern:            config.CanonicalPattern(r.Match),
+			KeyHeader:          s.KeyHeader,
+			RequireKey:         s.RequireKey,
+			SharedScope:        s.Scope == config.ScopePrincipal,
+			Retention:          s.Retention,
+			Lease:              s.Lease,
+			Wait:               s.Concurrent == config.ConcurrentWait,
+			MaxWait:            s.MaxWait,
+			ReleaseOn:          slices.Clone(s.ReleaseOn),
+			Unknown:            unknown,
+			FailOpen:           s.StoreUnavailable == config.FailOpen,
+			MaxRequestBody:     s.MaxRequestBody,
+			MaxResponseBody:    s.MaxResponseBody,
+			FingerprintHeaders: slices.Clone(s.Fingerprint.Headers),
+			IgnoreJSONFields:   slices.Clone(s.Fingerprint.IgnoreJSONFields),
+		})
+	}
+	return out
+}
+
+// clientOptions is how claim reaches the Redis r names; its password
+// files must have been read into r already (readSecrets).
+func clientOptions(r config.Redis) claim.ClientOptions {
+	return claim.ClientOptions{
+		Addrs:            slices.Clone(r.Addrs),
+		MasterName:       r.MasterName,
+		Username:         r.Username,
+		Password:         r.Password,
+		SentinelUsername: r.SentinelUsername,
+		SentinelPassword: r.SentinelPassword,
+		TLS:              r.TLS,
+		TLSCAFile:        r.TLSCAFile,
+		TLSServerName:    r.TLSServerName,
+	}
+}

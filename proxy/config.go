@@ -1,0 +1,98 @@
+package proxy
+
+import (
+	"net/netip"
+	"net/url"
+	"time"
+)
+
+// Config is what a Handler serves: the upstream, where principals come
+// from, and the protected routes. The main package builds it from the
+// validated YAML config; every field is taken as given.
+type Config struct {
+	// Upstream is where every request is sent.
+	Upstream *url.URL
+	// UpstreamTimeout is how long a client waits for the upstream's answer.
+	UpstreamTimeout time.Duration
+	// LateAnswerWindow is how much longer than UpstreamTimeout an owner
+	// keeps the upstream call open to store its late answer. Zero cancels
+	// the call at UpstreamTimeout.
+	LateAnswerWindow time.Duration
+	// MaxLateCalls caps the calls running past UpstreamTimeout at once;
+	// beyond it a call is cancelled at UpstreamTimeout. Zero holds none.
+	MaxLateCalls int
+	// IdentityHeader carries the principal; it is honoured only from
+	// peers in TrustedProxies and removed from every other request.
+	IdentityHeader string
+	TrustedProxies []netip.Prefix
+	// Routes are the protected routes. Requests no route matches pass
+	// through unprotected.
+	Routes []Route
+}
+
+// Route is one protected endpoint and its settings.
+type Route struct {
+	// Name labels metrics and logs and, unless SharedScope, scopes keys.
+	Name string
+	// Pattern is an http.ServeMux pattern with an upper-case method, e.g.
+	// "POST /orders/{id}/capture".
+	Pattern string
+	// KeyHeader carries the idempotency key.
+	KeyHeader string
+	// RequireKey answers 400 to a request without a key; false forwards
+	// it unprotected.
+	RequireKey bool
+	// SharedScope puts the route's keys in one space with every other
+	// route that sets it (scope: principal); false scopes them by Name.
+	SharedScope bool
+	// Retention is how long a settled response is replayed.
+	Retention time.Duration
+	// Lease is how long a claim lasts unless renewed, every Lease/3.
+	Lease time.Duration
+	// Wait makes a retry that finds the first attempt in progress wait up
+	// to MaxWait for its outcome; false answers it 409 at once.
+	Wait    bool
+	MaxWait time.Duration
+	// ReleaseOn are the upstream statuses that release the claim.
+	ReleaseOn []int
+	// Unknown is what happens when the upstream may have acted without
+	// an answer.
+	Unknown Unknown
+	// FailOpen forwards unprotected when the store is unavailable; false
+	// answers 503.
+	FailOpen bool
+	// MaxRequestBody and MaxResponseBody cap the bodies read; a larger
+	// request is refused, a larger response streamed and not replayable.
+	MaxRequestBody, MaxResponseBody int64
+	// FingerprintHeaders are hashed into the fingerprint besides method,
+	// path, query and body; IgnoreJSONFields are JSON Pointers removed
+	// from JSON bodies first.
+	FingerprintHeaders []string
+	IgnoreJSONFields   []string
+}
+
+// Unknown is what an owner does when the upstream may have acted without
+// an answer (unknown_outcome).
+type Unknown int
+
+// The values of Unknown.
+const (
+	// Keep holds the claim one more lease, then lets it lapse.
+	Keep Unknown = iota
+	// Release frees the key at once.
+	Release
+	// Fail stores a 502 outcome-unknown, replayed to every retry; claims
+	// then outlive their lease by Retention, so that a vanished owner's
+	// claim is settled the same way by the next attempt.
+	Fail
+)
+
+func (u Unknown) String() string {
+	switch u {
+	case Release:
+		return "release"
+	case Fail:
+		return "fail"
+	}
+	return "keep"
+}
