@@ -1,0 +1,360 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// exchange is one protected request on its way through the protocol.
+type exchange struct {
+	h         *Handler
+	fwd       *forwarder
+	rt        *route
+	w         http.ResponseWriter
+	r         *http.Request
+	path      string
+	principal string
+	requestID string
+	start     time.Time
+
+	// hashedKey is the Redis key, the only form of the key that is logged.
+	hashedKey string
+	// outcome and status are what finish counts and logs.
+	outcome string
+	status  int
+	detail  string
+	// upstream is how long the upstream took, zero when not forwarded.
+	upstream time.Duration
+	// original is the request id of the attempt a replay answers with.
+	original string
+	// unknown, when set, says why the upstream's outcome is unknown.
+	unknown string
+	// late is set when the client was answered 504 while the upstream
+	// call went on past upstream.timeout.
+	late bool
+
+	// reqBuf and respBuf are the pooled buffers the request's body and
+	// the upstream's answer were read into; lent are the bodies handed out
+	// over them (the forwarded body, a resend, the answer), more those
+	// beyond three. giveBack takes all of them back. Only the handler's
+	// goroutine lends: ReverseProxy calls its hooks and Transport in it.
+	reqBuf, respBuf []byte
+	lent            [3]lentBody
+	nlent           int
+	more            []*lentBody
+}
+
+// serve runs steps 2 to 8 of the request flow (route match is done).
+func (x *exchange) serve() {
+	s := &x.rt.settings
+	key, keyErr := parseKey(x.r.Header, s.KeyHeader)
+	switch {
+	case errors.Is(keyErr, errKeyMissing) && !s.RequireKey:
+		x.bypass(nil, "no idempotency key on an optional route")
+		return
+	case x.principal == "":
+		x.reject(probIdentityMissing.with("this route needs an authenticated principal in " + x.h.id.header))
+		return
+	case errors.Is(keyErr, errKeyMissing):
+		x.reject(probKeyMissing.with("send an " + s.KeyHeader + " header"))
+		return
+	case keyErr != nil:
+		x.reject(probKeyMalformed.with(keyErr.Error()))
+		return
+	}
+	// Forward the unquoted key: the upstream can dedupe on it in its own
+	// transaction, closing the dual-write window from its side.
+	x.r.Header.Set(s.KeyHeader, key)
+
+	body, ok := x.readBody()
+	if !ok {
+		return
+	}
+	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, body)
+	x.hashedKey = x.h.store.Key(x.principal, x.rt.scope, key)
+
+	rec := &claim.Record{
+		State:       claim.InProgress,
+		Fingerprint: fp,
+		Created:     time.Now(),
+		RequestID:   x.requestID,
+	}
+	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
+	if s.Unknown == Fail {
+		// The claim outlives its lease, so that an owner that vanishes
+		// leaves an orphan the next attempt settles, not a free key.
+		rec.Tail = s.Retention
+	}
+	var waitUntil time.Time
+	if s.Wait {
+		waitUntil = x.start.Add(s.MaxWait)
+	}
+	for attempt := 0; ; attempt++ {
+		res, err := x.claim(rec)
+		if err != nil {
+			x.storeFailed("claim", err, body)
+			return
+		}
+		if res.Claimed {
+			x.own(rec, body)
+			return
+		}
+		existing, ttl := res.Existing, res.TTL
+		if existing.State == claim.InProgress && existing.Fingerprint == fp && !existing.Orphaned(ttl) && time.Now().Before(waitUntil) {
+			existing, ttl, err = x.wait(waitUntil)
+			if err != nil {
+				x.storeFailed("get", err, nil)
+				return
+			}
+			if existing == nil {
+				continue // released or lapsed: claim it ourselves
+			}
+		}
+		if existing.Fingerprint == fp && existing.Orphaned(ttl) && attempt < maxOrphanSettles {
+			if err := x.settleOrphan(existing); err == nil || !errors.Is(err, claim.ErrLeaseLost) {
+				return
+			}
+			continue // the key changed under us: look again
+		}
+		x.answerExisting(existing, fp, ttl)
+		return
+	}
+}
+
+// maxOrphanSettles bounds how often one request tries to settle an
+// orphaned claim that keeps changing under it.
+const maxOrphanSettles = 3
+
+// settleOrphan settles a claim whose owner vanished (unknown_outcome:
+// fail) as outcome-unknown, and answers with it: the request may have
+// executed, so this attempt must not. It returns ErrLeaseLost, having
+// answered nothing, when the key changed first.
+func (x *exchange) settleOrphan(orphan *claim.Record) error {
+	rec := outcomeUnknownRecord(orphan, claim.Token{}, time.Now(), true)
+	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
+	ctx, cancel := settleCtx()
+	defer cancel()
+	start := time.Now()
+	err := x.h.store.SettleOrphan(ctx, x.hashedKey, orphan, rec, x.rt.settings.Retention)
+	x.h.observeStore("complete", start)
+	switch {
+	case errors.Is(err, claim.ErrLeaseLost):
+		return err
+	case err != nil:
+		x.storeFailed("complete", err, nil)
+		return err
+	}
+	x.h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, unknownOrphan).Inc()
+	x.replay(rec)
+	x.detail = "the claim's owner vanished without settling (lease lapsed): settled as 502 outcome-unknown"
+	return nil
+}
+
+// claim runs the one-round-trip claim-or-read, timed.
+func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
+	defer x.h.observeStore("claim", time.Now())
+	return x.h.store.Claim(x.r.Context(), x.hashedKey, rec, x.rt.settings.Lease)
+}
+
+// answerExisting answers from a record another attempt wrote.
+func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl time.Duration) {
+	switch {
+	case rec.Fingerprint != fp:
+		x.outcome = outcomeMismatch
+		x.problem(probMismatch.with("this idempotency key was first used with a different method, path, query, body or fingerprinted header"))
+	case rec.State == claim.InProgress:
+		x.outcome = outcomeConflict
+		p := probInProgress.with("retry after the time in Retry-After; the first attempt is still running")
+		p.retryAfter = ttl
+		x.problem(p)
+	case rec.BodyOmitted:
+		x.outcome = outcomeConflict
+		p := probNotReplayable.with(fmt.Sprintf("the first attempt was executed and answered %d, with a body larger than this route's max_response_body", rec.Status))
+		p.OriginalStatus = rec.Status
+		x.problem(p)
+	default:
+		x.replay(rec)
+	}
+}
+
+// replay writes the stored response, byte for byte, marked as a replay.
+func (x *exchange) replay(rec *claim.Record) {
+	x.outcome = outcomeReplayed
+	x.original = rec.RequestID
+	x.writeRecord(rec, true)
+}
+
+// writeRecord writes a completed record's response, marked as a replay
+// when replayed.
+func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
+	x.status = rec.Status
+	h := x.w.Header()
+	for k, vs := range rec.Header {
+		h[k] = vs
+	}
+	if replayed {
+		h.Set(ReplayedHeader, "true")
+	}
+	x.w.WriteHeader(rec.Status)
+	_, _ = x.w.Write(rec.Body)
+}
+
+// wait polls the key until its first attempt settles or is orphaned, the
+// deadline passes or the client goes away. It returns nil when the key is
+// free again.
+func (x *exchange) wait(until time.Time) (*claim.Record, time.Duration, error) {
+	interval := 10 * time.Millisecond
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
+	for {
+		select {
+		case <-x.r.Context().Done():
+			return nil, 0, x.r.Context().Err()
+		case <-timer.C:
+		}
+		start := time.Now()
+		rec, ttl, err := x.h.store.Get(x.r.Context(), x.hashedKey)
+		x.h.observeStore("get", start)
+		if err != nil || rec == nil || rec.State == claim.Completed || rec.Orphaned(ttl) {
+			return rec, ttl, err
+		}
+		if !time.Now().Before(until) {
+			return rec, ttl, nil
+		}
+		interval = min(interval*2, 200*time.Millisecond, until.Sub(time.Now())+time.Millisecond)
+		timer.Reset(interval)
+	}
+}
+
+// readBody reads the request body up to max_request_body.
+func (x *exchange) readBody() ([]byte, bool) {
+	limit := x.rt.settings.MaxRequestBody
+	if x.r.ContentLength > limit {
+		x.reject(probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
+		return nil, false
+	}
+	// A client trickling its body (slow loris) must not hold a handler
+	// forever; the deadline covers only this read.
+	rc := http.NewResponseController(x.w)
+	_ = rc.SetReadDeadline(time.Now().Add(x.h.bodyTimeout))
+	body, err := readAll(http.MaxBytesReader(x.w, x.r.Body, limit), x.r.ContentLength)
+	x.reqBuf = body
+	if err != nil {
+		// Close after answering: otherwise net/http reads the rest of the
+		// body before writing the answer, and a stalled client never gets
+		// one. The read deadline stays, so that read cannot hang either.
+		x.w.Header().Set("Connection", "close")
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			x.reject(probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
+		} else {
+			x.reject(probBodyUnreadable.with(err.Error()))
+		}
+		return nil, false
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	return body, true
+}
+
+// storeFailed answers when store operation op failed before anything was
+// forwarded: per store_unavailable, 503 or an unprotected forward. A
+// record that cannot be decoded is never overwritten or worked around. A
+// client that went away is not a store error.
+func (x *exchange) storeFailed(op string, err error, body []byte) {
+	if errors.Is(err, context.Canceled) && x.r.Context().Err() != nil {
+		x.outcome, x.detail = outcomeRejected, "client went away"
+		return
+	}
+	x.h.metrics.storeErrors.WithLabelValues(op).Inc()
+	if errors.Is(err, claim.ErrCorrupt) {
+		x.outcome, x.detail = outcomeStoreError, err.Error()
+		x.problem(probRecordCorrupt.with("the record stored for this key is not one idemproxy can read; nothing was forwarded"))
+		return
+	}
+	if x.rt.settings.FailOpen && body != nil {
+		x.h.log.Warn("store unavailable, forwarding unprotected (fail_open)", "route", x.rt.name, "request_id", x.requestID, "err", err)
+		x.bypass(body, "store unavailable, fail_open: "+err.Error())
+		return
+	}
+	x.outcome, x.detail = outcomeStoreError, err.Error()
+	p := probStoreUnavailable.with("the idempotency store cannot be reached; nothing was forwarded, retry later")
+	p.retryAfter = time.Second
+	x.problem(p)
+}
+
+// bypass forwards the request without protection. body, when not nil, is
+// the already-read request body.
+func (x *exchange) bypass(body []byte, why string) {
+	x.outcome, x.detail = outcomeBypassed, why
+	r := x.r
+	if body != nil {
+		r = r.WithContext(r.Context()) // a copy; ReverseProxy clones it again
+		r.Body = x.lend(body)
+		r.ContentLength = int64(len(body))
+	}
+	sw := &statusWriter{ResponseWriter: x.w}
+	x.fwd.protected.ServeHTTP(sw, r)
+	x.status = sw.status
+}
+
+// reject answers a request that was not acceptable; nothing is forwarded
+// and nothing is stored.
+func (x *exchange) reject(p problem) {
+	x.outcome = outcomeRejected
+	x.problem(p)
+}
+
+func (x *exchange) problem(p problem) {
+	if x.detail == "" {
+		x.detail = p.Detail
+	}
+	x.status = p.Status
+	writeProblem(x.w, p, x.requestID)
+}
+
+// finish counts and logs the request once.
+func (x *exchange) finish() {
+	if x.outcome == "" {
+		x.outcome = outcomeRejected // aborted before an answer was chosen
+	}
+	total := time.Now().Sub(x.start)
+	x.h.metrics.requests.WithLabelValues(x.rt.name, x.outcome).Inc()
+	x.h.metrics.added.WithLabelValues(x.rt.name).Observe((total - x.upstream).Seconds())
+	level := slog.LevelInfo
+	switch x.outcome {
+	case outcomeStoreError, outcomeFenceLost:
+		level = slog.LevelError
+	}
+	if !x.h.log.Enabled(context.Background(), level) {
+		return // log_level above this line's: skip building it
+	}
+	attrs := []slog.Attr{
+		slog.String("route", x.rt.name),
+		slog.String("outcome", x.outcome),
+		slog.Int("status", x.status),
+		slog.String("request_id", x.requestID),
+		slog.Duration("duration", total),
+	}
+	if x.upstream > 0 {
+		attrs = append(attrs, slog.Duration("upstream", x.upstream))
+	}
+	if x.hashedKey != "" {
+		attrs = append(attrs, slog.String("key", x.hashedKey))
+	}
+	if x.original != "" {
+		attrs = append(attrs, slog.String("original_request_id", x.original))
+	}
+	if x.late {
+		attrs = append(attrs, slog.Bool("late", true))
+	}
+	if x.detail != "" {
+		attrs = append(attrs, slog.String("detail", x.detail))
+	}
+	x.h.log.LogAttrs(context.Background(), level, "request", attrs...)
+}

@@ -1,0 +1,124 @@
+package proxy
+
+import (
+	"io"
+	"net/http"
+	"net/http/httputil"
+)
+
+// forwarder is a pair of ReverseProxies to the upstream: protected with
+// the owner's hooks, which settle the claim, and direct for pass-through
+// requests, with none.
+type forwarder struct {
+	protected, direct *httputil.ReverseProxy
+}
+
+// newForwarder builds a peer's pair from base, which carries what all of
+// them share (error log, buffer pool).
+func (h *Handler) newForwarder(base httputil.ReverseProxy, transport http.RoundTripper, trustedPeer bool) forwarder {
+	base.Rewrite = func(pr *httputil.ProxyRequest) { h.rewrite(pr, trustedPeer) }
+	protected, direct := base, base
+	protected.Transport = &ownerTransport{next: transport}
+	protected.ModifyResponse = h.modifyResponse
+	protected.ErrorHandler = h.errorHandler
+	direct.Transport = transport
+	direct.ErrorHandler = h.passThroughError
+	return forwarder{protected: &protected, direct: &direct}
+}
+
+// forwarder returns the ReverseProxies for a peer.
+func (h *Handler) forwarder(trustedPeer bool) *forwarder {
+	if trustedPeer {
+		return &h.trustedPeer
+	}
+	return &h.otherPeer
+}
+
+// rewrite directs every request to the upstream. It runs inside
+// ReverseProxy for protected and pass-through requests alike.
+func (h *Handler) rewrite(pr *httputil.ProxyRequest, trustedPeer bool) {
+	if trustedPeer {
+		// A trusted mesh proxy's X-Forwarded-For is the real client chain.
+		pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+	}
+	pr.SetURL(h.upstream)
+	pr.SetXForwarded()
+	pr.Out.Host = pr.In.Host
+	// Never let the Transport resend a request on its own: it treats a
+	// body-less request carrying Idempotency-Key as replayable, and resends
+	// it when a reused connection dies after the upstream acted. A non-nil
+	// body that is not http.NoBody, and no GetBody, make it unreplayable.
+	pr.Out.GetBody = nil
+	if pr.Out.Body == nil || pr.Out.Body == http.NoBody {
+		switch pr.Out.Method {
+		case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		default:
+			pr.Out.Body = emptyBody{}
+		}
+	}
+}
+
+// emptyBody is an empty request body that http.Transport cannot replay.
+type emptyBody struct{}
+
+func (emptyBody) Read([]byte) (int, error) { return 0, io.EOF }
+
+func (emptyBody) Close() error { return nil }
+
+// passThroughError answers an unprotected request the upstream gave no
+// usable response to.
+func (h *Handler) passThroughError(w http.ResponseWriter, r *http.Request, err error) {
+	h.log.Warn("upstream error on pass-through request", "method", r.Method, "err", err)
+	writeProblem(w, probUpstreamDown.with("the upstream could not be reached"), r.Header.Get(RequestIDHeader))
+}
+
+// ownerTransport retries, once, a protected request that provably never
+// reached the upstream (a stale keep-alive connection, a refused dial), with
+// a fresh body. http.Transport itself will not, since the body cannot be
+// rewound, and must not, since it cannot tell "not sent" from "sent".
+type ownerTransport struct {
+	next http.RoundTripper
+}
+
+func (t *ownerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	o := ownerFrom(req.Context())
+	resp, err := t.next.RoundTrip(req)
+	if err == nil || o == nil || o.wrote.Load() || req.Context().Err() != nil {
+		return resp, err
+	}
+	retry := req.Clone(req.Context())
+	if len(o.body) == 0 {
+		retry.Body = emptyBody{}
+	} else {
+		retry.Body = o.x.lend(o.body)
+	}
+	return t.next.RoundTrip(retry)
+}
+
+// statusWriter remembers the status written through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}

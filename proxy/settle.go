@@ -1,0 +1,248 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// Store-write retry after the upstream answered: the dual-write window.
+// The client is answered either way; these bound how long it waits.
+var storeRetryWaits = []time.Duration{0, 25 * time.Millisecond, 100 * time.Millisecond, 250 * time.Millisecond}
+
+// settleTimeout bounds each settle operation (complete, release, keep).
+const settleTimeout = 2 * time.Second
+
+// verdict is how a request's claim was settled: its outcome, the value
+// of the outcome label, and what the log line says about it.
+type verdict struct {
+	outcome, detail string
+}
+
+// settle stops renewals and runs f once, before anything reaches the
+// client; f's verdict becomes the request's. Later calls do nothing.
+func (o *owner) settle(f func() verdict) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.settled {
+		return
+	}
+	o.settled = true
+	o.renewer.Stop()
+	if f != nil {
+		v := f()
+		o.x.outcome, o.x.detail = v.outcome, v.detail
+	}
+}
+
+// settleCtx is detached from the client and bounded.
+func settleCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), settleTimeout)
+}
+
+// release frees the key so a retry executes.
+func (o *owner) release(why string) verdict {
+	x := o.x
+	ctx, cancel := settleCtx()
+	defer cancel()
+	start := time.Now()
+	err := x.h.store.Release(ctx, x.hashedKey, o.rec.Token)
+	x.h.observeStore("release", start)
+	switch {
+	case errors.Is(err, claim.ErrLeaseLost):
+		return verdict{outcomeFenceLost, why + "; the key was already held by another owner, left alone"}
+	case err != nil:
+		// The claim lapses by itself after the lease; until then retries
+		// get 409. Nothing executed twice.
+		x.h.metrics.storeErrors.WithLabelValues("release").Inc()
+		return verdict{outcomeReleased, why + "; release failed, the claim lapses after its lease: " + err.Error()}
+	}
+	return verdict{outcomeReleased, why}
+}
+
+// keep holds the claim for one more full lease after an unknown outcome, so
+// a retry does not execute while the first attempt may still be landing.
+func (o *owner) keep(why string) verdict {
+	x := o.x
+	ctx, cancel := settleCtx()
+	defer cancel()
+	start := time.Now()
+	err := x.h.store.Renew(ctx, x.hashedKey, o.rec, x.rt.settings.Lease)
+	x.h.observeStore("renew", start)
+	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
+		x.h.metrics.storeErrors.WithLabelValues("renew").Inc()
+	}
+	return verdict{outcomeClaimed, why + "; claim kept for one lease"}
+}
+
+// complete stores the settled response, retrying briefly. A failure here
+// is the dual-write window: the upstream acted and the outcome is not
+// stored. It is counted and logged, and the client is answered anyway.
+func (o *owner) complete(rec *claim.Record) verdict {
+	x := o.x
+	retention := x.rt.settings.Retention
+	var err error
+	for _, wait := range storeRetryWaits {
+		time.Sleep(wait)
+		ctx, cancel := settleCtx()
+		start := time.Now()
+		var how claim.Completion
+		how, err = x.h.store.Complete(ctx, x.hashedKey, rec, retention)
+		x.h.observeStore("complete", start)
+		cancel()
+		if err == nil {
+			x.h.metrics.storedBytes.Observe(float64(len(rec.Body)))
+			if how == claim.StoredAfterLapse {
+				return verdict{outcomeStored, "stored after the lease had lapsed; nobody had claimed the key since"}
+			}
+			return verdict{outcome: outcomeStored}
+		}
+		if errors.Is(err, claim.ErrLeaseLost) || errors.Is(err, claim.ErrCorrupt) {
+			break
+		}
+		x.h.metrics.storeErrors.WithLabelValues("complete").Inc()
+	}
+	if errors.Is(err, claim.ErrLeaseLost) {
+		return verdict{outcomeFenceLost, "the lease lapsed and another attempt holds the key; its record was not overwritten"}
+	}
+	return verdict{outcomeStoreError, "upstream answered but the response could not be stored (dual-write window): " + err.Error()}
+}
+
+// modifyResponse settles a protected request once the upstream answered,
+// before ReverseProxy writes anything to the client.
+func (h *Handler) modifyResponse(resp *http.Response) error {
+	o := ownerFrom(resp.Request.Context())
+	if o == nil {
+		return nil
+	}
+	x := o.x
+	x.upstream = time.Since(o.sent)
+	h.metrics.upstream.WithLabelValues(x.rt.name).Observe(x.upstream.Seconds())
+	x.status = resp.StatusCode
+	if x.rt.releaseOn[resp.StatusCode] {
+		o.settle(func() verdict { return o.release(fmt.Sprintf("upstream answered %d, which is in release_on", resp.StatusCode)) })
+		return nil
+	}
+	limit := x.rt.settings.MaxResponseBody
+	expected := resp.ContentLength
+	if expected > limit {
+		expected = limit + 1
+	}
+	buf, err := readAll(io.LimitReader(resp.Body, limit+1), expected)
+	x.respBuf = buf
+	if err != nil {
+		// The upstream answered, so it may have acted, but the body broke
+		// off: there is nothing whole to store. errorHandler applies
+		// unknown_outcome.
+		return fmt.Errorf("read upstream response body: %w", err)
+	}
+	rec := &claim.Record{
+		State:       claim.Completed,
+		Token:       o.rec.Token,
+		Fingerprint: o.rec.Fingerprint,
+		Created:     o.rec.Created,
+		Completed:   time.Now(),
+		RequestID:   o.rec.RequestID,
+		Status:      resp.StatusCode,
+		Header:      resp.Header.Clone(),
+	}
+	if int64(len(buf)) > limit {
+		rec.BodyOmitted = true
+		resp.Body = readCloser{io.MultiReader(x.lend(buf), resp.Body), resp.Body}
+	} else {
+		rec.Body = buf
+		resp.Body.Close()
+		resp.Body = x.lend(buf)
+	}
+	o.settle(func() verdict { return o.complete(rec) })
+	return nil
+}
+
+// errorHandler answers when the upstream gave no usable response. For a
+// protected request, whether the upstream may have acted decides the claim.
+func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	o := ownerFrom(r.Context())
+	if o == nil { // bypassed: no claim to settle
+		h.passThroughError(w, r, err)
+		return
+	}
+	x := o.x
+	if x.upstream == 0 {
+		x.upstream = time.Since(o.sent)
+	}
+	if !o.wrote.Load() {
+		o.settle(func() verdict { return o.release("upstream unreachable, request never sent: " + err.Error()) })
+		x.problem(probUpstreamDown.with("the request was not sent to the upstream; it is safe to retry"))
+		return
+	}
+	if cause := context.Cause(r.Context()); cause != nil && cause != r.Context().Err() {
+		err = fmt.Errorf("%w (%w)", cause, err)
+	}
+	x.unknown = "outcome unknown: " + err.Error()
+	timeout := isTimeout(err) || errors.Is(err, errLateCap) || errors.Is(err, errAbandoned)
+	policy := x.rt.settings.Unknown
+	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy.String()).Inc()
+	switch policy {
+	case Fail:
+		rec := outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout)
+		o.settle(func() verdict {
+			v := o.complete(rec)
+			if v.outcome == outcomeStored {
+				v.detail = x.unknown + "; stored as 502 outcome-unknown, replayed to every retry"
+			}
+			return v
+		})
+		x.writeRecord(rec, false)
+		return
+	case Release:
+		o.settle(func() verdict { return o.release(x.unknown) })
+	default:
+		o.settle(func() verdict { return o.keep(x.unknown) })
+	}
+	p := probUpstreamFailed.with("the upstream may have acted; retry later to learn the outcome")
+	if timeout {
+		p = probUpstreamTimeout.with(fmt.Sprintf("no answer within %s; the upstream may have acted", h.upstreamTimeout))
+	}
+	x.problem(p)
+}
+
+// outcomeUnknownRecord is the completed record that settles a key whose
+// request may or may not have been executed (unknown_outcome: fail): a
+// 502 outcome-unknown problem, replayed to every retry, so nothing
+// executes again. orig is the claim it settles, token the writer's.
+func outcomeUnknownRecord(orig *claim.Record, token claim.Token, now time.Time, timeout bool) *claim.Record {
+	what := "the connection to the upstream broke after the request was sent"
+	if timeout {
+		what = "the upstream did not answer in time"
+	}
+	p := probOutcomeUnknown.with(what + "; it may have acted on the request. It will not be executed again with this idempotency key: check the state of the resource, and to try again send a new key")
+	body := problemBody(p, orig.RequestID)
+	return &claim.Record{
+		State:       claim.Completed,
+		Token:       token,
+		Fingerprint: orig.Fingerprint,
+		Created:     orig.Created,
+		Completed:   now,
+		RequestID:   orig.RequestID,
+		Status:      p.Status,
+		Header: http.Header{
+			"Content-Type":  {problemContentType},
+			"Cache-Control": {"no-store"},
+		},
+		Body: body,
+	}
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
