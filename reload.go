@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"reflect"
 	"syscall"
 	"time"
 
@@ -118,7 +117,7 @@ func (r *reloader) reload(trigger string, force bool) {
 		return
 	}
 	r.sum = sum
-	for _, c := range restartOnly(r.current, cfg) {
+	for _, c := range config.RestartOnly(r.current, cfg) {
 		r.log.Warn("config key changed but needs a restart to take effect; the running value stays", "key", c)
 	}
 	// Keep the values in force for the keys that did not reload, so the
@@ -138,27 +137,4 @@ func (r *reloader) fail(trigger string, err error) {
 	r.total.WithLabelValues("error").Inc()
 	r.success.Set(0)
 	r.log.Error("config reload rejected; the previous config keeps serving", "trigger", trigger, "path", r.path, "err", err)
-}
-
-// restartOnly names the top-level sections that differ and cannot change
-// without a restart.
-func restartOnly(old, cfg *config.Config) []string {
-	var changed []string
-	for _, c := range []struct {
-		key      string
-		old, new any
-	}{
-		{"listen", old.Listen, cfg.Listen},
-		{"admin_listen", old.AdminListen, cfg.AdminListen},
-		{"admin_pprof", old.AdminPprof, cfg.AdminPprof},
-		{"upstream", old.Upstream, cfg.Upstream},
-		{"drain", old.Drain, cfg.Drain},
-		{"store", old.Store, cfg.Store},
-		{"identity", old.Identity, cfg.Identity},
-	} {
-		if !reflect.DeepEqual(c.old, c.new) {
-			changed = append(changed, c.key)
-		}
-	}
-	return changed
 }

@@ -1,10 +1,13 @@
 // Package config loads and validates idemproxy's YAML configuration.
 //
-// The file is read with viper; every top-level scalar key (and every key under
-// defaults:) can be overridden from the environment as IDEMPROXY_ followed by
-// its upper-cased path with dots replaced by underscores, for example
-// IDEMPROXY_STORE_REDIS_PASSWORD or IDEMPROXY_DEFAULTS_LEASE. Routes come from
-// the file only.
+// Every key is declared once, as a tagged field of Config (see keys.go);
+// decoding, the environment overrides, the unknown-key check, the list of
+// keys that need a restart and the README's reference table come from
+// those declarations. Every key outside routes: can be overridden from the
+// environment as IDEMPROXY_ followed by its upper-cased path with dots
+// replaced by underscores, for example IDEMPROXY_STORE_REDIS_PASSWORD or
+// IDEMPROXY_DEFAULTS_LEASE (lists as comma-separated values). Routes come
+// from the file only.
 package config
 
 import (
@@ -89,41 +92,41 @@ const (
 // Config is the whole configuration of one idemproxy process.
 type Config struct {
 	// Listen is the client-facing address.
-	Listen string
+	Listen string `yaml:"listen"`
 	// AdminListen serves /metrics, /healthz and /readyz.
-	AdminListen string
+	AdminListen string `yaml:"admin_listen"`
 	// AdminPprof also serves net/http/pprof under /debug/pprof/ on the
 	// admin port. Off by default.
-	AdminPprof bool
+	AdminPprof bool `yaml:"admin_pprof"`
 	// LogLevel is the least severe level logged: debug, info, warn or
 	// error. One line per protected request is logged at info; warn keeps
 	// only the anomalies. It reloads.
-	LogLevel string
-	Upstream Upstream
-	Store    Store
-	Drain    Drain
-	Identity Identity
+	LogLevel string   `yaml:"log_level" reload:"true"`
+	Upstream Upstream `yaml:"upstream"`
+	Store    Store    `yaml:"store"`
+	Drain    Drain    `yaml:"drain"`
+	Identity Identity `yaml:"identity"`
 	// Defaults are inherited by every route.
-	Defaults Settings
-	Routes   []Route
+	Defaults Settings `yaml:"defaults" reload:"true"`
+	Routes   []Route  `yaml:"-"`
 }
 
 // Upstream is the application idemproxy protects.
 type Upstream struct {
 	// URL is the upstream's base URL, e.g. http://127.0.0.1:3000.
-	URL string
+	URL string `yaml:"url"`
 	// Timeout is how long a client waits for the upstream's answer; past
 	// it the client gets 504 and, with a LateAnswerWindow, the upstream
 	// call goes on.
-	Timeout time.Duration
+	Timeout time.Duration `yaml:"timeout"`
 	// LateAnswerWindow is how much longer than Timeout the owner keeps the
 	// upstream call open, renewing its lease, to store a late answer for
 	// the client's retries. Zero cancels the call at Timeout.
-	LateAnswerWindow time.Duration
+	LateAnswerWindow time.Duration `yaml:"late_answer_window"`
 	// MaxLateCalls caps the calls running past Timeout at once in this
 	// process; beyond it a call is cancelled at Timeout and its route's
 	// unknown_outcome applies. Zero holds none.
-	MaxLateCalls int
+	MaxLateCalls int `yaml:"max_late_calls"`
 }
 
 // Budget is the longest a protected request may run upstream: Timeout
@@ -134,13 +137,13 @@ func (u Upstream) Budget() time.Duration { return u.Timeout + u.LateAnswerWindow
 type Drain struct {
 	// Delay is how long /readyz fails before the client listener stops
 	// accepting, so load balancers stop sending first. Zero stops at once.
-	Delay time.Duration
+	Delay time.Duration `yaml:"delay"`
 	// Timeout bounds how long in-flight requests, late calls included, may
 	// take to settle and store after the listener stopped; what still runs
 	// then is settled by its route's unknown_outcome. Zero means
 	// upstream.timeout plus upstream.late_answer_window plus 5s: a request
 	// that just started may run that long.
-	Timeout time.Duration
+	Timeout time.Duration `yaml:"timeout"`
 }
 
 // DrainExtra is added to the upstream budget for the default drain
@@ -158,68 +161,68 @@ func (c *Config) Grace() time.Duration {
 
 // Store configures Redis.
 type Store struct {
-	Redis Redis
+	Redis Redis `yaml:"redis"`
 	// KeyPrefix is prepended to every Redis key.
-	KeyPrefix string
+	KeyPrefix string `yaml:"key_prefix"`
 	// WaitReplicas, when positive, makes every claim and completion wait
 	// for that many replicas to acknowledge it (Redis WAIT), up to
 	// WaitTimeout. Zero never waits. Not consensus. On a Cluster the WAIT
 	// goes to the key's master.
-	WaitReplicas int
-	WaitTimeout  time.Duration
+	WaitReplicas int           `yaml:"wait_replicas"`
+	WaitTimeout  time.Duration `yaml:"wait_timeout"`
 }
 
 // Redis is the connection to the Redis deployment.
 type Redis struct {
 	// Addrs empty selects the embedded in-memory store (development only);
 	// one address is a standalone server; several are a Cluster.
-	Addrs []string
+	Addrs []string `yaml:"addrs"`
 	// MasterName set selects Sentinel, with Addrs naming the sentinels.
-	MasterName string
-	Username   string
-	Password   string
+	MasterName string `yaml:"master_name"`
+	Username   string `yaml:"username"`
+	Password   string `yaml:"password"`
 	// PasswordFile, when set, holds the password (a mounted Secret); it is
 	// read at start, surrounding whitespace removed.
-	PasswordFile string
+	PasswordFile string `yaml:"password_file"`
 	// SentinelUsername and SentinelPassword (or SentinelPasswordFile)
 	// authenticate to the sentinels when theirs differ from the data
 	// nodes'; when all are empty the data nodes' credentials are used.
-	SentinelUsername     string
-	SentinelPassword     string
-	SentinelPasswordFile string
+	SentinelUsername     string `yaml:"sentinel_username"`
+	SentinelPassword     string `yaml:"sentinel_password"`
+	SentinelPasswordFile string `yaml:"sentinel_password_file"`
 	// TLS connects with TLS, verifying the server against TLSCAFile (PEM;
 	// empty uses the system roots) and TLSServerName (empty uses the host
 	// of the address).
-	TLS           bool
-	TLSCAFile     string
-	TLSServerName string
+	TLS           bool   `yaml:"tls"`
+	TLSCAFile     string `yaml:"tls_ca_file"`
+	TLSServerName string `yaml:"tls_server_name"`
 }
 
 // Identity configures where the principal comes from.
 type Identity struct {
 	// Header carries the authenticated principal, set by an auth proxy.
-	Header string
+	Header string `yaml:"header"`
 	// TrustedProxies are the peers whose Header is honoured; from any other
 	// peer the header is removed before anything reads it.
-	TrustedProxies []netip.Prefix
+	TrustedProxies []netip.Prefix `yaml:"trusted_proxies"`
 }
 
 // Settings are the per-route knobs. defaults: sets them for all routes and
 // each route may override any of them.
 type Settings struct {
-	KeyHeader        string
-	RequireKey       bool
-	Scope            string
-	Retention        time.Duration
-	Lease            time.Duration
-	Concurrent       string
-	MaxWait          time.Duration
-	ReleaseOn        []int
-	UnknownOutcome   string
-	StoreUnavailable string
-	MaxRequestBody   int64
-	MaxResponseBody  int64
-	Fingerprint      Fingerprint
+	KeyHeader        string        `yaml:"key_header"`
+	RequireKey       bool          `yaml:"require_key"`
+	Scope            string        `yaml:"scope"`
+	Retention        time.Duration `yaml:"retention"`
+	Lease            time.Duration `yaml:"lease"`
+	Concurrent       string        `yaml:"concurrent"`
+	MaxWait          time.Duration `yaml:"max_wait"`
+	ReleaseOn        []int         `yaml:"release_on"`
+	UnknownOutcome   string        `yaml:"unknown_outcome"`
+	StoreUnavailable string        `yaml:"store_unavailable"`
+	MaxRequestBody   int64         `yaml:"max_request_body"`
+	MaxResponseBody  int64         `yaml:"max_response_body"`
+	Fingerprint      Fingerprint   `yaml:"fingerprint"`
 }
 
 // Fingerprint selects what, besides method, path, query and body, identifies
@@ -227,20 +230,20 @@ type Settings struct {
 type Fingerprint struct {
 	// Headers are request headers hashed into the fingerprint; media types
 	// are normalised.
-	Headers []string
+	Headers []string `yaml:"headers"`
 	// IgnoreJSONFields are JSON Pointers (RFC 6901) removed from JSON bodies
 	// before hashing, for fields that change on every attempt.
-	IgnoreJSONFields []string
+	IgnoreJSONFields []string `yaml:"ignore_json_fields"`
 }
 
 // Route is one protected endpoint.
 type Route struct {
 	// Name labels metrics and logs, and scopes keys.
-	Name string
+	Name string `yaml:"name"`
 	// Match is a Go http.ServeMux pattern with a method, e.g.
 	// "POST /orders/{id}/capture".
-	Match    string
-	Settings Settings
+	Match    string   `yaml:"match"`
+	Settings Settings `yaml:",inline"`
 
 	// set holds the setting keys the route's YAML gave, so a bad value it
 	// inherited is reported once, at defaults:, not again for every route.

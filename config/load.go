@@ -16,25 +16,6 @@ import (
 // EnvPrefix is the prefix of every environment override.
 const EnvPrefix = "IDEMPROXY"
 
-// topKeys are the keys outside defaults: and routes:, by YAML path.
-var topKeys = []string{
-	"listen", "admin_listen", "admin_pprof", "log_level",
-	"upstream.url", "upstream.timeout", "upstream.late_answer_window", "upstream.max_late_calls", "drain.delay", "drain.timeout",
-	"store.redis.addrs", "store.redis.master_name", "store.redis.username",
-	"store.redis.password", "store.redis.password_file",
-	"store.redis.sentinel_username", "store.redis.sentinel_password", "store.redis.sentinel_password_file", "store.redis.tls", "store.redis.tls_ca_file", "store.redis.tls_server_name", "store.key_prefix",
-	"store.wait_replicas", "store.wait_timeout",
-	"identity.header", "identity.trusted_proxies",
-}
-
-// settingKeys are the keys of Settings, relative to defaults: or a route.
-var settingKeys = []string{
-	"key_header", "require_key", "scope", "retention", "lease", "concurrent",
-	"max_wait", "release_on", "unknown_outcome", "store_unavailable",
-	"max_request_body", "max_response_body",
-	"fingerprint.headers", "fingerprint.ignore_json_fields",
-}
-
 // Load reads the YAML file at path, applies IDEMPROXY_* environment
 // overrides and validates the result. The returned error lists every problem
 // found, each prefixed with its YAML path.
@@ -44,11 +25,8 @@ func Load(path string) (*Config, error) {
 	v.SetConfigType("yaml")
 	v.SetEnvPrefix(EnvPrefix)
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
-	for _, k := range topKeys {
+	for _, k := range configKeyPaths {
 		_ = v.BindEnv(k) // only fails without a key name
-	}
-	for _, k := range settingKeys {
-		_ = v.BindEnv("defaults." + k)
 	}
 	if err := v.ReadInConfig(); err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
@@ -58,44 +36,9 @@ func Load(path string) (*Config, error) {
 	c := Default()
 	d.unknown(v.AllKeys())
 	src := viperSource{v}
-	d.str(src, "listen", "listen", &c.Listen)
-	d.str(src, "admin_listen", "admin_listen", &c.AdminListen)
-	d.boolean(src, "admin_pprof", "admin_pprof", &c.AdminPprof)
-	d.str(src, "log_level", "log_level", &c.LogLevel)
-	d.str(src, "upstream.url", "upstream.url", &c.Upstream.URL)
-	d.duration(src, "upstream.timeout", "upstream.timeout", &c.Upstream.Timeout)
-	d.duration(src, "upstream.late_answer_window", "upstream.late_answer_window", &c.Upstream.LateAnswerWindow)
-	d.integer(src, "upstream.max_late_calls", "upstream.max_late_calls", &c.Upstream.MaxLateCalls)
-	d.duration(src, "drain.delay", "drain.delay", &c.Drain.Delay)
-	d.duration(src, "drain.timeout", "drain.timeout", &c.Drain.Timeout)
-	d.strings(src, "store.redis.addrs", "store.redis.addrs", &c.Store.Redis.Addrs)
-	d.str(src, "store.redis.master_name", "store.redis.master_name", &c.Store.Redis.MasterName)
-	d.str(src, "store.redis.username", "store.redis.username", &c.Store.Redis.Username)
-	d.str(src, "store.redis.password", "store.redis.password", &c.Store.Redis.Password)
-	d.str(src, "store.redis.password_file", "store.redis.password_file", &c.Store.Redis.PasswordFile)
-	d.str(src, "store.redis.sentinel_username", "store.redis.sentinel_username", &c.Store.Redis.SentinelUsername)
-	d.str(src, "store.redis.sentinel_password", "store.redis.sentinel_password", &c.Store.Redis.SentinelPassword)
-	d.str(src, "store.redis.sentinel_password_file", "store.redis.sentinel_password_file", &c.Store.Redis.SentinelPasswordFile)
-	d.boolean(src, "store.redis.tls", "store.redis.tls", &c.Store.Redis.TLS)
-	d.str(src, "store.redis.tls_ca_file", "store.redis.tls_ca_file", &c.Store.Redis.TLSCAFile)
-	d.str(src, "store.redis.tls_server_name", "store.redis.tls_server_name", &c.Store.Redis.TLSServerName)
-	d.integer(src, "store.wait_replicas", "store.wait_replicas", &c.Store.WaitReplicas)
-	d.duration(src, "store.wait_timeout", "store.wait_timeout", &c.Store.WaitTimeout)
-	d.str(src, "store.key_prefix", "store.key_prefix", &c.Store.KeyPrefix)
-	d.str(src, "identity.header", "identity.header", &c.Identity.Header)
-	var proxies []string
-	if d.strings(src, "identity.trusted_proxies", "identity.trusted_proxies", &proxies) {
-		c.Identity.TrustedProxies = nil
-		for i, p := range proxies {
-			pfx, err := parsePrefix(p)
-			if err != nil {
-				d.errorf(fmt.Sprintf("identity.trusted_proxies[%d]", i), "%v", err)
-				continue
-			}
-			c.Identity.TrustedProxies = append(c.Identity.TrustedProxies, pfx)
-		}
+	for _, k := range keysOf(c, "") {
+		d.decode(src, k, k.path)
 	}
-	d.settings(prefixed{src, "defaults."}, "defaults.", &c.Defaults)
 
 	if raw := v.Get("routes"); raw != nil {
 		list, ok := raw.([]any)
@@ -145,13 +88,6 @@ func (s viperSource) lookup(key string) (any, bool) {
 	return s.v.Get(key), true
 }
 
-type prefixed struct {
-	s      source
-	prefix string
-}
-
-func (p prefixed) lookup(key string) (any, bool) { return p.s.lookup(p.prefix + key) }
-
 // mapSource looks up dotted keys in a nested YAML mapping.
 type mapSource map[string]any
 
@@ -192,11 +128,8 @@ func (d *decoder) err() error { return errors.Join(d.errs...) }
 // that would otherwise silently leave a default in force.
 func (d *decoder) unknown(keys []string) {
 	known := map[string]bool{"routes": true}
-	for _, k := range topKeys {
+	for _, k := range configKeyPaths {
 		known[k] = true
-	}
-	for _, k := range settingKeys {
-		known["defaults."+k] = true
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
@@ -209,8 +142,8 @@ func (d *decoder) unknown(keys []string) {
 
 func (d *decoder) route(m map[string]any, path string, defaults Settings) Route {
 	r := Route{Settings: clone(defaults), set: map[string]bool{}}
-	known := map[string]bool{"name": true, "match": true}
-	for _, k := range settingKeys {
+	known := map[string]bool{}
+	for _, k := range routeKeyPaths {
 		known[k] = true
 	}
 	for _, k := range leafKeys(m, "") {
@@ -220,9 +153,9 @@ func (d *decoder) route(m map[string]any, path string, defaults Settings) Route 
 		r.set[k] = true
 	}
 	src := mapSource(m)
-	d.str(src, "name", path+".name", &r.Name)
-	d.str(src, "match", path+".match", &r.Match)
-	d.settings(src, path+".", &r.Settings)
+	for _, k := range keysOf(&r, "") {
+		d.decode(src, k, path+"."+k.path)
+	}
 	return r
 }
 
@@ -245,23 +178,6 @@ func clone(s Settings) Settings {
 	s.Fingerprint.Headers = slices.Clone(s.Fingerprint.Headers)
 	s.Fingerprint.IgnoreJSONFields = slices.Clone(s.Fingerprint.IgnoreJSONFields)
 	return s
-}
-
-func (d *decoder) settings(src source, path string, s *Settings) {
-	d.str(src, "key_header", path+"key_header", &s.KeyHeader)
-	d.boolean(src, "require_key", path+"require_key", &s.RequireKey)
-	d.str(src, "scope", path+"scope", &s.Scope)
-	d.duration(src, "retention", path+"retention", &s.Retention)
-	d.duration(src, "lease", path+"lease", &s.Lease)
-	d.str(src, "concurrent", path+"concurrent", &s.Concurrent)
-	d.duration(src, "max_wait", path+"max_wait", &s.MaxWait)
-	d.ints(src, "release_on", path+"release_on", &s.ReleaseOn)
-	d.str(src, "unknown_outcome", path+"unknown_outcome", &s.UnknownOutcome)
-	d.str(src, "store_unavailable", path+"store_unavailable", &s.StoreUnavailable)
-	d.size(src, "max_request_body", path+"max_request_body", &s.MaxRequestBody)
-	d.size(src, "max_response_body", path+"max_response_body", &s.MaxResponseBody)
-	d.strings(src, "fingerprint.headers", path+"fingerprint.headers", &s.Fingerprint.Headers)
-	d.strings(src, "fingerprint.ignore_json_fields", path+"fingerprint.ignore_json_fields", &s.Fingerprint.IgnoreJSONFields)
 }
 
 func (d *decoder) str(src source, key, path string, dst *string) {

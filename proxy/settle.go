@@ -126,7 +126,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	h.metrics.upstream.WithLabelValues(x.rt.name).Observe(x.upstream.Seconds())
 	x.status = resp.StatusCode
 	if x.rt.releaseOn[resp.StatusCode] {
-		o.settle(func() verdict { return o.release(fmt.Sprintf("upstream answered %d, which is in release_on", resp.StatusCode)) })
+		o.settle(func() verdict {
+			return o.release(fmt.Sprintf("upstream answered %d, which is in release_on", resp.StatusCode))
+		})
 		return nil
 	}
 	limit := x.rt.settings.MaxResponseBody
