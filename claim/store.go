@@ -134,9 +134,9 @@ type Result struct {
 // already holds it, in one round trip. rec must be InProgress.
 //
 // On Redis 7 the round trip is one native command, SET key value NX PX
-// lease GET, which costs Redis far less CPU than a script; only a claim
-// that finds another attempt still in progress asks for its PTTL, in a
-// second round trip on that rare path. Redis 6.2 rejects NX with GET; then
+// lease GET, which costs Redis less CPU than a script (docs/benchmarks.md,
+// "Tuning done"); only a claim that finds another attempt still in
+// progress asks for its PTTL, in a second round trip on that rare path. Redis 6.2 rejects NX with GET; then
 // the claim script does the same, and is used from then on.
 func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.Duration) (Result, error) {
 	value := rec.Encode()

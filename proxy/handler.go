@@ -133,7 +133,8 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	}
 	// FlushInterval stays 0: ReverseProxy already flushes every write of a
 	// streamed response (SSE, or no Content-Length), and flushing every
-	// write of the rest cost pass-through 40% of its throughput.
+	// write of the rest cost pass-through 40% of its throughput
+	// (docs/benchmarks.md, "Tuning done").
 	base := httputil.ReverseProxy{
 		ErrorLog:   slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
 		BufferPool: newBufferPool(),
