@@ -21,13 +21,14 @@ func proxyConfig(cfg *config.Config) (proxy.Config, error) {
 		return proxy.Config{}, fmt.Errorf("upstream.url: %w", err)
 	}
 	return proxy.Config{
-		Upstream:         u,
-		UpstreamTimeout:  cfg.Upstream.Timeout,
-		LateAnswerWindow: cfg.Upstream.LateAnswerWindow,
-		MaxLateCalls:     cfg.Upstream.MaxLateCalls,
-		IdentityHeader:   cfg.Identity.Header,
-		TrustedProxies:   slices.Clone(cfg.Identity.TrustedProxies),
-		Routes:           proxyRoutes(cfg.Routes),
+		Upstream:           u,
+		UpstreamTimeout:    cfg.Upstream.Timeout,
+		LateAnswerWindow:   cfg.Upstream.LateAnswerWindow,
+		MaxLateCalls:       cfg.Upstream.MaxLateCalls,
+		IdentityHeader:     cfg.Identity.Header,
+		TrustedProxies:     slices.Clone(cfg.Identity.TrustedProxies),
+		StripFromUntrusted: slices.Clone(cfg.Identity.StripFromUntrusted),
+		Routes:             proxyRoutes(cfg.Routes),
 	}, nil
 }
 

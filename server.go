@@ -89,7 +89,7 @@ func start(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 	if err != nil {
 		return nil, err
 	}
-	s.handler, err = proxy.New(pcfg, s.store, proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg)})
+	s.handler, err = proxy.New(pcfg, s.store, proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg), BodyReadTimeout: cfg.Client.BodyTimeout})
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +207,7 @@ func (s *server) listen() error {
 	s.clientAddr, s.adminAddr = clientLn.Addr().String(), adminLn.Addr().String()
 	s.client = &http.Server{
 		Handler:           s.handler,
-		ReadHeaderTimeout: readHeaderTimeout,
+		ReadHeaderTimeout: s.cfg.Client.ReadHeaderTimeout,
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),

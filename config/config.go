@@ -13,33 +13,36 @@ package config
 import (
 	"log/slog"
 	"net/netip"
+	"slices"
 	"time"
 )
 
 // Default values for every key. A route inherits defaults: which in turn
 // starts from these.
 const (
-	DefaultListen           = ":8080"
-	DefaultAdminListen      = ":9090"
-	DefaultUpstreamURL      = "http://127.0.0.1:3000"
-	DefaultUpstreamTimeout  = 30 * time.Second
-	DefaultLateAnswerWindow = 5 * time.Minute
-	DefaultMaxLateCalls     = 1000
-	DefaultLogLevel         = "info"
-	DefaultKeyPrefix        = "idem:"
-	DefaultWaitTimeout      = 100 * time.Millisecond
-	DefaultIdentityHeader   = "X-Forwarded-User"
-	DefaultKeyHeader        = "Idempotency-Key"
-	DefaultRequireKey       = true
-	DefaultScope            = ScopeRoute
-	DefaultRetention        = 24 * time.Hour
-	DefaultLease            = 10 * time.Second
-	DefaultConcurrent       = ConcurrentReject
-	DefaultMaxWait          = 5 * time.Second
-	DefaultUnknownOutcome   = OutcomeKeep
-	DefaultStoreUnavailable = FailClosed
-	DefaultMaxRequestBody   = 1 << 20
-	DefaultMaxResponseBody  = 1 << 20
+	DefaultListen            = ":8080"
+	DefaultAdminListen       = ":9090"
+	DefaultUpstreamURL       = "http://127.0.0.1:3000"
+	DefaultUpstreamTimeout   = 30 * time.Second
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultBodyTimeout       = 30 * time.Second
+	DefaultLateAnswerWindow  = 5 * time.Minute
+	DefaultMaxLateCalls      = 1000
+	DefaultLogLevel          = "info"
+	DefaultKeyPrefix         = "idem:"
+	DefaultWaitTimeout       = 100 * time.Millisecond
+	DefaultIdentityHeader    = "X-Forwarded-User"
+	DefaultKeyHeader         = "Idempotency-Key"
+	DefaultRequireKey        = true
+	DefaultScope             = ScopeRoute
+	DefaultRetention         = 24 * time.Hour
+	DefaultLease             = 10 * time.Second
+	DefaultConcurrent        = ConcurrentReject
+	DefaultMaxWait           = 5 * time.Second
+	DefaultUnknownOutcome    = OutcomeKeep
+	DefaultStoreUnavailable  = FailClosed
+	DefaultMaxRequestBody    = 1 << 20
+	DefaultMaxResponseBody   = 1 << 20
 
 	// MinLease is the shortest lease accepted. A shorter lease would expire
 	// between two renewals on a loaded machine and hand the key to a retry
@@ -51,6 +54,12 @@ const (
 // identity.trusted_proxies is not set: the pod's own loopback, where a mesh
 // or auth proxy sidecar connects from.
 var DefaultTrustedProxies = []string{"127.0.0.0/8", "::1/128"}
+
+// DefaultStripFromUntrusted are the trust-bearing headers besides the
+// identity header, Forwarded and X-Forwarded-For (which ReverseProxy
+// already replaces) that an untrusted peer may not hand to the upstream.
+var DefaultStripFromUntrusted = []string{"X-Real-Ip", "X-Client-Ip", "True-Client-Ip", "X-Forwarded-Host",
+	"X-Forwarded-Proto", "X-Forwarded-Client-Cert", "X-Original-Forwarded-For"}
 
 // DefaultReleaseOn are the upstream statuses that declare the request was not
 // acted upon, so the claim is released and a retry really retries.
@@ -102,6 +111,7 @@ type Config struct {
 	// error. One line per protected request is logged at info; warn keeps
 	// only the anomalies. It reloads.
 	LogLevel string   `yaml:"log_level" reload:"true"`
+	Client   Client   `yaml:"client"`
 	Upstream Upstream `yaml:"upstream"`
 	Store    Store    `yaml:"store"`
 	Drain    Drain    `yaml:"drain"`
@@ -109,6 +119,18 @@ type Config struct {
 	// Defaults are inherited by every route.
 	Defaults Settings `yaml:"defaults" reload:"true"`
 	Routes   []Route  `yaml:"-"`
+}
+
+// Client bounds how long a client may take to send its request, so that
+// a slow or stalled client holds neither a handler nor an upstream
+// connection for long.
+type Client struct {
+	// ReadHeaderTimeout bounds reading a request's headers.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	// BodyTimeout bounds a request body: a protected one is read whole
+	// before the claim and must arrive within it; a pass-through one is
+	// streamed and may not pause longer than it.
+	BodyTimeout time.Duration `yaml:"body_timeout"`
 }
 
 // Upstream is the application idemproxy protects.
@@ -205,6 +227,9 @@ type Identity struct {
 	// TrustedProxies are the peers whose Header is honoured; from any other
 	// peer the header is removed before anything reads it.
 	TrustedProxies []netip.Prefix `yaml:"trusted_proxies"`
+	// StripFromUntrusted are trust-bearing headers removed, under every
+	// spelling, from the requests of peers not in TrustedProxies.
+	StripFromUntrusted []string `yaml:"strip_from_untrusted"`
 }
 
 // Settings are the per-route knobs. defaults: sets them for all routes and
@@ -262,7 +287,8 @@ func Default() *Config {
 			LateAnswerWindow: DefaultLateAnswerWindow, MaxLateCalls: DefaultMaxLateCalls,
 		},
 		Store:    Store{KeyPrefix: DefaultKeyPrefix, WaitTimeout: DefaultWaitTimeout},
-		Identity: Identity{Header: DefaultIdentityHeader},
+		Client:   Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
+		Identity: Identity{Header: DefaultIdentityHeader, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
 		Defaults: DefaultSettings(),
 	}
 	for _, p := range DefaultTrustedProxies {

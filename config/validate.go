@@ -44,6 +44,12 @@ func (c *Config) validate(failed map[string]bool) error {
 	if c.Upstream.Timeout <= 0 {
 		add("upstream.timeout", "must be positive, got %s", c.Upstream.Timeout)
 	}
+	if c.Client.ReadHeaderTimeout <= 0 {
+		add("client.read_header_timeout", "must be positive, got %s", c.Client.ReadHeaderTimeout)
+	}
+	if c.Client.BodyTimeout <= 0 {
+		add("client.body_timeout", "must be positive, got %s", c.Client.BodyTimeout)
+	}
 	if c.Upstream.LateAnswerWindow < 0 {
 		add("upstream.late_answer_window", "must not be negative (0s cancels the upstream call at upstream.timeout), got %s", c.Upstream.LateAnswerWindow)
 	}
@@ -89,6 +95,11 @@ func (c *Config) validate(failed map[string]bool) error {
 		add("identity.header", "must not be empty")
 	} else if !validToken(c.Identity.Header) {
 		add("identity.header", "%q is not a valid header name", c.Identity.Header)
+	}
+	for i, h := range c.Identity.StripFromUntrusted {
+		if !validToken(h) {
+			add(fmt.Sprintf("identity.strip_from_untrusted[%d]", i), "%q is not a valid header name", h)
+		}
 	}
 	c.Defaults.validate("defaults.", add)
 

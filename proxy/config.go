@@ -25,6 +25,9 @@ type Config struct {
 	// peers in TrustedProxies and removed from every other request.
 	IdentityHeader string
 	TrustedProxies []netip.Prefix
+	// StripFromUntrusted are trust-bearing headers (X-Real-Ip, ...)
+	// removed, under every spelling, from untrusted peers' requests.
+	StripFromUntrusted []string
 	// Routes are the protected routes. Requests no route matches pass
 	// through unprotected.
 	Routes []Route

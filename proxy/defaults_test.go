@@ -36,5 +36,7 @@ func testConfig(upstream string) Config {
 		MaxLateCalls:     1000,
 		IdentityHeader:   "X-Forwarded-User",
 		TrustedProxies:   trustedLoopback,
+		StripFromUntrusted: []string{"X-Real-Ip", "X-Client-Ip", "True-Client-Ip", "X-Forwarded-Host",
+			"X-Forwarded-Proto", "X-Forwarded-Client-Cert", "X-Original-Forwarded-For"},
 	}
 }

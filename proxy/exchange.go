@@ -54,6 +54,24 @@ type exchange struct {
 // serve runs steps 2 to 8 of the request flow (route match is done).
 func (x *exchange) serve() {
 	s := &x.rt.settings
+	// The upstream must get the request that was matched and fingerprinted:
+	// a path with dot segments, repeated or trailing slashes (or their
+	// percent-encoded forms) could be protected as one route and acted on
+	// as another.
+	if x.r.URL.Path != x.path {
+		x.reject(probPathNotCanonical.with("send it to " + x.path + ", the path this route protects"))
+		return
+	}
+	if tok := nominated(x.r.Header, s.KeyHeader); tok != "" {
+		x.reject(probHopByHop.with("Connection nominates " + tok + ", which idemproxy and the upstream rely on"))
+		return
+	}
+	for name := range x.r.Header {
+		if sameName(name, s.KeyHeader) && name != x.rt.keyHeader {
+			x.reject(probKeyMalformed.with("the idempotency key is sent as " + name + "; send it only as " + x.rt.keyHeader))
+			return
+		}
+	}
 	key, keyErr := parseKey(x.r.Header, s.KeyHeader)
 	switch {
 	case errors.Is(keyErr, errKeyMissing) && !s.RequireKey:
@@ -292,9 +310,9 @@ func (x *exchange) storeFailed(op string, err error, body []byte) {
 // the already-read request body.
 func (x *exchange) bypass(body []byte, why string) {
 	x.outcome, x.detail = outcomeBypassed, why
-	r := x.r
+	r := x.r.WithContext(x.r.Context()) // a copy; ReverseProxy clones it again
+	r.Trailer = nil                     // request trailers never reach the upstream of a protected route
 	if body != nil {
-		r = r.WithContext(r.Context()) // a copy; ReverseProxy clones it again
 		r.Body = x.lend(body)
 		r.ContentLength = int64(len(body))
 	}

@@ -506,10 +506,16 @@ func TestBadRequestsAreRejectedBeforeAnyClaim(t *testing.T) {
 
 func TestPathVariantsAreProtected(t *testing.T) {
 	e := newEnv(t, created, nil)
-	for _, path := range []string{"/payments", "//payments", "/payments/", "/pay%6Dents", "/x/../payments", "/payments?x=1"} {
+	// Every variant is this route: never forwarded unprotected. Those whose
+	// decoded path is not the canonical one are refused outright (the
+	// upstream must get the path that was matched and fingerprinted).
+	for path, problem := range map[string]string{
+		"/payments": "key-missing", "/pay%6Dents": "key-missing", "/payments?x=1": "key-missing",
+		"//payments": "path-not-canonical", "/payments/": "path-not-canonical", "/x/../payments": "path-not-canonical",
+	} {
 		r := e.do(req{path: path, user: "alice", body: `{}`})
-		if r.status != http.StatusBadRequest || !strings.Contains(r.body, "key-missing") {
-			t.Errorf("%s without a key: %d %s, want 400 key-missing (protected)", path, r.status, r.body)
+		if r.status != http.StatusBadRequest || !strings.Contains(r.body, problem) {
+			t.Errorf("%s without a key: %d %s, want 400 %s (protected)", path, r.status, r.body, problem)
 		}
 	}
 	r := e.do(req{method: "post", user: "alice", body: `{}`})

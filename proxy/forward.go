@@ -4,6 +4,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httputil"
+	"sync"
+	"time"
 )
 
 // forwarder is a pair of ReverseProxies to the upstream: protected with
@@ -40,6 +42,13 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest, trustedPeer bool) {
 	if trustedPeer {
 		// A trusted mesh proxy's X-Forwarded-For is the real client chain.
 		pr.Out.Header["X-Forwarded-For"] = pr.In.Header["X-Forwarded-For"]
+	}
+	// Request trailers arrive after idemproxy read the headers: none may
+	// carry identity or forwarding information to the upstream.
+	for k := range pr.Out.Trailer {
+		if sameName(k, h.id.header) || forwardingHeaders.has(k) {
+			delete(pr.Out.Trailer, k)
+		}
 	}
 	pr.SetURL(h.upstream)
 	pr.SetXForwarded()
@@ -121,4 +130,65 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 type readCloser struct {
 	io.Reader
 	io.Closer
+}
+
+// passThrough forwards a request no route protects, streamed as it is. Its
+// body may not pause longer than the body read timeout: a client that
+// declares a body and stalls would otherwise hold an upstream connection,
+// and on a sync-worker upstream a worker, for as long as it likes.
+func (h *Handler) passThrough(w http.ResponseWriter, r *http.Request, trusted bool) {
+	if r.Body != nil && r.Body != http.NoBody {
+		b := &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: h.bodyTimeout}
+		r.Body = b
+		defer b.stop()
+	}
+	h.forwarder(trusted).direct.ServeHTTP(w, r)
+}
+
+// idleBody moves the client connection's read deadline forward before each
+// read of the body, so that the body may take as long as it needs but never
+// pause longer than idle.
+type idleBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	idle time.Duration
+
+	mu      sync.Mutex // guards stopped and the deadline
+	stopped bool
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	if b.stopped {
+		b.mu.Unlock()
+		return 0, errBodyReturned
+	}
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle))
+	b.mu.Unlock()
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		// net/http now watches the connection for the client going away;
+		// a deadline left on it would read as the client leaving.
+		b.clear()
+	}
+	return n, err
+}
+
+func (b *idleBody) clear() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.stopped {
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+}
+
+// stop clears the deadline and ends reads through b; the handler calls it
+// before it returns, after which the ResponseController must not be used.
+func (b *idleBody) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.stopped {
+		_ = b.rc.SetReadDeadline(time.Time{})
+		b.stopped = true
+	}
 }

@@ -53,3 +53,39 @@ func FuzzCanonicalJSON(f *testing.F) {
 		}
 	})
 }
+
+// FuzzIdentityHeaders: from an untrusted peer, no spelling of the identity
+// header or of a stripped header survives, whatever else the request
+// holds; sameName agrees with the CGI mapping (upper case, '-' as '_').
+func FuzzIdentityHeaders(f *testing.F) {
+	for _, name := range []string{"X-Forwarded-User", "X_Forwarded_User", "x-forwarded_user", "X-Real-Ip", "X_REAL_IP", "Idempotency-Key", "X-Forwarded-Use", "X-Forwarded-Userx", ""} {
+		f.Add(name, "victim", "Other")
+	}
+	id := identity{header: "X-Forwarded-User", strip: nameSet{"X-Real-Ip", "True-Client-Ip"}}
+	cgi := func(s string) string { // ASCII upper case, '-' as '_', other bytes as they are
+		b := []byte(s)
+		for i, c := range b {
+			switch {
+			case c == '-':
+				b[i] = '_'
+			case 'a' <= c && c <= 'z':
+				b[i] = c - 'a' + 'A'
+			}
+		}
+		return string(b)
+	}
+	f.Fuzz(func(t *testing.T, name, value, other string) {
+		if sameName(name, other) != (cgi(name) == cgi(other)) || sameName(name, other) != sameName(other, name) {
+			t.Fatalf("sameName(%q, %q) = %v, CGI names %q %q", name, other, sameName(name, other), cgi(name), cgi(other))
+		}
+		r := &http.Request{RemoteAddr: "192.0.2.1:1234", Header: http.Header{name: {value}, other: {value}}}
+		if p, trusted, err := id.principal(r); p != "" || trusted || err != nil {
+			t.Fatalf("untrusted peer: principal %q, trusted %v, err %v", p, trusted, err)
+		}
+		for k := range r.Header {
+			if cgi(k) == cgi(id.header) || cgi(k) == "X_REAL_IP" || cgi(k) == "TRUE_CLIENT_IP" {
+				t.Fatalf("header %q survived from an untrusted peer", k)
+			}
+		}
+	})
+}

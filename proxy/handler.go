@@ -103,7 +103,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	}
 	h := &Handler{
 		store:           store,
-		id:              identity{header: http.CanonicalHeaderKey(cfg.IdentityHeader), trusted: cfg.TrustedProxies},
+		id:              identity{header: http.CanonicalHeaderKey(cfg.IdentityHeader), trusted: cfg.TrustedProxies, strip: nameSet(cfg.StripFromUntrusted)},
 		upstream:        cfg.Upstream,
 		upstreamTimeout: cfg.UpstreamTimeout,
 		lateWindow:      cfg.LateAnswerWindow,
@@ -174,9 +174,22 @@ func (h *Handler) Abandon() int {
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	principal, trusted, idErr := h.id.principal(r)
+	var refused problem
+	switch {
+	case idErr != nil:
+		refused = probIdentityInvalid.with(idErr.Error())
+	default:
+		if tok := nominated(r.Header, h.id.header); tok != "" {
+			refused = probHopByHop.with("Connection nominates " + tok + ", which idemproxy and the upstream rely on")
+		}
+	}
 	rt, path := h.routes.Load().match(r)
 	if rt == nil {
-		h.forwarder(trusted).direct.ServeHTTP(w, r)
+		if refused.Status != 0 {
+			writeProblem(w, refused, r.Header.Get(RequestIDHeader))
+			return
+		}
+		h.passThrough(w, r, trusted)
 		return
 	}
 	x := &exchange{
@@ -194,8 +207,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Deferred so that a client disconnect, which aborts the handler with
 	// http.ErrAbortHandler while the response is copied, is still counted.
 	defer x.finish()
-	if idErr != nil {
-		x.reject(probIdentityInvalid.with(idErr.Error()))
+	if refused.Status != 0 {
+		x.reject(refused)
 		return
 	}
 	x.serve()

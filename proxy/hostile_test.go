@@ -70,7 +70,7 @@ func TestHostileInput(t *testing.T) {
 		{"space in key", head + "Idempotency-Key: a b\r\nContent-Length: 2\r\n\r\n{}", 0, "", 400, "key-malformed"},
 		{"non-ASCII key", head + "Idempotency-Key: cl\xc3\xa9\r\nContent-Length: 2\r\n\r\n{}", 0, "", 400, "key-malformed"},
 		{"key header twice", head + "Idempotency-Key: a\r\nIdempotency-Key: b\r\nContent-Length: 2\r\n\r\n{}", 0, "", 400, "key-malformed"},
-		{"identity header twice", "POST /payments HTTP/1.1\r\nHost: x\r\nX-Forwarded-User: alice\r\nX-Forwarded-User: bob\r\nIdempotency-Key: k\r\nContent-Length: 2\r\n\r\n{}", 0, "", 401, "identity-invalid"},
+		{"identity header twice", "POST /payments HTTP/1.1\r\nHost: x\r\nX-Forwarded-User: alice\r\nX-Forwarded-User: bob\r\nIdempotency-Key: k\r\nContent-Length: 2\r\n\r\n{}", 0, "", 400, "identity-invalid"},
 		{"chunked body past the cap", head + "Idempotency-Key: k\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n" + strings.Repeat("a", 0x800) + "\r\n0\r\n\r\n", 0, "", 413, "body-too-large"},
 		{"malformed chunking", head + "Idempotency-Key: k\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 0, "", 400, "body-unreadable"},
 	} {

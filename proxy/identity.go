@@ -7,34 +7,54 @@ import (
 	"net/netip"
 )
 
-var errIdentityAmbiguous = errors.New("the identity header appears more than once")
+var (
+	errIdentityAmbiguous = errors.New("the identity header appears more than once")
+	errIdentitySpelling  = errors.New("the identity header appears under another spelling")
+)
 
 // identity decides whose request this is. The identity header is honoured
 // only from a trusted peer (the auth proxy or mesh in the pod); from anyone
-// else it is deleted from the request, so neither idemproxy nor the upstream
-// ever sees a forged principal.
+// else it is deleted from the request under every spelling a CGI-style
+// upstream would read as the same header, so neither idemproxy nor the
+// upstream ever sees a forged principal.
 type identity struct {
+	// header is the identity header's canonical name.
 	header  string
 	trusted []netip.Prefix
+	// strip are trust-bearing headers (X-Real-Ip, ...) removed, under
+	// every spelling, from untrusted peers' requests.
+	strip nameSet
 }
 
 // principal returns the caller's principal, "" when there is none, after
-// stripping the header from an untrusted peer's request, and whether the
-// peer is trusted. It must run before anything reads the request's headers.
+// stripping the identity header and the strip list from an untrusted
+// peer's request, and whether the peer is trusted. From a trusted peer,
+// the identity header sent twice or under another spelling is an error:
+// idemproxy and the upstream could read different principals. It must run
+// before anything reads the request's headers.
 func (id *identity) principal(r *http.Request) (principal string, trusted bool, err error) {
-	if !id.isTrusted(r.RemoteAddr) {
-		r.Header.Del(id.header)
-		return "", false, nil
+	trusted = id.isTrusted(r.RemoteAddr)
+	for name, vs := range r.Header {
+		switch {
+		case sameName(name, id.header):
+			switch {
+			case !trusted:
+				delete(r.Header, name)
+			case name != id.header:
+				err = errIdentitySpelling
+			case len(vs) > 1:
+				err = errIdentityAmbiguous
+			default:
+				principal = vs[0]
+			}
+		case !trusted && id.strip.has(name):
+			delete(r.Header, name)
+		}
 	}
-	vs := r.Header.Values(id.header)
-	switch len(vs) {
-	case 0:
-		return "", true, nil
-	case 1:
-		return vs[0], true, nil
-	default:
-		return "", true, errIdentityAmbiguous
+	if err != nil {
+		return "", trusted, err
 	}
+	return principal, trusted, nil
 }
 
 func (id *identity) isTrusted(remoteAddr string) bool {

@@ -95,6 +95,7 @@ func (x *exchange) own(rec *claim.Record, body []byte) {
 	// A shallow copy is enough: ReverseProxy deep-clones it for the
 	// outbound request.
 	out := x.r.WithContext(ctx)
+	out.Trailer = nil // request trailers never reach the upstream of a protected route
 	out.Body = x.lend(body)
 	out.ContentLength = int64(len(body))
 	o.sent = time.Now()

@@ -34,7 +34,9 @@ var (
 	probKeyMissing       = problem{Type: "key-missing", Status: http.StatusBadRequest, Title: "Idempotency key required"}
 	probKeyMalformed     = problem{Type: "key-malformed", Status: http.StatusBadRequest, Title: "Malformed idempotency key"}
 	probIdentityMissing  = problem{Type: "identity-missing", Status: http.StatusUnauthorized, Title: "Authenticated principal required"}
-	probIdentityInvalid  = problem{Type: "identity-invalid", Status: http.StatusUnauthorized, Title: "Ambiguous principal"}
+	probIdentityInvalid  = problem{Type: "identity-invalid", Status: http.StatusBadRequest, Title: "Ambiguous principal"}
+	probHopByHop         = problem{Type: "hop-by-hop-forbidden", Status: http.StatusBadRequest, Title: "A header idemproxy relies on was nominated as hop-by-hop"}
+	probPathNotCanonical = problem{Type: "path-not-canonical", Status: http.StatusBadRequest, Title: "The request path is not in canonical form"}
 	probBodyTooLarge     = problem{Type: "body-too-large", Status: http.StatusRequestEntityTooLarge, Title: "Request body too large"}
 	probBodyUnreadable   = problem{Type: "body-unreadable", Status: http.StatusBadRequest, Title: "Request body could not be read"}
 	probMismatch         = problem{Type: "key-reused", Status: http.StatusUnprocessableEntity, Title: "Idempotency key reused with a different request"}

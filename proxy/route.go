@@ -12,8 +12,10 @@ type route struct {
 	name string
 	// scope is hashed into the Redis key: the route's name, or one shared
 	// value for scope: principal.
-	scope     string
-	settings  Route
+	scope    string
+	settings Route
+	// keyHeader is settings.KeyHeader in canonical form.
+	keyHeader string
 	fp        *fingerprinter
 	releaseOn [600]bool
 }
@@ -54,7 +56,7 @@ func newRouter(routes []Route) (*router, error) {
 	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string)}
 	for i, rc := range routes {
 		rt.names = append(rt.names, rc.Name)
-		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.SharedScope), settings: rc}
+		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.SharedScope), settings: rc, keyHeader: http.CanonicalHeaderKey(rc.KeyHeader)}
 		fp, err := newFingerprinter(rc.FingerprintHeaders, rc.IgnoreJSONFields)
 		if err != nil {
 			return nil, fmt.Errorf("routes[%d]: %w", i, err)

@@ -1,0 +1,79 @@
+package proxy
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+)
+
+// Header names are compared the way the upstream may compare them, not
+// only the way Go does: CGI-style servers (wsgiref, older gunicorn, Puma,
+// Unicorn, PHP) map X-Forwarded-User and X_Forwarded_User alike to
+// HTTP_X_FORWARDED_USER. So wherever identity or the key is concerned,
+// names match case-insensitively with '_' and '-' equivalent.
+
+// sameName reports whether header names a and b are the same to a CGI
+// server: equal ignoring case, with '_' and '-' equivalent.
+func sameName(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if x == y {
+			continue
+		}
+		if x == '_' {
+			x = '-'
+		}
+		if y == '_' {
+			y = '-'
+		}
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
+// nameSet is a set of header names compared with sameName.
+type nameSet []string
+
+func (s nameSet) has(name string) bool {
+	for _, n := range s {
+		if sameName(n, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// forwardingHeaders are the headers idemproxy itself sets or passes on as
+// trust-bearing; none of them may be nominated as hop-by-hop.
+var forwardingHeaders = nameSet{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", RequestIDHeader}
+
+var errNominated = errors.New("the Connection header nominates a header idemproxy relies on")
+
+// nominated returns the first header of guarded, or of the forwarding
+// headers, that r's Connection header names (ReverseProxy would strip it
+// after idemproxy read it), or "".
+func nominated(h http.Header, guarded ...string) string {
+	for _, v := range h["Connection"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			tok = strings.TrimSpace(tok)
+			if tok == "" {
+				continue
+			}
+			if forwardingHeaders.has(tok) || nameSet(guarded).has(tok) {
+				return tok
+			}
+		}
+	}
+	return ""
+}

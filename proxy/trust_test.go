@@ -1,0 +1,218 @@
+package proxy_test
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/internal/poll"
+)
+
+// cgiName is the name a CGI-style server (wsgiref, gunicorn before 22,
+// Puma before 6.4.3, Unicorn, PHP) gives a request header: X-Forwarded-User
+// and X_Forwarded_User both become HTTP_X_FORWARDED_USER.
+func cgiName(h string) string {
+	return "HTTP_" + strings.ToUpper(strings.ReplaceAll(h, "-", "_"))
+}
+
+// cgiValues is what such a server hands the app for the CGI name of h.
+func cgiValues(seen http.Header, h string) []string {
+	var out []string
+	for name, vs := range seen {
+		if cgiName(name) == cgiName(h) {
+			out = append(out, vs...)
+		}
+	}
+	return out
+}
+
+// send makes a request with header names written exactly as given, which
+// Go's client sends as they are.
+func (e *env) send(method, path string, headers map[string]string, body string) resp {
+	e.t.Helper()
+	hr, err := http.NewRequest(method, e.front.URL+path, strings.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for k, v := range headers {
+		hr.Header[k] = append(hr.Header[k], v)
+	}
+	hresp, err := e.front.Client().Do(hr)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer hresp.Body.Close()
+	b, _ := io.ReadAll(hresp.Body)
+	return resp{status: hresp.StatusCode, header: hresp.Header, body: string(b)}
+}
+
+// Finding 1 and 7: from an untrusted peer, no spelling of the identity
+// header, and none of the trust-bearing headers, reaches the upstream, on
+// unprotected routes, optional routes without a key, and protected ones.
+func TestUntrustedSpellingsNeverReachTheUpstream(t *testing.T) {
+	e := newEnv(t, created, func(c *setup) {
+		untrusted(c)
+		c.Routes = append(c.Routes, route("opt", "POST /optional"))
+		c.Routes[1].RequireKey = false
+	})
+	spoofs := []string{"X_Forwarded_User", "X-Forwarded_User", "x_forwarded-user", "X-FORWARDED-USER"}
+	trustBearing := []string{"X-Real-Ip", "X_Real_Ip", "True-Client-Ip", "X-Forwarded-Host", "x_forwarded_client_cert"}
+	for _, path := range []string{"/anything", "/optional"} {
+		for _, name := range append(spoofs, trustBearing...) {
+			e.send(http.MethodPost, path, map[string]string{name: "victim"}, `{}`)
+			seen := e.ledger.Last()
+			for _, h := range []string{"X-Forwarded-User", "X-Real-Ip", "True-Client-Ip", "X-Forwarded-Host", "X-Forwarded-Client-Cert"} {
+				// X-Forwarded-Host is idemproxy's own (the Host it got); no
+				// value the client sent may remain.
+				if vs := cgiValues(seen, h); slices.Contains(vs, "victim") {
+					t.Errorf("%s with %s: the upstream reads %s = %q", path, name, cgiName(h), vs)
+				}
+			}
+		}
+	}
+}
+
+// From a trusted peer the trust-bearing headers pass; the identity header
+// under another spelling, or twice, is refused on every route (finding 5).
+func TestTrustedPeerAmbiguousIdentityIsRefused(t *testing.T) {
+	e := newEnv(t, created, nil)
+	e.send(http.MethodGet, "/anything", map[string]string{"X-Real-Ip": "203.0.113.9", "X-Forwarded-User": "alice"}, "")
+	if got := cgiValues(e.ledger.Last(), "X-Real-Ip"); len(got) != 1 || got[0] != "203.0.113.9" {
+		t.Errorf("X-Real-Ip from a trusted peer = %q, want it passed", got)
+	}
+	before := e.ledger.Total()
+	for _, tc := range []struct {
+		name    string
+		path    string
+		headers map[string]string
+	}{
+		{"variant, unprotected", "/anything", map[string]string{"X-Forwarded-User": "alice", "X_Forwarded_User": "victim"}},
+		{"variant alone, unprotected", "/anything", map[string]string{"X_Forwarded_User": "victim"}},
+		{"variant, protected", "/payments", map[string]string{"X-Forwarded-User": "alice", "X-Forwarded_User": "victim", "Idempotency-Key": "k"}},
+		{"twice, unprotected", "/anything", map[string]string{"X-Forwarded-User": "alice", "x-forwarded-user": "victim"}},
+	} {
+		r := e.send(http.MethodPost, tc.path, tc.headers, `{}`)
+		if r.status != http.StatusBadRequest || !strings.Contains(r.body, "identity-invalid") {
+			t.Errorf("%s: %d %s, want 400 identity-invalid", tc.name, r.status, r.body)
+		}
+	}
+	if n := e.ledger.Total(); n != before {
+		t.Errorf("refused requests reached the upstream %d times", n-before)
+	}
+}
+
+// The key header is matched the same way: a second spelling of it on a
+// protected route is refused, not claimed under one and executed under the
+// other.
+func TestKeyHeaderSpellingIsRefused(t *testing.T) {
+	e := newEnv(t, created, nil)
+	r := e.send(http.MethodPost, "/payments", map[string]string{"X-Forwarded-User": "alice", "Idempotency-Key": "a", "Idempotency_Key": "b"}, `{}`)
+	if r.status != http.StatusBadRequest || !strings.Contains(r.body, "key-malformed") {
+		t.Fatalf("two spellings of the key: %d %s, want 400 key-malformed", r.status, r.body)
+	}
+	noClaims(t, e, "a key sent under two spellings")
+}
+
+// Finding 2: Connection may not nominate the identity or key header (nor
+// the forwarding headers): ReverseProxy would strip them after idemproxy
+// claimed the key under them.
+func TestConnectionNominationIsRefused(t *testing.T) {
+	e := newEnv(t, created, nil)
+	for _, conn := range []string{"Idempotency-Key, X-Forwarded-User", "keep-alive, x_forwarded_user", "X-Request-Id", "idempotency_key"} {
+		r := e.send(http.MethodPost, "/payments", map[string]string{"X-Forwarded-User": "alice", "Idempotency-Key": "k", "Connection": conn}, `{}`)
+		if r.status != http.StatusBadRequest || !strings.Contains(r.body, "hop-by-hop-forbidden") {
+			t.Errorf("Connection: %s: %d %s, want 400 hop-by-hop-forbidden", conn, r.status, r.body)
+		}
+	}
+	if r := e.send(http.MethodGet, "/anything", map[string]string{"X-Forwarded-User": "alice", "Connection": "X-Forwarded-User"}, ""); r.status != http.StatusBadRequest {
+		t.Errorf("nominated identity on an unprotected route: %d, want 400", r.status)
+	}
+	noClaims(t, e, "nominated headers")
+	if r := e.send(http.MethodPost, "/payments", map[string]string{"X-Forwarded-User": "alice", "Idempotency-Key": "k", "Connection": "keep-alive"}, `{}`); r.status != http.StatusCreated {
+		t.Errorf("Connection: keep-alive: %d, want 201", r.status)
+	}
+}
+
+// Finding 3: request trailers never reach the upstream of a protected
+// route; the identity header in a trailer never reaches any.
+func TestRequestTrailersAreNotForwarded(t *testing.T) {
+	var mu sync.Mutex
+	var trailers []http.Header
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		trailers = append(trailers, r.Trailer.Clone())
+		mu.Unlock()
+		created(w, r)
+	}, nil)
+	for _, path := range []string{"/payments", "/anything"} {
+		req := "POST " + path + " HTTP/1.1\r\nHost: x\r\nX-Forwarded-User: alice\r\nIdempotency-Key: tr-" + path[1:] + "\r\n" +
+			"Transfer-Encoding: chunked\r\nTrailer: X-Forwarded-User\r\n\r\n2\r\n{}\r\n0\r\nX-Forwarded-User: victim\r\n\r\n"
+		if status, body := raw(t, e, req, 0, ""); status != http.StatusCreated {
+			t.Fatalf("%s with a trailer: %d %s", path, status, body)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, tr := range trailers {
+		if vs := cgiValues(tr, "X-Forwarded-User"); len(vs) != 0 {
+			t.Errorf("request %d: the upstream got the trailer X-Forwarded-User = %q", i, vs)
+		}
+	}
+}
+
+// Finding 4: a protected request is answered only for the path it was
+// matched and fingerprinted on. /refunds/..%2Fpayments is refused, so a
+// later POST /payments with the same key executes instead of replaying it.
+func TestPathConfusionIsRefused(t *testing.T) {
+	e := newEnv(t, created, func(c *setup) { c.Routes = append(c.Routes, route("refunds", "POST /refunds")) })
+	for _, path := range []string{"/refunds/..%2Fpayments", "/refunds/../payments", "//payments", "/payments/", "/x/%2E%2E/payments"} {
+		r := e.do(req{path: path, user: "alice", key: "confused", body: `{"amount":1}`})
+		if r.status != http.StatusBadRequest || !strings.Contains(r.body, "path-not-canonical") {
+			t.Errorf("%s: %d %s, want 400 path-not-canonical", path, r.status, r.body)
+		}
+	}
+	noClaims(t, e, "non-canonical paths")
+	r := e.do(req{user: "alice", key: "confused", body: `{"amount":1}`})
+	if r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("POST /payments after the refused variants: %d replayed=%q, want a first execution", r.status, r.header.Get("Idempotent-Replayed"))
+	}
+	// Percent-encoding that decodes to the canonical path is the same
+	// request: it is protected, and replays.
+	r = e.do(req{path: "/pay%6Dents", user: "alice", key: "confused", body: `{"amount":1}`})
+	if r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("POST /pay%%6Dents: %d replayed=%q, want the replay", r.status, r.header.Get("Idempotent-Replayed"))
+	}
+}
+
+// Finding 6: a pass-through request that declares a body and stalls is
+// cut off after the body timeout (500ms in these tests) instead of holding
+// an upstream connection for as long as the client likes.
+func TestStalledPassThroughBodyIsCutOff(t *testing.T) {
+	got := make(chan int, 1)
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body) // what the upstream received before the cut
+		got <- len(b)
+	}, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.front.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.Write([]byte("POST /anything HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789"))
+	n := -1
+	poll.Until(t, "the upstream's read of the stalled body ends", func() bool {
+		select {
+		case n = <-got:
+			return true
+		default:
+			return false
+		}
+	})
+	if n >= 100 {
+		t.Fatalf("the upstream read %d bytes of a body the client stopped sending after 10", n)
+	}
+}
