@@ -306,3 +306,25 @@ func TestDrainTimeoutSettlesLateCalls(t *testing.T) {
 	}
 	poll.Until(t, "the upstream call is cancelled", cancelled.Load)
 }
+
+// TestPprofOnlyOnItsOwnLoopbackListener: pprof is never served next to the
+// probes on the admin port, only on admin_pprof_listen.
+func TestPprofOnlyOnItsOwnLoopbackListener(t *testing.T) {
+	cfg := config.Default()
+	cfg.Listen, cfg.AdminListen, cfg.AdminPprofListen = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	s, _ := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	get := func(addr string) int {
+		resp, err := http.Get("http://" + addr + "/debug/pprof/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := get(s.adminAddr); got != http.StatusNotFound {
+		t.Errorf("pprof on the admin port: %d, want 404", got)
+	}
+	if s.pprofAddr == "" || get(s.pprofAddr) != http.StatusOK {
+		t.Errorf("pprof on admin_pprof_listen (%q): not served", s.pprofAddr)
+	}
+}

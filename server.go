@@ -46,6 +46,8 @@ type server struct {
 	// listeners are bound.
 	client, admin         *http.Server
 	clientAddr, adminAddr string
+	// pprofAddr is where pprof listens; empty when it does not.
+	pprofAddr string
 	// errc receives the first listener that stops serving.
 	errc     chan error
 	draining atomic.Bool
@@ -165,17 +167,21 @@ func readSecrets(r *config.Redis) error {
 	return nil
 }
 
-// adminMux serves /metrics, the probes and, when enabled, pprof.
+// pprofMux serves net/http/pprof, on admin_pprof_listen only.
+func pprofMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
+}
+
+// adminMux serves /metrics and the probes.
 func (s *server) adminMux() *http.ServeMux {
 	admin := http.NewServeMux()
 	admin.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
-	if s.cfg.AdminPprof {
-		admin.HandleFunc("/debug/pprof/", pprof.Index)
-		admin.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		admin.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		admin.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		admin.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
 	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	admin.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if s.draining.Load() {
@@ -213,6 +219,18 @@ func (s *server) listen() error {
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
 	s.admin = &http.Server{Handler: s.adminMux(), ReadHeaderTimeout: readHeaderTimeout}
+	if s.cfg.AdminPprofListen != "" {
+		pprofLn, err := net.Listen("tcp", s.cfg.AdminPprofListen)
+		if err != nil {
+			clientLn.Close()
+			adminLn.Close()
+			return fmt.Errorf("admin_pprof_listen: %w", err)
+		}
+		s.pprofAddr = pprofLn.Addr().String()
+		srv := &http.Server{Handler: pprofMux(), ReadHeaderTimeout: readHeaderTimeout}
+		s.closers = append(s.closers, func() { srv.Close() })
+		go func() { _ = srv.Serve(pprofLn) }()
+	}
 	go func() { s.errc <- s.client.Serve(clientLn) }()
 	go func() { s.errc <- s.admin.Serve(adminLn) }()
 	return nil

@@ -294,7 +294,6 @@ func redisRTT(addr string) (p50, p99 time.Duration) {
 
 const idemproxyConfig = `listen: %q
 admin_listen: "127.0.0.1:%d"
-admin_pprof: true
 log_level: %s
 upstream:
   url: %q

@@ -104,9 +104,10 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// AdminListen serves /metrics, /healthz and /readyz.
 	AdminListen string `yaml:"admin_listen"`
-	// AdminPprof also serves net/http/pprof under /debug/pprof/ on the
-	// admin port. Off by default.
-	AdminPprof bool `yaml:"admin_pprof"`
+	// AdminPprofListen, when set, serves net/http/pprof under
+	// /debug/pprof/ on its own listener, which must be a loopback address:
+	// profiles and heap dumps hold request contents. Empty serves none.
+	AdminPprofListen string `yaml:"admin_pprof_listen"`
 	// LogLevel is the least severe level logged: debug, info, warn or
 	// error. One line per protected request is logged at info; warn keeps
 	// only the anomalies. It reloads.

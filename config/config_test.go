@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"net/netip"
+	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -72,6 +73,10 @@ func TestInvalidFixtures(t *testing.T) {
 		"bad_upstream": {
 			`upstream.url: must be an absolute http or https URL, got "127.0.0.1:3000"`,
 			`upstream.timeout: must be positive, got 0s`,
+		},
+		"bad_pprof": {
+			`admin_pprof: removed: pprof is served only on its own loopback listener; set admin_pprof_listen: 127.0.0.1:6060`,
+			`admin_pprof_listen: ":6060" is not a loopback address: pprof's profiles and heap dumps hold request contents; use 127.0.0.1:6060 or [::1]:6060 and reach it with kubectl port-forward`,
 		},
 		"bad_late_answers": {
 			`upstream.late_answer_window: must not be negative (0s cancels the upstream call at upstream.timeout), got -1s`,
@@ -209,16 +214,51 @@ func TestSizes(t *testing.T) {
 }
 
 func TestWarnings(t *testing.T) {
-	c := config.Default()
+	// production is the defaults with a Redis: no warning.
+	production := func() *config.Config {
+		c := config.Default()
+		c.Store.Redis.Addrs = []string{"redis:6379"}
+		return c
+	}
+	c := production()
 	if w := c.Warnings(); len(w) != 0 {
-		t.Errorf("defaults warn: %q", w)
+		t.Errorf("defaults with a Redis warn: %q", w)
+	}
+	if w := config.Default().Warnings(); len(w) != 1 || !strings.HasPrefix(w[0], "store.redis.addrs: empty: the embedded in-memory store") {
+		t.Errorf("no store configured: warnings = %q, want one naming store.redis.addrs", w)
 	}
 	c.Identity.TrustedProxies = append(c.Identity.TrustedProxies, netip.MustParsePrefix("0.0.0.0/0"))
 	w := c.Warnings()
 	if len(w) != 1 || !strings.HasPrefix(w[0], "identity.trusted_proxies[2]: 0.0.0.0/0 trusts every peer") {
 		t.Errorf("warnings = %q, want one naming identity.trusted_proxies[2]", w)
 	}
-	c = config.Default()
+	for _, cover := range [][]string{{"0.0.0.0/1", "128.0.0.0/1"}, {"0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/1"}, {"::/1", "8000::/1"}} {
+		c = production()
+		for _, p := range cover {
+			c.Identity.TrustedProxies = append(c.Identity.TrustedProxies, netip.MustParsePrefix(p))
+		}
+		if w := c.Warnings(); len(w) != 1 || !strings.HasPrefix(w[0], "identity.trusted_proxies: together the prefixes cover every") {
+			t.Errorf("%v: warnings = %q, want one saying they cover every address", cover, w)
+		}
+	}
+	c = production()
+	c.Identity.TrustedProxies = append(c.Identity.TrustedProxies, netip.MustParsePrefix("0.0.0.0/1"), netip.MustParsePrefix("192.0.0.0/2"))
+	if w := c.Warnings(); len(w) != 0 {
+		t.Errorf("half the IPv4 space plus a quarter: %q, want no warning", w)
+	}
+	for _, mode := range []os.FileMode{0o644, 0o400} {
+		c = production()
+		c.Store.Redis.PasswordFile = filepath.Join(t.TempDir(), "password")
+		os.WriteFile(c.Store.Redis.PasswordFile, []byte("x"), mode)
+		w := c.Warnings()
+		if mode == 0o644 && (len(w) != 1 || !strings.Contains(w[0], "is readable by every user")) {
+			t.Errorf("password_file %v: warnings = %q, want one", mode, w)
+		}
+		if mode == 0o400 && len(w) != 0 {
+			t.Errorf("password_file %v: warnings = %q, want none", mode, w)
+		}
+	}
+	c = production()
 	c.Drain.Timeout = 10 * time.Second
 	w = c.Warnings()
 	if len(w) != 1 || !strings.HasPrefix(w[0], "drain.timeout: 10s is shorter than upstream.timeout + upstream.late_answer_window (5m30s)") {
@@ -232,7 +272,7 @@ func TestWarnings(t *testing.T) {
 	if w := c.Warnings(); len(w) != 0 {
 		t.Errorf("a drain.timeout longer than upstream.timeout, no late answers, warns: %q", w)
 	}
-	c = config.Default()
+	c = production()
 	c.Upstream.MaxLateCalls = 0
 	if w := c.Warnings(); len(w) != 1 || !strings.HasPrefix(w[0], "upstream.max_late_calls: 0") {
 		t.Errorf("warnings = %q, want one naming upstream.max_late_calls", w)

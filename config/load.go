@@ -134,10 +134,18 @@ func (d *decoder) unknown(keys []string) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		// Routes are checked one by one, with their index in the path.
-		if !known[k] && !strings.HasPrefix(k, "routes.") {
+		switch {
+		case removedKeys[k] != "":
+			d.errorf(k, "%s", removedKeys[k])
+		case !known[k] && !strings.HasPrefix(k, "routes."):
 			d.errorf(k, "unknown key")
 		}
 	}
+}
+
+// removedKeys are keys earlier versions accepted, with what replaced them.
+var removedKeys = map[string]string{
+	"admin_pprof": "removed: pprof is served only on its own loopback listener; set admin_pprof_listen: 127.0.0.1:6060",
 }
 
 func (d *decoder) route(m map[string]any, path string, defaults Settings) Route {

@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"os"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/idemproxy/idemproxy/internal/jsonpointer"
@@ -34,6 +36,13 @@ func (c *Config) validate(failed map[string]bool) error {
 	}
 	if c.Listen != "" && c.Listen == c.AdminListen && !strings.HasSuffix(c.Listen, ":0") {
 		add("admin_listen", "must differ from listen: the admin port is never exposed to clients")
+	}
+	if c.AdminPprofListen != "" {
+		if err := loopbackAddr(c.AdminPprofListen); err != nil {
+			add("admin_pprof_listen", "%v", err)
+		} else if (c.AdminPprofListen == c.Listen || c.AdminPprofListen == c.AdminListen) && !strings.HasSuffix(c.AdminPprofListen, ":0") {
+			add("admin_pprof_listen", "must differ from listen and admin_listen: pprof has a listener of its own")
+		}
 	}
 	if u, err := url.Parse(c.Upstream.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		add("upstream.url", "must be an absolute http or https URL, got %q", c.Upstream.URL)
@@ -264,6 +273,19 @@ func (c *Config) Warnings() []string {
 			w = append(w, fmt.Sprintf("identity.trusted_proxies[%d]: %s trusts every peer: any client can send %s and be any principal, and read another principal's replays; list only the auth proxy or mesh in the pod", i, p, c.Identity.Header))
 		}
 	}
+	for _, all := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
+		if covers(c.Identity.TrustedProxies, all) && !slices.ContainsFunc(c.Identity.TrustedProxies, func(p netip.Prefix) bool { return p.Bits() == 0 && p.Addr().Is4() == all.Addr().Is4() }) {
+			w = append(w, fmt.Sprintf("identity.trusted_proxies: together the prefixes cover every %s address: any client can send %s and be any principal; list only the auth proxy or mesh in the pod", map[bool]string{true: "IPv4", false: "IPv6"}[all.Addr().Is4()], c.Identity.Header))
+		}
+	}
+	if len(c.Store.Redis.Addrs) == 0 {
+		w = append(w, "store.redis.addrs: empty: the embedded in-memory store is in use: single instance, not durable, no authentication, lost on every restart (a retry after a restart executes again); development only, set store.redis.addrs in production")
+	}
+	for _, f := range []struct{ key, path string }{{"store.redis.password_file", c.Store.Redis.PasswordFile}, {"store.redis.sentinel_password_file", c.Store.Redis.SentinelPasswordFile}} {
+		if fi, err := os.Stat(f.path); f.path != "" && err == nil && fi.Mode().Perm()&0o004 != 0 {
+			w = append(w, fmt.Sprintf("%s: %s is readable by every user on this host (mode %s); make it 0400 or 0440 (a Kubernetes Secret volume: defaultMode: 0400)", f.key, f.path, fi.Mode().Perm()))
+		}
+	}
 	if need := c.Upstream.Budget(); c.Drain.Timeout > 0 && c.Drain.Timeout < need {
 		w = append(w, fmt.Sprintf("drain.timeout: %s is shorter than upstream.timeout + upstream.late_answer_window (%s): a rollout can cut off a request still upstream after the upstream acted; its key is then settled by unknown_outcome (keep: a retry may execute again once the lease lapses; fail: retries get 502 outcome-unknown) instead of its answer being stored; 0 waits %s", c.Drain.Timeout, need, need+DrainExtra))
 	}
@@ -271,6 +293,51 @@ func (c *Config) Warnings() []string {
 		w = append(w, "upstream.max_late_calls: 0 holds no late call: upstream.late_answer_window has no effect, every call is cancelled at upstream.timeout")
 	}
 	return w
+}
+
+// loopbackAddr checks that addr is host:port with a loopback host, so that
+// what listens there is reachable only from inside the pod.
+func loopbackAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		return fmt.Errorf("must be a loopback host:port like 127.0.0.1:6060, got %q", addr)
+	}
+	if strings.EqualFold(host, "localhost") {
+		return nil
+	}
+	if ip, err := netip.ParseAddr(host); err == nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%q is not a loopback address: pprof's profiles and heap dumps hold request contents; use 127.0.0.1:6060 or [::1]:6060 and reach it with kubectl port-forward", addr)
+}
+
+// covers reports whether the union of prefixes contains all of p.
+func covers(prefixes []netip.Prefix, p netip.Prefix) bool {
+	for _, q := range prefixes {
+		if q.Addr().Is4() == p.Addr().Is4() && q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
+			return true
+		}
+	}
+	if p.Bits() >= p.Addr().BitLen() {
+		return false
+	}
+	// Split p in halves; a half no prefix reaches into ends the search.
+	lo := netip.PrefixFrom(p.Addr(), p.Bits()+1)
+	hiAddr := p.Addr().AsSlice()
+	hiAddr[p.Bits()/8] |= 0x80 >> (p.Bits() % 8)
+	hi, _ := netip.AddrFromSlice(hiAddr)
+	return reaches(prefixes, lo) && reaches(prefixes, netip.PrefixFrom(hi, p.Bits()+1)) &&
+		covers(prefixes, lo) && covers(prefixes, netip.PrefixFrom(hi, p.Bits()+1))
+}
+
+// reaches reports whether some prefix overlaps p.
+func reaches(prefixes []netip.Prefix, p netip.Prefix) bool {
+	for _, q := range prefixes {
+		if q.Overlaps(p) {
+			return true
+		}
+	}
+	return false
 }
 
 // ownListener returns the key and address of the listener u points at,
