@@ -37,6 +37,10 @@ func proxyRoutes(routes []config.Route) []proxy.Route {
 	out := make([]proxy.Route, 0, len(routes))
 	for _, r := range routes {
 		s := r.Settings
+		var authorize *url.URL
+		if s.Replay.AuthorizeURL != "" {
+			authorize, _ = url.Parse(s.Replay.AuthorizeURL) // validated
+		}
 		unknown := proxy.Keep
 		switch s.UnknownOutcome {
 		case config.OutcomeRelease:
@@ -61,6 +65,8 @@ func proxyRoutes(routes []config.Route) []proxy.Route {
 			MaxResponseBody:    s.MaxResponseBody,
 			FingerprintHeaders: slices.Clone(s.Fingerprint.Headers),
 			IgnoreJSONFields:   slices.Clone(s.Fingerprint.IgnoreJSONFields),
+			AuthorizeURL:       authorize,
+			AuthorizeTimeout:   s.Replay.AuthorizeTimeout,
 		})
 	}
 	return out

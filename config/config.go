@@ -43,6 +43,7 @@ const (
 	DefaultStoreUnavailable  = FailClosed
 	DefaultMaxRequestBody    = 1 << 20
 	DefaultMaxResponseBody   = 1 << 20
+	DefaultAuthorizeTimeout  = time.Second
 
 	// MinLease is the shortest lease accepted. A shorter lease would expire
 	// between two renewals on a loaded machine and hand the key to a retry
@@ -249,6 +250,19 @@ type Settings struct {
 	MaxRequestBody   int64         `yaml:"max_request_body"`
 	MaxResponseBody  int64         `yaml:"max_response_body"`
 	Fingerprint      Fingerprint   `yaml:"fingerprint"`
+	Replay           Replay        `yaml:"replay"`
+}
+
+// Replay configures re-authorization before a stored response is revealed.
+type Replay struct {
+	// AuthorizeURL, when set, is asked (GET, with the request's identity,
+	// Authorization and Cookie headers, X-Original-Method and
+	// X-Original-URI) before a replay, a 409 or a 422 reveals that the key
+	// exists; 2xx allows it, 401/403 refuses it. Empty authorizes nothing
+	// again: the stored response is replayed to its principal.
+	AuthorizeURL string `yaml:"authorize_url"`
+	// AuthorizeTimeout bounds that request.
+	AuthorizeTimeout time.Duration `yaml:"authorize_timeout"`
 }
 
 // Fingerprint selects what, besides method, path, query and body, identifies
@@ -314,6 +328,7 @@ func DefaultSettings() Settings {
 		MaxRequestBody:   DefaultMaxRequestBody,
 		MaxResponseBody:  DefaultMaxResponseBody,
 		Fingerprint:      Fingerprint{Headers: append([]string(nil), DefaultFingerprintHeaders...)},
+		Replay:           Replay{AuthorizeTimeout: DefaultAuthorizeTimeout},
 	}
 }
 

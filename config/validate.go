@@ -185,6 +185,14 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 			add(fmt.Sprintf("%sfingerprint.ignore_json_fields[%d]", path, i), "%v", err)
 		}
 	}
+	if u := s.Replay.AuthorizeURL; u != "" {
+		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			add(path+"replay.authorize_url", "must be an absolute http or https URL, got %q", u)
+		}
+	}
+	if s.Replay.AuthorizeTimeout <= 0 {
+		add(path+"replay.authorize_timeout", "must be positive, got %s", s.Replay.AuthorizeTimeout)
+	}
 }
 
 func oneOf(path, got string, add func(path, format string, args ...any), allowed ...string) {

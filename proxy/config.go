@@ -72,6 +72,11 @@ type Route struct {
 	// from JSON bodies first.
 	FingerprintHeaders []string
 	IgnoreJSONFields   []string
+	// AuthorizeURL, when not nil, is asked before a stored response is
+	// replayed, or a 409 or 422 reveals that the key exists; 2xx allows
+	// it, 401/403 refuses it. AuthorizeTimeout bounds the request.
+	AuthorizeURL     *url.URL
+	AuthorizeTimeout time.Duration
 }
 
 // Unknown is what an owner does when the upstream may have acted without

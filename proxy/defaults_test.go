@@ -19,6 +19,7 @@ func testRoute(name, pattern string) Route {
 		MaxRequestBody:     1 << 20,
 		MaxResponseBody:    1 << 20,
 		FingerprintHeaders: []string{"Content-Type"},
+		AuthorizeTimeout:   time.Second,
 	}
 }
 

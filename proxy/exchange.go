@@ -124,6 +124,9 @@ func (x *exchange) serve() {
 			x.own(rec, body)
 			return
 		}
+		if attempt == 0 && !x.authorize() {
+			return // the caller may no longer learn anything about this key
+		}
 		existing, ttl := res.Existing, res.TTL
 		if existing.State == claim.InProgress && existing.Fingerprint == fp && !existing.Orphaned(ttl) && time.Now().Before(waitUntil) {
 			existing, ttl, err = x.wait(waitUntil)

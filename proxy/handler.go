@@ -85,6 +85,9 @@ type Handler struct {
 
 	// lateWindow is upstream.late_answer_window; maxLate caps lateCalls,
 	// the owners' upstream calls running past upstream.timeout now.
+	// authClient asks replay authorizers; it follows no redirects.
+	authClient *http.Client
+
 	lateWindow time.Duration
 	maxLate    int64
 	lateCalls  atomic.Int64
@@ -138,6 +141,10 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	base := httputil.ReverseProxy{
 		ErrorLog:   slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
 		BufferPool: newBufferPool(),
+	}
+	h.authClient = &http.Client{
+		Transport:     transport,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 	h.trustedPeer = h.newForwarder(base, transport, true)
 	h.otherPeer = h.newForwarder(base, transport, false)

@@ -50,6 +50,10 @@ type Metrics struct {
 	// unknown_outcome that handled them (or orphan, for a vanished owner's
 	// claim settled by a later attempt).
 	unknownOutcomes *prometheus.CounterVec
+	// authorizations counts replay authorizations by result (allowed,
+	// forbidden, unavailable); authorizeSeconds times them.
+	authorizations   *prometheus.CounterVec
+	authorizeSeconds prometheus.Histogram
 }
 
 // unknownOrphan is the handling label of an orphaned claim settled as
@@ -101,6 +105,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_late_calls",
 			Help: "Upstream calls running past upstream.timeout now, waiting for a late answer; capped by upstream.max_late_calls.",
 		}),
+		authorizations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_replay_authorizations_total",
+			Help: "Replay authorizations (replay.authorize_url) by route and result (allowed, forbidden, unavailable).",
+		}, []string{"route", "result"}),
+		authorizeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "idemproxy_replay_authorize_seconds",
+			Help:    "Latency of replay authorizations.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+		}),
 		unknownOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_unknown_outcomes_total",
 			Help: "Protected requests the upstream may have acted on without an answer, by route and handling (keep, release, fail, or orphan: an owner vanished and a later attempt settled its claim).",
@@ -124,7 +137,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Age of the oldest claim this process owns and has not settled; 0 when none.",
 		}, m.claims.oldest)
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, inFlight, m.renewals, oldest,
-			m.lateAnswers, m.lateCalls, m.unknownOutcomes)
+			m.lateAnswers, m.lateCalls, m.unknownOutcomes, m.authorizations, m.authorizeSeconds)
 	}
 	return m
 }

@@ -31,23 +31,25 @@ type problem struct {
 // The problems idemproxy answers with, one per case. Titles never change
 // with the request; detail says what was wrong with this one.
 var (
-	probKeyMissing       = problem{Type: "key-missing", Status: http.StatusBadRequest, Title: "Idempotency key required"}
-	probKeyMalformed     = problem{Type: "key-malformed", Status: http.StatusBadRequest, Title: "Malformed idempotency key"}
-	probIdentityMissing  = problem{Type: "identity-missing", Status: http.StatusUnauthorized, Title: "Authenticated principal required"}
-	probIdentityInvalid  = problem{Type: "identity-invalid", Status: http.StatusBadRequest, Title: "Ambiguous principal"}
-	probHopByHop         = problem{Type: "hop-by-hop-forbidden", Status: http.StatusBadRequest, Title: "A header idemproxy relies on was nominated as hop-by-hop"}
-	probPathNotCanonical = problem{Type: "path-not-canonical", Status: http.StatusBadRequest, Title: "The request path is not in canonical form"}
-	probBodyTooLarge     = problem{Type: "body-too-large", Status: http.StatusRequestEntityTooLarge, Title: "Request body too large"}
-	probBodyUnreadable   = problem{Type: "body-unreadable", Status: http.StatusBadRequest, Title: "Request body could not be read"}
-	probMismatch         = problem{Type: "key-reused", Status: http.StatusUnprocessableEntity, Title: "Idempotency key reused with a different request"}
-	probInProgress       = problem{Type: "request-in-progress", Status: http.StatusConflict, Title: "A request with this idempotency key is in progress"}
-	probNotReplayable    = problem{Type: "response-not-replayable", Status: http.StatusConflict, Title: "The original response was too large to store and cannot be replayed"}
-	probStoreUnavailable = problem{Type: "store-unavailable", Status: http.StatusServiceUnavailable, Title: "Idempotency store unavailable"}
-	probRecordCorrupt    = problem{Type: "record-unreadable", Status: http.StatusInternalServerError, Title: "Stored idempotency record could not be read"}
-	probUpstreamDown     = problem{Type: "upstream-unreachable", Status: http.StatusBadGateway, Title: "Upstream unreachable; the request was not sent"}
-	probUpstreamFailed   = problem{Type: "upstream-failed", Status: http.StatusBadGateway, Title: "Upstream connection failed after the request was sent"}
-	probUpstreamTimeout  = problem{Type: "upstream-timeout", Status: http.StatusGatewayTimeout, Title: "Upstream did not answer in time"}
-	probOutcomeUnknown   = problem{Type: "outcome-unknown", Status: http.StatusBadGateway, Title: "The outcome of the request sent with this idempotency key is unknown"}
+	probKeyMissing            = problem{Type: "key-missing", Status: http.StatusBadRequest, Title: "Idempotency key required"}
+	probKeyMalformed          = problem{Type: "key-malformed", Status: http.StatusBadRequest, Title: "Malformed idempotency key"}
+	probIdentityMissing       = problem{Type: "identity-missing", Status: http.StatusUnauthorized, Title: "Authenticated principal required"}
+	probIdentityInvalid       = problem{Type: "identity-invalid", Status: http.StatusBadRequest, Title: "Ambiguous principal"}
+	probHopByHop              = problem{Type: "hop-by-hop-forbidden", Status: http.StatusBadRequest, Title: "A header idemproxy relies on was nominated as hop-by-hop"}
+	probPathNotCanonical      = problem{Type: "path-not-canonical", Status: http.StatusBadRequest, Title: "The request path is not in canonical form"}
+	probBodyTooLarge          = problem{Type: "body-too-large", Status: http.StatusRequestEntityTooLarge, Title: "Request body too large"}
+	probBodyUnreadable        = problem{Type: "body-unreadable", Status: http.StatusBadRequest, Title: "Request body could not be read"}
+	probMismatch              = problem{Type: "key-reused", Status: http.StatusUnprocessableEntity, Title: "Idempotency key reused with a different request"}
+	probInProgress            = problem{Type: "request-in-progress", Status: http.StatusConflict, Title: "A request with this idempotency key is in progress"}
+	probNotReplayable         = problem{Type: "response-not-replayable", Status: http.StatusConflict, Title: "The original response was too large to store and cannot be replayed"}
+	probStoreUnavailable      = problem{Type: "store-unavailable", Status: http.StatusServiceUnavailable, Title: "Idempotency store unavailable"}
+	probRecordCorrupt         = problem{Type: "record-unreadable", Status: http.StatusInternalServerError, Title: "Stored idempotency record could not be read"}
+	probUpstreamDown          = problem{Type: "upstream-unreachable", Status: http.StatusBadGateway, Title: "Upstream unreachable; the request was not sent"}
+	probUpstreamFailed        = problem{Type: "upstream-failed", Status: http.StatusBadGateway, Title: "Upstream connection failed after the request was sent"}
+	probUpstreamTimeout       = problem{Type: "upstream-timeout", Status: http.StatusGatewayTimeout, Title: "Upstream did not answer in time"}
+	probReplayForbidden       = problem{Type: "replay-forbidden", Status: http.StatusForbidden, Title: "Not authorized to see the stored response"}
+	probAuthorizerUnavailable = problem{Type: "authorizer-unavailable", Status: http.StatusServiceUnavailable, Title: "The replay authorizer is unavailable"}
+	probOutcomeUnknown        = problem{Type: "outcome-unknown", Status: http.StatusBadGateway, Title: "The outcome of the request sent with this idempotency key is unknown"}
 )
 
 // problemContentType is the media type of every problem answer.
