@@ -71,6 +71,11 @@ func TestHostileInput(t *testing.T) {
 		{"non-ASCII key", head + "Idempotency-Key: cl\xc3\xa9\r\nContent-Length: 2\r\n\r\n{}", 0, "", 400, "key-malformed"},
 		{"key header twice", head + "Idempotency-Key: a\r\nIdempotency-Key: b\r\nContent-Length: 2\r\n\r\n{}", 0, "", 400, "key-malformed"},
 		{"identity header twice", "POST /payments HTTP/1.1\r\nHost: x\r\nX-Forwarded-User: alice\r\nX-Forwarded-User: bob\r\nIdempotency-Key: k\r\nContent-Length: 2\r\n\r\n{}", 0, "", 400, "identity-invalid"},
+		{"identity header under another spelling", head + "X_Forwarded_User: bob\r\nIdempotency-Key: k\r\nContent-Length: 2\r\n\r\n{}", 0, "", 400, "identity-invalid"},
+		{"identity header in lower case with an underscore", head + "x-forwarded_user: bob\r\nIdempotency-Key: k\r\nContent-Length: 2\r\n\r\n{}", 0, "", 400, "identity-invalid"},
+		{"key header under another spelling", head + "Idempotency-Key: a\r\nIDEMPOTENCY_KEY: b\r\nContent-Length: 2\r\n\r\n{}", 0, "", 400, "key-malformed"},
+		{"Connection nominates the key", head + "Idempotency-Key: k\r\nConnection: Idempotency-Key\r\nContent-Length: 2\r\n\r\n{}", 0, "", 400, "hop-by-hop-forbidden"},
+		{"dot segments in a protected path", "POST /x/../payments HTTP/1.1\r\nHost: x\r\nX-Forwarded-User: alice\r\nIdempotency-Key: k\r\nContent-Length: 2\r\n\r\n{}", 0, "", 400, "path-not-canonical"},
 		{"chunked body past the cap", head + "Idempotency-Key: k\r\nTransfer-Encoding: chunked\r\n\r\n800\r\n" + strings.Repeat("a", 0x800) + "\r\n0\r\n\r\n", 0, "", 413, "body-too-large"},
 		{"malformed chunking", head + "Idempotency-Key: k\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 0, "", 400, "body-unreadable"},
 	} {
