@@ -67,6 +67,7 @@ func proxyRoutes(routes []config.Route) []proxy.Route {
 			IgnoreJSONFields:   slices.Clone(s.Fingerprint.IgnoreJSONFields),
 			AuthorizeURL:       authorize,
 			AuthorizeTimeout:   s.Replay.AuthorizeTimeout,
+			ExcludeHeaders:     slices.Clone(s.ResponseHeaders.Exclude),
 		})
 	}
 	return out

@@ -328,3 +328,36 @@ func TestPprofOnlyOnItsOwnLoopbackListener(t *testing.T) {
 		t.Errorf("pprof on admin_pprof_listen (%q): not served", s.pprofAddr)
 	}
 }
+
+// TestSealingOptions: key files are base64 of 32 bytes; a bad one is
+// refused at start, named by its key.
+func TestSealingOptions(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(content), 0o400)
+		return p
+	}
+	good := write("good", "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n") // 32 bytes
+	short := write("short", "c2hvcnQ=")
+	notB64 := write("bad", "not base64!")
+	for _, tc := range []struct {
+		files []string
+		want  string
+	}{
+		{[]string{good}, ""},
+		{[]string{good, short}, "store.encryption.key_files[1]"},
+		{[]string{notB64}, "store.encryption.key_files[0]"},
+		{[]string{filepath.Join(dir, "missing")}, "store.encryption.key_files[0]"},
+	} {
+		var st config.Store
+		st.Encryption.KeyFiles = tc.files
+		opts, err := sealingOptions(st)
+		switch {
+		case tc.want == "" && (err != nil || len(opts) != 1):
+			t.Errorf("%v: %v, %d options; want one", tc.files, err, len(opts))
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%v: %v, want an error naming %s", tc.files, err, tc.want)
+		}
+	}
+}

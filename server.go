@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -135,7 +136,10 @@ func (s *server) openStore(ctx context.Context) (embedded bool, err error) {
 		return false, fmt.Errorf("store.redis.tls_ca_file: %w", err) // the only way it fails
 	}
 	s.closers = append(s.closers, func() { client.Close() })
-	var opts []claim.Option
+	opts, err := sealingOptions(s.cfg.Store)
+	if err != nil {
+		return false, err
+	}
 	if s.cfg.Store.WaitReplicas > 0 {
 		opts = append(opts, claim.WithWait(s.cfg.Store.WaitReplicas, s.cfg.Store.WaitTimeout, func(op string) {
 			s.metrics.waitShort.WithLabelValues(op).Inc()
@@ -144,6 +148,58 @@ func (s *server) openStore(ctx context.Context) (embedded bool, err error) {
 	s.store = claim.New(client, s.cfg.Store.KeyPrefix, opts...)
 	preload(ctx, s.store, s.log)
 	return embedded, nil
+}
+
+// sealingOptions reads the encryption key files and the key derivation
+// secret (mounted Secrets, base64) into the store's options.
+func sealingOptions(st config.Store) ([]claim.Option, error) {
+	var secret []byte
+	if st.KeySecretFile != "" {
+		b, err := readBase64(st.KeySecretFile, 16)
+		if err != nil {
+			return nil, fmt.Errorf("store.key_secret_file: %w", err)
+		}
+		secret = b
+	}
+	if len(st.Encryption.KeyFiles) == 0 {
+		if secret != nil {
+			return []claim.Option{claim.WithKeySecret(secret)}, nil
+		}
+		return nil, nil
+	}
+	var keys [][]byte
+	for i, f := range st.Encryption.KeyFiles {
+		k, err := readBase64(f, claim.KeySize)
+		if err == nil && len(k) != claim.KeySize {
+			err = fmt.Errorf("%s holds %d bytes, want %d (head -c 32 /dev/urandom | base64)", f, len(k), claim.KeySize)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("store.encryption.key_files[%d]: %w", i, err)
+		}
+		keys = append(keys, k)
+	}
+	opt, err := claim.WithSealing(keys, st.Encryption.Required, secret)
+	if err != nil {
+		return nil, fmt.Errorf("store.encryption.key_files: %w", err)
+	}
+	return []claim.Option{opt}, nil
+}
+
+// readBase64 reads a file holding base64 (surrounding space ignored) of at
+// least min bytes.
+func readBase64(path string, min int) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	out, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("%s is not base64: %w", path, err)
+	}
+	if len(out) < min {
+		return nil, fmt.Errorf("%s holds %d bytes, want at least %d", path, len(out), min)
+	}
+	return out, nil
 }
 
 // readSecrets reads the passwords configured as files (mounted Secrets).

@@ -60,8 +60,10 @@ const (
 	// flagTail marks an in-progress record that outlives its lease: the
 	// completed-time slot, unused while in progress, holds its Tail in
 	// milliseconds.
-	flagTail   = 2
-	knownFlags = flagBodyOmitted | flagTail
+	flagTail = 2
+	// flagSealed marks a record whose response part is sealed (seal.go).
+	flagSealed = 4
+	knownFlags = flagBodyOmitted | flagTail | flagSealed
 )
 
 // ErrCorrupt means a stored value could not be decoded: another program
@@ -157,10 +159,16 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// Decode parses a stored value. Any malformed input yields ErrCorrupt,
-// never a panic or a partially filled record.
+// Decode parses a stored value that is not sealed. Any malformed input
+// yields an error matching ErrCorrupt, never a panic or a partially filled
+// record; a sealed value opens only through a Store with its key.
 func Decode(b []byte) (*Record, error) {
-	if len(b) < headerLen || b[offVersion] != version {
+	return (*sealer)(nil).open("", b)
+}
+
+// decode parses an unsealed value.
+func decode(b []byte) (*Record, error) {
+	if len(b) < headerLen || b[offVersion] != version || b[offFlags]&flagSealed != 0 {
 		return nil, ErrCorrupt
 	}
 	r := &Record{

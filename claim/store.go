@@ -12,6 +12,7 @@ package claim
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -38,6 +39,11 @@ type Store struct {
 	prefix string
 	// scriptClaim is set once Redis refused SET NX GET (Redis < 7.0).
 	scriptClaim atomic.Bool
+
+	// seal, when set, seals records and opens sealed ones; keyMAC, when
+	// set, keys the Redis key derivation.
+	seal   *sealer
+	keyMAC []byte
 
 	// waitReplicas > 0 sends WAIT after claims and completions.
 	waitReplicas int
@@ -103,11 +109,47 @@ func WithWait(n int, timeout time.Duration, onShort func(op string)) Option {
 	}
 }
 
+// WithSealing seals every record written with the first of keys (each
+// KeySize bytes) and opens records sealed with any of them; with required,
+// an unsealed record is unreadable. Redis keys are then derived with
+// HMAC-SHA-256 keyed by derivation, or, when it is nil, by a subkey of the
+// first key: rotating that key then moves every key, so a deployment that
+// rotates passes a derivation secret of its own.
+func WithSealing(keys [][]byte, required bool, derivation []byte) (Option, error) {
+	sl, err := newSealer(keys, required)
+	if err != nil {
+		return nil, err
+	}
+	if derivation == nil {
+		derivation = derivationKey(keys[0])
+	}
+	return func(s *Store) { s.seal, s.keyMAC = sl, derivation }, nil
+}
+
+// WithKeySecret derives Redis keys with HMAC-SHA-256 keyed by secret, so
+// that nobody without it can compute where a principal's key lives.
+func WithKeySecret(secret []byte) Option {
+	return func(s *Store) { s.keyMAC = secret }
+}
+
+// encode is rec's stored form under key: sealed when sealing is on.
+func (s *Store) encode(key string, rec *Record) []byte {
+	if s.seal != nil {
+		return s.seal.seal(key, rec)
+	}
+	return rec.Encode()
+}
+
 // Key derives the Redis key for an idempotency key presented by principal
 // on scope. Inputs are length-prefixed before hashing, so no two different
-// triples share bytes, and Redis never holds the raw key or principal.
+// triples share bytes, and Redis never holds the raw key or principal; with
+// a derivation secret the hash is an HMAC, which nobody without the secret
+// can compute.
 func (s *Store) Key(principal, scope, key string) string {
 	h := sha256.New()
+	if s.keyMAC != nil {
+		h = hmac.New(sha256.New, s.keyMAC)
+	}
 	var n [binary.MaxVarintLen64]byte
 	for _, part := range [...]string{principal, scope, key} {
 		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
@@ -139,7 +181,7 @@ type Result struct {
 // progress asks for its PTTL, in a second round trip on that rare path. Redis 6.2 rejects NX with GET; then
 // the claim script does the same, and is used from then on.
 func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.Duration) (Result, error) {
-	value := rec.Encode()
+	value := s.encode(key, rec)
 	lease += rec.Tail // the record outlives its lease by its tail
 	if s.scriptClaim.Load() {
 		return s.claimByScript(ctx, key, rec, value, lease)
@@ -171,7 +213,7 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 	case err != nil:
 		return Result{}, s.unavailable("claim", err)
 	}
-	res, err := s.existing(rec, raw, 0)
+	res, err := s.existing(key, rec, raw, 0)
 	if err != nil || res.Claimed || res.Existing.State != InProgress {
 		return res, err
 	}
@@ -219,12 +261,12 @@ func (s *Store) claimByScript(ctx context.Context, key string, rec *Record, valu
 	}
 	raw, _ := pair[0].(string)
 	ttl, _ := pair[1].(int64)
-	return s.existing(rec, raw, time.Duration(ttl)*time.Millisecond)
+	return s.existing(key, rec, raw, time.Duration(ttl)*time.Millisecond)
 }
 
 // existing interprets the value a claim found under its key.
-func (s *Store) existing(rec *Record, raw string, ttl time.Duration) (Result, error) {
-	found, err := Decode([]byte(raw))
+func (s *Store) existing(key string, rec *Record, raw string, ttl time.Duration) (Result, error) {
+	found, err := s.seal.open(key, []byte(raw))
 	if err != nil {
 		return Result{}, err
 	}
@@ -255,7 +297,7 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, er
 	if err != nil {
 		return nil, 0, s.unavailable("get", err)
 	}
-	rec, err := Decode(raw)
+	rec, err := s.seal.open(key, raw)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -297,7 +339,7 @@ const (
 // kept for retention. It returns ErrLeaseLost, writing nothing, when
 // another owner holds the key.
 func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention time.Duration) (Completion, error) {
-	args := []any{rec.Token[:], rec.Encode(), retention.Milliseconds()}
+	args := []any{rec.Token[:], s.encode(key, rec), retention.Milliseconds()}
 	var n int64
 	var err error
 	if s.waitReplicas > 0 {
@@ -328,7 +370,7 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 // (gone, completed, claimed by another) or the owner renewed its lease
 // after all; the caller then claims again.
 func (s *Store) SettleOrphan(ctx context.Context, key string, orphan *Record, rec *Record, retention time.Duration) error {
-	args := []any{orphan.Token[:], rec.Encode(), retention.Milliseconds(), orphan.Tail.Milliseconds()}
+	args := []any{orphan.Token[:], s.encode(key, rec), retention.Milliseconds(), orphan.Tail.Milliseconds()}
 	var n int64
 	var err error
 	if s.waitReplicas > 0 {

@@ -74,6 +74,10 @@ func TestContract(t *testing.T) {
 		{"ConcurrentClaimsOneWinner", testConcurrentClaims},
 		{"TailOutlivesLease", testTailOutlivesLease},
 		{"SettleOrphanFenced", testSettleOrphanFenced},
+		{"SealedRecords", testSealedRecords},
+		{"KeyRotation", testKeyRotation},
+		{"SecretKeyDerivation", testSecretKeyDerivation},
+		{"SealingRequired", testSealingRequired},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {

@@ -194,6 +194,23 @@ type Store struct {
 	// goes to the key's master.
 	WaitReplicas int           `yaml:"wait_replicas"`
 	WaitTimeout  time.Duration `yaml:"wait_timeout"`
+	// Encryption seals what records hold of the upstream's answers.
+	Encryption Encryption `yaml:"encryption"`
+	// KeySecretFile, when set, holds the secret (base64) that keys the
+	// derivation of Redis keys (HMAC-SHA-256); without it, with encryption
+	// on, a subkey of the first key file is used.
+	KeySecretFile string `yaml:"key_secret_file"`
+}
+
+// Encryption configures sealed records.
+type Encryption struct {
+	// KeyFiles each hold 32 random bytes, base64-encoded. The first seals,
+	// all open: rotate by prepending a new key, and drop the old one once
+	// retention has passed. Empty stores records unsealed.
+	KeyFiles []string `yaml:"key_files"`
+	// Required makes an unsealed record unreadable (500 record-unreadable)
+	// instead of trusted.
+	Required bool `yaml:"required"`
 }
 
 // Redis is the connection to the Redis deployment.
@@ -237,21 +254,32 @@ type Identity struct {
 // Settings are the per-route knobs. defaults: sets them for all routes and
 // each route may override any of them.
 type Settings struct {
-	KeyHeader        string        `yaml:"key_header"`
-	RequireKey       bool          `yaml:"require_key"`
-	Scope            string        `yaml:"scope"`
-	Retention        time.Duration `yaml:"retention"`
-	Lease            time.Duration `yaml:"lease"`
-	Concurrent       string        `yaml:"concurrent"`
-	MaxWait          time.Duration `yaml:"max_wait"`
-	ReleaseOn        []int         `yaml:"release_on"`
-	UnknownOutcome   string        `yaml:"unknown_outcome"`
-	StoreUnavailable string        `yaml:"store_unavailable"`
-	MaxRequestBody   int64         `yaml:"max_request_body"`
-	MaxResponseBody  int64         `yaml:"max_response_body"`
-	Fingerprint      Fingerprint   `yaml:"fingerprint"`
-	Replay           Replay        `yaml:"replay"`
+	KeyHeader        string          `yaml:"key_header"`
+	RequireKey       bool            `yaml:"require_key"`
+	Scope            string          `yaml:"scope"`
+	Retention        time.Duration   `yaml:"retention"`
+	Lease            time.Duration   `yaml:"lease"`
+	Concurrent       string          `yaml:"concurrent"`
+	MaxWait          time.Duration   `yaml:"max_wait"`
+	ReleaseOn        []int           `yaml:"release_on"`
+	UnknownOutcome   string          `yaml:"unknown_outcome"`
+	StoreUnavailable string          `yaml:"store_unavailable"`
+	MaxRequestBody   int64           `yaml:"max_request_body"`
+	MaxResponseBody  int64           `yaml:"max_response_body"`
+	Fingerprint      Fingerprint     `yaml:"fingerprint"`
+	Replay           Replay          `yaml:"replay"`
+	ResponseHeaders  ResponseHeaders `yaml:"response_headers"`
 }
+
+// ResponseHeaders selects which upstream response headers are stored.
+type ResponseHeaders struct {
+	// Exclude are never stored and never replayed; the first client still
+	// gets them. Session cookies belong to the attempt that got them.
+	Exclude []string `yaml:"exclude"`
+}
+
+// DefaultResponseHeadersExclude are the response headers never stored.
+var DefaultResponseHeadersExclude = []string{"Set-Cookie"}
 
 // Replay configures re-authorization before a stored response is revealed.
 type Replay struct {
@@ -329,6 +357,7 @@ func DefaultSettings() Settings {
 		MaxResponseBody:  DefaultMaxResponseBody,
 		Fingerprint:      Fingerprint{Headers: append([]string(nil), DefaultFingerprintHeaders...)},
 		Replay:           Replay{AuthorizeTimeout: DefaultAuthorizeTimeout},
+		ResponseHeaders:  ResponseHeaders{Exclude: slices.Clone(DefaultResponseHeadersExclude)},
 	}
 }
 

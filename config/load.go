@@ -185,6 +185,7 @@ func clone(s Settings) Settings {
 	s.ReleaseOn = slices.Clone(s.ReleaseOn)
 	s.Fingerprint.Headers = slices.Clone(s.Fingerprint.Headers)
 	s.Fingerprint.IgnoreJSONFields = slices.Clone(s.Fingerprint.IgnoreJSONFields)
+	s.ResponseHeaders.Exclude = slices.Clone(s.ResponseHeaders.Exclude)
 	return s
 }
 

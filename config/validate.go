@@ -89,6 +89,14 @@ func (c *Config) validate(failed map[string]bool) error {
 	if !c.Store.Redis.TLS && (c.Store.Redis.TLSCAFile != "" || c.Store.Redis.TLSServerName != "") {
 		add("store.redis.tls", "must be true when store.redis.tls_ca_file or tls_server_name is set")
 	}
+	if c.Store.Encryption.Required && len(c.Store.Encryption.KeyFiles) == 0 {
+		add("store.encryption.required", "needs store.encryption.key_files")
+	}
+	for i, f := range c.Store.Encryption.KeyFiles {
+		if strings.TrimSpace(f) == "" {
+			add(fmt.Sprintf("store.encryption.key_files[%d]", i), "must name a file")
+		}
+	}
 	if c.Store.WaitReplicas < 0 {
 		add("store.wait_replicas", "must not be negative, got %d", c.Store.WaitReplicas)
 	}
@@ -190,6 +198,11 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 			add(path+"replay.authorize_url", "must be an absolute http or https URL, got %q", u)
 		}
 	}
+	for i, h := range s.ResponseHeaders.Exclude {
+		if !validToken(h) {
+			add(fmt.Sprintf("%sresponse_headers.exclude[%d]", path, i), "%q is not a valid header name", h)
+		}
+	}
 	if s.Replay.AuthorizeTimeout <= 0 {
 		add(path+"replay.authorize_timeout", "must be positive, got %s", s.Replay.AuthorizeTimeout)
 	}
@@ -285,6 +298,9 @@ func (c *Config) Warnings() []string {
 		if covers(c.Identity.TrustedProxies, all) && !slices.ContainsFunc(c.Identity.TrustedProxies, func(p netip.Prefix) bool { return p.Bits() == 0 && p.Addr().Is4() == all.Addr().Is4() }) {
 			w = append(w, fmt.Sprintf("identity.trusted_proxies: together the prefixes cover every %s address: any client can send %s and be any principal; list only the auth proxy or mesh in the pod", map[bool]string{true: "IPv4", false: "IPv6"}[all.Addr().Is4()], c.Identity.Header))
 		}
+	}
+	if len(c.Store.Encryption.KeyFiles) > 1 && c.Store.KeySecretFile == "" {
+		w = append(w, "store.encryption.key_files: several keys and no store.key_secret_file: Redis keys are derived from the first key file, so prepending a key moves every key; records stored before are no longer found and their retries execute again; set store.key_secret_file before rotating")
 	}
 	if len(c.Store.Redis.Addrs) == 0 {
 		w = append(w, "store.redis.addrs: empty: the embedded in-memory store is in use: single instance, not durable, no authentication, lost on every restart (a retry after a restart executes again); development only, set store.redis.addrs in production")

@@ -77,6 +77,9 @@ type Route struct {
 	// it, 401/403 refuses it. AuthorizeTimeout bounds the request.
 	AuthorizeURL     *url.URL
 	AuthorizeTimeout time.Duration
+	// ExcludeHeaders are upstream response headers never stored nor
+	// replayed (Set-Cookie); the first client still gets them.
+	ExcludeHeaders []string
 }
 
 // Unknown is what an owner does when the upstream may have acted without

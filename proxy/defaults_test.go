@@ -20,6 +20,7 @@ func testRoute(name, pattern string) Route {
 		MaxResponseBody:    1 << 20,
 		FingerprintHeaders: []string{"Content-Type"},
 		AuthorizeTimeout:   time.Second,
+		ExcludeHeaders:     []string{"Set-Cookie"},
 	}
 }
 

@@ -107,6 +107,8 @@ type setup struct {
 	proxy.Config
 	WaitReplicas int
 	WaitTimeout  time.Duration
+	// StoreOptions are passed to claim.New (sealing, key secret).
+	StoreOptions []claim.Option
 }
 
 // newEnv starts a store, the upstream (app sees every request after the
@@ -160,7 +162,7 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions,
 	}
 	t.Cleanup(func() { client.Close() })
 	e.rdb = client
-	var opts []claim.Option
+	opts := cfg.StoreOptions
 	if cfg.WaitReplicas > 0 {
 		opts = append(opts, claim.WithWait(cfg.WaitReplicas, cfg.WaitTimeout, func(op string) { e.waitShort.Add(1) }))
 	}

@@ -294,6 +294,11 @@ func (x *exchange) storeFailed(op string, err error, body []byte) {
 	}
 	x.h.metrics.storeErrors.WithLabelValues(op).Inc()
 	if errors.Is(err, claim.ErrCorrupt) {
+		reason := claim.ReasonCorrupt
+		if re, ok := errors.AsType[*claim.RecordError](err); ok {
+			reason = re.Reason
+		}
+		x.h.metrics.recordErrors.WithLabelValues(reason).Inc()
 		x.outcome, x.detail = outcomeStoreError, err.Error()
 		x.problem(probRecordCorrupt.with("the record stored for this key is not one idemproxy can read; nothing was forwarded"))
 		return

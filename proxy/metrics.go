@@ -52,7 +52,10 @@ type Metrics struct {
 	unknownOutcomes *prometheus.CounterVec
 	// authorizations counts replay authorizations by result (allowed,
 	// forbidden, unavailable); authorizeSeconds times them.
-	authorizations   *prometheus.CounterVec
+	authorizations *prometheus.CounterVec
+	// recordErrors counts stored records that could not be read, by
+	// reason (corrupt, tampered, unknown_key, unsealed, no_keys).
+	recordErrors     *prometheus.CounterVec
 	authorizeSeconds prometheus.Histogram
 }
 
@@ -105,6 +108,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_late_calls",
 			Help: "Upstream calls running past upstream.timeout now, waiting for a late answer; capped by upstream.max_late_calls.",
 		}),
+		recordErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_record_errors_total",
+			Help: "Stored records that could not be read (never replayed, nothing forwarded), by reason: corrupt, tampered, unknown_key, unsealed, no_keys.",
+		}, []string{"reason"}),
 		authorizations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_replay_authorizations_total",
 			Help: "Replay authorizations (replay.authorize_url) by route and result (allowed, forbidden, unavailable).",
@@ -137,7 +144,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Age of the oldest claim this process owns and has not settled; 0 when none.",
 		}, m.claims.oldest)
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, inFlight, m.renewals, oldest,
-			m.lateAnswers, m.lateCalls, m.unknownOutcomes, m.authorizations, m.authorizeSeconds)
+			m.lateAnswers, m.lateCalls, m.unknownOutcomes, m.authorizations, m.authorizeSeconds, m.recordErrors)
 	}
 	return m
 }

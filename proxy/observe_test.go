@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -160,7 +162,23 @@ func TestOldestInflightClaimAge(t *testing.T) {
 // BenchmarkFirstAttempt is one protected request end to end: client,
 // proxy, real Redis (claim + complete), httptest upstream.
 func BenchmarkFirstAttempt(b *testing.B) {
-	e := newEnv(b, created, nil)
+	b.Run("plain", func(b *testing.B) { benchFirstAttempt(b, nil) })
+	b.Run("sealed", func(b *testing.B) { benchFirstAttempt(b, sealing(b)) })
+}
+
+// sealing is a store option sealing records with a fresh key.
+func sealing(b *testing.B) func(*setup) {
+	key := make([]byte, claim.KeySize)
+	rand.Read(key)
+	opt, err := claim.WithSealing([][]byte{key}, false, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return func(c *setup) { c.StoreOptions = []claim.Option{opt} }
+}
+
+func benchFirstAttempt(b *testing.B, mutate func(*setup)) {
+	e := newEnv(b, created, mutate)
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
@@ -173,7 +191,12 @@ func BenchmarkFirstAttempt(b *testing.B) {
 
 // BenchmarkReplay is one retry answered from Redis end to end.
 func BenchmarkReplay(b *testing.B) {
-	e := newEnv(b, created, nil)
+	b.Run("plain", func(b *testing.B) { benchReplay(b, nil) })
+	b.Run("sealed", func(b *testing.B) { benchReplay(b, sealing(b)) })
+}
+
+func benchReplay(b *testing.B, mutate func(*setup)) {
+	e := newEnv(b, created, mutate)
 	e.do(req{user: "alice", key: "k", body: `{"amount":1}`})
 	b.ReportAllocs()
 	for b.Loop() {

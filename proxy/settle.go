@@ -154,6 +154,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		Status:      resp.StatusCode,
 		Header:      resp.Header.Clone(),
 	}
+	for _, h := range x.rt.settings.ExcludeHeaders {
+		rec.Header.Del(h)
+	}
 	if int64(len(buf)) > limit {
 		rec.BodyOmitted = true
 		resp.Body = readCloser{io.MultiReader(x.lend(buf), resp.Body), resp.Body}
