@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -359,5 +361,94 @@ func TestSealingOptions(t *testing.T) {
 		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
 			t.Errorf("%v: %v, want an error naming %s", tc.files, err, tc.want)
 		}
+	}
+}
+
+// TestStoreFullKeepsRoomForCompletions: once Redis is above
+// store.claim_memory_limit, new claims get 503 store-full and nothing is
+// forwarded, while a request already in flight still stores its answer and
+// is replayed (issue 13: another principal filling Redis must not turn an
+// in-flight payment into a retry that executes again).
+func TestStoreFullKeepsRoomForCompletions(t *testing.T) {
+	srv := redistest.Start(t, "--maxmemory", "8mb", "--maxmemory-policy", "noeviction")
+	release := make(chan struct{})
+	var arrived, calls atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if r.Header.Get("Idempotency-Key") == "inflight" {
+			arrived.Add(1)
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "charged "+r.Header.Get("Idempotency-Key"))
+	}))
+	defer upstream.Close()
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	cfg := lateConfig(srv, upstream.URL)
+	cfg.Upstream.Timeout = 30 * time.Second
+	s, _ := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	type result struct {
+		status int
+		body   string
+	}
+	inflight := make(chan result, 1)
+	go func() {
+		st, b := pay(t, s.clientAddr, "inflight")
+		inflight <- result{st, b}
+	}()
+	poll.Until(t, "the in-flight request reaches the upstream", func() bool { return arrived.Load() == 1 })
+
+	rdb := srv.Client()
+	ctx := context.Background()
+	filler := strings.Repeat("x", 100<<10)
+	for i := 0; ; i++ {
+		info, err := rdb.Info(ctx, "memory").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var used, limit float64
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+				used, _ = strconv.ParseFloat(v, 64)
+			}
+			if v, ok := strings.CutPrefix(line, "maxmemory:"); ok {
+				limit, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		if used/limit >= 0.93 {
+			break
+		}
+		if i > 200 {
+			t.Fatalf("could not fill Redis: %.0f of %.0f bytes", used, limit)
+		}
+		if err := rdb.Set(ctx, fmt.Sprintf("filler:%d", i), filler, 0).Err(); err != nil {
+			t.Fatalf("fill: %v", err)
+		}
+	}
+	n := 0
+	poll.Until(t, "new claims are refused with 503 store-full", func() bool {
+		n++
+		status, body := pay(t, s.clientAddr, fmt.Sprintf("fresh-%d", n))
+		return status == http.StatusServiceUnavailable && strings.Contains(body, "store-full")
+	})
+	before := calls.Load()
+	if status, body := pay(t, s.clientAddr, "fresh-again"); status != http.StatusServiceUnavailable || calls.Load() != before {
+		t.Fatalf("a new claim while full: %d %s, forwarded %d; want 503 store-full and nothing forwarded", status, body, calls.Load()-before)
+	}
+	close(release)
+	if r := <-inflight; r.status != http.StatusCreated || r.body != "charged inflight" {
+		t.Fatalf("the in-flight request: %d %q, want its 201", r.status, r.body)
+	}
+	if status, body := pay(t, s.clientAddr, "inflight"); status != http.StatusCreated || body != "charged inflight" {
+		t.Fatalf("its retry while full: %d %q, want the stored answer replayed", status, body)
+	}
+	if got := arrived.Load(); got != 1 {
+		t.Fatalf("the in-flight request executed %d times, want 1", got)
 	}
 }

@@ -18,6 +18,9 @@ type metrics struct {
 	// last one succeeded.
 	reloads  *prometheus.CounterVec
 	reloadOK prometheus.Gauge
+	// memoryUsed is Redis' used_memory over maxmemory; storeFull is 1
+	// while new claims are refused for store.claim_memory_limit.
+	memoryUsed, storeFull prometheus.Gauge
 }
 
 // newMetrics registers the process, Go runtime and main package collectors
@@ -42,12 +45,20 @@ func newMetrics(waitReplicas bool) *metrics {
 			Help: "1 when the last config reload attempt succeeded (or none was made), 0 when the file on disk is rejected.",
 		}),
 	}
+	m.memoryUsed = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_redis_memory_used_ratio",
+		Help: "Redis used_memory over maxmemory (the fullest master on a Cluster); 0 without a maxmemory.",
+	})
+	m.storeFull = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_store_full",
+		Help: "1 while new claims are refused (503 store-full) because Redis is above store.claim_memory_limit.",
+	})
 	if waitReplicas {
 		m.waitShort.WithLabelValues("claim")
 		m.waitShort.WithLabelValues("complete")
 	}
 	m.reloadOK.Set(1)
-	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK,
+	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

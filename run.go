@@ -137,3 +137,41 @@ func (h leveled) WithAttrs(as []slog.Attr) slog.Handler {
 func (h leveled) WithGroup(name string) slog.Handler {
 	return leveled{next: h.next.WithGroup(name), level: h.level}
 }
+
+// memoryCheckInterval is how often Redis' memory use is read for
+// store.claim_memory_limit: one INFO per master per second.
+const memoryCheckInterval = time.Second
+
+// watchMemory refuses new claims while Redis is above limit of its
+// maxmemory, so that the claims in flight keep room to store their
+// outcome, and keeps the gauges current.
+func watchMemory(ctx context.Context, store *claim.Store, limit float64, logger *slog.Logger, m *metrics) {
+	t := time.NewTicker(memoryCheckInterval)
+	defer t.Stop()
+	full := false
+	for {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		ratio, err := store.MemoryUsage(rctx)
+		cancel()
+		if err == nil {
+			m.memoryUsed.Set(ratio)
+			now := limit > 0 && ratio >= limit
+			store.SetFull(now)
+			switch {
+			case now && !full:
+				m.storeFull.Set(1)
+				logger.Error("REDIS IS NEARLY FULL: new claims are refused (503 store-full) so that requests in flight can store their outcome; free memory or raise maxmemory",
+					"used_ratio", ratio, "claim_memory_limit", limit)
+			case !now && full:
+				m.storeFull.Set(0)
+				logger.Warn("Redis below store.claim_memory_limit again: claims accepted", "used_ratio", ratio)
+			}
+			full = now
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

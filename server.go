@@ -100,6 +100,7 @@ func start(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 		s.metrics.evictionSafe.Set(1) // the embedded store has no memory limit and never evicts
 	} else {
 		go watchEviction(ctx, s.store, s.log, s.metrics.evictionSafe)
+		go watchMemory(ctx, s.store, cfg.Store.ClaimMemoryLimit, s.log, s.metrics)
 	}
 	if path != "" {
 		rl := newReloader(path, cfg, s.handler, s.level, s.log, s.metrics)

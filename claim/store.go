@@ -39,6 +39,8 @@ type Store struct {
 	prefix string
 	// scriptClaim is set once Redis refused SET NX GET (Redis < 7.0).
 	scriptClaim atomic.Bool
+	// full refuses new claims (SetFull).
+	full atomic.Bool
 
 	// seal, when set, seals records and opens sealed ones; keyMAC, when
 	// set, keys the Redis key derivation.
@@ -181,6 +183,9 @@ type Result struct {
 // progress asks for its PTTL, in a second round trip on that rare path. Redis 6.2 rejects NX with GET; then
 // the claim script does the same, and is used from then on.
 func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.Duration) (Result, error) {
+	if s.full.Load() {
+		return s.claimWhenFull(ctx, key, rec, lease+rec.Tail)
+	}
 	value := s.encode(key, rec)
 	lease += rec.Tail // the record outlives its lease by its tail
 	if s.scriptClaim.Load() {

@@ -78,6 +78,7 @@ func TestContract(t *testing.T) {
 		{"KeyRotation", testKeyRotation},
 		{"SecretKeyDerivation", testSecretKeyDerivation},
 		{"SealingRequired", testSealingRequired},
+		{"FullRefusesOnlyNewClaims", testFullRefusesOnlyNewClaims},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
@@ -499,5 +500,36 @@ func testSettleOrphanFenced(t *testing.T, _ redis.UniversalClient, s *claim.Stor
 	}
 	if err := s.SettleOrphan(ctx, key, owner, outcome, time.Hour); !errors.Is(err, claim.ErrLeaseLost) {
 		t.Fatalf("settling a completed record = %v, want ErrLeaseLost", err)
+	}
+}
+
+// While full, a free key is refused (ErrFull) and nothing is written; a key
+// that holds a record is answered from it, and its owner still completes.
+func testFullRefusesOnlyNewClaims(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	owner := newRecord(t)
+	held := s.Key("alice", "route", "held")
+	if res, err := s.Claim(ctx, held, owner, time.Minute); err != nil || !res.Claimed {
+		t.Fatal(res, err)
+	}
+	s.SetFull(true)
+	defer s.SetFull(false)
+	free := s.Key("alice", "route", "free")
+	if res, err := s.Claim(ctx, free, newRecord(t), time.Minute); !errors.Is(err, claim.ErrFull) || res.Claimed {
+		t.Fatalf("claim of a free key while full = %+v, %v; want ErrFull", res, err)
+	}
+	if got, _, _ := s.Get(ctx, free); got != nil {
+		t.Fatal("a refused claim wrote a record")
+	}
+	res, err := s.Claim(ctx, held, newRecord(t), time.Minute)
+	if err != nil || res.Claimed || res.Existing.Token != owner.Token || res.TTL <= 0 {
+		t.Fatalf("claim of a held key while full = %+v, %v; want the owner's record with its lease", res, err)
+	}
+	if _, err := s.Complete(ctx, held, completed(owner, "done"), time.Hour); err != nil {
+		t.Fatalf("completion while full: %v", err)
+	}
+	res, err = s.Claim(ctx, held, newRecord(t), time.Minute)
+	if err != nil || res.Existing == nil || string(res.Existing.Body) != "done" {
+		t.Fatalf("replay while full = %+v, %v", res, err)
 	}
 }

@@ -44,6 +44,7 @@ const (
 	DefaultMaxRequestBody    = 1 << 20
 	DefaultMaxResponseBody   = 1 << 20
 	DefaultAuthorizeTimeout  = time.Second
+	DefaultClaimMemoryLimit  = 0.9
 
 	// MinLease is the shortest lease accepted. A shorter lease would expire
 	// between two renewals on a loaded machine and hand the key to a retry
@@ -194,6 +195,11 @@ type Store struct {
 	// goes to the key's master.
 	WaitReplicas int           `yaml:"wait_replicas"`
 	WaitTimeout  time.Duration `yaml:"wait_timeout"`
+	// ClaimMemoryLimit is the share of Redis' maxmemory above which new
+	// claims are refused (503 store-full) so that claims in flight can
+	// still store their outcome; 0 refuses none. Without a maxmemory it
+	// has no effect.
+	ClaimMemoryLimit float64 `yaml:"claim_memory_limit"`
 	// Encryption seals what records hold of the upstream's answers.
 	Encryption Encryption `yaml:"encryption"`
 	// KeySecretFile, when set, holds the secret (base64) that keys the
@@ -329,7 +335,7 @@ func Default() *Config {
 			URL: DefaultUpstreamURL, Timeout: DefaultUpstreamTimeout,
 			LateAnswerWindow: DefaultLateAnswerWindow, MaxLateCalls: DefaultMaxLateCalls,
 		},
-		Store:    Store{KeyPrefix: DefaultKeyPrefix, WaitTimeout: DefaultWaitTimeout},
+		Store:    Store{KeyPrefix: DefaultKeyPrefix, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
 		Client:   Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
 		Identity: Identity{Header: DefaultIdentityHeader, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
 		Defaults: DefaultSettings(),

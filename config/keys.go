@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -93,6 +94,8 @@ func (d *decoder) decode(src source, k key, path string) {
 		d.ints(src, k.path, path, dst)
 	case *[]netip.Prefix:
 		d.prefixes(src, k.path, path, dst)
+	case *float64:
+		d.percent(src, k.path, path, dst)
 	default:
 		panic(fmt.Sprintf("config: no decoder for %s (%T)", k.path, dst)) // a declaration error, caught by every test
 	}
@@ -114,6 +117,38 @@ func (d *decoder) prefixes(src source, key, path string, dst *[]netip.Prefix) {
 		out = append(out, pfx)
 	}
 	*dst = out
+}
+
+// percent decodes a share written as a percentage ("90%") or a fraction
+// (0.9).
+func (d *decoder) percent(src source, key, path string, dst *float64) {
+	v, ok := src.lookup(key)
+	if !ok || v == nil {
+		return
+	}
+	var f float64
+	var err error
+	switch t := v.(type) {
+	case float64:
+		f = t
+	case int:
+		f = float64(t)
+	case string:
+		s := strings.TrimSpace(t)
+		if p, found := strings.CutSuffix(s, "%"); found {
+			f, err = strconv.ParseFloat(strings.TrimSpace(p), 64)
+			f /= 100
+		} else {
+			f, err = strconv.ParseFloat(s, 64)
+		}
+	default:
+		err = fmt.Errorf("not a number")
+	}
+	if err != nil || f < 0 || f > 1 {
+		d.errorf(path, "must be a percentage like 90%% (or a fraction like 0.9), got %s", describe(v))
+		return
+	}
+	*dst = f
 }
 
 // RestartOnly returns the paths of the keys whose value differs between
@@ -192,6 +227,8 @@ func formatDefault(v reflect.Value) string {
 		return "`[" + strings.Join(s, ", ") + "]`"
 	case []string:
 		return "`[" + strings.Join(slices.Clone(x), ", ") + "]`"
+	case float64:
+		return fmt.Sprintf("`%g%%`", x*100)
 	case []int:
 		return "`" + strings.ReplaceAll(fmt.Sprint(x), " ", ", ") + "`"
 	default:

@@ -292,6 +292,15 @@ func (x *exchange) storeFailed(op string, err error, body []byte) {
 		x.outcome, x.detail = outcomeRejected, "client went away"
 		return
 	}
+	if errors.Is(err, claim.ErrFull) {
+		// Not a store error: Redis keeps its last room for the claims in
+		// flight, whose completions must not be refused.
+		x.outcome, x.detail = outcomeRejected, err.Error()
+		p := probStoreFull.with("the idempotency store is nearly full and keeps its room for requests in flight; nothing was forwarded, retry later")
+		p.retryAfter = time.Second
+		x.problem(p)
+		return
+	}
 	x.h.metrics.storeErrors.WithLabelValues(op).Inc()
 	if errors.Is(err, claim.ErrCorrupt) {
 		reason := claim.ReasonCorrupt

@@ -1,0 +1,102 @@
+package claim
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrFull means Redis is above the claim memory limit: new claims are
+// refused, so that the claims already in flight still find room to store
+// their outcome (a full noeviction Redis refuses every write, completions
+// included, and a completion refused is a retry that executes again).
+var ErrFull = errors.New("claim: store above its claim memory limit")
+
+// SetFull sets whether new claims are refused (ErrFull). Replays, and the
+// completions, renewals and releases of claims in flight, go on.
+func (s *Store) SetFull(full bool) { s.full.Store(full) }
+
+// claimWhenFull answers a claim while the store is full: a key that holds
+// a record is answered from it, as a claim would; a free key is ErrFull.
+func (s *Store) claimWhenFull(ctx context.Context, key string, rec *Record, lease time.Duration) (Result, error) {
+	raw, err := s.client.Get(ctx, key).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return Result{}, fmt.Errorf("claim: %w", ErrFull)
+	case err != nil:
+		return Result{}, s.unavailable("claim", err)
+	}
+	res, err := s.existing(key, rec, raw, 0)
+	if err != nil || res.Claimed || res.Existing.State != InProgress {
+		return res, err
+	}
+	ttl, err := s.client.PTTL(ctx, key).Result()
+	if err != nil {
+		ttl = lease
+	}
+	res.TTL = leaseLeft(res.Existing, max(ttl, time.Millisecond))
+	return res, nil
+}
+
+// MemoryUsage returns how full Redis is: used_memory over maxmemory, the
+// highest over a Cluster's masters; 0 when no maxmemory is set.
+func (s *Store) MemoryUsage(ctx context.Context) (float64, error) {
+	var mu sync.Mutex
+	highest := 0.0
+	read := func(ctx context.Context, c *redis.Client) error {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			return err
+		}
+		ratio := memoryRatio(info)
+		mu.Lock()
+		highest = max(highest, ratio)
+		mu.Unlock()
+		return nil
+	}
+	var err error
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, read)
+	case *redis.Client:
+		err = read(ctx, c)
+	default:
+		var info string
+		if info, err = s.client.Info(ctx, "memory").Result(); err == nil {
+			highest = memoryRatio(info)
+		}
+	}
+	if err != nil {
+		return 0, s.unavailable("info memory", err)
+	}
+	return highest, nil
+}
+
+// memoryRatio reads used_memory / maxmemory from an INFO memory reply.
+func memoryRatio(info string) float64 {
+	var used, limit float64
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "used_memory":
+			used, _ = strconv.ParseFloat(v, 64)
+		case "maxmemory":
+			limit, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if limit <= 0 {
+		return 0
+	}
+	return used / limit
+}
