@@ -33,16 +33,7 @@ func (s *Store) claimWhenFull(ctx context.Context, key string, rec *Record, leas
 	case err != nil:
 		return Result{}, s.unavailable("claim", err)
 	}
-	res, err := s.existing(key, rec, raw, 0)
-	if err != nil || res.Claimed || res.Existing.State != InProgress {
-		return res, err
-	}
-	ttl, err := s.client.PTTL(ctx, key).Result()
-	if err != nil {
-		ttl = lease
-	}
-	res.TTL = leaseLeft(res.Existing, max(ttl, time.Millisecond))
-	return res, nil
+	return s.found(ctx, key, rec, raw, lease)
 }
 
 // MemoryUsage returns how full Redis is: used_memory over maxmemory, the

@@ -218,13 +218,18 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 	case err != nil:
 		return Result{}, s.unavailable("claim", err)
 	}
+	return s.found(ctx, key, rec, raw, lease)
+}
+
+// found interprets the value a claim read under key; for a record in
+// progress it asks the key's PTTL, for Retry-After and to tell an orphaned
+// record. When PTTL fails, the whole lease is an upper bound; when the key
+// has just gone, a retry may come at once.
+func (s *Store) found(ctx context.Context, key string, rec *Record, raw string, lease time.Duration) (Result, error) {
 	res, err := s.existing(key, rec, raw, 0)
 	if err != nil || res.Claimed || res.Existing.State != InProgress {
 		return res, err
 	}
-	// For Retry-After, and to tell an orphaned record: when PTTL fails,
-	// the whole lease is an upper bound; when the key has just gone, a
-	// retry may come at once.
 	ttl, err := s.client.PTTL(ctx, key).Result()
 	if err != nil {
 		ttl = lease
