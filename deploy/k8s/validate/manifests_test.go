@@ -186,8 +186,20 @@ func TestManifests(t *testing.T) {
 		t.Errorf("drain.delay + drain.timeout + 10s = %ds, not below terminationGracePeriodSeconds %d", secs, grace)
 	}
 
+	// Redis requires a password from a Secret that must exist, and the
+	// sidecar seals records with a key from a Secret.
+	for _, c := range append([]corev1.Container{*sidecar}, get[*appsv1.StatefulSet](t, b, "StatefulSet/redis").Spec.Template.Spec.Containers...) {
+		for _, e := range c.Env {
+			if ref := e.ValueFrom; ref != nil && ref.SecretKeyRef != nil && ref.SecretKeyRef.Optional != nil && *ref.SecretKeyRef.Optional {
+				t.Errorf("container %s: env %s comes from an optional Secret: without it Redis would run without a password", c.Name, e.Name)
+			}
+		}
+	}
+	if len(cfg.Store.Encryption.KeyFiles) == 0 || cfg.Store.KeySecretFile == "" {
+		t.Error("the example config does not seal records (store.encryption.key_files, store.key_secret_file)")
+	}
 	redisConf := get[*corev1.ConfigMap](t, b, "ConfigMap/"+generatedName(b, "redis-config"))
-	for _, want := range []string{"maxmemory-policy noeviction", "appendonly yes"} {
+	for _, want := range []string{"maxmemory-policy noeviction", "appendonly yes", "protected-mode yes"} {
 		if !strings.Contains(redisConf.Data["redis.conf"], want) {
 			t.Errorf("redis.conf lacks %q", want)
 		}
