@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"net/url"
+	"runtime/debug"
 	"slices"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -25,11 +27,25 @@ func proxyConfig(cfg *config.Config) (proxy.Config, error) {
 		UpstreamTimeout:    cfg.Upstream.Timeout,
 		LateAnswerWindow:   cfg.Upstream.LateAnswerWindow,
 		MaxLateCalls:       cfg.Upstream.MaxLateCalls,
+		MaxBufferedBytes:   bufferBudget(cfg.Limits.MaxBufferedBytes),
 		IdentityHeader:     cfg.Identity.Header,
 		TrustedProxies:     slices.Clone(cfg.Identity.TrustedProxies),
 		StripFromUntrusted: slices.Clone(cfg.Identity.StripFromUntrusted),
 		Routes:             proxyRoutes(cfg.Routes),
 	}, nil
+}
+
+// bufferBudget is limits.max_buffered_bytes, or when it is zero half of
+// GOMEMLIMIT (the rest is for the runtime, connections and the store
+// client), or no limit when neither is set.
+func bufferBudget(configured int64) int64 {
+	if configured > 0 {
+		return configured
+	}
+	if limit := debug.SetMemoryLimit(-1); limit < math.MaxInt64 {
+		return limit / 2
+	}
+	return 0
 }
 
 // proxyRoutes compiles the routes' YAML settings into typed ones.

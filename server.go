@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
@@ -95,6 +96,13 @@ func start(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 	s.handler, err = proxy.New(pcfg, s.store, proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg), BodyReadTimeout: cfg.Client.BodyTimeout})
 	if err != nil {
 		return nil, err
+	}
+	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idemproxy_buffered_bytes",
+		Help: "Bytes held in request and response body buffers now; limits.max_buffered_bytes bounds it.",
+	}, func() float64 { return float64(s.handler.BufferedBytes()) }))
+	if pcfg.MaxBufferedBytes > 0 {
+		s.log.Info("body buffers bounded", "max_buffered_bytes", pcfg.MaxBufferedBytes)
 	}
 	if embedded {
 		s.metrics.evictionSafe.Set(1) // the embedded store has no memory limit and never evicts

@@ -115,6 +115,7 @@ type Config struct {
 	// only the anomalies. It reloads.
 	LogLevel string   `yaml:"log_level" reload:"true"`
 	Client   Client   `yaml:"client"`
+	Limits   Limits   `yaml:"limits"`
 	Upstream Upstream `yaml:"upstream"`
 	Store    Store    `yaml:"store"`
 	Drain    Drain    `yaml:"drain"`
@@ -122,6 +123,14 @@ type Config struct {
 	// Defaults are inherited by every route.
 	Defaults Settings `yaml:"defaults" reload:"true"`
 	Routes   []Route  `yaml:"-"`
+}
+
+// Limits bound what the process holds.
+type Limits struct {
+	// MaxBufferedBytes bounds the bytes held in request and response body
+	// buffers at once. Zero derives it from GOMEMLIMIT (half of it) when
+	// that is set, and holds without limit otherwise.
+	MaxBufferedBytes int64 `yaml:"max_buffered_bytes"`
 }
 
 // Client bounds how long a client may take to send its request, so that

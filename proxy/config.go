@@ -28,6 +28,10 @@ type Config struct {
 	// StripFromUntrusted are trust-bearing headers (X-Real-Ip, ...)
 	// removed, under every spelling, from untrusted peers' requests.
 	StripFromUntrusted []string
+	// MaxBufferedBytes bounds the bytes held in request and response body
+	// buffers at once; a protected request whose body would exceed it gets
+	// 503 buffers-full before any claim. Zero holds without limit.
+	MaxBufferedBytes int64
 	// Routes are the protected routes. Requests no route matches pass
 	// through unprotected.
 	Routes []Route

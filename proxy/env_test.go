@@ -39,6 +39,8 @@ type env struct {
 	reg      *prometheus.Registry
 	// prefix is the store's key prefix.
 	prefix string
+	// h is the handler under test.
+	h *proxy.Handler
 	// logs holds the proxy's JSON log lines.
 	logs *syncbuf.Buffer
 	// active counts handler calls still running: a client can read its
@@ -181,6 +183,7 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions,
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.h = h
 	e.front = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		e.active.Add(1)
 		defer e.active.Add(-1)

@@ -265,8 +265,15 @@ func (x *exchange) readBody() ([]byte, bool) {
 	// forever; the deadline covers only this read.
 	rc := http.NewResponseController(x.w)
 	_ = rc.SetReadDeadline(time.Now().Add(x.h.bodyTimeout))
-	body, err := readAll(http.MaxBytesReader(x.w, x.r.Body, limit), x.r.ContentLength)
+	body, err := readAll(http.MaxBytesReader(x.w, x.r.Body, limit), x.r.ContentLength, x.h.buffers.take, x.h.buffers.give)
 	x.reqBuf = body
+	if errors.Is(err, errOverBudget) {
+		x.w.Header().Set("Connection", "close")
+		p := probBuffersFull.with("idemproxy holds as many request bytes as limits.max_buffered_bytes allows; nothing was claimed or forwarded, retry later")
+		p.retryAfter = time.Second
+		x.reject(p)
+		return nil, false
+	}
 	if err != nil {
 		// Close after answering: otherwise net/http reads the rest of the
 		// body before writing the answer, and a stalled client never gets

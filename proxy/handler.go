@@ -85,6 +85,8 @@ type Handler struct {
 
 	// lateWindow is upstream.late_answer_window; maxLate caps lateCalls,
 	// the owners' upstream calls running past upstream.timeout now.
+	// buffers bounds the bytes held in body buffers (limits.max_buffered_bytes).
+	buffers budget
 	// authClient asks replay authorizers; it follows no redirects.
 	authClient *http.Client
 
@@ -110,6 +112,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		upstream:        cfg.Upstream,
 		upstreamTimeout: cfg.UpstreamTimeout,
 		lateWindow:      cfg.LateAnswerWindow,
+		buffers:         budget{limit: cfg.MaxBufferedBytes},
 		maxLate:         int64(cfg.MaxLateCalls),
 		log:             opts.Logger,
 		metrics:         opts.Metrics,
@@ -177,6 +180,10 @@ func (h *Handler) Abandon() int {
 	})
 	return n
 }
+
+// BufferedBytes is how many bytes request and response body buffers hold
+// now (limits.max_buffered_bytes bounds it).
+func (h *Handler) BufferedBytes() int64 { return h.buffers.used.Load() }
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"errors"
-	"io"
 	"math/bits"
 	"sync"
 )
@@ -127,22 +126,9 @@ func (x *exchange) giveBack() {
 	}
 	for _, buf := range [...][]byte{x.reqBuf, x.respBuf} {
 		if buf != nil {
+			x.h.buffers.give(cap(buf))
 			putBody(buf)
 		}
 	}
 	x.reqBuf, x.respBuf = nil, nil
-}
-
-// readAll reads r to the end into a pooled buffer sized for the expected
-// length (when known), instead of growing one by doubling: a 1 MiB body
-// costs at most one allocation, not a dozen. The caller returns the buffer
-// with putBody when nothing reads it any more.
-func readAll(r io.Reader, expected int64) ([]byte, error) {
-	size := int64(bytes.MinRead)
-	if expected > 0 {
-		size += expected // room to see EOF without growing
-	}
-	buf := bytes.NewBuffer(getBody(int(size)))
-	_, err := buf.ReadFrom(r)
-	return buf.Bytes(), err
 }

@@ -136,7 +136,8 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	if expected > limit {
 		expected = limit + 1
 	}
-	buf, err := readAll(io.LimitReader(resp.Body, limit+1), expected)
+	force := func(n int) bool { h.buffers.force(n); return true }
+	buf, err := readAll(io.LimitReader(resp.Body, limit+1), expected, force, h.buffers.give)
 	x.respBuf = buf
 	if err != nil {
 		// The upstream answered, so it may have acted, but the body broke

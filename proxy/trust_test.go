@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/internal/poll"
 )
@@ -214,5 +215,49 @@ func TestStalledPassThroughBodyIsCutOff(t *testing.T) {
 	})
 	if n >= 100 {
 		t.Fatalf("the upstream read %d bytes of a body the client stopped sending after 10", n)
+	}
+}
+
+// Issue 13, memory: clients declaring large bodies and trickling them hold
+// only what they sent, and never more than limits.max_buffered_bytes in
+// total; beyond it they get 503 buffers-full before any claim.
+func TestSlowBodiesStayWithinTheBufferBudget(t *testing.T) {
+	const limit = 256 << 10
+	e := newEnv(t, created, func(c *setup) {
+		c.MaxBufferedBytes = limit
+		c.Routes[0].MaxRequestBody = 4 << 20
+	})
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	refused := 0
+	for i := range 12 {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(e.front.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, conn)
+		conn.Write([]byte("POST /payments HTTP/1.1\r\nHost: x\r\nX-Forwarded-User: alice\r\nIdempotency-Key: slow-" + string(rune('a'+i)) +
+			"\r\nContent-Length: 1048576\r\n\r\n0123456789"))
+		if got := e.h.BufferedBytes(); got > limit {
+			t.Fatalf("after %d slow clients the buffers hold %d bytes, over the %d budget", i+1, got, limit)
+		}
+	}
+	for _, conn := range conns {
+		conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		b := make([]byte, 512)
+		if n, _ := conn.Read(b); strings.Contains(string(b[:n]), "buffers-full") {
+			refused++
+		}
+	}
+	if refused == 0 {
+		t.Error("12 clients declaring 1 MiB each within a 256 KiB budget: none was refused")
+	}
+	poll.Until(t, "the stalled bodies time out and their buffers are given back", func() bool { return e.h.BufferedBytes() == 0 })
+	if n := e.ledger.Total(); n != 0 {
+		t.Errorf("%d slow requests reached the upstream", n)
 	}
 }
