@@ -84,6 +84,8 @@ func proxyRoutes(routes []config.Route) []proxy.Route {
 			AuthorizeURL:       authorize,
 			AuthorizeTimeout:   s.Replay.AuthorizeTimeout,
 			ExcludeHeaders:     slices.Clone(s.ResponseHeaders.Exclude),
+			QuotaNewKeys:       int64(s.Quota.NewKeys),
+			QuotaWindow:        s.Quota.Window,
 		})
 	}
 	return out

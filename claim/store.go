@@ -18,6 +18,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"sync/atomic"
 	"time"
 
@@ -152,13 +153,19 @@ func (s *Store) Key(principal, scope, key string) string {
 	if s.keyMAC != nil {
 		h = hmac.New(sha256.New, s.keyMAC)
 	}
+	frameParts(h, principal, scope, key)
+	var sum [sha256.Size]byte
+	return s.prefix + hex.EncodeToString(h.Sum(sum[:0]))
+}
+
+// frameParts writes each part length-prefixed, so that no two different
+// lists of parts write the same bytes.
+func frameParts(h hash.Hash, parts ...string) {
 	var n [binary.MaxVarintLen64]byte
-	for _, part := range [...]string{principal, scope, key} {
+	for _, part := range parts {
 		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
 		h.Write([]byte(part))
 	}
-	var sum [sha256.Size]byte
-	return s.prefix + hex.EncodeToString(h.Sum(sum[:0]))
 }
 
 // Result is the outcome of a Claim.

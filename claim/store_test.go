@@ -79,6 +79,7 @@ func TestContract(t *testing.T) {
 		{"SecretKeyDerivation", testSecretKeyDerivation},
 		{"SealingRequired", testSealingRequired},
 		{"FullRefusesOnlyNewClaims", testFullRefusesOnlyNewClaims},
+		{"Quota", testQuota},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
@@ -531,5 +532,38 @@ func testFullRefusesOnlyNewClaims(t *testing.T, _ redis.UniversalClient, s *clai
 	res, err = s.Claim(ctx, held, newRecord(t), time.Minute)
 	if err != nil || res.Existing == nil || string(res.Existing.Body) != "done" {
 		t.Fatalf("replay while full = %+v, %v", res, err)
+	}
+}
+
+// A quota counts new keys only, shared through Redis, and a claim beyond
+// it is undone.
+func testQuota(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	q := claim.Quota{Key: s.QuotaKey("alice", "route"), Limit: 2, Window: time.Hour}
+	first := newRecord(t)
+	for i, k := range []string{"a", "b"} {
+		rec := newRecord(t)
+		if i == 0 {
+			rec = first
+		}
+		if res, err := s.ClaimCounted(ctx, s.Key("alice", "route", k), rec, time.Minute, q); err != nil || !res.Claimed {
+			t.Fatalf("new key %s: %+v, %v", k, res, err)
+		}
+	}
+	// An existing key is answered from its record and does not count.
+	if res, err := s.ClaimCounted(ctx, s.Key("alice", "route", "a"), newRecord(t), time.Minute, q); err != nil || res.Claimed || res.Existing.Token != first.Token {
+		t.Fatalf("existing key: %+v, %v", res, err)
+	}
+	over := s.Key("alice", "route", "c")
+	_, err := s.ClaimCounted(ctx, over, newRecord(t), time.Minute, q)
+	qe, ok := errors.AsType[*claim.QuotaError](err)
+	if !errors.Is(err, claim.ErrQuota) || !ok || qe.RetryAfter <= 0 || qe.RetryAfter > time.Hour {
+		t.Fatalf("third new key: %v, want a QuotaError with the window's rest", err)
+	}
+	if got, _, _ := s.Get(ctx, over); got != nil {
+		t.Fatal("the claim beyond the quota was not undone")
+	}
+	if res, err := s.ClaimCounted(ctx, s.Key("bob", "route", "c"), newRecord(t), time.Minute, claim.Quota{Key: s.QuotaKey("bob", "route"), Limit: 2, Window: time.Hour}); err != nil || !res.Claimed {
+		t.Fatalf("another principal: %+v, %v", res, err)
 	}
 }

@@ -45,6 +45,7 @@ const (
 	DefaultMaxResponseBody   = 1 << 20
 	DefaultAuthorizeTimeout  = time.Second
 	DefaultClaimMemoryLimit  = 0.9
+	DefaultQuotaWindow       = time.Hour
 
 	// MinLease is the shortest lease accepted. A shorter lease would expire
 	// between two renewals on a loaded machine and hand the key to a retry
@@ -284,6 +285,16 @@ type Settings struct {
 	Fingerprint      Fingerprint     `yaml:"fingerprint"`
 	Replay           Replay          `yaml:"replay"`
 	ResponseHeaders  ResponseHeaders `yaml:"response_headers"`
+	Quota            Quota           `yaml:"quota"`
+}
+
+// Quota bounds how many new keys one principal may claim on a route per
+// window, counted in Redis and shared by every replica.
+type Quota struct {
+	// NewKeys is how many new keys a window allows; 0 counts nothing.
+	NewKeys int `yaml:"new_keys"`
+	// Window starts at a principal's first new key and lasts this long.
+	Window time.Duration `yaml:"window"`
 }
 
 // ResponseHeaders selects which upstream response headers are stored.
@@ -373,6 +384,7 @@ func DefaultSettings() Settings {
 		Fingerprint:      Fingerprint{Headers: append([]string(nil), DefaultFingerprintHeaders...)},
 		Replay:           Replay{AuthorizeTimeout: DefaultAuthorizeTimeout},
 		ResponseHeaders:  ResponseHeaders{Exclude: slices.Clone(DefaultResponseHeadersExclude)},
+		Quota:            Quota{Window: DefaultQuotaWindow},
 	}
 }
 

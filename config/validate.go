@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/idemproxy/idemproxy/internal/jsonpointer"
 )
@@ -205,6 +206,12 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 		if !validToken(h) {
 			add(fmt.Sprintf("%sresponse_headers.exclude[%d]", path, i), "%q is not a valid header name", h)
 		}
+	}
+	if s.Quota.NewKeys < 0 {
+		add(path+"quota.new_keys", "must not be negative, got %d", s.Quota.NewKeys)
+	}
+	if s.Quota.NewKeys > 0 && s.Quota.Window < time.Second {
+		add(path+"quota.window", "must be at least 1s when quota.new_keys is set, got %s", s.Quota.Window)
 	}
 	if s.Replay.AuthorizeTimeout <= 0 {
 		add(path+"replay.authorize_timeout", "must be positive, got %s", s.Replay.AuthorizeTimeout)

@@ -81,6 +81,10 @@ type Route struct {
 	// it, 401/403 refuses it. AuthorizeTimeout bounds the request.
 	AuthorizeURL     *url.URL
 	AuthorizeTimeout time.Duration
+	// QuotaNewKeys, when positive, is how many new keys one principal may
+	// claim on the route per QuotaWindow; beyond, 429 too-many-keys.
+	QuotaNewKeys int64
+	QuotaWindow  time.Duration
 	// ExcludeHeaders are upstream response headers never stored nor
 	// replayed (Set-Cookie); the first client still gets them.
 	ExcludeHeaders []string

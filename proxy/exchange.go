@@ -181,7 +181,12 @@ func (x *exchange) settleOrphan(orphan *claim.Record) error {
 // claim runs the one-round-trip claim-or-read, timed.
 func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
 	defer x.h.observeStore("claim", time.Now())
-	return x.h.store.Claim(x.r.Context(), x.hashedKey, rec, x.rt.settings.Lease)
+	s := &x.rt.settings
+	var q claim.Quota
+	if s.QuotaNewKeys > 0 {
+		q = claim.Quota{Key: x.h.store.QuotaKey(x.principal, x.rt.scope), Limit: s.QuotaNewKeys, Window: s.QuotaWindow}
+	}
+	return x.h.store.ClaimCounted(x.r.Context(), x.hashedKey, rec, s.Lease, q)
 }
 
 // answerExisting answers from a record another attempt wrote.
@@ -297,6 +302,14 @@ func (x *exchange) readBody() ([]byte, bool) {
 func (x *exchange) storeFailed(op string, err error, body []byte) {
 	if errors.Is(err, context.Canceled) && x.r.Context().Err() != nil {
 		x.outcome, x.detail = outcomeRejected, "client went away"
+		return
+	}
+	if qe, ok := errors.AsType[*claim.QuotaError](err); ok {
+		x.outcome, x.detail = outcomeRejected, "new-key quota reached"
+		x.h.metrics.quotaRefusals.WithLabelValues(x.rt.name).Inc()
+		p := probTooManyKeys.with(fmt.Sprintf("this principal has used the %d new idempotency keys this route allows per %s; retries of existing keys still work", x.rt.settings.QuotaNewKeys, x.rt.settings.QuotaWindow))
+		p.retryAfter = qe.RetryAfter
+		x.problem(p)
 		return
 	}
 	if errors.Is(err, claim.ErrFull) {

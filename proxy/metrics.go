@@ -53,6 +53,8 @@ type Metrics struct {
 	// authorizations counts replay authorizations by result (allowed,
 	// forbidden, unavailable); authorizeSeconds times them.
 	authorizations *prometheus.CounterVec
+	// quotaRefusals counts claims refused for quota.new_keys, by route.
+	quotaRefusals *prometheus.CounterVec
 	// recordErrors counts stored records that could not be read, by
 	// reason (corrupt, tampered, unknown_key, unsealed, no_keys).
 	recordErrors     *prometheus.CounterVec
@@ -108,6 +110,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_late_calls",
 			Help: "Upstream calls running past upstream.timeout now, waiting for a late answer; capped by upstream.max_late_calls.",
 		}),
+		quotaRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_quota_refusals_total",
+			Help: "New keys refused with 429 too-many-keys for a route's quota.new_keys, by route.",
+		}, []string{"route"}),
 		recordErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_record_errors_total",
 			Help: "Stored records that could not be read (never replayed, nothing forwarded), by reason: corrupt, tampered, unknown_key, unsealed, no_keys.",
@@ -144,7 +150,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Age of the oldest claim this process owns and has not settled; 0 when none.",
 		}, m.claims.oldest)
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, inFlight, m.renewals, oldest,
-			m.lateAnswers, m.lateCalls, m.unknownOutcomes, m.authorizations, m.authorizeSeconds, m.recordErrors)
+			m.lateAnswers, m.lateCalls, m.unknownOutcomes, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals)
 	}
 	return m
 }

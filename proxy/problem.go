@@ -43,6 +43,7 @@ var (
 	probInProgress            = problem{Type: "request-in-progress", Status: http.StatusConflict, Title: "A request with this idempotency key is in progress"}
 	probNotReplayable         = problem{Type: "response-not-replayable", Status: http.StatusConflict, Title: "The original response was too large to store and cannot be replayed"}
 	probBuffersFull           = problem{Type: "buffers-full", Status: http.StatusServiceUnavailable, Title: "idemproxy holds as many request bytes as it may"}
+	probTooManyKeys           = problem{Type: "too-many-keys", Status: http.StatusTooManyRequests, Title: "Too many new idempotency keys"}
 	probStoreFull             = problem{Type: "store-full", Status: http.StatusServiceUnavailable, Title: "Idempotency store full"}
 	probStoreUnavailable      = problem{Type: "store-unavailable", Status: http.StatusServiceUnavailable, Title: "Idempotency store unavailable"}
 	probRecordCorrupt         = problem{Type: "record-unreadable", Status: http.StatusInternalServerError, Title: "Stored idempotency record could not be read"}

@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/poll"
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // cgiName is the name a CGI-style server (wsgiref, gunicorn before 22,
@@ -259,5 +262,39 @@ func TestSlowBodiesStayWithinTheBufferBudget(t *testing.T) {
 	poll.Until(t, "the stalled bodies time out and their buffers are given back", func() bool { return e.h.BufferedBytes() == 0 })
 	if n := e.ledger.Total(); n != 0 {
 		t.Errorf("%d slow requests reached the upstream", n)
+	}
+}
+
+// Issue 13, fill: with quota.new_keys, one principal cannot turn Redis into
+// its own storage: past N new keys in a window it gets 429 too-many-keys,
+// while its retries and replays, and other principals, go on.
+func TestNewKeyQuota(t *testing.T) {
+	e := newEnv(t, created, func(c *setup) {
+		c.Routes[0].QuotaNewKeys = 3
+		c.Routes[0].QuotaWindow = time.Hour
+	})
+	for i := 1; i <= 3; i++ {
+		if r := e.do(req{user: "alice", key: fmt.Sprint("k", i), body: `{}`}); r.status != http.StatusCreated {
+			t.Fatalf("new key %d: %d", i, r.status)
+		}
+	}
+	r := e.do(req{user: "alice", key: "k4", body: `{}`})
+	if r.status != http.StatusTooManyRequests || !strings.Contains(r.body, "too-many-keys") || r.header.Get("Retry-After") == "" {
+		t.Fatalf("fourth new key: %d %q %s, want 429 too-many-keys with Retry-After", r.status, r.header.Get("Retry-After"), r.body)
+	}
+	for range 3 {
+		if r := e.do(req{user: "alice", key: "k1", body: `{}`}); r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("a retry of an existing key over the quota: %d, want its replay", r.status)
+		}
+	}
+	if r := e.do(req{user: "bob", key: "k1", body: `{}`}); r.status != http.StatusCreated {
+		t.Fatalf("another principal: %d, want 201", r.status)
+	}
+	if n := e.ledger.Total(); n != 4 {
+		t.Fatalf("upstream executed %d times, want 4 (three for alice, one for bob)", n)
+	}
+	noKey, _, _ := e.store.Get(context.Background(), e.store.Key("alice", proxy.KeyScope("pay", false), "k4"))
+	if noKey != nil {
+		t.Fatal("the refused key left a claim behind")
 	}
 }
