@@ -617,3 +617,33 @@ func TestWaiterGivesUpAfterMaxWait(t *testing.T) {
 		t.Fatalf("first attempt: %d", r.status)
 	}
 }
+
+// max_response_body caps the whole stored response, headers included: an
+// answer with a small body and huge headers is passed on whole, stored
+// without them, and a retry gets 409 response-not-replayable, never a
+// second execution.
+func TestOversizedHeadersAreNotStored(t *testing.T) {
+	big := strings.Repeat("h", 2<<10)
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		for i := range 4 {
+			w.Header().Set(fmt.Sprint("X-Big-", i), big)
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"ok":true}`)
+	}, func(c *setup) { c.Routes[0].MaxResponseBody = 4 << 10 })
+	first := e.do(req{user: "alice", key: "k", body: `{}`})
+	if first.status != http.StatusCreated || first.header.Get("X-Big-3") != big || first.body != `{"ok":true}` {
+		t.Fatalf("first attempt: %d, %d-byte header, %q; want the whole answer", first.status, len(first.header.Get("X-Big-3")), first.body)
+	}
+	rec, _, err := e.store.Get(context.Background(), e.store.Key("alice", proxy.KeyScope("pay", false), "k"))
+	if err != nil || rec == nil || !rec.BodyOmitted || len(rec.Header) != 0 || len(rec.Body) != 0 {
+		t.Fatalf("stored record: %+v, %v; want the status only", rec, err)
+	}
+	retry := e.do(req{user: "alice", key: "k", body: `{}`})
+	if retry.status != http.StatusConflict || !strings.Contains(retry.body, "response-not-replayable") {
+		t.Fatalf("retry: %d %s, want 409 response-not-replayable", retry.status, retry.body)
+	}
+	if n := e.ledger.Total(); n != 1 {
+		t.Fatalf("upstream executed %d times, want 1", n)
+	}
+}

@@ -158,16 +158,35 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	for _, h := range x.rt.settings.ExcludeHeaders {
 		rec.Header.Del(h)
 	}
-	if int64(len(buf)) > limit {
-		rec.BodyOmitted = true
+	// max_response_body caps the whole stored response, headers included:
+	// an upstream answering with megabytes of headers cannot fill Redis.
+	switch size := int64(len(buf)) + headerSize(rec.Header); {
+	case int64(len(buf)) > limit:
+		rec.BodyOmitted, rec.Header = true, nil
 		resp.Body = readCloser{io.MultiReader(x.lend(buf), resp.Body), resp.Body}
-	} else {
+	case size > limit:
+		rec.BodyOmitted, rec.Header = true, nil
+		resp.Body.Close()
+		resp.Body = x.lend(buf)
+	default:
 		rec.Body = buf
 		resp.Body.Close()
 		resp.Body = x.lend(buf)
 	}
 	o.settle(func() verdict { return o.complete(rec) })
 	return nil
+}
+
+// headerSize is what h takes in a stored record, about.
+func headerSize(h http.Header) int64 {
+	n := 0
+	for k, vs := range h {
+		n += len(k) + 2
+		for _, v := range vs {
+			n += len(v) + 2
+		}
+	}
+	return int64(n)
 }
 
 // errorHandler answers when the upstream gave no usable response. For a
