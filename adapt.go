@@ -28,6 +28,7 @@ func proxyConfig(cfg *config.Config) (proxy.Config, error) {
 		LateAnswerWindow:   cfg.Upstream.LateAnswerWindow,
 		MaxLateCalls:       cfg.Upstream.MaxLateCalls,
 		MaxBufferedBytes:   bufferBudget(cfg.Limits.MaxBufferedBytes),
+		PrincipalShare:     int64(cfg.Limits.PrincipalShare * float64(bufferBudget(cfg.Limits.MaxBufferedBytes))),
 		IdentityHeader:     cfg.Identity.Header,
 		TrustedProxies:     slices.Clone(cfg.Identity.TrustedProxies),
 		StripFromUntrusted: slices.Clone(cfg.Identity.StripFromUntrusted),

@@ -46,6 +46,7 @@ const (
 	DefaultAuthorizeTimeout  = time.Second
 	DefaultClaimMemoryLimit  = 0.9
 	DefaultQuotaWindow       = time.Hour
+	DefaultPrincipalShare    = 0.25
 
 	// MinLease is the shortest lease accepted. A shorter lease would expire
 	// between two renewals on a loaded machine and hand the key to a retry
@@ -132,6 +133,9 @@ type Limits struct {
 	// buffers at once. Zero derives it from GOMEMLIMIT (half of it) when
 	// that is set, and holds without limit otherwise.
 	MaxBufferedBytes int64 `yaml:"max_buffered_bytes"`
+	// PrincipalShare is the most of MaxBufferedBytes one principal's
+	// requests may hold at once; 0 gives no share of its own.
+	PrincipalShare float64 `yaml:"principal_share"`
 }
 
 // Client bounds how long a client may take to send its request, so that
@@ -357,6 +361,7 @@ func Default() *Config {
 		},
 		Store:    Store{KeyPrefix: DefaultKeyPrefix, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
 		Client:   Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
+		Limits:   Limits{PrincipalShare: DefaultPrincipalShare},
 		Identity: Identity{Header: DefaultIdentityHeader, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
 		Defaults: DefaultSettings(),
 	}

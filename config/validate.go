@@ -90,6 +90,9 @@ func (c *Config) validate(failed map[string]bool) error {
 	if !c.Store.Redis.TLS && (c.Store.Redis.TLSCAFile != "" || c.Store.Redis.TLSServerName != "") {
 		add("store.redis.tls", "must be true when store.redis.tls_ca_file or tls_server_name is set")
 	}
+	if c.Limits.PrincipalShare < 0 || c.Limits.PrincipalShare > 1 {
+		add("limits.principal_share", "must be between 0%% and 100%%, got %g%%", c.Limits.PrincipalShare*100)
+	}
 	if c.Store.ClaimMemoryLimit < 0 || c.Store.ClaimMemoryLimit > 1 {
 		add("store.claim_memory_limit", "must be between 0%% and 100%%, got %g%%", c.Store.ClaimMemoryLimit*100)
 	}

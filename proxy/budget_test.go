@@ -11,7 +11,7 @@ import (
 // of exactly its declared length stays in that length's size class.
 func TestReadAllGrowsAsBytesArrive(t *testing.T) {
 	var held, most int
-	reserve := func(n int) bool { held += n; most = max(most, held); return true }
+	reserve := func(n int) error { held += n; most = max(most, held); return nil }
 	release := func(n int) { held -= n }
 
 	body := strings.Repeat("x", 1<<20)
@@ -35,7 +35,7 @@ func TestReadAllGrowsAsBytesArrive(t *testing.T) {
 	}
 	putBody(buf)
 
-	refuse := func(n int) bool { return false }
+	refuse := func(n int) error { return errOverBudget }
 	if _, err := readAll(strings.NewReader("abc"), 3, refuse, release); !errors.Is(err, errOverBudget) {
 		t.Fatalf("over budget: %v, want errOverBudget", err)
 	}

@@ -32,6 +32,10 @@ type Config struct {
 	// buffers at once; a protected request whose body would exceed it gets
 	// 503 buffers-full before any claim. Zero holds without limit.
 	MaxBufferedBytes int64
+	// PrincipalShare is the most of MaxBufferedBytes one principal's
+	// requests may hold at once; beyond, 429 too-many-bytes. Zero: no
+	// share of its own.
+	PrincipalShare int64
 	// Routes are the protected routes. Requests no route matches pass
 	// through unprotected.
 	Routes []Route

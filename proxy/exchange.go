@@ -270,11 +270,16 @@ func (x *exchange) readBody() ([]byte, bool) {
 	// forever; the deadline covers only this read.
 	rc := http.NewResponseController(x.w)
 	_ = rc.SetReadDeadline(time.Now().Add(x.h.bodyTimeout))
-	body, err := readAll(http.MaxBytesReader(x.w, x.r.Body, limit), x.r.ContentLength, x.h.buffers.take, x.h.buffers.give)
+	take := func(n int) error { return x.h.buffers.take(x.principal, n) }
+	give := func(n int) { x.h.buffers.give(x.principal, n) }
+	body, err := readAll(http.MaxBytesReader(x.w, x.r.Body, limit), x.r.ContentLength, take, give)
 	x.reqBuf = body
-	if errors.Is(err, errOverBudget) {
+	if errors.Is(err, errOverBudget) || errors.Is(err, errOverShare) {
 		x.w.Header().Set("Connection", "close")
 		p := probBuffersFull.with("idemproxy holds as many request bytes as limits.max_buffered_bytes allows; nothing was claimed or forwarded, retry later")
+		if errors.Is(err, errOverShare) {
+			p = probTooManyBytes.with("this principal's requests in flight hold their whole share of limits.max_buffered_bytes; nothing was claimed or forwarded, retry later")
+		}
 		p.retryAfter = time.Second
 		x.reject(p)
 		return nil, false

@@ -113,7 +113,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		upstream:        cfg.Upstream,
 		upstreamTimeout: cfg.UpstreamTimeout,
 		lateWindow:      cfg.LateAnswerWindow,
-		buffers:         budget{limit: cfg.MaxBufferedBytes},
+		buffers:         budget{limit: cfg.MaxBufferedBytes, share: cfg.PrincipalShare},
 		maxLate:         int64(cfg.MaxLateCalls),
 		log:             opts.Logger,
 		metrics:         opts.Metrics,

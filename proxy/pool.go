@@ -126,7 +126,7 @@ func (x *exchange) giveBack() {
 	}
 	for _, buf := range [...][]byte{x.reqBuf, x.respBuf} {
 		if buf != nil {
-			x.h.buffers.give(cap(buf))
+			x.h.buffers.give(x.principal, cap(buf))
 			putBody(buf)
 		}
 	}

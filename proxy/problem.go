@@ -44,6 +44,7 @@ var (
 	probNotReplayable         = problem{Type: "response-not-replayable", Status: http.StatusConflict, Title: "The original response was too large to store and cannot be replayed"}
 	probBuffersFull           = problem{Type: "buffers-full", Status: http.StatusServiceUnavailable, Title: "idemproxy holds as many request bytes as it may"}
 	probTooManyKeys           = problem{Type: "too-many-keys", Status: http.StatusTooManyRequests, Title: "Too many new idempotency keys"}
+	probTooManyBytes          = problem{Type: "too-many-bytes", Status: http.StatusTooManyRequests, Title: "This principal holds its whole share of request buffers"}
 	probStoreFull             = problem{Type: "store-full", Status: http.StatusServiceUnavailable, Title: "Idempotency store full"}
 	probStoreUnavailable      = problem{Type: "store-unavailable", Status: http.StatusServiceUnavailable, Title: "Idempotency store unavailable"}
 	probRecordCorrupt         = problem{Type: "record-unreadable", Status: http.StatusInternalServerError, Title: "Stored idempotency record could not be read"}

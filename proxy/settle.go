@@ -136,8 +136,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	if expected > limit {
 		expected = limit + 1
 	}
-	force := func(n int) bool { h.buffers.force(n); return true }
-	buf, err := readAll(io.LimitReader(resp.Body, limit+1), expected, force, h.buffers.give)
+	force := func(n int) error { h.buffers.force(x.principal, n); return nil }
+	give := func(n int) { h.buffers.give(x.principal, n) }
+	buf, err := readAll(io.LimitReader(resp.Body, limit+1), expected, force, give)
 	x.respBuf = buf
 	if err != nil {
 		// The upstream answered, so it may have acted, but the body broke

@@ -298,3 +298,47 @@ func TestNewKeyQuota(t *testing.T) {
 		t.Fatal("the refused key left a claim behind")
 	}
 }
+
+// One principal cannot take the whole buffer budget from the others: past
+// its share it gets 429 too-many-bytes while another principal still gets
+// in.
+func TestPrincipalShareOfTheBufferBudget(t *testing.T) {
+	e := newEnv(t, created, func(c *setup) {
+		c.MaxBufferedBytes = 512 << 10
+		c.PrincipalShare = 128 << 10
+		c.Routes[0].MaxRequestBody = 4 << 20
+	})
+	slow := func(user, key string) net.Conn {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(e.front.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Write([]byte("POST /payments HTTP/1.1\r\nHost: x\r\nX-Forwarded-User: " + user + "\r\nIdempotency-Key: " + key +
+			"\r\nContent-Length: 1048576\r\n\r\n0123456789"))
+		return conn
+	}
+	answer := func(conn net.Conn) string {
+		conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		b := make([]byte, 512)
+		n, _ := conn.Read(b)
+		return string(b[:n])
+	}
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range 2 { // 2 x 64 KiB: alice's whole share
+		conns = append(conns, slow("alice", fmt.Sprint("a", i)))
+	}
+	poll.Until(t, "alice's two bodies are held", func() bool { return e.h.BufferedBytes() == 128<<10 })
+	third := slow("alice", "a2")
+	conns = append(conns, third)
+	if got := answer(third); !strings.Contains(got, "429") || !strings.Contains(got, "too-many-bytes") {
+		t.Fatalf("alice's third slow body: %q, want 429 too-many-bytes", got)
+	}
+	bob := slow("bob", "b0")
+	conns = append(conns, bob)
+	poll.Until(t, "bob's body is held too", func() bool { return e.h.BufferedBytes() == 192<<10 })
+}
