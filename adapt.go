@@ -28,6 +28,8 @@ func proxyConfig(cfg *config.Config) (proxy.Config, error) {
 		LateAnswerWindow:   cfg.Upstream.LateAnswerWindow,
 		MaxLateCalls:       cfg.Upstream.MaxLateCalls,
 		MaxBufferedBytes:   bufferBudget(cfg.Limits.MaxBufferedBytes),
+		ProblemTypeBase:    cfg.Problems.TypeBaseURL,
+		ProblemDocsURL:     cfg.Problems.DocsURL,
 		PrincipalShare:     int64(cfg.Limits.PrincipalShare * float64(bufferBudget(cfg.Limits.MaxBufferedBytes))),
 		IdentityHeader:     cfg.Identity.Header,
 		TrustedProxies:     slices.Clone(cfg.Identity.TrustedProxies),
@@ -86,6 +88,7 @@ func proxyRoutes(routes []config.Route) []proxy.Route {
 			AuthorizeTimeout:   s.Replay.AuthorizeTimeout,
 			ExcludeHeaders:     slices.Clone(s.ResponseHeaders.Exclude),
 			QuotaNewKeys:       int64(s.Quota.NewKeys),
+			AdvertiseRetention: s.AdvertiseRetention,
 			QuotaWindow:        s.Quota.Window,
 		})
 	}

@@ -48,6 +48,8 @@ type server struct {
 	// listeners are bound.
 	client, admin         *http.Server
 	clientAddr, adminAddr string
+	// adminToken, when set, enables the key API on the admin port.
+	adminToken []byte
 	// pprofAddr is where pprof listens; empty when it does not.
 	pprofAddr string
 	// errc receives the first listener that stops serving.
@@ -113,6 +115,15 @@ func start(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 	if path != "" {
 		rl := newReloader(path, cfg, s.handler, s.level, s.log, s.metrics)
 		go rl.run(ctx)
+	}
+	if cfg.Admin.TokenFile != "" {
+		b, err := os.ReadFile(cfg.Admin.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("admin.token_file: %w", err)
+		}
+		if s.adminToken = []byte(strings.TrimSpace(string(b))); len(s.adminToken) < 16 {
+			return nil, fmt.Errorf("admin.token_file: %s holds %d characters, want at least 16", cfg.Admin.TokenFile, len(s.adminToken))
+		}
 	}
 	if err := s.listen(); err != nil {
 		return nil, err
@@ -247,6 +258,9 @@ func pprofMux() *http.ServeMux {
 func (s *server) adminMux() *http.ServeMux {
 	admin := http.NewServeMux()
 	admin.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
+	if s.adminToken != nil {
+		admin.Handle("/v1/keys", keysAPI{s: s, token: s.adminToken})
+	}
 	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	admin.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if s.draining.Load() {

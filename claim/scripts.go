@@ -91,4 +91,18 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 `)
 
-var scripts = []*redis.Script{claimScript, renewScript, completeScript, releaseScript, orphanScript}
+var scripts = []*redis.Script{claimScript, renewScript, completeScript, releaseScript, orphanScript, forgetScript}
+
+// forgetScript deletes the key only while its record is in the given state,
+// so that an operator clearing a stuck claim never deletes an answer that
+// was stored a moment before, nor the reverse.
+//
+// KEYS[1] key; ARGV[1] state byte (1 in progress, 2 completed).
+// Returns 1 deleted, 0 gone, -1 in another state or not a record of ours.
+var forgetScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+if string.byte(cur, 1) ~= 1 or string.byte(cur, 2) ~= tonumber(ARGV[1]) then return -1 end
+redis.call('DEL', KEYS[1])
+return 1
+`)

@@ -444,6 +444,25 @@ func (s *Store) Release(ctx context.Context, key string, token Token) error {
 	return nil
 }
 
+// ErrStateChanged means Forget found the key in another state than the
+// caller said, and left it alone.
+var ErrStateChanged = errors.New("claim: the record is not in the state given")
+
+// Forget deletes the record under key, only while it is in state: an
+// operator releases a stuck claim (InProgress) or forgets a stored answer
+// (Completed), never the other by mistake. A key that is gone is not an
+// error; one in another state is ErrStateChanged.
+func (s *Store) Forget(ctx context.Context, key string, state State) error {
+	n, err := forgetScript.Run(ctx, s.client, []string{key}, int(state)).Int64()
+	if err != nil {
+		return s.unavailable("forget", err)
+	}
+	if n < 0 {
+		return fmt.Errorf("forget: %w", ErrStateChanged)
+	}
+	return nil
+}
+
 // Ping reports whether Redis answers.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.client.Ping(ctx).Err(); err != nil {

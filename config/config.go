@@ -118,6 +118,8 @@ type Config struct {
 	LogLevel string   `yaml:"log_level" reload:"true"`
 	Client   Client   `yaml:"client"`
 	Limits   Limits   `yaml:"limits"`
+	Problems Problems `yaml:"problems"`
+	Admin    Admin    `yaml:"admin"`
 	Upstream Upstream `yaml:"upstream"`
 	Store    Store    `yaml:"store"`
 	Drain    Drain    `yaml:"drain"`
@@ -125,6 +127,23 @@ type Config struct {
 	// Defaults are inherited by every route.
 	Defaults Settings `yaml:"defaults" reload:"true"`
 	Routes   []Route  `yaml:"-"`
+}
+
+// Admin configures the admin port's key API.
+type Admin struct {
+	// TokenFile, when set, enables /v1/keys on the admin port, for
+	// requests bearing the token it holds (at least 16 characters).
+	TokenFile string `yaml:"token_file"`
+}
+
+// Problems configures the problem+json answers.
+type Problems struct {
+	// TypeBaseURL starts every problem type, e.g. a documentation site
+	// with a page per type; empty uses urn:idemproxy:problem:.
+	TypeBaseURL string `yaml:"type_base_url"`
+	// DocsURL, when set, is linked from every 400, 409 and 422 answer as
+	// Link: <...>; rel="describedby".
+	DocsURL string `yaml:"docs_url"`
 }
 
 // Limits bound what the process holds.
@@ -290,6 +309,9 @@ type Settings struct {
 	Replay           Replay          `yaml:"replay"`
 	ResponseHeaders  ResponseHeaders `yaml:"response_headers"`
 	Quota            Quota           `yaml:"quota"`
+	// AdvertiseRetention sets Idempotency-Retention (seconds; not a
+	// standard header) on stored answers and replays.
+	AdvertiseRetention bool `yaml:"advertise_retention"`
 }
 
 // Quota bounds how many new keys one principal may claim on a route per

@@ -90,6 +90,11 @@ func (c *Config) validate(failed map[string]bool) error {
 	if !c.Store.Redis.TLS && (c.Store.Redis.TLSCAFile != "" || c.Store.Redis.TLSServerName != "") {
 		add("store.redis.tls", "must be true when store.redis.tls_ca_file or tls_server_name is set")
 	}
+	for key, v := range map[string]string{"problems.type_base_url": c.Problems.TypeBaseURL, "problems.docs_url": c.Problems.DocsURL} {
+		if u, err := url.Parse(v); v != "" && (err != nil || u.Scheme == "" || (u.Scheme != "urn" && u.Host == "")) {
+			add(key, "must be an absolute URL (https://...) or a URN, got %q", v)
+		}
+	}
 	if c.Limits.PrincipalShare < 0 || c.Limits.PrincipalShare > 1 {
 		add("limits.principal_share", "must be between 0%% and 100%%, got %g%%", c.Limits.PrincipalShare*100)
 	}

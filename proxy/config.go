@@ -36,6 +36,13 @@ type Config struct {
 	// requests may hold at once; beyond, 429 too-many-bytes. Zero: no
 	// share of its own.
 	PrincipalShare int64
+	// ProblemTypeBase starts every problem's type: a documentation URL
+	// whose pages are named after the types, or "" for the URN
+	// ProblemTypePrefix.
+	ProblemTypeBase string
+	// ProblemDocsURL, when set, is linked from every 400, 409 and 422 as
+	// Link: <...>; rel="describedby" (the IETF draft asks for it).
+	ProblemDocsURL string
 	// Routes are the protected routes. Requests no route matches pass
 	// through unprotected.
 	Routes []Route
@@ -89,6 +96,9 @@ type Route struct {
 	// claim on the route per QuotaWindow; beyond, 429 too-many-keys.
 	QuotaNewKeys int64
 	QuotaWindow  time.Duration
+	// AdvertiseRetention sets Idempotency-Retention (seconds, not a
+	// standard header) on stored answers and replays.
+	AdvertiseRetention bool
 	// ExcludeHeaders are upstream response headers never stored nor
 	// replayed (Set-Cookie); the first client still gets them.
 	ExcludeHeaders []string

@@ -158,7 +158,7 @@ const maxOrphanSettles = 3
 // executed, so this attempt must not. It returns ErrLeaseLost, having
 // answered nothing, when the key changed first.
 func (x *exchange) settleOrphan(orphan *claim.Record) error {
-	rec := outcomeUnknownRecord(orphan, claim.Token{}, time.Now(), true)
+	rec := x.h.outcomeUnknownRecord(orphan, claim.Token{}, time.Now(), true)
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
 	ctx, cancel := settleCtx()
 	defer cancel()
@@ -227,6 +227,9 @@ func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
 	}
 	if replayed {
 		h.Set(ReplayedHeader, "true")
+		if x.rt.settings.AdvertiseRetention {
+			h.Set(RetentionHeader, retentionSeconds(x.rt.settings.Retention))
+		}
 	}
 	x.w.WriteHeader(rec.Status)
 	_, _ = x.w.Write(rec.Body)
@@ -375,7 +378,7 @@ func (x *exchange) problem(p problem) {
 		x.detail = p.Detail
 	}
 	x.status = p.Status
-	writeProblem(x.w, p, x.requestID)
+	x.h.writeProblem(x.w, p, x.requestID)
 }
 
 // finish counts and logs the request once.

@@ -4,6 +4,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -37,6 +38,10 @@ var _ Store = (*claim.Store)(nil)
 const (
 	// ReplayedHeader marks a response replayed from the store.
 	ReplayedHeader = "Idempotent-Replayed"
+	// RetentionHeader advertises, in seconds, how long a route replays a
+	// settled answer (defaults.advertise_retention). Not a standard
+	// header: the IETF draft leaves how to publish the expiry policy open.
+	RetentionHeader = "Idempotency-Retention"
 	// RequestIDHeader is passed through, or generated when absent, and
 	// forwarded to the upstream.
 	RequestIDHeader = "X-Request-Id"
@@ -86,6 +91,9 @@ type Handler struct {
 
 	// lateWindow is upstream.late_answer_window; maxLate caps lateCalls,
 	// the owners' upstream calls running past upstream.timeout now.
+	// problemBase starts problem types; docsLink, when set, is the Link
+	// header value of 400, 409 and 422 answers.
+	problemBase, docsLink string
 	// buffers bounds the bytes held in body buffers (limits.max_buffered_bytes).
 	buffers budget
 	// authClient asks replay authorizers; it follows no redirects.
@@ -113,6 +121,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		upstream:        cfg.Upstream,
 		upstreamTimeout: cfg.UpstreamTimeout,
 		lateWindow:      cfg.LateAnswerWindow,
+		problemBase:     cmp.Or(cfg.ProblemTypeBase, ProblemTypePrefix),
 		buffers:         budget{limit: cfg.MaxBufferedBytes, share: cfg.PrincipalShare},
 		maxLate:         int64(cfg.MaxLateCalls),
 		log:             opts.Logger,
@@ -122,6 +131,9 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	}
 	if h.bodyTimeout <= 0 {
 		h.bodyTimeout = DefaultBodyReadTimeout
+	}
+	if cfg.ProblemDocsURL != "" {
+		h.docsLink = "<" + cfg.ProblemDocsURL + `>; rel="describedby"`
 	}
 	h.routes.Store(routes)
 	if h.log == nil {
@@ -201,7 +213,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rt, path := h.routes.Load().match(r)
 	if rt == nil {
 		if refused.Status != 0 {
-			writeProblem(w, refused, r.Header.Get(RequestIDHeader))
+			h.writeProblem(w, refused, r.Header.Get(RequestIDHeader))
 			return
 		}
 		h.passThrough(w, r, trusted)

@@ -131,7 +131,7 @@ func (o *owner) clientTimedOut() {
 		o.late.Store(true) // under the gate's lock: seal sees it
 		h.metrics.lateCalls.Inc()
 		w.Header().Set("Connection", "close") // this handler stays busy
-		writeProblem(w, p, x.requestID)
+		h.writeProblem(w, p, x.requestID)
 	})
 	if !answered { // the answer is already on its way
 		h.lateCalls.Add(-1)

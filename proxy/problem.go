@@ -67,9 +67,14 @@ func (p problem) with(detail string) problem {
 
 // writeProblem is the proxy's one error path: every error response goes
 // out through here.
-func writeProblem(w http.ResponseWriter, p problem, requestID string) {
-	body := problemBody(p, requestID)
+func (hd *Handler) writeProblem(w http.ResponseWriter, p problem, requestID string) {
+	body := hd.problemBody(p, requestID)
 	h := w.Header()
+	if hd.docsLink != "" && (p.Status == http.StatusBadRequest || p.Status == http.StatusConflict || p.Status == http.StatusUnprocessableEntity) {
+		// The IETF draft: a 400, 409 or 422 links to the documentation of
+		// the idempotency key's rules.
+		h.Set("Link", hd.docsLink)
+	}
 	h.Set("Content-Type", problemContentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("Cache-Control", "no-store")
@@ -81,9 +86,9 @@ func writeProblem(w http.ResponseWriter, p problem, requestID string) {
 }
 
 // problemBody is p's JSON form, with its full type URI and requestID.
-func problemBody(p problem, requestID string) []byte {
+func (hd *Handler) problemBody(p problem, requestID string) []byte {
 	p.RequestID = requestID
-	p.Type = ProblemTypePrefix + p.Type
+	p.Type = hd.problemBase + p.Type
 	body, _ := json.Marshal(p) // a struct of strings and ints always marshals
 	return append(body, '\n')
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -159,6 +160,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	for _, h := range x.rt.settings.ExcludeHeaders {
 		rec.Header.Del(h)
 	}
+	if x.rt.settings.AdvertiseRetention {
+		resp.Header.Set(RetentionHeader, retentionSeconds(x.rt.settings.Retention))
+	}
 	// max_response_body caps the whole stored response, headers included:
 	// an upstream answering with megabytes of headers cannot fill Redis.
 	switch size := int64(len(buf)) + headerSize(rec.Header); {
@@ -176,6 +180,11 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	}
 	o.settle(func() verdict { return o.complete(rec) })
 	return nil
+}
+
+// retentionSeconds is d in whole seconds, for RetentionHeader.
+func retentionSeconds(d time.Duration) string {
+	return strconv.FormatInt(int64(d/time.Second), 10)
 }
 
 // headerSize is what h takes in a stored record, about.
@@ -216,7 +225,7 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy.String()).Inc()
 	switch policy {
 	case Fail:
-		rec := outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout)
+		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout)
 		o.settle(func() verdict {
 			v := o.complete(rec)
 			if v.outcome == outcomeStored {
@@ -242,13 +251,13 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 // request may or may not have been executed (unknown_outcome: fail): a
 // 502 outcome-unknown problem, replayed to every retry, so nothing
 // executes again. orig is the claim it settles, token the writer's.
-func outcomeUnknownRecord(orig *claim.Record, token claim.Token, now time.Time, timeout bool) *claim.Record {
+func (h *Handler) outcomeUnknownRecord(orig *claim.Record, token claim.Token, now time.Time, timeout bool) *claim.Record {
 	what := "the connection to the upstream broke after the request was sent"
 	if timeout {
 		what = "the upstream did not answer in time"
 	}
 	p := probOutcomeUnknown.with(what + "; it may have acted on the request. It will not be executed again with this idempotency key: check the state of the resource, and to try again send a new key")
-	body := problemBody(p, orig.RequestID)
+	body := h.problemBody(p, orig.RequestID)
 	return &claim.Record{
 		State:       claim.Completed,
 		Token:       token,

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// keyInfo is what GET /v1/keys answers about one idempotency key: never
+// the raw key or principal (the caller sent them), and the stored body
+// only when asked for.
+type keyInfo struct {
+	// RedisKey is the hashed key, as the logs name it.
+	RedisKey    string     `json:"redis_key"`
+	State       string     `json:"state"` // absent, in_progress, completed
+	Created     *time.Time `json:"created,omitempty"`
+	Completed   *time.Time `json:"completed,omitempty"`
+	Status      int        `json:"status,omitempty"`
+	Fingerprint string     `json:"fingerprint,omitempty"`
+	RequestID   string     `json:"original_request_id,omitempty"`
+	// LeftSeconds is what is left of the lease (in progress) or of the
+	// retention (completed).
+	LeftSeconds float64 `json:"left_seconds,omitempty"`
+	Orphaned    bool    `json:"orphaned,omitempty"`
+	BodyOmitted bool    `json:"body_omitted,omitempty"`
+	Body        *string `json:"body,omitempty"`
+}
+
+// keysAPI serves /v1/keys on the admin port: look a key up, or clear it,
+// for an operator answering "my retry keeps getting 409". Every call needs
+// the bearer token and is logged as an audit line.
+type keysAPI struct {
+	s     *server
+	token []byte
+}
+
+func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), a.token) != 1 {
+		a.s.log.Warn("admin key API: refused, bad or missing token", "method", r.Method, "remote", r.RemoteAddr)
+		http.Error(w, "a bearer token (admin.token_file) is required", http.StatusUnauthorized)
+		return
+	}
+	q := r.URL.Query()
+	routeName, principal, key := q.Get("route"), q.Get("principal"), q.Get("key")
+	var rt *config.Route
+	for i := range a.s.cfg.Routes {
+		if a.s.cfg.Routes[i].Name == routeName {
+			rt = &a.s.cfg.Routes[i]
+		}
+	}
+	if rt == nil || principal == "" || key == "" {
+		http.Error(w, "route (a configured route's name), principal and key are required", http.StatusBadRequest)
+		return
+	}
+	redisKey := a.s.store.Key(principal, proxy.KeyScope(rt.Name, rt.Settings.Scope == config.ScopePrincipal), key)
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	result, status := "", http.StatusOK
+	defer func() {
+		a.s.log.Warn("admin key API", "method", r.Method, "route", rt.Name, "key", redisKey, "result", result, "remote", r.RemoteAddr)
+	}()
+	switch r.Method {
+	case http.MethodGet:
+		rec, left, err := a.s.store.Get(ctx, redisKey)
+		if err != nil {
+			result, status = err.Error(), http.StatusServiceUnavailable
+			http.Error(w, err.Error(), status)
+			return
+		}
+		info := keyInfo{RedisKey: redisKey, State: "absent"}
+		if rec != nil {
+			info.State, info.Status, info.RequestID = rec.State.String(), rec.Status, rec.RequestID
+			info.Fingerprint = hex.EncodeToString(rec.Fingerprint[:])
+			info.LeftSeconds, info.Orphaned, info.BodyOmitted = left.Seconds(), rec.Orphaned(left), rec.BodyOmitted
+			if !rec.Created.IsZero() {
+				info.Created = &rec.Created
+			}
+			if !rec.Completed.IsZero() {
+				info.Completed = &rec.Completed
+			}
+			if q.Get("body") == "true" && rec.State == claim.Completed {
+				b := string(rec.Body)
+				info.Body = &b
+			}
+		}
+		result = info.State
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(info)
+	case http.MethodDelete:
+		state := map[string]claim.State{"in_progress": claim.InProgress, "completed": claim.Completed}[q.Get("state")]
+		if state == 0 {
+			result = "refused: no state"
+			http.Error(w, "state=in_progress (release a stuck claim) or state=completed (forget a stored answer) is required", http.StatusBadRequest)
+			return
+		}
+		err := a.s.store.Forget(ctx, redisKey, state)
+		switch {
+		case errors.Is(err, claim.ErrStateChanged):
+			result, status = "left alone: not "+q.Get("state"), http.StatusConflict
+		case err != nil:
+			result, status = err.Error(), http.StatusServiceUnavailable
+		default:
+			result = "deleted " + q.Get("state")
+		}
+		w.WriteHeader(status)
+		fmt.Fprintln(w, result)
+	default:
+		result = "refused: method"
+		http.Error(w, "GET or DELETE", http.StatusMethodNotAllowed)
+	}
+}
+
+// runKeys is "idemproxy keys get|delete": the key API from the command
+// line, against a running sidecar's admin port.
+func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "get" && args[0] != "delete") {
+		return errors.New("usage: idemproxy keys get|delete -route R -principal P -key K [-state in_progress|completed] [-body] [-admin URL] [-token-file F]")
+	}
+	fs := flag.NewFlagSet("idemproxy keys "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	admin := fs.String("admin", "http://127.0.0.1:9090", "the sidecar's admin address")
+	tokenFile := fs.String("token-file", "", "file holding the admin bearer token (admin.token_file)")
+	route := fs.String("route", "", "route name")
+	principal := fs.String("principal", "", "principal")
+	key := fs.String("key", "", "idempotency key")
+	state := fs.String("state", "", "delete only: in_progress or completed")
+	body := fs.Bool("body", false, "get only: include the stored body")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	token, err := os.ReadFile(*tokenFile)
+	if err != nil {
+		return fmt.Errorf("-token-file: %w", err)
+	}
+	q := url.Values{"route": {*route}, "principal": {*principal}, "key": {*key}}
+	method := http.MethodGet
+	if args[0] == "delete" {
+		method = http.MethodDelete
+		q.Set("state", *state)
+	} else if *body {
+		q.Set("body", "true")
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(*admin, "/")+"/v1/keys?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(stdout, resp.Body); err != nil {
+		return err
+	}
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("%s", resp.Status)
+	}
+	return nil
+}
