@@ -32,6 +32,7 @@ func proxyConfig(cfg *config.Config) (proxy.Config, error) {
 		ProblemDocsURL:     cfg.Problems.DocsURL,
 		PrincipalShare:     int64(cfg.Limits.PrincipalShare * float64(bufferBudget(cfg.Limits.MaxBufferedBytes))),
 		IdentityHeader:     cfg.Identity.Header,
+		IdentityFromXFCC:   cfg.Identity.Source == config.IdentityFromXFCC,
 		TrustedProxies:     slices.Clone(cfg.Identity.TrustedProxies),
 		StripFromUntrusted: slices.Clone(cfg.Identity.StripFromUntrusted),
 		Routes:             proxyRoutes(cfg.Routes),

@@ -66,8 +66,9 @@ func (s *Store) ClaimCounted(ctx context.Context, key string, rec *Record, lease
 		}
 		pipe := s.client.Pipeline()
 		incr := pipe.Incr(ctx, q.Key)
-		pipe.Do(ctx, "PEXPIRE", q.Key, q.Window.Milliseconds(), "NX")
+		expire := pipe.Do(ctx, "PEXPIRE", q.Key, q.Window.Milliseconds(), "NX")
 		_, _ = pipe.Exec(ctx)
+		s.windowFallback(ctx, q, incr, expire)
 		return s.overQuota(ctx, key, rec, q, res, incr)
 	}
 	value := s.encode(key, rec)
@@ -75,8 +76,9 @@ func (s *Store) ClaimCounted(ctx context.Context, key string, rec *Record, lease
 	pipe := s.client.Pipeline()
 	set := pipe.SetArgs(ctx, key, value, redis.SetArgs{Mode: "NX", TTL: lease, Get: true})
 	incr := pipe.Incr(ctx, q.Key)
-	pipe.Do(ctx, "PEXPIRE", q.Key, q.Window.Milliseconds(), "NX")
+	expire := pipe.Do(ctx, "PEXPIRE", q.Key, q.Window.Milliseconds(), "NX")
 	_, _ = pipe.Exec(ctx)
+	s.windowFallback(ctx, q, incr, expire)
 	raw, err := set.Result()
 	switch {
 	case errors.Is(err, redis.Nil):
@@ -111,6 +113,15 @@ func (s *Store) overQuota(ctx context.Context, key string, rec *Record, q Quota,
 		ttl = q.Window
 	}
 	return Result{}, fmt.Errorf("claim: %w", &QuotaError{RetryAfter: ttl})
+}
+
+// windowFallback starts the window where Redis refused PEXPIRE NX (Redis
+// < 7.0): when this count opened the window, a plain PEXPIRE sets it, so a
+// counter never outlives its window.
+func (s *Store) windowFallback(ctx context.Context, q Quota, incr *redis.IntCmd, expire *redis.Cmd) {
+	if expire.Err() != nil && incr.Err() == nil && incr.Val() == 1 {
+		_ = s.client.PExpire(ctx, q.Key, q.Window).Err()
+	}
 }
 
 // uncount takes back a count that did not take a new key.

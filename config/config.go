@@ -73,6 +73,12 @@ var DefaultReleaseOn = []int{429, 503}
 // fingerprint unless configured otherwise.
 var DefaultFingerprintHeaders = []string{"Content-Type"}
 
+// Identity sources: how the identity header carries the principal.
+const (
+	IdentityFromHeader = "header" // the header's value is the principal
+	IdentityFromXFCC   = "xfcc"   // the URI SAN in X-Forwarded-Client-Cert
+)
+
 // Scope values: which identities share a key space.
 const (
 	ScopeRoute     = "route"     // principal + route + key
@@ -282,6 +288,11 @@ type Redis struct {
 type Identity struct {
 	// Header carries the authenticated principal, set by an auth proxy.
 	Header string `yaml:"header"`
+	// Source is how the header carries the principal: header (its value
+	// is the principal) or xfcc (Envoy's X-Forwarded-Client-Cert; the
+	// principal is the URI SAN, spiffe://..., of the connecting peer, and
+	// Header is ignored).
+	Source string `yaml:"source"`
 	// TrustedProxies are the peers whose Header is honoured; from any other
 	// peer the header is removed before anything reads it.
 	TrustedProxies []netip.Prefix `yaml:"trusted_proxies"`
@@ -384,7 +395,7 @@ func Default() *Config {
 		Store:    Store{KeyPrefix: DefaultKeyPrefix, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
 		Client:   Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
 		Limits:   Limits{PrincipalShare: DefaultPrincipalShare},
-		Identity: Identity{Header: DefaultIdentityHeader, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
+		Identity: Identity{Header: DefaultIdentityHeader, Source: IdentityFromHeader, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
 		Defaults: DefaultSettings(),
 	}
 	for _, p := range DefaultTrustedProxies {

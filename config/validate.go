@@ -120,6 +120,11 @@ func (c *Config) validate(failed map[string]bool) error {
 	if c.Store.Redis.MasterName != "" && len(c.Store.Redis.Addrs) == 0 {
 		add("store.redis.addrs", "must list the sentinels when store.redis.master_name is set")
 	}
+	if c.Identity.Source == "jwt" {
+		add("identity.source", "jwt is not supported yet: use header (an auth proxy's forwarded principal) or xfcc (a mesh's client certificate)")
+	} else {
+		oneOf("identity.source", c.Identity.Source, add, IdentityFromHeader, IdentityFromXFCC)
+	}
 	if c.Identity.Header == "" {
 		add("identity.header", "must not be empty")
 	} else if !validToken(c.Identity.Header) {

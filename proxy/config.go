@@ -24,7 +24,12 @@ type Config struct {
 	// IdentityHeader carries the principal; it is honoured only from
 	// peers in TrustedProxies and removed from every other request.
 	IdentityHeader string
-	TrustedProxies []netip.Prefix
+	// IdentityFromXFCC takes the principal from X-Forwarded-Client-Cert
+	// instead: the URI SAN (spiffe://...) of the connecting peer, so that a
+	// certificate rotation keeps the principal's keys. IdentityHeader is
+	// then ignored.
+	IdentityFromXFCC bool
+	TrustedProxies   []netip.Prefix
 	// StripFromUntrusted are trust-bearing headers (X-Real-Ip, ...)
 	// removed, under every spelling, from untrusted peers' requests.
 	StripFromUntrusted []string

@@ -117,7 +117,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	}
 	h := &Handler{
 		store:           store,
-		id:              identity{header: http.CanonicalHeaderKey(cfg.IdentityHeader), trusted: cfg.TrustedProxies, strip: nameSet(cfg.StripFromUntrusted)},
+		id:              newIdentity(cfg),
 		upstream:        cfg.Upstream,
 		upstreamTimeout: cfg.UpstreamTimeout,
 		lateWindow:      cfg.LateAnswerWindow,

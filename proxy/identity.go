@@ -19,11 +19,26 @@ var (
 // upstream ever sees a forged principal.
 type identity struct {
 	// header is the identity header's canonical name.
-	header  string
+	header string
+	// xfcc reads the principal from header as an XFCC value.
+	xfcc    bool
 	trusted []netip.Prefix
 	// strip are trust-bearing headers (X-Real-Ip, ...) removed, under
 	// every spelling, from untrusted peers' requests.
 	strip nameSet
+}
+
+func newIdentity(cfg Config) identity {
+	id := identity{header: http.CanonicalHeaderKey(cfg.IdentityHeader), trusted: cfg.TrustedProxies, xfcc: cfg.IdentityFromXFCC}
+	if id.xfcc {
+		id.header = XFCCHeader
+	}
+	for _, h := range cfg.StripFromUntrusted {
+		if !sameName(h, id.header) { // the identity header has rules of its own
+			id.strip = append(id.strip, h)
+		}
+	}
+	return id
 }
 
 // principal returns the caller's principal, "" when there is none, after
@@ -44,6 +59,8 @@ func (id *identity) principal(r *http.Request) (principal string, trusted bool, 
 				err = errIdentitySpelling
 			case len(vs) > 1:
 				err = errIdentityAmbiguous
+			case id.xfcc:
+				principal, err = xfccPrincipal(vs[0])
 			default:
 				principal = vs[0]
 			}

@@ -342,3 +342,37 @@ func TestPrincipalShareOfTheBufferBudget(t *testing.T) {
 	conns = append(conns, bob)
 	poll.Until(t, "bob's body is held too", func() bool { return e.h.BufferedBytes() == 192<<10 })
 }
+
+// With identity.source xfcc the principal is the peer's SPIFFE URI from
+// X-Forwarded-Client-Cert: a rotated certificate (new Hash) keeps the
+// principal's keys; another workload is another principal; from an
+// untrusted peer the header is stripped.
+func TestXFCCIdentity(t *testing.T) {
+	e := newEnv(t, created, func(c *setup) { c.IdentityFromXFCC = true })
+	cert := func(hash, uri string) map[string]string {
+		return map[string]string{"X-Forwarded-Client-Cert": `By=spiffe://cluster.local/ns/payments/sa/payments;Hash=` + hash + `;Subject="CN=x, O=y";URI=` + uri}
+	}
+	const checkout = "spiffe://cluster.local/ns/shop/sa/checkout"
+	first := e.do(req{key: "k", body: `{}`, header: cert("aaaa", checkout)})
+	if first.status != http.StatusCreated {
+		t.Fatalf("first attempt: %d %s", first.status, first.body)
+	}
+	rotated := e.do(req{key: "k", body: `{}`, header: cert("bbbb", checkout)})
+	if rotated.status != http.StatusCreated || rotated.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("after a certificate rotation: %d, want the replay", rotated.status)
+	}
+	other := e.do(req{key: "k", body: `{}`, header: cert("aaaa", "spiffe://cluster.local/ns/shop/sa/other")})
+	if other.status != http.StatusCreated || other.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("another workload: %d, want its own execution", other.status)
+	}
+	if r := e.do(req{key: "k2", body: `{}`, header: map[string]string{"X-Forwarded-Client-Cert": `URI="spiffe://unterminated`}}); r.status != http.StatusBadRequest || !strings.Contains(r.body, "identity-invalid") {
+		t.Fatalf("malformed XFCC: %d %s, want 400 identity-invalid", r.status, r.body)
+	}
+	u := newEnv(t, created, func(c *setup) { c.IdentityFromXFCC = true; untrusted(c) })
+	if r := u.do(req{key: "k", body: `{}`, header: cert("aaaa", checkout)}); r.status != http.StatusUnauthorized {
+		t.Fatalf("XFCC from an untrusted peer: %d, want 401 (stripped, no principal)", r.status)
+	}
+	if n := e.ledger.Total(); n != 2 {
+		t.Fatalf("upstream executed %d times, want 2", n)
+	}
+}
