@@ -77,7 +77,21 @@ var DefaultFingerprintHeaders = []string{"Content-Type"}
 const (
 	IdentityFromHeader = "header" // the header's value is the principal
 	IdentityFromXFCC   = "xfcc"   // the URI SAN in X-Forwarded-Client-Cert
+	IdentityFromJWT    = "jwt"    // a claim of a verified bearer token
 )
+
+// JWT verifies bearer tokens (identity.source: jwt).
+type JWT struct {
+	// JWKSURL serves the issuer's public keys; fetched again when a token
+	// names a key it does not list (rotation), at most once a second.
+	JWKSURL string `yaml:"jwks_url"`
+	// Issuer is the iss every token must carry.
+	Issuer string `yaml:"issuer"`
+	// Audience lists the aud values accepted (one must match).
+	Audience []string `yaml:"audience"`
+	// Claim holds the principal.
+	Claim string `yaml:"claim"`
+}
 
 // Scope values: which identities share a key space.
 const (
@@ -293,6 +307,8 @@ type Identity struct {
 	// principal is the URI SAN, spiffe://..., of the connecting peer, and
 	// Header is ignored).
 	Source string `yaml:"source"`
+	// JWT configures source: jwt.
+	JWT JWT `yaml:"jwt"`
 	// TrustedProxies are the peers whose Header is honoured; from any other
 	// peer the header is removed before anything reads it.
 	TrustedProxies []netip.Prefix `yaml:"trusted_proxies"`
@@ -395,7 +411,7 @@ func Default() *Config {
 		Store:    Store{KeyPrefix: DefaultKeyPrefix, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
 		Client:   Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
 		Limits:   Limits{PrincipalShare: DefaultPrincipalShare},
-		Identity: Identity{Header: DefaultIdentityHeader, Source: IdentityFromHeader, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
+		Identity: Identity{Header: DefaultIdentityHeader, Source: IdentityFromHeader, JWT: JWT{Claim: "sub"}, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
 		Defaults: DefaultSettings(),
 	}
 	for _, p := range DefaultTrustedProxies {

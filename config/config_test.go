@@ -74,6 +74,11 @@ func TestInvalidFixtures(t *testing.T) {
 			`upstream.url: must be an absolute http or https URL, got "127.0.0.1:3000"`,
 			`upstream.timeout: must be positive, got 0s`,
 		},
+		"bad_jwt": {
+			`identity.jwt.jwks_url: must be an absolute http or https URL with identity.source jwt, got "issuer.example/jwks"`,
+			`identity.jwt.issuer: must be set with identity.source jwt: tokens of any other issuer are refused`,
+			`identity.jwt.audience: must list at least one audience with identity.source jwt: a token meant for another service must not be accepted`,
+		},
 		"bad_pprof": {
 			`admin_pprof: removed: pprof is served only on its own loopback listener; set admin_pprof_listen: 127.0.0.1:6060`,
 			`admin_pprof_listen: ":6060" is not a loopback address: pprof's profiles and heap dumps hold request contents; use 127.0.0.1:6060 or [::1]:6060 and reach it with kubectl port-forward`,

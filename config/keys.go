@@ -171,8 +171,8 @@ func Reference(meaning map[string]string) (table string, undocumented []string) 
 	var b strings.Builder
 	b.WriteString("| key | default | reloads | meaning |\n|---|---|---|---|\n")
 	row := func(path, def, reload string) {
-		m, ok := meaning[path]
-		if !ok {
+		m := meaning[path]
+		if strings.TrimSpace(m) == "" {
 			undocumented = append(undocumented, path)
 		}
 		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", path, def, reload, m)

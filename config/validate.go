@@ -120,10 +120,20 @@ func (c *Config) validate(failed map[string]bool) error {
 	if c.Store.Redis.MasterName != "" && len(c.Store.Redis.Addrs) == 0 {
 		add("store.redis.addrs", "must list the sentinels when store.redis.master_name is set")
 	}
-	if c.Identity.Source == "jwt" {
-		add("identity.source", "jwt is not supported yet: use header (an auth proxy's forwarded principal) or xfcc (a mesh's client certificate)")
-	} else {
-		oneOf("identity.source", c.Identity.Source, add, IdentityFromHeader, IdentityFromXFCC)
+	oneOf("identity.source", c.Identity.Source, add, IdentityFromHeader, IdentityFromXFCC, IdentityFromJWT)
+	if j := c.Identity.JWT; c.Identity.Source == IdentityFromJWT {
+		if u, err := url.Parse(j.JWKSURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add("identity.jwt.jwks_url", "must be an absolute http or https URL with identity.source jwt, got %q", j.JWKSURL)
+		}
+		if j.Issuer == "" {
+			add("identity.jwt.issuer", "must be set with identity.source jwt: tokens of any other issuer are refused")
+		}
+		if len(j.Audience) == 0 {
+			add("identity.jwt.audience", "must list at least one audience with identity.source jwt: a token meant for another service must not be accepted")
+		}
+		if j.Claim == "" {
+			add("identity.jwt.claim", "must name the claim that holds the principal (sub)")
+		}
 	}
 	if c.Identity.Header == "" {
 		add("identity.header", "must not be empty")

@@ -29,7 +29,11 @@ type Config struct {
 	// certificate rotation keeps the principal's keys. IdentityHeader is
 	// then ignored.
 	IdentityFromXFCC bool
-	TrustedProxies   []netip.Prefix
+	// JWT, when set, takes the principal from a verified bearer token in
+	// Authorization instead (any peer: the signature is the trust), for
+	// protected requests; IdentityHeader is then ignored.
+	JWT            *JWTConfig
+	TrustedProxies []netip.Prefix
 	// StripFromUntrusted are trust-bearing headers (X-Real-Ip, ...)
 	// removed, under every spelling, from untrusted peers' requests.
 	StripFromUntrusted []string

@@ -73,9 +73,23 @@ func (x *exchange) serve() {
 		}
 	}
 	key, keyErr := parseKey(x.r.Header, s.KeyHeader)
-	switch {
-	case errors.Is(keyErr, errKeyMissing) && !s.RequireKey:
+	if errors.Is(keyErr, errKeyMissing) && !s.RequireKey {
 		x.bypass(nil, "no idempotency key on an optional route")
+		return
+	}
+	if x.h.jwt != nil {
+		// Verified here, not for every request: only a protected request
+		// needs a principal, and a signature check costs real CPU.
+		p, err := x.h.jwt.principal(x.r.Context(), x.r.Header.Get("Authorization"))
+		if err != nil && !errors.Is(err, errNoToken) {
+			x.reject(probTokenInvalid.with("the bearer token is not valid: " + err.Error()))
+			return
+		}
+		x.principal = p
+	}
+	switch {
+	case x.principal == "" && x.h.jwt != nil:
+		x.reject(probIdentityMissing.with("this route needs an authenticated principal: send Authorization: Bearer <token>"))
 		return
 	case x.principal == "":
 		x.reject(probIdentityMissing.with("this route needs an authenticated principal in " + x.h.id.header))

@@ -96,6 +96,8 @@ type Handler struct {
 	problemBase, docsLink string
 	// buffers bounds the bytes held in body buffers (limits.max_buffered_bytes).
 	buffers budget
+	// jwt, when set, verifies bearer tokens as the source of principals.
+	jwt *jwtVerifier
 	// authClient asks replay authorizers; it follows no redirects.
 	authClient *http.Client
 
@@ -157,6 +159,9 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	base := httputil.ReverseProxy{
 		ErrorLog:   slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
 		BufferPool: newBufferPool(),
+	}
+	if cfg.JWT != nil {
+		h.jwt = &jwtVerifier{cfg: *cfg.JWT, client: &http.Client{Timeout: 5 * time.Second}}
 	}
 	h.authClient = &http.Client{
 		Transport:     transport,

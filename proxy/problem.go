@@ -34,6 +34,7 @@ var (
 	probKeyMissing            = problem{Type: "key-missing", Status: http.StatusBadRequest, Title: "Idempotency key required"}
 	probKeyMalformed          = problem{Type: "key-malformed", Status: http.StatusBadRequest, Title: "Malformed idempotency key"}
 	probIdentityMissing       = problem{Type: "identity-missing", Status: http.StatusUnauthorized, Title: "Authenticated principal required"}
+	probTokenInvalid          = problem{Type: "token-invalid", Status: http.StatusUnauthorized, Title: "Bearer token not valid"}
 	probIdentityInvalid       = problem{Type: "identity-invalid", Status: http.StatusBadRequest, Title: "Ambiguous principal"}
 	probHopByHop              = problem{Type: "hop-by-hop-forbidden", Status: http.StatusBadRequest, Title: "A header idemproxy relies on was nominated as hop-by-hop"}
 	probPathNotCanonical      = problem{Type: "path-not-canonical", Status: http.StatusBadRequest, Title: "The request path is not in canonical form"}
