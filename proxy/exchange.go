@@ -62,7 +62,7 @@ func (x *exchange) serve() {
 		x.reject(probPathNotCanonical.with("send it to " + x.path + ", the path this route protects"))
 		return
 	}
-	if tok := nominated(x.r.Header, s.KeyHeader); tok != "" {
+	if tok := nominated(x.r.Header, x.rt.keyNames); tok != "" { // the rest was checked for every request
 		x.reject(probHopByHop.with("Connection nominates " + tok + ", which idemproxy and the upstream rely on"))
 		return
 	}

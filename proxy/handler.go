@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -96,6 +97,9 @@ type Handler struct {
 	problemBase, docsLink string
 	// buffers bounds the bytes held in body buffers (limits.max_buffered_bytes).
 	buffers budget
+	// relied are the headers no request may nominate as hop-by-hop: the
+	// forwarding headers and the identity header (a route adds its key).
+	relied nameSet
 	// jwt, when set, verifies bearer tokens as the source of principals.
 	jwt *jwtVerifier
 	// authClient asks replay authorizers; it follows no redirects.
@@ -134,6 +138,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	if h.bodyTimeout <= 0 {
 		h.bodyTimeout = DefaultBodyReadTimeout
 	}
+	h.relied = append(slices.Clone(forwardingHeaders), h.id.header)
 	if cfg.ProblemDocsURL != "" {
 		h.docsLink = "<" + cfg.ProblemDocsURL + `>; rel="describedby"`
 	}
@@ -211,7 +216,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case idErr != nil:
 		refused = probIdentityInvalid.with(idErr.Error())
 	default:
-		if tok := nominated(r.Header, h.id.header); tok != "" {
+		if tok := nominated(r.Header, h.relied); tok != "" {
 			refused = probHopByHop.with("Connection nominates " + tok + ", which idemproxy and the upstream rely on")
 		}
 	}

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"errors"
 	"net/http"
 	"strings"
 )
@@ -58,19 +57,16 @@ func (s nameSet) has(name string) bool {
 // trust-bearing; none of them may be nominated as hop-by-hop.
 var forwardingHeaders = nameSet{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", RequestIDHeader}
 
-var errNominated = errors.New("the Connection header nominates a header idemproxy relies on")
-
-// nominated returns the first header of guarded, or of the forwarding
-// headers, that r's Connection header names (ReverseProxy would strip it
-// after idemproxy read it), or "".
-func nominated(h http.Header, guarded ...string) string {
+// nominated returns the first header of guarded that h's Connection header
+// names (ReverseProxy would strip it after idemproxy read it), or "".
+func nominated(h http.Header, guarded nameSet) string {
 	for _, v := range h["Connection"] {
 		for tok := range strings.SplitSeq(v, ",") {
 			tok = strings.TrimSpace(tok)
 			if tok == "" {
 				continue
 			}
-			if forwardingHeaders.has(tok) || nameSet(guarded).has(tok) {
+			if guarded.has(tok) {
 				return tok
 			}
 		}

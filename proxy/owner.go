@@ -31,9 +31,6 @@ type owner struct {
 	// cancel ends the upstream call with a cause: the late-call cap, or a
 	// drain that ran out of time.
 	cancel context.CancelCauseFunc
-	// late is set once the client was answered 504 and the upstream call
-	// went on past upstream.timeout, holding one of the late-call slots.
-	late atomic.Bool
 
 	// mu guards settled and serialises renewals with settling, so a
 	// renewal never runs after the record was completed or released.
@@ -104,10 +101,8 @@ func (x *exchange) own(rec *claim.Record, body []byte) {
 	if x.status == 0 || status != 0 {
 		x.status = status
 	}
-	if closed {
+	if closed { // the client got 504: this was a late call, holding a slot
 		x.status = http.StatusGatewayTimeout
-	}
-	if o.late.Load() {
 		h.lateCalls.Add(-1)
 		h.metrics.lateCalls.Dec()
 		o.lateSettled()
@@ -128,7 +123,6 @@ func (o *owner) clientTimedOut() {
 	p := probUpstreamTimeout.with(fmt.Sprintf("no answer within %s; the request is still running upstream and its answer will be stored: retry with the same key to get it", h.upstreamTimeout))
 	p.retryAfter = x.rt.settings.Lease
 	answered := o.gate.close(func(w http.ResponseWriter) {
-		o.late.Store(true) // under the gate's lock: seal sees it
 		h.metrics.lateCalls.Inc()
 		w.Header().Set("Connection", "close") // this handler stays busy
 		h.writeProblem(w, p, x.requestID)

@@ -14,8 +14,10 @@ type route struct {
 	// value for scope: principal.
 	scope    string
 	settings Route
-	// keyHeader is settings.KeyHeader in canonical form.
+	// keyHeader is settings.KeyHeader in canonical form; keyNames holds
+	// it for nominated.
 	keyHeader string
+	keyNames  nameSet
 	fp        *fingerprinter
 	releaseOn [600]bool
 }
@@ -56,7 +58,7 @@ func newRouter(routes []Route) (*router, error) {
 	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string)}
 	for i, rc := range routes {
 		rt.names = append(rt.names, rc.Name)
-		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.SharedScope), settings: rc, keyHeader: http.CanonicalHeaderKey(rc.KeyHeader)}
+		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.SharedScope), settings: rc, keyHeader: http.CanonicalHeaderKey(rc.KeyHeader), keyNames: nameSet{rc.KeyHeader}}
 		fp, err := newFingerprinter(rc.FingerprintHeaders, rc.IgnoreJSONFields)
 		if err != nil {
 			return nil, fmt.Errorf("routes[%d]: %w", i, err)
