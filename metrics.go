@@ -21,6 +21,9 @@ type metrics struct {
 	// memoryUsed is Redis' used_memory over maxmemory; storeFull is 1
 	// while new claims are refused for store.claim_memory_limit.
 	memoryUsed, storeFull prometheus.Gauge
+	// batchOps observes how many operations each store pipeline carried
+	// (store.pipeline).
+	batchOps prometheus.Histogram
 }
 
 // newMetrics registers the process, Go runtime and main package collectors
@@ -53,12 +56,17 @@ func newMetrics(waitReplicas bool) *metrics {
 		Name: "idemproxy_store_full",
 		Help: "1 while new claims are refused (503 store-full) because Redis is above store.claim_memory_limit.",
 	})
+	m.batchOps = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "idemproxy_store_pipeline_operations",
+		Help:    "Store operations coalesced into each pipeline sent to Redis (store.pipeline); 1 when nothing waited to go with it.",
+		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+	})
 	if waitReplicas {
 		m.waitShort.WithLabelValues("claim")
 		m.waitShort.WithLabelValues("complete")
 	}
 	m.reloadOK.Set(1)
-	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull,
+	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.batchOps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -165,6 +165,9 @@ func (s *server) openStore(ctx context.Context) (embedded bool, err error) {
 			s.metrics.waitShort.WithLabelValues(op).Inc()
 		}))
 	}
+	opts = append(opts, claim.WithPipeline(s.cfg.Store.Pipeline), claim.WithBatchObserver(func(n int) {
+		s.metrics.batchOps.Observe(float64(n))
+	}))
 	s.store = claim.New(client, s.cfg.Store.KeyPrefix, opts...)
 	preload(ctx, s.store, s.log)
 	return embedded, nil

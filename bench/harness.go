@@ -298,6 +298,7 @@ log_level: %s
 upstream:
   url: %q
 store:
+  pipeline: %t
   redis:
     addrs: [%q]
 defaults:
@@ -340,17 +341,17 @@ func bench(o options, dir, self, bin string) error {
 			a := fmt.Sprintf("127.0.0.1:%d", freePort())
 			return startProc("floor", a, self, "reverseproxy", "-listen", a, "-upstream", upURL, "-redis", redisAddr)
 		}
-		idemAt := func(logLevel string) func() (*proc, error) {
+		idemAt := func(logLevel string, pipeline bool) func() (*proc, error) {
 			return func() (*proc, error) {
 				a := fmt.Sprintf("127.0.0.1:%d", freePort())
 				cfg := filepath.Join(dir, "idemproxy.yaml")
-				if err := os.WriteFile(cfg, fmt.Appendf(nil, idemproxyConfig, a, freePort(), logLevel, upURL, redisAddr), 0o644); err != nil {
+				if err := os.WriteFile(cfg, fmt.Appendf(nil, idemproxyConfig, a, freePort(), logLevel, upURL, pipeline, redisAddr), 0o644); err != nil {
 					return nil, err
 				}
 				return startProc("idemproxy", a, bin, "-config", cfg)
 			}
 		}
-		idem := idemAt("info")
+		idem := idemAt("info", true)
 		seed := func(base string) ([]string, error) {
 			keys := make([]string, 1000)
 			for i := range keys {
@@ -381,7 +382,8 @@ func bench(o options, dir, self, bin string) error {
 			&target{name: "idemproxy pass-through", start: idem, path: "/other", body: small},
 			&target{name: floorName, start: floor, path: "/payments", body: small, keyed: true},
 			&target{name: "idemproxy first attempts", start: idem, path: "/payments", body: small, keyed: true},
-			&target{name: "idemproxy first attempts, log_level warn", start: idemAt("warn"), path: "/payments", body: small, keyed: true},
+			&target{name: "idemproxy first attempts, log_level warn", start: idemAt("warn", true), path: "/payments", body: small, keyed: true},
+			&target{name: "idemproxy first attempts, store.pipeline off", start: idemAt("info", false), path: "/payments", body: small, keyed: true},
 			&target{name: "idemproxy replays", start: idem, path: "/payments", body: small, prepare: seed},
 			&target{name: "ReverseProxy, 64 KiB body", start: rp, path: "/payments", body: body64k},
 			&target{name: "idemproxy first attempts, 64 KiB body", start: idem, path: "/payments", body: body64k, keyed: true},

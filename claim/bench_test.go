@@ -2,12 +2,16 @@ package claim_test
 
 import (
 	"context"
+	"encoding/binary"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
@@ -138,6 +142,72 @@ func BenchmarkParallelClaim(b *testing.B) {
 			}
 		})
 	})
+}
+
+// BenchmarkParallelPairs is the store's share of first attempts under
+// concurrency: 32 goroutines each claim and complete fresh keys against a
+// real redis-server, with store.pipeline on and off. ns/op is per pair;
+// redis-µs/pair is the CPU Redis spent per pair (INFO cpu), and ops/batch
+// how many operations each pipeline carried.
+func BenchmarkParallelPairs(b *testing.B) {
+	for _, on := range []bool{true, false} {
+		b.Run("pipeline="+strconv.FormatBool(on), func(b *testing.B) {
+			srv := redistest.Start(b)
+			c, _ := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}})
+			defer c.Close()
+			var batches, ops atomic.Int64
+			s := claim.New(c, "bench:", claim.WithPipeline(on), claim.WithBatchObserver(func(n int) {
+				batches.Add(1)
+				ops.Add(int64(n))
+			}))
+			ctx := context.Background()
+			if err := s.Preload(ctx); err != nil {
+				b.Fatal(err)
+			}
+			done := benchRecord()
+			var seq atomic.Int64
+			cpu0 := redisCPU(b, c)
+			b.ReportAllocs()
+			b.SetParallelism(32 / runtime.GOMAXPROCS(0))
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					i := seq.Add(1)
+					key := s.Key("bench", "route", strconv.FormatInt(i, 36))
+					rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
+					binary.LittleEndian.PutUint64(rec.Token[:], uint64(i))
+					if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+						b.Fatal(res, err)
+					}
+					c := *done
+					c.Token = rec.Token
+					if how, err := s.Complete(ctx, key, &c, time.Hour); err != nil || how != claim.Stored {
+						b.Fatal(how, err)
+					}
+				}
+			})
+			b.ReportMetric(float64((redisCPU(b, c)-cpu0).Microseconds())/float64(b.N), "redis-µs/pair")
+			if n := batches.Load(); n > 0 {
+				b.ReportMetric(float64(ops.Load())/float64(n), "ops/batch")
+			}
+		})
+	}
+}
+
+// redisCPU is the CPU time Redis has used (INFO cpu: user + system).
+func redisCPU(b *testing.B, c redis.UniversalClient) time.Duration {
+	info, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.Lines(info) {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
 
 // benchStore is a Store on a fresh redis-server, scripts preloaded.

@@ -73,11 +73,12 @@ func (s *Store) ClaimCounted(ctx context.Context, key string, rec *Record, lease
 	}
 	value := s.encode(key, rec)
 	lease += rec.Tail
-	pipe := s.client.Pipeline()
-	set := pipe.SetArgs(ctx, key, value, redis.SetArgs{Mode: "NX", TTL: lease, Get: true})
-	incr := pipe.Incr(ctx, q.Key)
-	expire := pipe.Do(ctx, "PEXPIRE", q.Key, q.Window.Milliseconds(), "NX")
-	_, _ = pipe.Exec(ctx)
+	set := setNXGet(ctx, key, value, lease)
+	incr := redis.NewIntCmd(ctx, "incr", q.Key)
+	expire := redis.NewCmd(ctx, "pexpire", q.Key, q.Window.Milliseconds(), "nx")
+	if err := s.exec(ctx, len(value), set, incr, expire); err != nil {
+		return Result{}, s.unavailable("claim", err)
+	}
 	s.windowFallback(ctx, q, incr, expire)
 	raw, err := set.Result()
 	switch {

@@ -48,6 +48,10 @@ type Store struct {
 	seal   *sealer
 	keyMAC []byte
 
+	// batch coalesces concurrent operations into pipelines (batch.go);
+	// nil sends each operation on its own.
+	batch *batcher
+
 	// waitReplicas > 0 sends WAIT after claims and completions.
 	waitReplicas int
 	waitTimeout  time.Duration
@@ -89,12 +93,74 @@ func (s *Store) checkWait(op string, cmd *redis.Cmd) {
 }
 
 // New returns a Store using client, with every key under prefix.
+// Concurrent operations are coalesced into pipelines (WithPipeline) unless
+// WithWait is given: WAIT blocks its connection, and would hold up every
+// operation behind it in a batch.
 func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
-	s := &Store{client: client, prefix: prefix}
+	s := &Store{client: client, prefix: prefix, batch: &batcher{client: client}}
 	for _, o := range opts {
 		o(s)
 	}
+	if s.waitReplicas > 0 {
+		s.batch = nil
+	}
 	return s
+}
+
+// WithPipeline turns the coalescing of concurrent operations into
+// pipelines on (the default) or off.
+func WithPipeline(on bool) Option {
+	return func(s *Store) {
+		s.batch = nil
+		if on {
+			s.batch = &batcher{client: s.client}
+		}
+	}
+}
+
+// WithBatchObserver has observe called with the number of operations in
+// every pipeline the store sends (when coalescing is on).
+func WithBatchObserver(observe func(ops int)) Option {
+	return func(s *Store) {
+		if s.batch != nil {
+			s.batch.onBatch = observe
+		}
+	}
+}
+
+// exec runs cmds, one operation's commands, in order, coalesced with other
+// operations when that is on; size is about the bytes they carry. An
+// error is ctx's: then cmds hold no result and must not be read.
+func (s *Store) exec(ctx context.Context, size int, cmds ...redis.Cmder) error {
+	if s.batch != nil {
+		return s.batch.do(ctx, size, cmds...)
+	}
+	if len(cmds) == 1 {
+		_ = s.client.Process(ctx, cmds[0])
+		return nil
+	}
+	pipe := s.client.Pipeline()
+	_ = pipe.BatchProcess(ctx, cmds...)
+	_, _ = pipe.Exec(ctx)
+	return nil
+}
+
+// eval runs script on key by its SHA, and by its source when Redis does
+// not have it cached (a restart, a failover), as redis.Script.Run does.
+func (s *Store) eval(ctx context.Context, script *redis.Script, key string, size int, args ...any) *redis.Cmd {
+	cmd := redis.NewCmd(ctx, append([]any{"evalsha", script.Hash(), 1, key}, args...)...)
+	if err := s.exec(ctx, size, cmd); err != nil {
+		return redis.NewCmdResult(nil, err)
+	}
+	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		return script.Eval(ctx, s.client, []string{key}, args...)
+	}
+	return cmd
+}
+
+// setNXGet is the claim command: SET key value NX PX ttl GET.
+func setNXGet(ctx context.Context, key string, value []byte, ttl time.Duration) *redis.StringCmd {
+	return redis.NewStringCmd(ctx, "set", key, value, "px", ttl.Milliseconds(), "nx", "get")
 }
 
 // Option configures a Store.
@@ -198,7 +264,6 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 	if s.scriptClaim.Load() {
 		return s.claimByScript(ctx, key, rec, value, lease)
 	}
-	args := redis.SetArgs{Mode: "NX", TTL: lease, Get: true}
 	var raw string
 	var err error
 	if s.waitReplicas > 0 {
@@ -206,7 +271,8 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 		if perr != nil {
 			return Result{}, s.unavailable("claim", perr)
 		}
-		set := pipe.SetArgs(ctx, key, value, args)
+		set := setNXGet(ctx, key, value, lease)
+		_ = pipe.Process(ctx, set)
 		wait := s.wait(ctx, pipe)
 		_, _ = pipe.Exec(ctx)
 		raw, err = set.Result()
@@ -214,7 +280,11 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 			s.checkWait("claim", wait)
 		}
 	} else {
-		raw, err = s.client.SetArgs(ctx, key, value, args).Result()
+		set := setNXGet(ctx, key, value, lease)
+		if err := s.exec(ctx, len(value), set); err != nil {
+			return Result{}, s.unavailable("claim", err)
+		}
+		raw, err = set.Result()
 	}
 	switch {
 	case errors.Is(err, redis.Nil):
@@ -237,9 +307,10 @@ func (s *Store) found(ctx context.Context, key string, rec *Record, raw string, 
 	if err != nil || res.Claimed || res.Existing.State != InProgress {
 		return res, err
 	}
-	ttl, err := s.client.PTTL(ctx, key).Result()
-	if err != nil {
-		ttl = lease
+	pttl := redis.NewDurationCmd(ctx, time.Millisecond, "pttl", key)
+	ttl := lease
+	if s.exec(ctx, 0, pttl) == nil && pttl.Err() == nil {
+		ttl = pttl.Val()
 	}
 	res.TTL = leaseLeft(res.Existing, max(ttl, time.Millisecond))
 	return res, nil
@@ -263,7 +334,7 @@ func (s *Store) claimByScript(ctx context.Context, key string, rec *Record, valu
 		run, wait = s.runAndWait(ctx, claimScript, key, value, lease.Milliseconds())
 		v, err = run.Result()
 	} else {
-		v, err = claimScript.Run(ctx, s.client, []string{key}, value, lease.Milliseconds()).Result()
+		v, err = s.eval(ctx, claimScript, key, len(value), value, lease.Milliseconds()).Result()
 	}
 	if err != nil {
 		return Result{}, s.unavailable("claim", err)
@@ -301,10 +372,9 @@ func (s *Store) existing(key string, rec *Record, raw string, ttl time.Duration)
 // Get returns the record under key, or nil when there is none, and for an
 // in-progress record what is left of its lease (see Result.TTL).
 func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, error) {
-	pipe := s.client.Pipeline()
-	get := pipe.Get(ctx, key)
-	pttl := pipe.PTTL(ctx, key)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	get := redis.NewStringCmd(ctx, "get", key)
+	pttl := redis.NewDurationCmd(ctx, time.Millisecond, "pttl", key)
+	if err := s.exec(ctx, 0, get, pttl); err != nil {
 		return nil, 0, s.unavailable("get", err)
 	}
 	raw, err := get.Bytes()
@@ -329,7 +399,7 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, er
 // the record was already completed by this owner (a renewal racing the
 // completion).
 func (s *Store) Renew(ctx context.Context, key string, rec *Record, lease time.Duration) error {
-	n, err := renewScript.Run(ctx, s.client, []string{key}, rec.Token[:], (lease + rec.Tail).Milliseconds()).Int64()
+	n, err := s.eval(ctx, renewScript, key, 0, rec.Token[:], (lease + rec.Tail).Milliseconds()).Int64()
 	if err != nil {
 		return s.unavailable("renew", err)
 	}
@@ -356,7 +426,8 @@ const (
 // kept for retention. It returns ErrLeaseLost, writing nothing, when
 // another owner holds the key.
 func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention time.Duration) (Completion, error) {
-	args := []any{rec.Token[:], s.encode(key, rec), retention.Milliseconds()}
+	value := s.encode(key, rec)
+	args := []any{rec.Token[:], value, retention.Milliseconds()}
 	var n int64
 	var err error
 	if s.waitReplicas > 0 {
@@ -365,7 +436,7 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 			s.checkWait("complete", wait)
 		}
 	} else {
-		n, err = completeScript.Run(ctx, s.client, []string{key}, args...).Int64()
+		n, err = s.eval(ctx, completeScript, key, len(value), args...).Int64()
 	}
 	if err != nil {
 		return 0, s.unavailable("complete", err)
@@ -387,7 +458,8 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 // (gone, completed, claimed by another) or the owner renewed its lease
 // after all; the caller then claims again.
 func (s *Store) SettleOrphan(ctx context.Context, key string, orphan *Record, rec *Record, retention time.Duration) error {
-	args := []any{orphan.Token[:], s.encode(key, rec), retention.Milliseconds(), orphan.Tail.Milliseconds()}
+	value := s.encode(key, rec)
+	args := []any{orphan.Token[:], value, retention.Milliseconds(), orphan.Tail.Milliseconds()}
 	var n int64
 	var err error
 	if s.waitReplicas > 0 {
@@ -396,7 +468,7 @@ func (s *Store) SettleOrphan(ctx context.Context, key string, orphan *Record, re
 			s.checkWait("complete", wait)
 		}
 	} else {
-		n, err = orphanScript.Run(ctx, s.client, []string{key}, args...).Int64()
+		n, err = s.eval(ctx, orphanScript, key, len(value), args...).Int64()
 	}
 	if err != nil {
 		return s.unavailable("settle orphan", err)
@@ -434,7 +506,7 @@ func (s *Store) runAndWait(ctx context.Context, script *redis.Script, key string
 // key. A key that is already gone is not an error; one owned by someone
 // else, or already completed, is ErrLeaseLost and is left alone.
 func (s *Store) Release(ctx context.Context, key string, token Token) error {
-	n, err := releaseScript.Run(ctx, s.client, []string{key}, token[:]).Int64()
+	n, err := s.eval(ctx, releaseScript, key, 0, token[:]).Int64()
 	if err != nil {
 		return s.unavailable("release", err)
 	}
@@ -453,7 +525,7 @@ var ErrStateChanged = errors.New("claim: the record is not in the state given")
 // (Completed), never the other by mistake. A key that is gone is not an
 // error; one in another state is ErrStateChanged.
 func (s *Store) Forget(ctx context.Context, key string, state State) error {
-	n, err := forgetScript.Run(ctx, s.client, []string{key}, int(state)).Int64()
+	n, err := s.eval(ctx, forgetScript, key, 0, int(state)).Int64()
 	if err != nil {
 		return s.unavailable("forget", err)
 	}

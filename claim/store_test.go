@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -72,6 +73,7 @@ func TestContract(t *testing.T) {
 		{"CompleteAfterLapse", testCompleteAfterLapse},
 		{"ForeignValueNeverTouched", testForeignValue},
 		{"ConcurrentClaimsOneWinner", testConcurrentClaims},
+		{"ConcurrentPairsKeepTheirResults", testConcurrentPairs},
 		{"TailOutlivesLease", testTailOutlivesLease},
 		{"SettleOrphanFenced", testSettleOrphanFenced},
 		{"SealedRecords", testSealedRecords},
@@ -84,11 +86,18 @@ func TestContract(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			c := b.setup(t)
-			for _, tt := range tests {
-				t.Run(tt.name, func(t *testing.T) {
-					t.Parallel()
-					tt.fn(t, c, claim.New(c, "test:"+tt.name+":"))
-				})
+			// Every test runs with operations coalesced into pipelines (the
+			// default) and sent one by one (store.pipeline: false).
+			for _, mode := range []struct {
+				name      string
+				pipelined bool
+			}{{"pipelined", true}, {"direct", false}} {
+				for _, tt := range tests {
+					t.Run(mode.name+"/"+tt.name, func(t *testing.T) {
+						t.Parallel()
+						tt.fn(t, c, claim.New(c, "test:"+mode.name+":"+tt.name+":", claim.WithPipeline(mode.pipelined)))
+					})
+				}
 			}
 		})
 	}
@@ -384,6 +393,41 @@ func testConcurrentClaims(t *testing.T, _ redis.UniversalClient, s *claim.Store)
 	if won != 1 {
 		t.Fatalf("%d of 50 concurrent claims won, want exactly 1", won)
 	}
+}
+
+// testConcurrentPairs runs claim, complete and get on distinct keys from 32
+// goroutines, so that with coalescing many share a pipeline: each must get
+// its own result (a claim its own key, a get its own body), and each
+// completion must find its own claim (Stored, never StoredAfterLapse: the
+// claim was applied first).
+func testConcurrentPairs(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for g := range 32 {
+		wg.Go(func() {
+			for i := range 40 {
+				name := fmt.Sprintf("k-%d-%d", g, i)
+				key := s.Key("alice", "route", name)
+				rec := newRecord(t)
+				res, err := s.Claim(ctx, key, rec, 10*time.Second)
+				if err != nil || !res.Claimed {
+					t.Errorf("claim %s = %+v, %v", name, res, err)
+					return
+				}
+				how, err := s.Complete(ctx, key, completed(rec, name), time.Minute)
+				if err != nil || how != claim.Stored {
+					t.Errorf("complete %s = %v, %v; want Stored", name, how, err)
+					return
+				}
+				got, _, err := s.Get(ctx, key)
+				if err != nil || got == nil || string(got.Body) != name || got.Token != rec.Token {
+					t.Errorf("get %s = %+v, %v; want its own record", name, got, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 func TestKeyFramingAndPrivacy(t *testing.T) {

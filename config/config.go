@@ -242,6 +242,10 @@ type Store struct {
 	Redis Redis `yaml:"redis"`
 	// KeyPrefix is prepended to every Redis key.
 	KeyPrefix string `yaml:"key_prefix"`
+	// Pipeline coalesces concurrent store operations into pipelines
+	// (group commit); false sends each on its own. No effect with
+	// WaitReplicas, whose WAIT would hold up a whole batch.
+	Pipeline bool `yaml:"pipeline"`
 	// WaitReplicas, when positive, makes every claim and completion wait
 	// for that many replicas to acknowledge it (Redis WAIT), up to
 	// WaitTimeout. Zero never waits. Not consensus. On a Cluster the WAIT
@@ -408,7 +412,7 @@ func Default() *Config {
 			URL: DefaultUpstreamURL, Timeout: DefaultUpstreamTimeout,
 			LateAnswerWindow: DefaultLateAnswerWindow, MaxLateCalls: DefaultMaxLateCalls,
 		},
-		Store:    Store{KeyPrefix: DefaultKeyPrefix, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
+		Store:    Store{KeyPrefix: DefaultKeyPrefix, Pipeline: true, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
 		Client:   Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
 		Limits:   Limits{PrincipalShare: DefaultPrincipalShare},
 		Identity: Identity{Header: DefaultIdentityHeader, Source: IdentityFromHeader, JWT: JWT{Claim: "sub"}, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
