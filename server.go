@@ -169,6 +169,7 @@ func (s *server) openStore(ctx context.Context) (embedded bool, err error) {
 		s.metrics.batchOps.Observe(float64(n))
 	}))
 	s.store = claim.New(client, s.cfg.Store.KeyPrefix, opts...)
+	s.closers = append(s.closers, s.store.Close)
 	preload(ctx, s.store, s.log)
 	return embedded, nil
 }

@@ -43,25 +43,27 @@ return 1
 // later retry into a replay instead of a second execution.
 //
 // KEYS[1] key; ARGV[1] token; ARGV[2] encoded completed record; ARGV[3]
-// retention ms.
+// retention ms; ARGV[4] the publish command (see watch.go).
 // Returns 1 stored, 2 stored after the lease lapsed, 3 already stored by us
 // (a resent command), -1 owned by someone else.
 var completeScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  redis.pcall(ARGV[4], KEYS[1], '')
   return 2
 end
 if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
 if string.byte(cur, 2) == 2 then return 3 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.pcall(ARGV[4], KEYS[1], '')
 return 1
 `)
 
 // releaseScript deletes the key, only while we own it and it is in
 // progress.
 //
-// KEYS[1] key; ARGV[1] token.
+// KEYS[1] key; ARGV[1] token; ARGV[2] the publish command.
 // Returns 1 released, 0 already gone, -1 owned by someone else, -2 completed.
 var releaseScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
@@ -69,6 +71,7 @@ if not cur then return 0 end
 if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
 if string.byte(cur, 2) ~= 1 then return -2 end
 redis.call('DEL', KEYS[1])
+redis.pcall(ARGV[2], KEYS[1], '')
 return 1
 `)
 
@@ -78,7 +81,8 @@ return 1
 // orphan's token and on the lease still being over.
 //
 // KEYS[1] key; ARGV[1] orphan's token; ARGV[2] encoded completed record;
-// ARGV[3] retention ms; ARGV[4] the orphan's tail ms.
+// ARGV[3] retention ms; ARGV[4] the orphan's tail ms; ARGV[5] the publish
+// command.
 // Returns 1 settled, 0 gone, -1 owned by someone else, -2 completed, -3
 // the owner renewed its lease.
 var orphanScript = redis.NewScript(`
@@ -88,6 +92,7 @@ if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 
 if string.byte(cur, 2) ~= 1 then return -2 end
 if redis.call('PTTL', KEYS[1]) > tonumber(ARGV[4]) then return -3 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.pcall(ARGV[5], KEYS[1], '')
 return 1
 `)
 
@@ -97,12 +102,14 @@ var scripts = []*redis.Script{claimScript, renewScript, completeScript, releaseS
 // so that an operator clearing a stuck claim never deletes an answer that
 // was stored a moment before, nor the reverse.
 //
-// KEYS[1] key; ARGV[1] state byte (1 in progress, 2 completed).
+// KEYS[1] key; ARGV[1] state byte (1 in progress, 2 completed); ARGV[2]
+// the publish command.
 // Returns 1 deleted, 0 gone, -1 in another state or not a record of ours.
 var forgetScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then return 0 end
 if string.byte(cur, 1) ~= 1 or string.byte(cur, 2) ~= tonumber(ARGV[1]) then return -1 end
 redis.call('DEL', KEYS[1])
+redis.pcall(ARGV[2], KEYS[1], '')
 return 1
 `)

@@ -48,6 +48,8 @@ type Store struct {
 	seal   *sealer
 	keyMAC []byte
 
+	// watch wakes waiters (watch.go).
+	watch *watcher
 	// batch coalesces concurrent operations into pipelines (batch.go);
 	// nil sends each operation on its own.
 	batch *batcher
@@ -97,7 +99,7 @@ func (s *Store) checkWait(op string, cmd *redis.Cmd) {
 // WithWait is given: WAIT blocks its connection, and would hold up every
 // operation behind it in a batch.
 func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
-	s := &Store{client: client, prefix: prefix, batch: &batcher{client: client}}
+	s := &Store{client: client, prefix: prefix, batch: &batcher{client: client}, watch: newWatcher(client)}
 	for _, o := range opts {
 		o(s)
 	}
@@ -427,7 +429,7 @@ const (
 // another owner holds the key.
 func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention time.Duration) (Completion, error) {
 	value := s.encode(key, rec)
-	args := []any{rec.Token[:], value, retention.Milliseconds()}
+	args := []any{rec.Token[:], value, retention.Milliseconds(), s.watch.publishCommand()}
 	var n int64
 	var err error
 	if s.waitReplicas > 0 {
@@ -459,7 +461,7 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 // after all; the caller then claims again.
 func (s *Store) SettleOrphan(ctx context.Context, key string, orphan *Record, rec *Record, retention time.Duration) error {
 	value := s.encode(key, rec)
-	args := []any{orphan.Token[:], value, retention.Milliseconds(), orphan.Tail.Milliseconds()}
+	args := []any{orphan.Token[:], value, retention.Milliseconds(), orphan.Tail.Milliseconds(), s.watch.publishCommand()}
 	var n int64
 	var err error
 	if s.waitReplicas > 0 {
@@ -506,7 +508,7 @@ func (s *Store) runAndWait(ctx context.Context, script *redis.Script, key string
 // key. A key that is already gone is not an error; one owned by someone
 // else, or already completed, is ErrLeaseLost and is left alone.
 func (s *Store) Release(ctx context.Context, key string, token Token) error {
-	n, err := s.eval(ctx, releaseScript, key, 0, token[:]).Int64()
+	n, err := s.eval(ctx, releaseScript, key, 0, token[:], s.watch.publishCommand()).Int64()
 	if err != nil {
 		return s.unavailable("release", err)
 	}
@@ -525,7 +527,7 @@ var ErrStateChanged = errors.New("claim: the record is not in the state given")
 // (Completed), never the other by mistake. A key that is gone is not an
 // error; one in another state is ErrStateChanged.
 func (s *Store) Forget(ctx context.Context, key string, state State) error {
-	n, err := s.eval(ctx, forgetScript, key, 0, int(state)).Int64()
+	n, err := s.eval(ctx, forgetScript, key, 0, int(state), s.watch.publishCommand()).Int64()
 	if err != nil {
 		return s.unavailable("forget", err)
 	}
@@ -533,6 +535,11 @@ func (s *Store) Forget(ctx context.Context, key string, state State) error {
 		return fmt.Errorf("forget: %w", ErrStateChanged)
 	}
 	return nil
+}
+
+// Close closes the store's subscriptions (Watch); the client stays open.
+func (s *Store) Close() {
+	s.watch.close()
 }
 
 // Ping reports whether Redis answers.

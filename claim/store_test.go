@@ -74,6 +74,7 @@ func TestContract(t *testing.T) {
 		{"ForeignValueNeverTouched", testForeignValue},
 		{"ConcurrentClaimsOneWinner", testConcurrentClaims},
 		{"ConcurrentPairsKeepTheirResults", testConcurrentPairs},
+		{"WatchWakesOnEverySettlement", testWatch},
 		{"TailOutlivesLease", testTailOutlivesLease},
 		{"SettleOrphanFenced", testSettleOrphanFenced},
 		{"SealedRecords", testSealedRecords},
@@ -428,6 +429,87 @@ func testConcurrentPairs(t *testing.T, _ redis.UniversalClient, s *claim.Store) 
 		})
 	}
 	wg.Wait()
+}
+
+// testWatch: a watch is woken when its channel goes live, and by every
+// operation that settles or frees the key (complete, release, settle an
+// orphan, forget), on every topology (sharded pub/sub on a Cluster). A
+// renewal wakes nobody, and a stopped watch is not woken.
+func testWatch(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	t.Cleanup(s.Close)
+	key := s.Key("alice", "route", "watched")
+	w := s.Watch(ctx, key)
+	defer w.Stop()
+	woken := func(what string) {
+		t.Helper()
+		select {
+		case <-w.C:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("watch not woken: %s", what)
+		}
+	}
+	quiet := func(what string) {
+		t.Helper()
+		select {
+		case <-w.C:
+			t.Fatalf("watch woken by %s", what)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	woken("the channel went live")
+	quiet("nothing")
+
+	rec := newRecord(t)
+	if _, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Renew(ctx, key, rec, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	quiet("a claim and a renewal")
+	if err := s.Release(ctx, key, rec.Token); err != nil {
+		t.Fatal(err)
+	}
+	woken("release")
+
+	rec = newRecord(t)
+	if _, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Complete(ctx, key, completed(rec, "done"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	woken("complete")
+	if err := s.Forget(ctx, key, claim.Completed); err != nil {
+		t.Fatal(err)
+	}
+	woken("forget")
+
+	orphan := newRecord(t)
+	orphan.Tail = 10 * time.Second
+	if _, err := s.Claim(ctx, key, orphan, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "the lease is over", func() bool {
+		got, ttl, err := s.Get(ctx, key)
+		return err == nil && got != nil && got.Orphaned(ttl)
+	})
+	settler := newRecord(t)
+	if err := s.SettleOrphan(ctx, key, orphan, completed(settler, "outcome unknown"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	woken("settling an orphan")
+
+	w.Stop()
+	other := s.Key("alice", "route", "other")
+	w2 := s.Watch(ctx, other)
+	defer w2.Stop()
+	<-w2.C // live
+	if err := s.Forget(ctx, key, claim.Completed); err != nil {
+		t.Fatal(err)
+	}
+	quiet("an operation after Stop")
 }
 
 func TestKeyFramingAndPrivacy(t *testing.T) {

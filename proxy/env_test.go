@@ -111,6 +111,8 @@ type setup struct {
 	WaitTimeout  time.Duration
 	// StoreOptions are passed to claim.New (sealing, key secret).
 	StoreOptions []claim.Option
+	// WaitSafetyPoll is proxy.Options.WaitSafetyPoll.
+	WaitSafetyPoll time.Duration
 }
 
 // newEnv starts a store, the upstream (app sees every request after the
@@ -169,6 +171,7 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions,
 		opts = append(opts, claim.WithWait(cfg.WaitReplicas, cfg.WaitTimeout, func(op string) { e.waitShort.Add(1) }))
 	}
 	e.store = claim.New(client, e.prefix, opts...)
+	t.Cleanup(e.store.Close)
 	var out io.Writer = e.logs
 	if os.Getenv("IDEMPROXY_TEST_LOG") == "1" {
 		out = io.MultiWriter(e.logs, os.Stderr)
@@ -179,6 +182,7 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions,
 		Metrics: proxy.NewMetrics(e.reg),
 		// Short, for the slow-loris test; no other test trickles its body.
 		BodyReadTimeout: 500 * time.Millisecond,
+		WaitSafetyPoll:  cfg.WaitSafetyPoll,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -249,21 +249,30 @@ func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
 	_, _ = x.w.Write(rec.Body)
 }
 
-// wait polls the key until its first attempt settles or is orphaned, the
+// wait watches the key until its first attempt settles or is orphaned, the
 // deadline passes or the client goes away. It returns nil when the key is
-// free again.
+// free again. It looks at the key when woken (the key's channel went live,
+// or an operation settled or freed it) and, as the safety net for a lost
+// message, when the first attempt's lease would end and at least every
+// safetyPoll.
 func (x *exchange) wait(until time.Time) (*claim.Record, time.Duration, error) {
-	interval := 10 * time.Millisecond
-	timer := time.NewTimer(interval)
+	ctx := x.r.Context()
+	watch := x.h.store.Watch(ctx, x.hashedKey)
+	defer watch.Stop()
+	x.h.waiting.Add(1)
+	defer x.h.waiting.Add(-1)
+	// Should the subscription never be confirmed, look after a short while.
+	timer := time.NewTimer(min(firstLook, time.Until(until)+time.Millisecond))
 	defer timer.Stop()
 	for {
 		select {
-		case <-x.r.Context().Done():
-			return nil, 0, x.r.Context().Err()
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		case <-watch.C:
 		case <-timer.C:
 		}
 		start := time.Now()
-		rec, ttl, err := x.h.store.Get(x.r.Context(), x.hashedKey)
+		rec, ttl, err := x.h.store.Get(ctx, x.hashedKey)
 		x.h.observeStore("get", start)
 		if err != nil || rec == nil || rec.State == claim.Completed || rec.Orphaned(ttl) {
 			return rec, ttl, err
@@ -271,10 +280,13 @@ func (x *exchange) wait(until time.Time) (*claim.Record, time.Duration, error) {
 		if !time.Now().Before(until) {
 			return rec, ttl, nil
 		}
-		interval = min(interval*2, 200*time.Millisecond, until.Sub(time.Now())+time.Millisecond)
-		timer.Reset(interval)
+		timer.Reset(min(max(ttl+time.Millisecond, firstLook), x.h.safetyPoll, time.Until(until)+time.Millisecond))
 	}
 }
+
+// firstLook is when a waiter looks at the key if its subscription was not
+// confirmed; and the shortest interval between its polls.
+const firstLook = 50 * time.Millisecond
 
 // readBody reads the request body up to max_request_body.
 func (x *exchange) readBody() ([]byte, bool) {

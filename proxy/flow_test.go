@@ -83,6 +83,79 @@ func TestConcurrentDuplicatesWaitForOneAnswer(t *testing.T) {
 	}
 }
 
+// TestWaitersAreWokenNotPolled: retries waiting for the first attempt
+// (concurrent: wait) learn of its answer from the message its completion
+// publishes. With the safety poll and the lease far beyond the test, a
+// waiter that was not woken would wait out max_wait (a minute) and time
+// the test out; and each waiter looks at the key about twice (when its
+// channel goes live, and when woken), where polling every 10-200 ms for the
+// upstream's second looked 9 times.
+func TestWaitersAreWokenNotPolled(t *testing.T) {
+	release := make(chan struct{})
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		created(w, r)
+	}, func(c *setup) {
+		c.Routes[0].Wait = true
+		c.Routes[0].MaxWait = time.Minute
+		c.Routes[0].Lease = time.Minute
+		c.WaitSafetyPoll = time.Hour
+	})
+	const waiters = 50
+	first := make(chan resp, 1)
+	go func() { first <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
+	poll.Until(t, "the first attempt is upstream", func() bool { return e.ledger.Total() == 1 })
+	gets := func() int64 { return commandCalls(t, e, "get") }
+	before := gets()
+	results := make(chan resp, waiters)
+	for range waiters {
+		go func() { results <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
+	}
+	poll.Until(t, "every waiter is waiting", func() bool {
+		return e.h.Waiting() == waiters
+	})
+	time.Sleep(time.Second) // what polling waiters would spend asking
+	close(release)
+	if r := <-first; r.status != http.StatusCreated {
+		t.Fatalf("first attempt: %d", r.status)
+	}
+	timeout := time.After(30 * time.Second)
+	for range waiters {
+		select {
+		case r := <-results:
+			if r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("waiter: %d replayed=%q, want the replayed 201", r.status, r.header.Get("Idempotent-Replayed"))
+			}
+		case <-timeout:
+			t.Fatal("waiters were not woken by the completion")
+		}
+	}
+	if n := e.ledger.Total(); n != 1 {
+		t.Fatalf("upstream executed %d times, want 1", n)
+	}
+	got := gets() - before
+	t.Logf("%d waiters over about 1s looked at the key %d times", waiters, got)
+	if got > 3*waiters {
+		t.Errorf("%d waiters looked at the key %d times, want at most 3 each", waiters, got)
+	}
+}
+
+// commandCalls is how many times Redis ran cmd (INFO commandstats).
+func commandCalls(t *testing.T, e *env, cmd string) int64 {
+	t.Helper()
+	info, err := e.rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls="); ok {
+			n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
 // burst sends n copies of r at once.
 func burst(t *testing.T, e *env, n int, r req) []resp {
 	t.Helper()

@@ -31,6 +31,7 @@ type Store interface {
 	Complete(ctx context.Context, key string, rec *claim.Record, retention time.Duration) (claim.Completion, error)
 	SettleOrphan(ctx context.Context, key string, orphan, rec *claim.Record, retention time.Duration) error
 	Release(ctx context.Context, key string, token claim.Token) error
+	Watch(ctx context.Context, key string) *claim.Watch
 }
 
 var _ Store = (*claim.Store)(nil)
@@ -66,7 +67,15 @@ type Options struct {
 	// BodyReadTimeout bounds reading a protected request's body. Zero
 	// uses DefaultBodyReadTimeout.
 	BodyReadTimeout time.Duration
+	// WaitSafetyPoll is the longest a waiting retry goes without looking
+	// at the key, should the message that wakes it be lost. Zero uses
+	// DefaultWaitSafetyPoll.
+	WaitSafetyPoll time.Duration
 }
+
+// DefaultWaitSafetyPoll is how often, at least, a waiting retry looks at
+// its key when no message wakes it.
+const DefaultWaitSafetyPoll = 5 * time.Second
 
 // DefaultBodyReadTimeout is how long a client may take to send a protected
 // request's body.
@@ -89,6 +98,7 @@ type Handler struct {
 	metrics                *Metrics
 	rand                   io.Reader
 	bodyTimeout            time.Duration
+	safetyPoll             time.Duration
 
 	// lateWindow is upstream.late_answer_window; maxLate caps lateCalls,
 	// the owners' upstream calls running past upstream.timeout now.
@@ -108,6 +118,8 @@ type Handler struct {
 	lateWindow time.Duration
 	maxLate    int64
 	lateCalls  atomic.Int64
+	// waiting counts retries waiting for a first attempt (concurrent: wait).
+	waiting atomic.Int64
 	// abandoned is set by Abandon: upstream calls starting after it are
 	// cancelled at once.
 	abandoned atomic.Bool
@@ -134,6 +146,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		metrics:         opts.Metrics,
 		rand:            opts.Rand,
 		bodyTimeout:     opts.BodyReadTimeout,
+		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, DefaultWaitSafetyPoll),
 	}
 	if h.bodyTimeout <= 0 {
 		h.bodyTimeout = DefaultBodyReadTimeout

@@ -1,0 +1,181 @@
+package claim
+
+import (
+	"context"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Waking waiters. A retry that waits for the first attempt's outcome
+// (concurrent: wait) subscribes to its key's channel: every script that
+// settles or frees a key (complete, release, settle orphan, forget)
+// publishes on the channel named after the key, so a waiter learns of the
+// outcome one message later instead of at its next poll. One subscription
+// connection per process (per master on a Cluster, with sharded pub/sub,
+// so a message never crosses the cluster bus) carries every waiter's
+// channels; a channel is subscribed while at least one waiter watches it.
+//
+// A message can be lost (a reconnect, a failover, a slot moving): waiters
+// keep a slow poll as the safety net. Every confirmation of a
+// subscription, the first and those after a reconnect, wakes the channel's
+// waiters too, so that they look at the key once the channel is live.
+
+// Watch wakes a waiter when its key may have changed.
+type Watch struct {
+	// C receives (at most one pending value) when the key may have been
+	// settled or freed, and once when the subscription is live.
+	C <-chan struct{}
+
+	c       chan struct{}
+	channel string
+	sub     *subscription
+	w       *watcher
+}
+
+type watcher struct {
+	client  redis.UniversalClient
+	sharded bool // a Cluster: SSUBSCRIBE per master
+
+	mu   sync.Mutex
+	subs map[string]*subscription // by master address ("" when not sharded)
+}
+
+// subscription is one pub/sub connection and the waiters on its channels.
+type subscription struct {
+	ps       *redis.PubSub
+	channels map[string]*channelState
+}
+
+type channelState struct {
+	live    bool // its subscription was confirmed
+	waiters map[*Watch]struct{}
+}
+
+func newWatcher(client redis.UniversalClient) *watcher {
+	_, sharded := client.(*redis.ClusterClient)
+	return &watcher{client: client, sharded: sharded, subs: map[string]*subscription{}}
+}
+
+// publishCommand is what the scripts publish with.
+func (w *watcher) publishCommand() string {
+	if w.sharded {
+		return "spublish"
+	}
+	return "publish"
+}
+
+// Watch starts watching key; the caller must Stop it. When the key's
+// channel is already live, C is ready at once, so the caller looks at the
+// key without waiting for a message it may have missed.
+func (s *Store) Watch(ctx context.Context, key string) *Watch {
+	return s.watch.add(ctx, key)
+}
+
+func (w *watcher) add(ctx context.Context, channel string) *Watch {
+	c := make(chan struct{}, 1)
+	wt := &Watch{C: c, c: c, channel: channel, w: w}
+	node := ""
+	if w.sharded {
+		if m, err := w.client.(*redis.ClusterClient).MasterForKey(ctx, channel); err == nil {
+			node = m.Options().Addr
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	sub := w.subs[node]
+	if sub == nil {
+		sub = &subscription{channels: map[string]*channelState{}}
+		if w.sharded {
+			sub.ps = w.client.SSubscribe(ctx)
+		} else {
+			sub.ps = w.client.Subscribe(ctx)
+		}
+		w.subs[node] = sub
+		go w.receive(sub)
+	}
+	wt.sub = sub
+	st := sub.channels[channel]
+	if st == nil {
+		st = &channelState{waiters: map[*Watch]struct{}{}}
+		sub.channels[channel] = st
+		if w.sharded {
+			_ = sub.ps.SSubscribe(ctx, channel)
+		} else {
+			_ = sub.ps.Subscribe(ctx, channel)
+		}
+	}
+	st.waiters[wt] = struct{}{}
+	if st.live {
+		wt.wake()
+	}
+	return wt
+}
+
+// Stop ends the watch; the channel is unsubscribed when nobody else
+// watches it.
+func (wt *Watch) Stop() {
+	w := wt.w
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	st := wt.sub.channels[wt.channel]
+	if st == nil {
+		return
+	}
+	delete(st.waiters, wt)
+	if len(st.waiters) > 0 {
+		return
+	}
+	delete(wt.sub.channels, wt.channel)
+	ctx := context.Background()
+	if w.sharded {
+		_ = wt.sub.ps.SUnsubscribe(ctx, wt.channel)
+	} else {
+		_ = wt.sub.ps.Unsubscribe(ctx, wt.channel)
+	}
+}
+
+func (wt *Watch) wake() {
+	select {
+	case wt.c <- struct{}{}:
+	default:
+	}
+}
+
+// receive wakes the waiters of every channel a message or a subscription
+// confirmation names, until the subscription is closed.
+func (w *watcher) receive(sub *subscription) {
+	for m := range sub.ps.ChannelWithSubscriptions() {
+		var channel string
+		confirmed := false
+		switch m := m.(type) {
+		case *redis.Message:
+			channel = m.Channel
+		case *redis.Subscription:
+			if m.Kind != "subscribe" && m.Kind != "ssubscribe" {
+				continue
+			}
+			channel, confirmed = m.Channel, true
+		default:
+			continue
+		}
+		w.mu.Lock()
+		if st := sub.channels[channel]; st != nil {
+			st.live = st.live || confirmed
+			for wt := range st.waiters {
+				wt.wake()
+			}
+		}
+		w.mu.Unlock()
+	}
+}
+
+// close closes every subscription.
+func (w *watcher) close() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for node, sub := range w.subs {
+		_ = sub.ps.Close()
+		delete(w.subs, node)
+	}
+}
