@@ -309,7 +309,7 @@ routes:
     match: "POST /payments"
 `
 
-func bench(o options, dir, self, bin string) error {
+func bench(o options, dir, self, bin, fiberBin string) error {
 	redisPort := freePort()
 	redisAddr := fmt.Sprintf("127.0.0.1:%d", redisPort)
 	redisProc, err := startProc("redis", redisAddr, "redis-server", "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1",
@@ -385,6 +385,18 @@ func bench(o options, dir, self, bin string) error {
 			&target{name: "idemproxy first attempts, log_level warn", start: idemAt("warn", true), path: "/payments", body: small, keyed: true},
 			&target{name: "idemproxy first attempts, store.pipeline off", start: idemAt("info", false), path: "/payments", body: small, keyed: true},
 			&target{name: "idemproxy replays", start: idem, path: "/payments", body: small, prepare: seed},
+		)
+		if fiberBin != "" {
+			fiber := func() (*proc, error) {
+				a := fmt.Sprintf("127.0.0.1:%d", freePort())
+				return startProc("fiber", a, fiberBin, "-listen", a, "-redis", redisAddr, "-delay", delay.String())
+			}
+			targets = append(targets,
+				&target{name: fiberName, start: fiber, path: "/payments", body: small, keyed: true},
+				&target{name: "Fiber idempotency middleware, replays", start: fiber, path: "/payments", body: small, prepare: seed},
+			)
+		}
+		targets = append(targets,
 			&target{name: "ReverseProxy, 64 KiB body", start: rp, path: "/payments", body: body64k},
 			&target{name: "idemproxy first attempts, 64 KiB body", start: idem, path: "/payments", body: body64k, keyed: true},
 			&target{name: "ReverseProxy, 1 MiB body", start: rp, path: "/payments", body: body1m},

@@ -92,5 +92,15 @@ func run() error {
 	if err := build.Run(); err != nil {
 		return fmt.Errorf("build idemproxy: %w", err)
 	}
-	return bench(o, dir, self, bin)
+	// The in-app peer is its own module (bench/fiberpeer), so that the
+	// sidecar does not depend on Fiber; without it its targets are skipped.
+	fiberBin := filepath.Join(dir, "fiberpeer")
+	build = exec.Command("go", "build", "-o", fiberBin, ".")
+	build.Dir = filepath.Join("bench", "fiberpeer")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "Fiber peer not built (%v): run from the repository's root; its targets are skipped\n", err)
+		fiberBin = ""
+	}
+	return bench(o, dir, self, bin, fiberBin)
 }

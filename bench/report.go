@@ -105,6 +105,15 @@ func report(o options, results []result, rttP50, rttP99 time.Duration) string {
 			fmt.Fprintf(&b, "\nidemproxy first attempts against the floor: %.2f× rps, %+.0f µs p50, %+.0f µs of proxy CPU and %+.0f µs of Redis CPU per request.\n",
 				first.rps/fl.rps, float64(first.p50-fl.p50)/1e3, (first.cpuPer1k-fl.cpuPer1k)*1e3, (first.redisPer1k-fl.redisPer1k)*1e3)
 		}
+		fiber, fiberReplays := find(results, delay, fiberName), find(results, delay, fiberName+", replays")
+		replays := find(results, delay, "idemproxy replays")
+		if first != nil && fiber != nil {
+			fmt.Fprintf(&b, "\nidemproxy first attempts against Fiber's in-app idempotency middleware: %.2f× rps, %+.0f µs p50.\n",
+				first.rps/fiber.rps, float64(first.p50-fiber.p50)/1e3)
+		}
+		if replays != nil && fiberReplays != nil {
+			fmt.Fprintf(&b, "idemproxy replays against Fiber's replays: %.2f× rps.\n", replays.rps/fiberReplays.rps)
+		}
 	}
 	return b.String()
 }
@@ -112,7 +121,7 @@ func report(o options, results []result, rttP50, rttP99 time.Duration) string {
 // baselineFor is the ReverseProxy result with the same body size and
 // upstream delay, which an idemproxy result is compared with.
 func baselineFor(results []result, r result) *result {
-	if !strings.HasPrefix(r.name, "idemproxy") && !strings.HasPrefix(r.name, "ReverseProxy + ") {
+	if !strings.HasPrefix(r.name, "idemproxy") && !strings.HasPrefix(r.name, "ReverseProxy + ") && !strings.HasPrefix(r.name, "Fiber") {
 		return nil
 	}
 	want := "ReverseProxy"
@@ -130,6 +139,10 @@ func baselineFor(results []result, r result) *result {
 }
 
 const floorName = "ReverseProxy + 2 Redis round trips (floor)"
+
+// fiberName is the in-app peer: Fiber's idempotency middleware on Redis
+// (bench/fiberpeer), no extra hop.
+const fiberName = "Fiber idempotency middleware"
 
 func find(results []result, delay time.Duration, name string) *result {
 	for i := range results {
