@@ -95,7 +95,15 @@ func start(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 	if err != nil {
 		return nil, err
 	}
-	s.handler, err = proxy.New(pcfg, s.store, proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg), BodyReadTimeout: cfg.Client.BodyTimeout})
+	opts := proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg), BodyReadTimeout: cfg.Client.BodyTimeout}
+	tp, err := s.startTracing(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if tp != nil {
+		opts.TracerProvider, opts.Propagator = tp, propagator
+	}
+	s.handler, err = proxy.New(pcfg, s.store, opts)
 	if err != nil {
 		return nil, err
 	}

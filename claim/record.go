@@ -63,7 +63,11 @@ const (
 	flagTail = 2
 	// flagSealed marks a record whose response part is sealed (seal.go).
 	flagSealed = 4
-	knownFlags = flagBodyOmitted | flagTail | flagSealed
+	// flagTrace marks a record that ends with the trace context of the
+	// attempt that executed (Record.Trace). Written only with tracing on,
+	// so that with it off records stay readable by earlier versions.
+	flagTrace  = 8
+	knownFlags = flagBodyOmitted | flagTail | flagSealed | flagTrace
 )
 
 // ErrCorrupt means a stored value could not be decoded: another program
@@ -94,7 +98,20 @@ type Record struct {
 	// the next attempt settles the key as an unknown outcome instead of
 	// executing. Zero: the record lapses with its lease.
 	Tail time.Duration
+	// Trace is the W3C trace id and span id of the attempt that claimed
+	// the key, so that a retry's trace can link to the execution; zero
+	// when that attempt was not traced.
+	Trace TraceContext
 }
+
+// TraceContext is a W3C trace id (16 bytes) and span id (8 bytes).
+type TraceContext struct {
+	TraceID [16]byte
+	SpanID  [8]byte
+}
+
+// IsZero reports whether no trace context is set.
+func (t TraceContext) IsZero() bool { return t == TraceContext{} }
 
 // Orphaned reports whether r is an in-progress record that outlives its
 // lease and whose lease, leaseLeft as Store reports it, has run out: its
@@ -105,7 +122,7 @@ func (r *Record) Orphaned(leaseLeft time.Duration) bool {
 
 // Encode returns the versioned binary form of r.
 func (r *Record) Encode() []byte {
-	n := headerLen + binary.MaxVarintLen64*2 + len(r.RequestID) + len(r.Body)
+	n := headerLen + binary.MaxVarintLen64*2 + len(r.RequestID) + len(r.Body) + traceLen
 	for k, vs := range r.Header {
 		n += len(k) + 2*binary.MaxVarintLen64
 		for _, v := range vs {
@@ -137,8 +154,16 @@ func (r *Record) Encode() []byte {
 		}
 	}
 	b = binary.AppendUvarint(b, uint64(len(r.Body)))
-	return append(b, r.Body...)
+	b = append(b, r.Body...)
+	if !r.Trace.IsZero() {
+		b[offFlags] |= flagTrace
+		b = append(b, r.Trace.TraceID[:]...)
+		b = append(b, r.Trace.SpanID[:]...)
+	}
+	return b
 }
+
+const traceLen = 16 + 8
 
 func unixMilli(t time.Time) int64 {
 	if t.IsZero() {
@@ -206,6 +231,10 @@ func decode(b []byte) (*Record, error) {
 	}
 	if n := d.count(); n > 0 {
 		r.Body = d.bytes(n)
+	}
+	if b[offFlags]&flagTrace != 0 {
+		copy(r.Trace.TraceID[:], d.bytes(16))
+		copy(r.Trace.SpanID[:], d.bytes(8))
 	}
 	if d.bad || len(d.b) != 0 {
 		return nil, ErrCorrupt

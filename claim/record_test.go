@@ -81,3 +81,36 @@ func TestDecodeRejectsCorruptValues(t *testing.T) {
 		t.Errorf("huge length: err = %v, want ErrCorrupt", err)
 	}
 }
+
+// A record carries the executing attempt's trace context only when it has
+// one: without it the encoding is what versions before tracing wrote and
+// read, so records stay readable across a rolling upgrade while tracing is
+// off.
+func TestRecordTraceContext(t *testing.T) {
+	r := sampleRecord()
+	plain := r.Encode()
+	if plain[offFlags]&flagTrace != 0 {
+		t.Fatal("a record without trace context is flagged as having one")
+	}
+	r.Trace = TraceContext{TraceID: [16]byte{1, 2, 3}, SpanID: [8]byte{4, 5, 6}}
+	traced := r.Encode()
+	if !bytes.Equal(traced[:len(plain)], withFlag(plain, flagTrace)) || len(traced) != len(plain)+traceLen {
+		t.Fatal("the trace context is not a flag and a suffix of the untraced encoding")
+	}
+	got, err := decode(traced)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Trace != r.Trace {
+		t.Errorf("trace context = %+v, want %+v", got.Trace, r.Trace)
+	}
+	if _, err := decode(traced[:len(traced)-1]); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("truncated trace context decoded: %v", err)
+	}
+}
+
+func withFlag(b []byte, f byte) []byte {
+	c := bytes.Clone(b)
+	c[offFlags] |= f
+	return c
+}

@@ -139,6 +139,7 @@ type Config struct {
 	Client   Client   `yaml:"client"`
 	Limits   Limits   `yaml:"limits"`
 	Problems Problems `yaml:"problems"`
+	Tracing  Tracing  `yaml:"tracing"`
 	Admin    Admin    `yaml:"admin"`
 	Upstream Upstream `yaml:"upstream"`
 	Store    Store    `yaml:"store"`
@@ -154,6 +155,16 @@ type Admin struct {
 	// TokenFile, when set, enables /v1/keys on the admin port, for
 	// requests bearing the token it holds (at least 16 characters).
 	TokenFile string `yaml:"token_file"`
+}
+
+// Tracing configures OpenTelemetry traces.
+type Tracing struct {
+	// Enabled exports traces over OTLP/HTTP, configured by the standard
+	// OTEL_* environment variables (endpoint, headers, sampler, service
+	// name). Setting OTEL_EXPORTER_OTLP_ENDPOINT or
+	// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT enables tracing as well;
+	// OTEL_SDK_DISABLED=true turns it off whatever this says.
+	Enabled bool `yaml:"enabled"`
 }
 
 // Problems configures the problem+json answers.

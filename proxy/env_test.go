@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/poll"
@@ -113,6 +114,8 @@ type setup struct {
 	StoreOptions []claim.Option
 	// WaitSafetyPoll is proxy.Options.WaitSafetyPoll.
 	WaitSafetyPoll time.Duration
+	// TracerProvider is proxy.Options.TracerProvider.
+	TracerProvider trace.TracerProvider
 }
 
 // newEnv starts a store, the upstream (app sees every request after the
@@ -183,6 +186,7 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions,
 		// Short, for the slow-loris test; no other test trickles its body.
 		BodyReadTimeout: 500 * time.Millisecond,
 		WaitSafetyPoll:  cfg.WaitSafetyPoll,
+		TracerProvider:  cfg.TracerProvider,
 	})
 	if err != nil {
 		t.Fatal(err)

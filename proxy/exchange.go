@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemproxy/idemproxy/claim"
 )
 
@@ -39,6 +41,8 @@ type exchange struct {
 	// late is set when the client was answered 504 while the upstream
 	// call went on past upstream.timeout.
 	late bool
+	// span is the request's server span; nil when tracing is off.
+	span trace.Span
 
 	// reqBuf and respBuf are the pooled buffers the request's body and
 	// the upstream's answer were read into; lent are the bodies handed out
@@ -117,6 +121,7 @@ func (x *exchange) serve() {
 		Fingerprint: fp,
 		Created:     time.Now(),
 		RequestID:   x.requestID,
+		Trace:       x.traceContext(),
 	}
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
 	if s.Unknown == Fail {
@@ -172,13 +177,14 @@ const maxOrphanSettles = 3
 // executed, so this attempt must not. It returns ErrLeaseLost, having
 // answered nothing, when the key changed first.
 func (x *exchange) settleOrphan(orphan *claim.Record) error {
+	x.linkTo(orphan)
 	rec := x.h.outcomeUnknownRecord(orphan, claim.Token{}, time.Now(), true)
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
 	ctx, cancel := settleCtx()
 	defer cancel()
 	start := time.Now()
 	err := x.h.store.SettleOrphan(ctx, x.hashedKey, orphan, rec, x.rt.settings.Retention)
-	x.h.observeStore("complete", start)
+	x.observeStore("complete", start)
 	switch {
 	case errors.Is(err, claim.ErrLeaseLost):
 		return err
@@ -194,7 +200,7 @@ func (x *exchange) settleOrphan(orphan *claim.Record) error {
 
 // claim runs the one-round-trip claim-or-read, timed.
 func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
-	defer x.h.observeStore("claim", time.Now())
+	defer x.observeStore("claim", time.Now())
 	s := &x.rt.settings
 	var q claim.Quota
 	if s.QuotaNewKeys > 0 {
@@ -205,6 +211,7 @@ func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
 
 // answerExisting answers from a record another attempt wrote.
 func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl time.Duration) {
+	x.linkTo(rec)
 	switch {
 	case rec.Fingerprint != fp:
 		x.outcome = outcomeMismatch
@@ -273,7 +280,7 @@ func (x *exchange) wait(until time.Time) (*claim.Record, time.Duration, error) {
 		}
 		start := time.Now()
 		rec, ttl, err := x.h.store.Get(ctx, x.hashedKey)
-		x.h.observeStore("get", start)
+		x.observeStore("get", start)
 		if err != nil || rec == nil || rec.State == claim.Completed || rec.Orphaned(ttl) {
 			return rec, ttl, err
 		}
@@ -412,6 +419,7 @@ func (x *exchange) finish() {
 	if x.outcome == "" {
 		x.outcome = outcomeRejected // aborted before an answer was chosen
 	}
+	defer x.endTrace()
 	total := time.Now().Sub(x.start)
 	x.h.metrics.requests.WithLabelValues(x.rt.name, x.outcome).Inc()
 	x.h.metrics.added.WithLabelValues(x.rt.name).Observe((total - x.upstream).Seconds())

@@ -91,6 +91,16 @@ type ownerTransport struct {
 
 func (t *ownerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	o := ownerFrom(req.Context())
+	if o != nil && o.x.span != nil {
+		req, sp := o.x.upstreamSpan(req)
+		resp, err := t.roundTrip(o, req)
+		endUpstreamSpan(sp, resp, err)
+		return resp, err
+	}
+	return t.roundTrip(o, req)
+}
+
+func (t *ownerTransport) roundTrip(o *owner, req *http.Request) (*http.Response, error) {
 	resp, err := t.next.RoundTrip(req)
 	if err == nil || o == nil || o.wrote.Load() || req.Context().Err() != nil {
 		return resp, err

@@ -17,6 +17,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemproxy/idemproxy/claim"
 )
 
@@ -71,6 +74,11 @@ type Options struct {
 	// at the key, should the message that wakes it be lost. Zero uses
 	// DefaultWaitSafetyPoll.
 	WaitSafetyPoll time.Duration
+	// TracerProvider, when set, traces protected requests (trace.go);
+	// Propagator reads and writes trace context in headers, nil using W3C
+	// traceparent.
+	TracerProvider trace.TracerProvider
+	Propagator     propagation.TextMapPropagator
 }
 
 // DefaultWaitSafetyPoll is how often, at least, a waiting retry looks at
@@ -99,6 +107,7 @@ type Handler struct {
 	rand                   io.Reader
 	bodyTimeout            time.Duration
 	safetyPoll             time.Duration
+	tracing                *tracing
 
 	// lateWindow is upstream.late_answer_window; maxLate caps lateCalls,
 	// the owners' upstream calls running past upstream.timeout now.
@@ -147,6 +156,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		rand:            opts.Rand,
 		bodyTimeout:     opts.BodyReadTimeout,
 		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, DefaultWaitSafetyPoll),
+		tracing:         newTracing(opts.TracerProvider, opts.Propagator),
 	}
 	if h.bodyTimeout <= 0 {
 		h.bodyTimeout = DefaultBodyReadTimeout
@@ -253,6 +263,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		requestID: h.requestID(r),
 		start:     time.Now(),
 	}
+	if h.tracing != nil {
+		x.startTrace()
+	}
 	defer x.giveBack() // runs last: nothing of x reads its buffers after it
 	// Deferred so that a client disconnect, which aborts the handler with
 	// http.ErrAbortHandler while the response is copied, is still counted.
@@ -286,6 +299,9 @@ func visibleASCII(s string) bool {
 	return true
 }
 
-func (h *Handler) observeStore(op string, start time.Time) {
-	h.metrics.storeSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+// observeStore times store operation op, which started at start, and
+// traces it.
+func (x *exchange) observeStore(op string, start time.Time) {
+	x.h.metrics.storeSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	x.storeSpan(op, start, nil)
 }

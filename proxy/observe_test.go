@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/common/expfmt"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/poll"
@@ -164,6 +165,10 @@ func TestOldestInflightClaimAge(t *testing.T) {
 func BenchmarkFirstAttempt(b *testing.B) {
 	b.Run("plain", func(b *testing.B) { benchFirstAttempt(b, nil) })
 	b.Run("sealed", func(b *testing.B) { benchFirstAttempt(b, sealing(b)) })
+	// Traced: every span recorded and sampled, handed to no exporter.
+	b.Run("traced", func(b *testing.B) {
+		benchFirstAttempt(b, func(c *setup) { c.TracerProvider = sdktrace.NewTracerProvider() })
+	})
 }
 
 // sealing is a store option sealing records with a fresh key.

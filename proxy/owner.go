@@ -178,7 +178,7 @@ func (o *owner) renew() {
 	defer cancel()
 	start := time.Now()
 	err := x.h.store.Renew(ctx, x.hashedKey, o.rec, lease)
-	x.h.observeStore("renew", start)
+	x.observeStore("renew", start)
 	switch {
 	case err == nil:
 		x.h.metrics.renewals.WithLabelValues("ok").Inc()

@@ -1,0 +1,160 @@
+package proxy_test
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemproxy/idemproxy/internal/poll"
+)
+
+// TestTracesLinkRetriesToTheExecution: each protected request is a server
+// span continuing the client's trace, with client spans for its store
+// operations and its upstream call, whose traceparent the upstream gets.
+// A replay, a 409 and a 422 are spans of their own traces, linked to the
+// span of the attempt that executed. No span carries the raw key or the
+// principal.
+func TestTracesLinkRetriesToTheExecution(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	release := make(chan struct{})
+	var upstreamParents sync.Map // traceparent the upstream got, by request id
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		upstreamParents.Store(r.Header.Get("X-Request-Id"), r.Header.Get("Traceparent"))
+		<-release
+		created(w, r)
+	}, func(c *setup) { c.TracerProvider = tp })
+
+	clientTrace := func(n byte) (trace.SpanContext, map[string]string) {
+		sc := trace.NewSpanContext(trace.SpanContextConfig{
+			TraceID: trace.TraceID{1, 2, 3, n}, SpanID: trace.SpanID{9, 9, n}, TraceFlags: trace.FlagsSampled,
+		})
+		h := http.Header{}
+		propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(t.Context(), sc), propagation.HeaderCarrier(h))
+		return sc, map[string]string{"Traceparent": h.Get("Traceparent"), "X-Request-Id": "req-" + string('0'+n)}
+	}
+	const rawKey, principal = "raw-key-7f3a", "alice-principal"
+	body := `{"amount":100}`
+
+	// The first attempt, held upstream while a concurrent retry gets 409.
+	parent1, h1 := clientTrace(1)
+	first := make(chan resp, 1)
+	go func() { first <- e.do(req{user: principal, key: rawKey, body: body, header: h1}) }()
+	poll.Until(t, "the first attempt is upstream", func() bool { return e.ledger.Total() == 1 })
+	_, h2 := clientTrace(2)
+	if r := e.do(req{user: principal, key: rawKey, body: body, header: h2}); r.status != http.StatusConflict {
+		t.Fatalf("concurrent retry: %d, want 409", r.status)
+	}
+	close(release)
+	if r := <-first; r.status != http.StatusCreated {
+		t.Fatalf("first attempt: %d", r.status)
+	}
+	_, h3 := clientTrace(3)
+	if r := e.do(req{user: principal, key: rawKey, body: body, header: h3}); r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d, want a replay", r.status)
+	}
+	_, h4 := clientTrace(4)
+	if r := e.do(req{user: principal, key: rawKey, body: `{"amount":999}`, header: h4}); r.status != http.StatusUnprocessableEntity {
+		t.Fatalf("reuse with another body: %d, want 422", r.status)
+	}
+	e.quiesce()
+
+	ended := spans.Ended()
+	server := map[string]sdktrace.ReadOnlySpan{} // by the client's trace
+	for _, s := range ended {
+		for _, kv := range s.Attributes() {
+			if v := kv.Value.Emit(); strings.Contains(v, rawKey) || strings.Contains(v, principal) {
+				t.Errorf("span %q carries %s = %q: the raw key or principal", s.Name(), kv.Key, v)
+			}
+		}
+		if s.SpanKind() == trace.SpanKindServer {
+			server[s.SpanContext().TraceID().String()] = s
+		}
+	}
+	exec := server[parent1.TraceID().String()]
+	if exec == nil {
+		t.Fatalf("no server span in the first attempt's trace; spans: %v", names(ended))
+	}
+	if exec.Parent().SpanID() != parent1.SpanID() {
+		t.Errorf("the first attempt's span has parent %s, want the client's %s", exec.Parent().SpanID(), parent1.SpanID())
+	}
+	if got := attr(exec, "idemproxy.outcome"); got != "stored" {
+		t.Errorf("first attempt outcome attribute = %q, want stored", got)
+	}
+	if attr(exec, "idemproxy.key") == "" {
+		t.Error("the first attempt's span has no hashed key")
+	}
+	children := map[string]sdktrace.ReadOnlySpan{}
+	for _, s := range ended {
+		if s.Parent().SpanID() == exec.SpanContext().SpanID() {
+			children[s.Name()] = s
+		}
+	}
+	for _, want := range []string{"redis claim", "redis complete", "upstream POST"} {
+		if children[want] == nil || children[want].SpanKind() != trace.SpanKindClient {
+			t.Errorf("no client span %q under the first attempt; its children: %v", want, keys(children))
+		}
+	}
+	if up := children["upstream POST"]; up != nil {
+		got, _ := upstreamParents.Load("req-1")
+		want := "00-" + parent1.TraceID().String() + "-" + up.SpanContext().SpanID().String() + "-01"
+		if got != want {
+			t.Errorf("the upstream got traceparent %q, want %q (its call's span)", got, want)
+		}
+	}
+	for n, outcome := range map[byte]string{2: "conflict", 3: "replayed", 4: "mismatch"} {
+		sc, _ := clientTrace(n)
+		s := server[sc.TraceID().String()]
+		if s == nil {
+			t.Errorf("no server span for the %s retry", outcome)
+			continue
+		}
+		if got := attr(s, "idemproxy.outcome"); got != outcome {
+			t.Errorf("retry %d outcome attribute = %q, want %s", n, got, outcome)
+		}
+		if len(s.Links()) != 1 || s.Links()[0].SpanContext.SpanID() != exec.SpanContext().SpanID() ||
+			s.Links()[0].SpanContext.TraceID() != exec.SpanContext().TraceID() {
+			t.Errorf("the %s retry's links = %v, want one link to the execution's span %s", outcome, s.Links(), exec.SpanContext().SpanID())
+		}
+	}
+	if got := attr(server[mustTrace(clientTrace(3))], "idemproxy.replayed"); got != "true" {
+		t.Errorf("replay's idemproxy.replayed = %q, want true", got)
+	}
+}
+
+func mustTrace(sc trace.SpanContext, _ map[string]string) string { return sc.TraceID().String() }
+
+func attr(s sdktrace.ReadOnlySpan, key string) string {
+	if s == nil {
+		return ""
+	}
+	for _, kv := range s.Attributes() {
+		if kv.Key == attribute.Key(key) {
+			return kv.Value.Emit()
+		}
+	}
+	return ""
+}
+
+func names(spans []sdktrace.ReadOnlySpan) []string {
+	var out []string
+	for _, s := range spans {
+		out = append(out, s.Name())
+	}
+	return out
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+// tracingOn reports whether traces are exported: tracing.enabled or an
+// OTLP endpoint in the environment, unless OTEL_SDK_DISABLED=true.
+func tracingOn(cfg config.Tracing, getenv func(string) string) bool {
+	if getenv("OTEL_SDK_DISABLED") == "true" {
+		return false
+	}
+	return cfg.Enabled || getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
+}
+
+// startTracing starts the OTLP/HTTP trace exporter when tracing is on;
+// endpoint, headers, sampler (OTEL_TRACES_SAMPLER) and resource
+// (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES) come from the standard
+// environment variables. It returns nil when tracing is off; the caller
+// shuts the provider down, which flushes what is buffered.
+func (s *server) startTracing(ctx context.Context) (*sdktrace.TracerProvider, error) {
+	if !tracingOn(s.cfg.Tracing, os.Getenv) {
+		return nil, nil
+	}
+	exp, err := otlptracehttp.New(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
+	}
+	res, err := resource.Merge(
+		resource.NewSchemaless(attribute.String("service.name", "idemproxy")),
+		resource.Environment(),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: resource from OTEL_RESOURCE_ATTRIBUTES: %w", err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	s.closers = append(s.closers, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(ctx); err != nil {
+			s.log.Warn("tracing: flushing spans at exit failed", "err", err)
+		}
+	})
+	s.log.Info("tracing on: exporting spans over OTLP/HTTP", slog.String("endpoint", endpointForLog()))
+	return tp, nil
+}
+
+func endpointForLog() string {
+	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+	}
+	return "https://localhost:4318 (the default)"
+}
+
+// propagator reads and writes W3C traceparent, tracestate and baggage.
+var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
