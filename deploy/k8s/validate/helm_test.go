@@ -1,0 +1,176 @@
+package validate
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/lint"
+	"helm.sh/helm/v3/pkg/lint/support"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+const chartDir = "../../helm/idemproxy"
+
+// renderChart renders the chart with a values file, as helm template does,
+// and strictly decodes every manifest into its API type.
+func renderChart(t *testing.T, valuesFile string) built {
+	t.Helper()
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatalf("load chart: %v", err)
+	}
+	vals, err := chartutil.ReadValuesFile(valuesFile)
+	if err != nil {
+		t.Fatalf("%s: %v", valuesFile, err)
+	}
+	rv, err := chartutil.ToRenderValues(chrt, vals, chartutil.ReleaseOptions{Name: "payments", Namespace: "payments", IsInstall: true, Revision: 1}, chartutil.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := engine.Render(chrt, rv)
+	if err != nil {
+		t.Fatalf("render with %s: %v", valuesFile, err)
+	}
+	out := built{}
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if !strings.HasSuffix(name, ".yaml") {
+			continue
+		}
+		for doc := range strings.SplitSeq(files[name], "\n---") {
+			var meta struct {
+				APIVersion string `json:"apiVersion"`
+				Kind       string `json:"kind"`
+				Metadata   struct {
+					Name string `json:"name"`
+				} `json:"metadata"`
+			}
+			if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+				t.Errorf("%s: %v", name, err)
+				continue
+			}
+			if meta.Kind == "" {
+				continue // a template rendered empty
+			}
+			obj := newObject(meta.APIVersion, meta.Kind)
+			if obj == nil {
+				t.Errorf("%s: unexpected kind %s/%s", name, meta.APIVersion, meta.Kind)
+				continue
+			}
+			if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+				t.Errorf("%s (%s/%s) does not decode strictly: %v", name, meta.Kind, meta.Metadata.Name, err)
+				continue
+			}
+			out[meta.Kind+"/"+meta.Metadata.Name] = obj
+		}
+	}
+	return out
+}
+
+// TestHelmChart renders the chart with every values file in its ci/
+// directory: each must lint, render, decode strictly, carry an idemproxy
+// config that idemproxy itself loads, and mount every volume it uses.
+func TestHelmChart(t *testing.T) {
+	valuesFiles, _ := filepath.Glob(filepath.Join(chartDir, "ci", "*-values.yaml"))
+	if len(valuesFiles) < 4 {
+		t.Fatalf("found %d values files in the chart's ci/ directory, want at least 4", len(valuesFiles))
+	}
+	for _, vf := range valuesFiles {
+		t.Run(filepath.Base(vf), func(t *testing.T) {
+			vals, err := chartutil.ReadValuesFile(vf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			linter := lint.AllWithKubeVersion(chartDir, vals, "payments", nil)
+			for _, m := range linter.Messages {
+				if m.Severity >= support.WarningSev {
+					t.Errorf("helm lint: %s", m)
+				}
+			}
+			b := renderChart(t, vf)
+			cm := get[*corev1.ConfigMap](t, b, "ConfigMap/payments-idemproxy-config")
+			path := filepath.Join(t.TempDir(), "config.yaml")
+			if err := os.WriteFile(path, []byte(cm.Data["config.yaml"]), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := config.Load(path)
+			if err != nil {
+				t.Fatalf("idemproxy refuses the rendered config: %v\n%s", err, cm.Data["config.yaml"])
+			}
+			if len(cfg.Store.Redis.Addrs) == 0 {
+				t.Error("the rendered config has no Redis address: it would run on the embedded store")
+			}
+			for _, kind := range []string{"Service/payments-idemproxy", "Service/payments-idemproxy-metrics"} {
+				if _, ok := b[kind]; !ok {
+					t.Errorf("%s missing", kind)
+				}
+			}
+			dep, ok := b["Deployment/payments-idemproxy"].(*appsv1.Deployment)
+			if !ok {
+				if vals["app"] == nil {
+					t.Error("no Deployment with the default app.enabled")
+				}
+				return
+			}
+			checkPod(t, dep.Spec.Template.Spec, cfg)
+		})
+	}
+}
+
+// checkPod: the sidecar is a native sidecar on idemproxy's ports, every
+// volume it mounts exists, and every file the config names is mounted.
+func checkPod(t *testing.T, pod corev1.PodSpec, cfg *config.Config) {
+	t.Helper()
+	if len(pod.InitContainers) != 1 || pod.InitContainers[0].Name != "idemproxy" {
+		t.Fatal("idemproxy is not the init container")
+	}
+	sidecar := pod.InitContainers[0]
+	if sidecar.RestartPolicy == nil || *sidecar.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Error("the sidecar needs restartPolicy: Always")
+	}
+	volumes := map[string]bool{}
+	for _, v := range pod.Volumes {
+		volumes[v.Name] = true
+	}
+	var mounted []string
+	for _, m := range sidecar.VolumeMounts {
+		if !volumes[m.Name] {
+			t.Errorf("the sidecar mounts %s, which the pod does not define", m.Name)
+		}
+		mounted = append(mounted, m.MountPath)
+	}
+	files := append([]string{cfg.Store.Redis.PasswordFile, cfg.Store.Redis.SentinelPasswordFile, cfg.Store.KeySecretFile, cfg.Admin.TokenFile}, cfg.Store.Encryption.KeyFiles...)
+	for _, f := range files {
+		if f != "" && !slices.ContainsFunc(mounted, func(dir string) bool { return strings.HasPrefix(f, dir+"/") }) {
+			t.Errorf("the config names %s, which no volume mount provides", f)
+		}
+	}
+}
+
+// TestHelmAlertsMatchKustomize: the chart's PrometheusRule carries the same
+// rules as the kustomize example's, which TestAlertsAndDashboardUseRealMetrics
+// checks against idemproxy's metrics.
+func TestHelmAlertsMatchKustomize(t *testing.T) {
+	chart := get[*monitoringv1.PrometheusRule](t, renderChart(t, filepath.Join(chartDir, "ci", "standalone-values.yaml")), "PrometheusRule/payments-idemproxy")
+	kustomize := get[*monitoringv1.PrometheusRule](t, build(t), "PrometheusRule/payments-idemproxy")
+	if !reflect.DeepEqual(chart.Spec, kustomize.Spec) {
+		t.Error("the chart's alert rules differ from deploy/k8s/prometheusrule.yaml")
+	}
+}
