@@ -264,3 +264,14 @@ func BenchmarkWatchWake(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 }
+
+// BenchmarkPing is one go-redis round trip to a real redis-server: what a
+// store operation cannot go below.
+func BenchmarkPing(b *testing.B) {
+	s := benchStore(b)
+	for b.Loop() {
+		if err := s.Ping(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
