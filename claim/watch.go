@@ -73,6 +73,9 @@ func (s *Store) Watch(ctx context.Context, key string) *Watch {
 }
 
 func (w *watcher) add(ctx context.Context, channel string) *Watch {
+	// The subscription is shared by every waiter on the channel: it must
+	// not fail because this waiter's client went away as it was sent.
+	ctx = context.WithoutCancel(ctx)
 	c := make(chan struct{}, 1)
 	wt := &Watch{C: c, c: c, channel: channel, w: w}
 	node := ""
