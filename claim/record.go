@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"slices"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -121,7 +122,10 @@ func (r *Record) Orphaned(leaseLeft time.Duration) bool {
 }
 
 // Encode returns the versioned binary form of r.
-func (r *Record) Encode() []byte {
+func (r *Record) Encode() []byte { return r.encodeInto(nil) }
+
+// encodeInto is Encode into buf's storage when it is large enough.
+func (r *Record) encodeInto(buf []byte) []byte {
 	n := headerLen + binary.MaxVarintLen64*2 + len(r.RequestID) + len(r.Body) + traceLen
 	for k, vs := range r.Header {
 		n += len(k) + 2*binary.MaxVarintLen64
@@ -129,7 +133,8 @@ func (r *Record) Encode() []byte {
 			n += len(v) + binary.MaxVarintLen64
 		}
 	}
-	b := make([]byte, headerLen, n)
+	b := slices.Grow(buf[:0], n)[:headerLen]
+	clear(b)
 	b[offVersion] = version
 	b[offState] = byte(r.State)
 	if r.BodyOmitted {

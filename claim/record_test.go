@@ -114,3 +114,16 @@ func withFlag(b []byte, f byte) []byte {
 	c[offFlags] |= f
 	return c
 }
+
+// encodeInto reuses a pooled buffer: whatever it held before must not
+// leak into the encoding.
+func TestEncodeIntoADirtyBuffer(t *testing.T) {
+	one := sampleRecord()
+	one.Header = http.Header{"Content-Type": {"application/json"}} // one key: a deterministic encoding
+	for _, r := range []*Record{one, {State: InProgress, Tail: time.Second, RequestID: "r"}} {
+		dirty := bytes.Repeat([]byte{0xff}, 4096)
+		if got, want := r.encodeInto(dirty), r.Encode(); !bytes.Equal(got, want) {
+			t.Errorf("encoding into a used buffer:\n got %x\nwant %x", got, want)
+		}
+	}
+}

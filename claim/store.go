@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -159,6 +160,14 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, key string, size
 	}
 	return cmd
 }
+
+// valuePool holds the buffers completed records are encoded into: they
+// hold the whole answer, and live only until Redis has them.
+var valuePool = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxPooledValue bounds the buffers kept: a rare large answer is not held
+// for the next.
+const maxPooledValue = 64 << 10
 
 // setNXGet is the claim command: SET key value NX PX ttl GET.
 func setNXGet(ctx context.Context, key string, value []byte, ttl time.Duration) *redis.StringCmd {
@@ -428,7 +437,14 @@ const (
 // kept for retention. It returns ErrLeaseLost, writing nothing, when
 // another owner holds the key.
 func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention time.Duration) (Completion, error) {
-	value := s.encode(key, rec)
+	var buf *[]byte
+	var value []byte
+	if s.seal == nil {
+		buf = valuePool.Get().(*[]byte)
+		value = rec.encodeInto(*buf)
+	} else {
+		value = s.encode(key, rec)
+	}
 	args := []any{rec.Token[:], value, retention.Milliseconds(), s.watch.publishCommand()}
 	var n int64
 	var err error
@@ -439,6 +455,12 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 		}
 	} else {
 		n, err = s.eval(ctx, completeScript, key, len(value), args...).Int64()
+	}
+	if buf != nil && err == nil && cap(value) <= maxPooledValue {
+		// Redis has the value (an error may mean a command still in
+		// flight, which must keep its buffer).
+		*buf = value[:0]
+		valuePool.Put(buf)
 	}
 	if err != nil {
 		return 0, s.unavailable("complete", err)
