@@ -1,11 +1,11 @@
 package claim
 
 import (
-	"slices"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 )
 
