@@ -95,6 +95,10 @@ It reads .Values.image, .Values.sidecar, .Values.redis,
         resourceFieldRef:
           containerName: idemproxy
           resource: limits.memory
+    # Bounded by GOMEMLIMIT, a less frequent GC costs 6-11% less CPU per
+    # request for ~12 MiB (docs/operations.md, Memory).
+    - name: GOGC
+      value: "400"
     {{- with .Values.sidecar.env }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
