@@ -37,7 +37,6 @@ type batcher struct {
 
 	mu       sync.Mutex
 	queue    []*pending
-	queued   int // bytes of the queue's values
 	inFlight int
 
 	// onBatch, when set, is told the size of every batch sent (tests,
@@ -75,7 +74,6 @@ func (b *batcher) do(ctx context.Context, size int, cmds ...redis.Cmder) error {
 	p := pendingPool.Get().(*pending)
 	p.ctx, p.cmds, p.size = ctx, cmds, size
 	b.queue = append(b.queue, p)
-	b.queued += size
 	b.mu.Unlock()
 	select {
 	case <-p.done:
@@ -86,7 +84,6 @@ func (b *batcher) do(ctx context.Context, size int, cmds ...redis.Cmder) error {
 		b.mu.Lock()
 		if i := slices.Index(b.queue, p); i >= 0 {
 			b.queue = slices.Delete(b.queue, i, i+1)
-			b.queued -= p.size
 			b.mu.Unlock()
 			p.ctx, p.cmds = nil, nil
 			pendingPool.Put(p)
@@ -129,7 +126,6 @@ func (b *batcher) takeLocked() []*pending {
 	}
 	batch := slices.Clone(b.queue[:n])
 	b.queue = slices.Delete(b.queue, 0, n)
-	b.queued -= size
 	return batch
 }
 
