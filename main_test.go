@@ -518,3 +518,29 @@ func TestKeysAPI(t *testing.T) {
 		t.Errorf("%d audit lines, want one per authorized call (6), two refusals, and never the raw key:\n%s", audit, logs.String())
 	}
 }
+
+// The store's and the waiters' metrics are on /metrics: pipelines sent
+// (each store operation went in one) and retries waiting now.
+func TestStoreAndWaiterMetrics(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	defer upstream.Close()
+	cfg := lateConfig(redistest.Start(t), upstream.URL)
+	s, _ := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	if status, _ := pay(t, s.clientAddr, "k1"); status != http.StatusCreated {
+		t.Fatalf("first attempt: %d", status)
+	}
+	resp, err := http.Get("http://" + s.adminAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{"idemproxy_waiting_retries 0", "idemproxy_store_pipeline_operations_count "} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(string(body), "idemproxy_store_pipeline_operations_count 0\n") {
+		t.Error("no store pipeline was counted for a claim and a completion")
+	}
+}

@@ -111,6 +111,10 @@ func start(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 		Name: "idemproxy_buffered_bytes",
 		Help: "Bytes held in request and response body buffers now; limits.max_buffered_bytes bounds it.",
 	}, func() float64 { return float64(s.handler.BufferedBytes()) }))
+	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idemproxy_waiting_retries",
+		Help: "Retries waiting now for a first attempt's outcome (concurrent: wait).",
+	}, func() float64 { return float64(s.handler.Waiting()) }))
 	if pcfg.MaxBufferedBytes > 0 {
 		s.log.Info("body buffers bounded", "max_buffered_bytes", pcfg.MaxBufferedBytes)
 	}

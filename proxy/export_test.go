@@ -9,6 +9,3 @@ var (
 	TestRoute  = testRoute
 	TestConfig = testConfig
 )
-
-// Waiting is how many retries wait for a first attempt now.
-func (h *Handler) Waiting() int { return int(h.waiting.Load()) }

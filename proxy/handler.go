@@ -227,6 +227,10 @@ func (h *Handler) Abandon() int {
 	return n
 }
 
+// Waiting is how many retries wait for a first attempt's outcome now
+// (concurrent: wait).
+func (h *Handler) Waiting() int { return int(h.waiting.Load()) }
+
 // BufferedBytes is how many bytes request and response body buffers hold
 // now (limits.max_buffered_bytes bounds it).
 func (h *Handler) BufferedBytes() int64 { return h.buffers.used.Load() }
