@@ -16,8 +16,6 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // keyInfo is what GET /v1/keys answers about one idempotency key: never
@@ -57,22 +55,19 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	routeName, principal, key := q.Get("route"), q.Get("principal"), q.Get("key")
-	var rt *config.Route
-	for i := range a.s.cfg.Routes {
-		if a.s.cfg.Routes[i].Name == routeName {
-			rt = &a.s.cfg.Routes[i]
-		}
-	}
-	if rt == nil || principal == "" || key == "" {
+	// The routes serving now: a route added or changed by a reload is
+	// found as the proxy finds it.
+	scope, ok := a.s.handler.RouteScope(routeName)
+	if !ok || principal == "" || key == "" {
 		http.Error(w, "route (a configured route's name), principal and key are required", http.StatusBadRequest)
 		return
 	}
-	redisKey := a.s.store.Key(principal, proxy.KeyScope(rt.Name, rt.Settings.Scope == config.ScopePrincipal), key)
+	redisKey := a.s.store.Key(principal, scope, key)
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	result, status := "", http.StatusOK
 	defer func() {
-		a.s.log.Warn("admin key API", "method", r.Method, "route", rt.Name, "key", redisKey, "result", result, "remote", r.RemoteAddr)
+		a.s.log.Warn("admin key API", "method", r.Method, "route", routeName, "key", redisKey, "result", result, "remote", r.RemoteAddr)
 	}()
 	switch r.Method {
 	case http.MethodGet:

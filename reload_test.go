@@ -220,3 +220,38 @@ func TestLogLevelReloads(t *testing.T) {
 	keyed("k2")
 	poll.Until(t, "a per-request line at log_level info", func() bool { return requestLines() == 1 })
 }
+
+// TestKeysAPIFollowsReload: the key API finds routes as the proxy does, a
+// route added by a reload included (it read the routes of the start).
+func TestKeysAPIFollowsReload(t *testing.T) {
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "token")
+	os.WriteFile(tokenFile, []byte("0123456789abcdef-admin"), 0o400)
+	conf := func(name string) []byte {
+		return fmt.Appendf(nil, "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\nadmin:\n  token_file: %q\nupstream:\n  url: \"http://127.0.0.1:9\"\nroutes:\n  - name: %s\n    match: \"POST /a\"\n", tokenFile, name)
+	}
+	path := filepath.Join(dir, "config.yaml")
+	os.WriteFile(path, conf("first"), 0o644)
+	_, admin := startFromFile(t, path)
+	lookup := func(route string) int {
+		req, _ := http.NewRequest(http.MethodGet, admin+"/v1/keys?route="+route+"&principal=alice&key=k1", nil)
+		req.Header.Set("Authorization", "Bearer 0123456789abcdef-admin")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := lookup("first"); got != http.StatusOK {
+		t.Fatalf("route first before the reload: %d", got)
+	}
+	os.WriteFile(path, conf("second"), 0o644)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "the key API knows the reloaded route", func() bool { return lookup("second") == http.StatusOK })
+	if got := lookup("first"); got != http.StatusBadRequest {
+		t.Errorf("route first after it was removed: %d, want 400", got)
+	}
+}

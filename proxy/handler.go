@@ -227,6 +227,13 @@ func (h *Handler) Abandon() int {
 	return n
 }
 
+// RouteScope is the key scope (see KeyScope) of the route named name in
+// the routes serving now, reloads included; false when there is none.
+func (h *Handler) RouteScope(name string) (string, bool) {
+	scope, ok := h.routes.Load().scopes[name]
+	return scope, ok
+}
+
 // Waiting is how many retries wait for a first attempt's outcome now
 // (concurrent: wait).
 func (h *Handler) Waiting() int { return int(h.waiting.Load()) }

@@ -43,8 +43,10 @@ func (routeHandler) ServeHTTP(http.ResponseWriter, *http.Request) {}
 // route /payments just as the upstream would most likely see them.
 type router struct {
 	mux *http.ServeMux
-	// names are the route names, in config order.
-	names []string
+	// names are the route names, in config order; scopes their key
+	// scopes by name.
+	names  []string
+	scopes map[string]string
 	// prefixes are, per method, the literal starts of the routes' paths
 	// (up to their first wildcard): a request whose method no route uses,
 	// or whose path starts with none of its method's prefixes (most
@@ -55,10 +57,11 @@ type router struct {
 }
 
 func newRouter(routes []Route) (*router, error) {
-	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string)}
+	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string), scopes: make(map[string]string)}
 	for i, rc := range routes {
 		rt.names = append(rt.names, rc.Name)
 		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.SharedScope), settings: rc, keyHeader: http.CanonicalHeaderKey(rc.KeyHeader), keyNames: nameSet{rc.KeyHeader}}
+		rt.scopes[rc.Name] = r.scope
 		fp, err := newFingerprinter(rc.FingerprintHeaders, rc.IgnoreJSONFields)
 		if err != nil {
 			return nil, fmt.Errorf("routes[%d]: %w", i, err)
