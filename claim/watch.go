@@ -42,9 +42,21 @@ type watcher struct {
 }
 
 // subscription is one pub/sub connection and the waiters on its channels.
+// SUBSCRIBE and UNSUBSCRIBE are written by its own goroutine, in the order
+// the waiters asked for them (pending, under the watcher's lock), so that
+// no waiter holds the lock across network I/O: with Redis unreachable, a
+// write waits for a dial, and every waiter would queue behind it.
 type subscription struct {
 	ps       *redis.PubSub
 	channels map[string]*channelState
+	pending  []subscribeOp
+	kick     chan struct{}
+	closed   bool
+}
+
+type subscribeOp struct {
+	channel   string
+	subscribe bool // false: unsubscribe
 }
 
 type channelState struct {
@@ -73,9 +85,6 @@ func (s *Store) Watch(ctx context.Context, key string) *Watch {
 }
 
 func (w *watcher) add(ctx context.Context, channel string) *Watch {
-	// The subscription is shared by every waiter on the channel: it must
-	// not fail because this waiter's client went away as it was sent.
-	ctx = context.WithoutCancel(ctx)
 	c := make(chan struct{}, 1)
 	wt := &Watch{C: c, c: c, channel: channel, w: w}
 	node := ""
@@ -88,25 +97,22 @@ func (w *watcher) add(ctx context.Context, channel string) *Watch {
 	defer w.mu.Unlock()
 	sub := w.subs[node]
 	if sub == nil {
-		sub = &subscription{channels: map[string]*channelState{}}
+		sub = &subscription{channels: map[string]*channelState{}, kick: make(chan struct{}, 1)}
+		// No I/O yet: the connection is made by the first SUBSCRIBE.
 		if w.sharded {
-			sub.ps = w.client.SSubscribe(ctx)
+			sub.ps = w.client.SSubscribe(context.Background())
 		} else {
-			sub.ps = w.client.Subscribe(ctx)
+			sub.ps = w.client.Subscribe(context.Background())
 		}
 		w.subs[node] = sub
-		go w.receive(sub)
+		go w.write(sub)
 	}
 	wt.sub = sub
 	st := sub.channels[channel]
 	if st == nil {
 		st = &channelState{waiters: map[*Watch]struct{}{}}
 		sub.channels[channel] = st
-		if w.sharded {
-			_ = sub.ps.SSubscribe(ctx, channel)
-		} else {
-			_ = sub.ps.Subscribe(ctx, channel)
-		}
+		sub.ask(subscribeOp{channel, true})
 	}
 	st.waiters[wt] = struct{}{}
 	if st.live {
@@ -130,11 +136,52 @@ func (wt *Watch) Stop() {
 		return
 	}
 	delete(wt.sub.channels, wt.channel)
+	wt.sub.ask(subscribeOp{wt.channel, false})
+}
+
+// ask queues op for the subscription's writer; the caller holds the
+// watcher's lock.
+func (sub *subscription) ask(op subscribeOp) {
+	if sub.closed {
+		return
+	}
+	sub.pending = append(sub.pending, op)
+	select {
+	case sub.kick <- struct{}{}:
+	default:
+	}
+}
+
+// write sends the subscription's pending SUBSCRIBEs and UNSUBSCRIBEs in
+// order, until the watcher closes. It starts the receiving goroutine once
+// the first SUBSCRIBE was sent: a receive that came first would connect
+// with no channel named, which on a Cluster is any node, where an
+// SSUBSCRIBE of another shard's channel is refused; after the first, the
+// connection, and any reconnection, is made for the subscribed channels.
+func (w *watcher) write(sub *subscription) {
 	ctx := context.Background()
-	if w.sharded {
-		_ = wt.sub.ps.SUnsubscribe(ctx, wt.channel)
-	} else {
-		_ = wt.sub.ps.Unsubscribe(ctx, wt.channel)
+	receiving := false
+	for range sub.kick {
+		w.mu.Lock()
+		ops := sub.pending
+		sub.pending = nil
+		w.mu.Unlock()
+		for _, op := range ops {
+			switch {
+			case op.subscribe && w.sharded:
+				_ = sub.ps.SSubscribe(ctx, op.channel)
+			case op.subscribe:
+				_ = sub.ps.Subscribe(ctx, op.channel)
+			case w.sharded:
+				_ = sub.ps.SUnsubscribe(ctx, op.channel)
+			default:
+				_ = sub.ps.Unsubscribe(ctx, op.channel)
+			}
+		}
+		if !receiving {
+			receiving = true
+			go w.receive(sub)
+		}
 	}
 }
 
@@ -178,6 +225,8 @@ func (w *watcher) close() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for node, sub := range w.subs {
+		sub.closed = true
+		close(sub.kick)
 		_ = sub.ps.Close()
 		delete(w.subs, node)
 	}
