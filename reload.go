@@ -77,6 +77,10 @@ func (r *reloader) run(ctx context.Context) {
 	} else {
 		defer w.Close()
 		events, errs = w.Events, w.Errors
+		// A change between the start and the watch would otherwise go
+		// unnoticed until the next one: look once now (an unchanged file
+		// is not reloaded).
+		r.reload("file change", false)
 	}
 	quiet := time.NewTimer(time.Hour)
 	quiet.Stop()

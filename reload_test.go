@@ -255,3 +255,23 @@ func TestKeysAPIFollowsReload(t *testing.T) {
 		t.Errorf("route first after it was removed: %d, want 400", got)
 	}
 }
+
+// TestReloadSeesAChangeRightAfterStart: a change written as the process
+// starts, before its file watch is in place, is still applied (it used to
+// wait for the next change or a SIGHUP; CI hit it once under load).
+func TestReloadSeesAChangeRightAfterStart(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /a")), 0o644)
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := startTest(t, cfg, path, slog.New(slog.DiscardHandler))
+	os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /b")), 0o644)
+	client := "http://" + s.clientAddr
+	poll.Until(t, "the change serves", func() bool { return status(t, client+"/b") == http.StatusUnauthorized })
+}
