@@ -92,6 +92,9 @@ func TestConcurrentDuplicatesWaitForOneAnswer(t *testing.T) {
 // upstream's second looked 9 times.
 func TestWaitersAreWokenNotPolled(t *testing.T) {
 	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open) // a failing test must not leave the upstream blocked
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
 		<-release
 		created(w, r)
@@ -115,7 +118,7 @@ func TestWaitersAreWokenNotPolled(t *testing.T) {
 		return e.h.Waiting() == waiters
 	})
 	time.Sleep(time.Second) // what polling waiters would spend asking
-	close(release)
+	open()
 	if r := <-first; r.status != http.StatusCreated {
 		t.Fatalf("first attempt: %d", r.status)
 	}
@@ -133,6 +136,10 @@ func TestWaitersAreWokenNotPolled(t *testing.T) {
 	if n := e.ledger.Total(); n != 1 {
 		t.Fatalf("upstream executed %d times, want 1", n)
 	}
+	if before < 0 {
+		t.Log("the embedded store counts no commands: the count is not checked")
+		return
+	}
 	got := gets() - before
 	t.Logf("%d waiters over about 1s looked at the key %d times", waiters, got)
 	if got > 3*waiters {
@@ -140,9 +147,13 @@ func TestWaitersAreWokenNotPolled(t *testing.T) {
 	}
 }
 
-// commandCalls is how many times Redis ran cmd (INFO commandstats).
+// commandCalls is how many times Redis ran cmd (INFO commandstats), -1 on
+// the embedded store, which does not count them.
 func commandCalls(t *testing.T, e *env, cmd string) int64 {
 	t.Helper()
+	if e.redis == nil {
+		return -1
+	}
 	info, err := e.rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		t.Fatal(err)

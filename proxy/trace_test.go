@@ -25,6 +25,9 @@ func TestTracesLinkRetriesToTheExecution(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(open) // a failing test must not leave the upstream blocked
 	var upstreamParents sync.Map // traceparent the upstream got, by request id
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
 		upstreamParents.Store(r.Header.Get("X-Request-Id"), r.Header.Get("Traceparent"))
@@ -52,7 +55,7 @@ func TestTracesLinkRetriesToTheExecution(t *testing.T) {
 	if r := e.do(req{user: principal, key: rawKey, body: body, header: h2}); r.status != http.StatusConflict {
 		t.Fatalf("concurrent retry: %d, want 409", r.status)
 	}
-	close(release)
+	open()
 	if r := <-first; r.status != http.StatusCreated {
 		t.Fatalf("first attempt: %d", r.status)
 	}
