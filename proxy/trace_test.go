@@ -27,7 +27,7 @@ func TestTracesLinkRetriesToTheExecution(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	open := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(open) // a failing test must not leave the upstream blocked
+	t.Cleanup(open)              // a failing test must not leave the upstream blocked
 	var upstreamParents sync.Map // traceparent the upstream got, by request id
 	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
 		upstreamParents.Store(r.Header.Get("X-Request-Id"), r.Header.Get("Traceparent"))
