@@ -266,12 +266,7 @@ func TestReloadSeesAChangeRightAfterStart(t *testing.T) {
 	defer upstream.Close()
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /a")), 0o644)
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, _ := startTest(t, cfg, path, slog.New(slog.DiscardHandler))
+	client, _ := startFromFile(t, path)
 	os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /b")), 0o644)
-	client := "http://" + s.clientAddr
 	poll.Until(t, "the change serves", func() bool { return status(t, client+"/b") == http.StatusUnauthorized })
 }

@@ -314,5 +314,5 @@ func visibleASCII(s string) bool {
 // traces it.
 func (x *exchange) observeStore(op string, start time.Time) {
 	x.h.metrics.storeSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	x.storeSpan(op, start, nil)
+	x.storeSpan(op, start)
 }

@@ -113,7 +113,7 @@ func (x *exchange) linkTo(rec *claim.Record) {
 
 // storeSpan records store operation op, which started at start and ended
 // now, as a client span.
-func (x *exchange) storeSpan(op string, start time.Time, err error) {
+func (x *exchange) storeSpan(op string, start time.Time) {
 	if x.span == nil {
 		return
 	}
@@ -124,9 +124,6 @@ func (x *exchange) storeSpan(op string, start time.Time, err error) {
 			attribute.String("db.system.name", "redis"),
 			attribute.String("db.operation.name", op),
 		))
-	if err != nil {
-		sp.SetStatus(codes.Error, err.Error())
-	}
 	sp.End()
 }
 
