@@ -120,3 +120,20 @@ func clientOptions(r config.Redis) claim.ClientOptions {
 		TLSServerName:    r.TLSServerName,
 	}
 }
+
+// storeOptions are the claim.Store's options: sealing and key derivation
+// (read by readSecrets), WAIT and pipelining, with their metrics.
+func storeOptions(st config.Store, sec *secrets, m *metrics) []claim.Option {
+	opts := slices.Clone(sec.store)
+	if st.WaitReplicas > 0 {
+		opts = append(opts, claim.WithWait(st.WaitReplicas, st.WaitTimeout, func(op string) {
+			m.waitShort.WithLabelValues(op).Inc()
+		}))
+	}
+	if st.Redis.MasterName != "" {
+		opts = append(opts, claim.WithMasterName(st.Redis.MasterName))
+	}
+	return append(opts, claim.WithPipeline(st.Pipeline), claim.WithBatchObserver(func(n int) {
+		m.batchOps.Observe(float64(n))
+	}))
+}

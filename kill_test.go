@@ -24,15 +24,8 @@ import (
 // 502 outcome-unknown, replayed; the upstream executed once.
 func TestKilledOwnerIsSettledAsOutcomeUnknown(t *testing.T) {
 	srv := redistest.Start(t)
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("go not in PATH: cannot build the binary")
-	}
+	bin := buildBinary(t)
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "idemproxy")
-	if out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
 	var calls atomic.Int64
 	stop := make(chan struct{})
 	defer close(stop)

@@ -137,57 +137,88 @@ func TestVersionFlag(t *testing.T) {
 }
 
 // TestPasswordFile: the Redis password comes from a mounted file; with the
-// right one the store is ready, with a wrong one /readyz says so.
+// right one the store is up, with a wrong one idemproxy_store_up says so.
 func TestPasswordFile(t *testing.T) {
 	srv := redistest.Start(t, "--requirepass", "s3cret")
 	for _, tc := range []struct {
 		password string
-		ready    int
-	}{{"s3cret\n", http.StatusOK}, {"wrong", http.StatusServiceUnavailable}} {
+		up       bool
+	}{{"s3cret\n", true}, {"wrong", false}} {
 		file := filepath.Join(t.TempDir(), "password")
 		os.WriteFile(file, []byte(tc.password), 0o600)
 		cfg := config.Default()
 		cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Store.Redis = config.Redis{Addrs: []string{srv.Addr}, PasswordFile: file}
-		if got := readyzOnce(t, cfg); got != tc.ready {
-			t.Errorf("password %q: /readyz %d, want %d", tc.password, got, tc.ready)
+		if got := storeUpOnce(t, cfg); got != tc.up {
+			t.Errorf("password %q: store up %t, want %t", tc.password, got, tc.up)
 		}
 	}
 }
 
 // TestSentinelPasswordFile: sentinels with their own password, read from a
-// mounted file; with the right one the store is ready, with a wrong one
-// /readyz says so.
+// mounted file; with the right one the store is up, with a wrong one
+// idemproxy_store_up says so.
 func TestSentinelPasswordFile(t *testing.T) {
 	topo := redistest.StartSentinelAuth(t, 1, "data-pw", "sentinel-pw")
 	for _, tc := range []struct {
 		password string
-		ready    int
-	}{{"sentinel-pw\n", http.StatusOK}, {"wrong", http.StatusServiceUnavailable}} {
+		up       bool
+	}{{"sentinel-pw\n", true}, {"wrong", false}} {
 		file := filepath.Join(t.TempDir(), "sentinel-password")
 		os.WriteFile(file, []byte(tc.password), 0o600)
 		cfg := config.Default()
 		cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Store.Redis = config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName, Password: "data-pw", SentinelPasswordFile: file}
-		if got := readyzOnce(t, cfg); got != tc.ready {
-			t.Errorf("sentinel password %q: /readyz %d, want %d", tc.password, got, tc.ready)
+		if got := storeUpOnce(t, cfg); got != tc.up {
+			t.Errorf("sentinel password %q: store up %t, want %t", tc.password, got, tc.up)
 		}
 	}
 }
 
-// readyzOnce serves cfg, asks /readyz once, stops and returns its status.
-func readyzOnce(t *testing.T, cfg *config.Config) int {
+// storeUpOnce serves cfg until the store watcher has looked at Redis once,
+// stops and returns whether it found it up (idemproxy_store_up). /readyz
+// answers 200 either way: readiness is the sidecar's own.
+func storeUpOnce(t *testing.T, cfg *config.Config) bool {
 	t.Helper()
 	s, stop := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	var up bool
+	poll.Until(t, "the store watcher's first look", func() bool {
+		var seen bool
+		seen, up = storeUp(t, "http://"+s.adminAddr)
+		return seen
+	})
 	resp, err := http.Get("http://" + s.adminAddr + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/readyz %d with the store up=%t, want 200: readiness is not tied to the store", resp.StatusCode, up)
+	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	return resp.StatusCode
+	return up
+}
+
+// storeUp reads idemproxy_store_up from admin's /metrics: whether any
+// series is there yet, and whether every master is up.
+func storeUp(t *testing.T, admin string) (seen, up bool) {
+	t.Helper()
+	resp, err := http.Get(admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	up = true
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "idemproxy_store_up{"); ok {
+			seen = true
+			up = up && strings.HasSuffix(rest, "} 1")
+		}
+	}
+	return seen, seen && up
 }
 
 // startTest starts idemproxy for cfg, reloading from path when it is set,

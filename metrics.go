@@ -21,6 +21,9 @@ type metrics struct {
 	// memoryUsed is Redis' used_memory over maxmemory; storeFull is 1
 	// while new claims are refused for store.claim_memory_limit.
 	memoryUsed, storeFull prometheus.Gauge
+	// storeUp is 1 per master that answered the store watcher's last
+	// look, 0 per master that did not.
+	storeUp *prometheus.GaugeVec
 	// batchOps observes how many operations each store pipeline carried
 	// (store.pipeline).
 	batchOps prometheus.Histogram
@@ -56,6 +59,10 @@ func newMetrics(waitReplicas bool) *metrics {
 		Name: "idemproxy_store_full",
 		Help: "1 while new claims are refused (503 store-full) because Redis is above store.claim_memory_limit.",
 	})
+	m.storeUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_store_up",
+		Help: "1 when the Redis master answered the store watcher's last look (every second), 0 when not; one series per master (the address, or the Sentinel master name).",
+	}, []string{"master"})
 	m.batchOps = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "idemproxy_store_pipeline_operations",
 		Help:    "Store operations coalesced into each pipeline sent to Redis (store.pipeline); 1 when nothing waited to go with it.",
@@ -66,7 +73,7 @@ func newMetrics(waitReplicas bool) *metrics {
 		m.waitShort.WithLabelValues("complete")
 	}
 	m.reloadOK.Set(1)
-	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.batchOps,
+	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.batchOps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -7,11 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"runtime/debug"
-	"time"
+	"strings"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/config"
 )
 
@@ -39,9 +36,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg, err := config.Load(*path)
 	if err != nil {
-		return fmt.Errorf("invalid config %s:\n%w", *path, err)
+		return configError(*path, err)
 	}
 	if *check {
+		// The files it names are part of the config: a missing or short
+		// token, key or password file fails the start, so it fails here.
+		if _, err := readSecrets(cfg); err != nil {
+			return configError(*path, err)
+		}
 		fmt.Fprintf(stdout, "%s: valid, %d routes\n", *path, len(cfg.Routes))
 		for _, w := range cfg.Warnings() {
 			fmt.Fprintf(stdout, "warning: %s\n", w)
@@ -75,52 +77,6 @@ func buildInfo() string {
 	return s
 }
 
-// preload loads the scripts. A failure does not stop the start: Redis may
-// come up later, and /readyz reports it until then.
-func preload(ctx context.Context, store *claim.Store, logger *slog.Logger) {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	if err := store.Preload(ctx); err != nil {
-		logger.Warn("store not reachable at start", "err", err)
-	}
-}
-
-// evictionCheckInterval is how often Redis' eviction policy is re-read: an
-// operator may change it at run time with CONFIG SET.
-const evictionCheckInterval = 5 * time.Minute
-
-// watchEviction warns loudly, at start and then periodically, when Redis
-// can evict idempotency keys, and keeps the gauge current.
-func watchEviction(ctx context.Context, store *claim.Store, logger *slog.Logger, safe prometheus.Gauge) {
-	t := time.NewTicker(evictionCheckInterval)
-	defer t.Stop()
-	for {
-		checkEviction(ctx, store, logger, safe)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func checkEviction(ctx context.Context, store *claim.Store, logger *slog.Logger, safe prometheus.Gauge) {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	policy, err := store.EvictionPolicy(ctx)
-	switch {
-	case err != nil:
-		safe.Set(-1)
-		logger.Warn("cannot read Redis maxmemory-policy", "err", err)
-	case policy != "noeviction":
-		safe.Set(0)
-		logger.Error("REDIS CAN EVICT IDEMPOTENCY KEYS: maxmemory-policy is not noeviction; an evicted claim lets a retry execute again",
-			"maxmemory_policy", policy)
-	default:
-		safe.Set(1)
-	}
-}
-
 // leveled filters a handler by a level that a reload can change.
 type leveled struct {
 	next  slog.Handler
@@ -141,40 +97,11 @@ func (h leveled) WithGroup(name string) slog.Handler {
 	return leveled{next: h.next.WithGroup(name), level: h.level}
 }
 
-// memoryCheckInterval is how often Redis' memory use is read for
-// store.claim_memory_limit: one INFO per master per second.
-const memoryCheckInterval = time.Second
-
-// watchMemory refuses new claims while Redis is above limit of its
-// maxmemory, so that the claims in flight keep room to store their
-// outcome, and keeps the gauges current.
-func watchMemory(ctx context.Context, store *claim.Store, limit float64, logger *slog.Logger, m *metrics) {
-	t := time.NewTicker(memoryCheckInterval)
-	defer t.Stop()
-	full := false
-	for {
-		rctx, cancel := context.WithTimeout(ctx, time.Second)
-		ratio, err := store.MemoryUsage(rctx)
-		cancel()
-		if err == nil {
-			m.memoryUsed.Set(ratio)
-			now := limit > 0 && ratio >= limit
-			store.SetFull(now)
-			switch {
-			case now && !full:
-				m.storeFull.Set(1)
-				logger.Error("REDIS IS NEARLY FULL: new claims are refused (503 store-full) so that requests in flight can store their outcome; free memory or raise maxmemory",
-					"used_ratio", ratio, "claim_memory_limit", limit)
-			case !now && full:
-				m.storeFull.Set(0)
-				logger.Warn("Redis below store.claim_memory_limit again: claims accepted", "used_ratio", ratio)
-			}
-			full = now
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+// configError names the config file a problem was found in: on the same
+// line when there is one problem, one problem a line when there are more.
+func configError(path string, err error) error {
+	if strings.Contains(err.Error(), "\n") {
+		return fmt.Errorf("invalid config %s:\n%w", path, err)
 	}
+	return fmt.Errorf("invalid config %s: %w", path, err)
 }

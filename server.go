@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"os"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -52,6 +49,10 @@ type server struct {
 	adminToken []byte
 	// pprofAddr is where pprof listens; empty when it does not.
 	pprofAddr string
+	// embedded is set when the store is the in-process one.
+	embedded bool
+	// health is what the store watcher last saw of Redis.
+	health storeHealth
 	// errc receives the first listener that stops serving.
 	errc     chan error
 	draining atomic.Bool
@@ -71,41 +72,53 @@ func serve(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 }
 
 // start wires the store, metrics and handler, opens both listeners and
-// serves on them in the background.
-func start(ctx context.Context, cfg *config.Config, path string, logger *slog.Logger) (s *server, err error) {
-	s = &server{cfg: cfg, level: new(slog.LevelVar), errc: make(chan error, 2)}
+// serves on them in the background. Every error on the way names the YAML
+// path or address at fault; an unreachable Redis is not one: the sidecar
+// serves, stays ready and answers protected routes per store_unavailable
+// until Redis answers.
+func start(ctx context.Context, cfg *config.Config, path string, logger *slog.Logger) (*server, error) {
+	s := &server{cfg: cfg, level: new(slog.LevelVar), errc: make(chan error, 2)}
+	if err := s.open(ctx, path, logger); err != nil {
+		s.close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// open does start's work; on error, close releases what it opened.
+func (s *server) open(ctx context.Context, path string, logger *slog.Logger) error {
+	cfg := s.cfg
 	s.level.Set(cfg.SlogLevel())
 	s.log = slog.New(leveled{next: logger.Handler(), level: s.level})
 	// go-redis has one process-wide logger; route it into ours.
 	redis.SetLogger(claim.SlogLogger{Logger: s.log})
-	defer func() {
-		if err != nil {
-			s.close()
-		}
-	}()
+	sec, err := readSecrets(cfg)
+	if err != nil {
+		return err
+	}
+	s.adminToken = sec.adminToken
 	for _, w := range cfg.Warnings() {
 		s.log.Warn(w)
 	}
 	s.metrics = newMetrics(cfg.Store.WaitReplicas > 0)
-	embedded, err := s.openStore(ctx)
-	if err != nil {
-		return nil, err
+	if err := s.openStore(ctx, sec); err != nil {
+		return err
 	}
 	pcfg, err := proxyConfig(cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	opts := proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg), BodyReadTimeout: cfg.Client.BodyTimeout}
 	tp, err := s.startTracing(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if tp != nil {
 		opts.TracerProvider, opts.Propagator = tp, propagator
 	}
 	s.handler, err = proxy.New(pcfg, s.store, opts)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "idemproxy_buffered_bytes",
@@ -118,144 +131,49 @@ func start(ctx context.Context, cfg *config.Config, path string, logger *slog.Lo
 	if pcfg.MaxBufferedBytes > 0 {
 		s.log.Info("body buffers bounded", "max_buffered_bytes", pcfg.MaxBufferedBytes)
 	}
-	if embedded {
-		s.metrics.evictionSafe.Set(1) // the embedded store has no memory limit and never evicts
-	} else {
-		go watchEviction(ctx, s.store, s.log, s.metrics.evictionSafe)
-		go watchMemory(ctx, s.store, cfg.Store.ClaimMemoryLimit, s.log, s.metrics)
+	if err := s.listen(); err != nil {
+		return err
 	}
+	// Only now that nothing can fail: these run until ctx ends.
+	wctx, cancel := context.WithCancel(ctx)
+	s.closers = append(s.closers, cancel)
+	if !s.embedded {
+		go watchEviction(wctx, s.store, s.log, s.metrics.evictionSafe)
+	}
+	go s.health.watch(wctx, s.store, cfg.Store.ClaimMemoryLimit, s.log, s.metrics)
 	if path != "" {
 		rl := newReloader(path, cfg, s.handler, s.level, s.log, s.metrics)
-		go rl.run(ctx)
-	}
-	if cfg.Admin.TokenFile != "" {
-		b, err := os.ReadFile(cfg.Admin.TokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("admin.token_file: %w", err)
-		}
-		if s.adminToken = []byte(strings.TrimSpace(string(b))); len(s.adminToken) < 16 {
-			return nil, fmt.Errorf("admin.token_file: %s holds %d characters, want at least 16", cfg.Admin.TokenFile, len(s.adminToken))
-		}
-	}
-	if err := s.listen(); err != nil {
-		return nil, err
+		go rl.run(wctx)
 	}
 	s.log.Info("serving", "listen", s.clientAddr, "admin_listen", s.adminAddr,
 		"upstream", cfg.Upstream.URL, "routes", len(cfg.Routes))
-	return s, nil
+	return nil
 }
 
 // openStore connects to Redis, or starts the embedded store when no
 // address is configured, which it reports.
-func (s *server) openStore(ctx context.Context) (embedded bool, err error) {
-	redisCfg := s.cfg.Store.Redis
+func (s *server) openStore(ctx context.Context, sec *secrets) error {
+	redisCfg := sec.redis
 	if len(redisCfg.Addrs) == 0 {
 		emb, err := claim.StartEmbedded()
 		if err != nil {
-			return false, fmt.Errorf("start embedded store: %w", err)
+			return fmt.Errorf("start embedded store: %w", err)
 		}
 		s.closers = append(s.closers, emb.Close)
 		s.log.Warn("USING THE EMBEDDED IN-MEMORY STORE: single instance, not durable, for development only; set store.redis.addrs in production",
 			"addr", emb.Addr())
 		redisCfg = config.Redis{Addrs: []string{emb.Addr()}}
-		embedded = true
-	}
-	if err := readSecrets(&redisCfg); err != nil {
-		return false, err
+		s.embedded = true
+		s.metrics.evictionSafe.Set(1) // the embedded store has no memory limit and never evicts
 	}
 	client, err := claim.NewClient(clientOptions(redisCfg))
 	if err != nil {
-		return false, fmt.Errorf("store.redis.tls_ca_file: %w", err) // the only way it fails
+		return fmt.Errorf("store.redis.tls_ca_file: %w", err) // the only way it fails
 	}
 	s.closers = append(s.closers, func() { client.Close() })
-	opts, err := sealingOptions(s.cfg.Store)
-	if err != nil {
-		return false, err
-	}
-	if s.cfg.Store.WaitReplicas > 0 {
-		opts = append(opts, claim.WithWait(s.cfg.Store.WaitReplicas, s.cfg.Store.WaitTimeout, func(op string) {
-			s.metrics.waitShort.WithLabelValues(op).Inc()
-		}))
-	}
-	opts = append(opts, claim.WithPipeline(s.cfg.Store.Pipeline), claim.WithBatchObserver(func(n int) {
-		s.metrics.batchOps.Observe(float64(n))
-	}))
-	s.store = claim.New(client, s.cfg.Store.KeyPrefix, opts...)
+	s.store = claim.New(client, s.cfg.Store.KeyPrefix, storeOptions(s.cfg.Store, sec, s.metrics)...)
 	s.closers = append(s.closers, s.store.Close)
 	preload(ctx, s.store, s.log)
-	return embedded, nil
-}
-
-// sealingOptions reads the encryption key files and the key derivation
-// secret (mounted Secrets, base64) into the store's options.
-func sealingOptions(st config.Store) ([]claim.Option, error) {
-	var secret []byte
-	if st.KeySecretFile != "" {
-		b, err := readBase64(st.KeySecretFile, 16)
-		if err != nil {
-			return nil, fmt.Errorf("store.key_secret_file: %w", err)
-		}
-		secret = b
-	}
-	if len(st.Encryption.KeyFiles) == 0 {
-		if secret != nil {
-			return []claim.Option{claim.WithKeySecret(secret)}, nil
-		}
-		return nil, nil
-	}
-	var keys [][]byte
-	for i, f := range st.Encryption.KeyFiles {
-		k, err := readBase64(f, claim.KeySize)
-		if err == nil && len(k) != claim.KeySize {
-			err = fmt.Errorf("%s holds %d bytes, want %d (head -c 32 /dev/urandom | base64)", f, len(k), claim.KeySize)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("store.encryption.key_files[%d]: %w", i, err)
-		}
-		keys = append(keys, k)
-	}
-	opt, err := claim.WithSealing(keys, st.Encryption.Required, secret)
-	if err != nil {
-		return nil, fmt.Errorf("store.encryption.key_files: %w", err)
-	}
-	return []claim.Option{opt}, nil
-}
-
-// readBase64 reads a file holding base64 (surrounding space ignored) of at
-// least min bytes.
-func readBase64(path string, min int) ([]byte, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	out, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
-	if err != nil {
-		return nil, fmt.Errorf("%s is not base64: %w", path, err)
-	}
-	if len(out) < min {
-		return nil, fmt.Errorf("%s holds %d bytes, want at least %d", path, len(out), min)
-	}
-	return out, nil
-}
-
-// readSecrets reads the passwords configured as files (mounted Secrets).
-func readSecrets(r *config.Redis) error {
-	for _, secret := range []struct {
-		key, file string
-		dst       *string
-	}{
-		{"store.redis.password_file", r.PasswordFile, &r.Password},
-		{"store.redis.sentinel_password_file", r.SentinelPasswordFile, &r.SentinelPassword},
-	} {
-		if secret.file == "" {
-			continue
-		}
-		b, err := os.ReadFile(secret.file)
-		if err != nil {
-			return fmt.Errorf("%s: %w", secret.key, err)
-		}
-		*secret.dst = strings.TrimSpace(string(b))
-	}
 	return nil
 }
 
@@ -278,19 +196,7 @@ func (s *server) adminMux() *http.ServeMux {
 		admin.Handle("/v1/keys", keysAPI{s: s, token: s.adminToken})
 	}
 	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	admin.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if s.draining.Load() {
-			http.Error(w, "draining", http.StatusServiceUnavailable)
-			return
-		}
-		pctx, cancel := context.WithTimeout(r.Context(), time.Second)
-		defer cancel()
-		if err := s.store.Ping(pctx); err != nil {
-			http.Error(w, "store unavailable", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
+	admin.HandleFunc("GET /readyz", s.readyz)
 	return admin
 }
 

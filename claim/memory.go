@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -37,35 +36,15 @@ func (s *Store) claimWhenFull(ctx context.Context, key string, rec *Record, leas
 }
 
 // MemoryUsage returns how full Redis is: used_memory over maxmemory, the
-// highest over a Cluster's masters; 0 when no maxmemory is set.
+// highest over a Cluster's masters; 0 when no maxmemory is set. It fails
+// when any master does not answer.
 func (s *Store) MemoryUsage(ctx context.Context) (float64, error) {
-	var mu sync.Mutex
 	highest := 0.0
-	read := func(ctx context.Context, c *redis.Client) error {
-		info, err := c.Info(ctx, "memory").Result()
-		if err != nil {
-			return err
+	for _, h := range s.Health(ctx) {
+		if h.Err != nil {
+			return 0, h.Err
 		}
-		ratio := memoryRatio(info)
-		mu.Lock()
-		highest = max(highest, ratio)
-		mu.Unlock()
-		return nil
-	}
-	var err error
-	switch c := s.client.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, read)
-	case *redis.Client:
-		err = read(ctx, c)
-	default:
-		var info string
-		if info, err = s.client.Info(ctx, "memory").Result(); err == nil {
-			highest = memoryRatio(info)
-		}
-	}
-	if err != nil {
-		return 0, s.unavailable("info memory", err)
+		highest = max(highest, h.MemoryRatio)
 	}
 	return highest, nil
 }

@@ -59,6 +59,9 @@ type Store struct {
 	waitReplicas int
 	waitTimeout  time.Duration
 	onWaitShort  func(op string)
+
+	// masterName, on Sentinel, names the master for Health.
+	masterName string
 }
 
 // writePipeline returns a pipeline on which a write to key and the WAIT

@@ -155,6 +155,12 @@ type Admin struct {
 	// TokenFile, when set, enables /v1/keys on the admin port, for
 	// requests bearing the token it holds (at least 16 characters).
 	TokenFile string `yaml:"token_file"`
+	// ReadinessRequiresStore makes /readyz fail while the store watcher
+	// sees a Redis master down. False (the default): readiness is the
+	// sidecar's own (listeners bound, config loaded, not draining), so a
+	// Redis outage does not take the pod, and its pass-through traffic,
+	// out of its Service.
+	ReadinessRequiresStore bool `yaml:"readiness_requires_store"`
 }
 
 // Tracing configures OpenTelemetry traces.

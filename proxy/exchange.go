@@ -369,7 +369,7 @@ func (x *exchange) storeFailed(op string, err error, body []byte) {
 			reason = re.Reason
 		}
 		x.h.metrics.recordErrors.WithLabelValues(reason).Inc()
-		x.outcome, x.detail = outcomeStoreError, err.Error()
+		x.outcome, x.detail = outcomeRecordUnreadable, err.Error()
 		x.problem(probRecordCorrupt.with("the record stored for this key is not one idemproxy can read; nothing was forwarded"))
 		return
 	}
@@ -378,7 +378,7 @@ func (x *exchange) storeFailed(op string, err error, body []byte) {
 		x.bypass(body, "store unavailable, fail_open: "+err.Error())
 		return
 	}
-	x.outcome, x.detail = outcomeStoreError, err.Error()
+	x.outcome, x.detail = outcomeStoreUnavailable, err.Error()
 	p := probStoreUnavailable.with("the idempotency store cannot be reached; nothing was forwarded, retry later")
 	p.retryAfter = time.Second
 	x.problem(p)
@@ -420,13 +420,15 @@ func (x *exchange) finish() {
 		x.outcome = outcomeRejected // aborted before an answer was chosen
 	}
 	defer x.endTrace()
-	total := time.Now().Sub(x.start)
+	total := time.Since(x.start)
 	x.h.metrics.requests.WithLabelValues(x.rt.name, x.outcome).Inc()
 	x.h.metrics.added.WithLabelValues(x.rt.name).Observe((total - x.upstream).Seconds())
 	level := slog.LevelInfo
 	switch x.outcome {
-	case outcomeStoreError, outcomeFenceLost:
+	case outcomeStoreError, outcomeFenceLost, outcomeRecordUnreadable:
 		level = slog.LevelError
+	case outcomeStoreUnavailable:
+		level = slog.LevelWarn
 	}
 	if !x.h.log.Enabled(context.Background(), level) {
 		return // log_level above this line's: skip building it

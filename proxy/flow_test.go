@@ -519,6 +519,11 @@ func TestStoreUnavailable(t *testing.T) {
 				if n := e.ledger.Total(); n != 0 {
 					t.Fatalf("fail_closed forwarded %d requests", n)
 				}
+				// Nothing was forwarded: not the dual-write window.
+				e.quiesce()
+				if o := e.outcomes(); o["store_unavailable"] != 1 || o["store_error"] != 0 {
+					t.Fatalf("outcomes %v, want store_unavailable 1 and store_error 0", o)
+				}
 			case "fail_open":
 				if r.status != http.StatusCreated || e.ledger.Total() != 1 {
 					t.Fatalf("fail_open: %d with %d executions, want the upstream's 201", r.status, e.ledger.Total())

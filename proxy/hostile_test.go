@@ -134,6 +134,10 @@ func TestForeignRecordUnderOurPrefix(t *testing.T) {
 	if v, _ := rdb.Get(context.Background(), key).Result(); v != "not ours" || e.ledger.Total() != 0 {
 		t.Fatalf("foreign record changed to %q or request forwarded (%d)", v, e.ledger.Total())
 	}
+	e.quiesce()
+	if o := e.outcomes(); o["record_unreadable"] != 1 || o["store_error"] != 0 {
+		t.Fatalf("outcomes %v, want record_unreadable 1 and store_error 0", o)
+	}
 }
 
 func TestRedisOutOfMemory(t *testing.T) {

@@ -18,7 +18,15 @@ const (
 	outcomeReleased   = "released"    // forwarded, transient answer, claim released
 	outcomeStored     = "stored"      // forwarded, settled answer stored
 	outcomeBypassed   = "bypassed"    // forwarded unprotected (optional key, fail_open)
-	outcomeStoreError = "store_error" // store unreachable or unreadable
+	// outcomeStoreError is only ever the dual-write window: the upstream
+	// acted (or may have) and its answer could not be stored.
+	outcomeStoreError = "store_error"
+	// outcomeStoreUnavailable: no claim could be made (or the record not
+	// read); nothing was forwarded.
+	outcomeStoreUnavailable = "store_unavailable"
+	// outcomeRecordUnreadable: the stored record could not be decoded or
+	// opened; nothing was forwarded and the record was left alone.
+	outcomeRecordUnreadable = "record_unreadable"
 	outcomeFenceLost  = "fence_lost"  // forwarded, but another owner held the key at completion
 	outcomeRejected   = "rejected"    // bad key, identity or size; nothing forwarded
 )
@@ -27,6 +35,7 @@ const (
 var outcomes = []string{
 	outcomeClaimed, outcomeReplayed, outcomeConflict, outcomeMismatch, outcomeReleased,
 	outcomeStored, outcomeBypassed, outcomeStoreError, outcomeFenceLost, outcomeRejected,
+	outcomeStoreUnavailable, outcomeRecordUnreadable,
 }
 
 // storeOps are the values of the op label.

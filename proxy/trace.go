@@ -74,7 +74,7 @@ func (x *exchange) endTrace() {
 		attrs = append(attrs, attribute.String("idemproxy.original_request_id", x.original))
 	}
 	x.span.SetAttributes(attrs...)
-	if x.status >= 500 || x.outcome == outcomeStoreError || x.outcome == outcomeFenceLost {
+	if x.status >= 500 || x.outcome == outcomeStoreError || x.outcome == outcomeFenceLost || x.outcome == outcomeStoreUnavailable || x.outcome == outcomeRecordUnreadable {
 		x.span.SetStatus(codes.Error, x.outcome)
 	}
 	x.span.End()

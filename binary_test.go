@@ -1,0 +1,366 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/loopback"
+	"github.com/idemproxy/idemproxy/internal/poll"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// The binary is built once per test process, into a directory removed
+// when the process ends (TestMain).
+var (
+	binaryOnce sync.Once
+	binaryPath string
+	binaryErr  error
+	binaryDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaryDir != "" {
+		os.RemoveAll(binaryDir)
+	}
+	os.Exit(code)
+}
+
+// buildBinary builds idemproxy from this tree once and returns its path;
+// it skips when go is not in PATH.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("go not in PATH: cannot build the binary")
+	}
+	binaryOnce.Do(func() {
+		binaryDir, binaryErr = os.MkdirTemp("", "idemproxy-bin-")
+		if binaryErr != nil {
+			return
+		}
+		binaryPath = filepath.Join(binaryDir, "idemproxy")
+		if out, err := exec.Command(goBin, "build", "-o", binaryPath, ".").CombinedOutput(); err != nil {
+			binaryErr = fmt.Errorf("build: %v\n%s", err, out)
+		}
+	})
+	if binaryErr != nil {
+		t.Fatal(binaryErr)
+	}
+	return binaryPath
+}
+
+// sidecar is the real binary running for one test.
+type sidecar struct {
+	cmd           *exec.Cmd
+	client, admin string // base URLs
+	stderr        *lockedBuffer
+}
+
+// lockedBuffer is a bytes.Buffer written by a process and read by a test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startBinary writes yaml (with listen and admin_listen prepended on free
+// loopback ports) and runs the binary on it until the test ends, waiting
+// for /healthz.
+func startBinary(t *testing.T, yaml string) *sidecar {
+	t.Helper()
+	bin := buildBinary(t)
+	port, _ := loopback.FreePort()
+	admin, _ := loopback.FreePort()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	full := fmt.Sprintf("listen: \"127.0.0.1:%d\"\nadmin_listen: \"127.0.0.1:%d\"\n", port, admin) + yaml
+	if err := os.WriteFile(path, []byte(full), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sc := &sidecar{
+		cmd:    exec.Command(bin, "-config", path),
+		client: fmt.Sprintf("http://127.0.0.1:%d", port),
+		admin:  fmt.Sprintf("http://127.0.0.1:%d", admin),
+		stderr: &lockedBuffer{},
+	}
+	sc.cmd.Stderr = sc.stderr
+	if err := sc.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sc.cmd.Process.Kill(); sc.cmd.Wait() }) // by the PID this test started
+	for range 400 {
+		if resp, err := http.Get(sc.admin + "/healthz"); err == nil {
+			resp.Body.Close()
+			return sc
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	t.Fatalf("idemproxy did not come up:\n%s", sc.stderr.String())
+	return nil
+}
+
+// get answers status and body of a GET.
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// post sends a protected-style POST as alice with key (none when empty).
+func post(t *testing.T, url, key, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("X-Forwarded-User", "alice")
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// outcome reads idemproxy_requests_total for route and outcome from admin.
+func outcome(t *testing.T, admin, route, outcome string) string {
+	t.Helper()
+	_, text := get(t, admin+"/metrics")
+	prefix := fmt.Sprintf("idemproxy_requests_total{outcome=%q,route=%q} ", outcome, route)
+	for line := range strings.SplitSeq(text, "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			return v
+		}
+	}
+	return "absent"
+}
+
+// TestRedisOutageKeepsTheSidecarReady: with Redis stopped the sidecar stays
+// ready, serves pass-through and fail_open routes, answers fail_closed
+// routes 503 store-unavailable without forwarding, reports
+// idemproxy_store_up 0 and counts nothing as the dual-write window; once
+// Redis is back, protected routes work again without a restart. Then the
+// same with Redis down from the start, and with
+// admin.readiness_requires_store, which couples readiness to Redis again.
+func TestRedisOutageKeepsTheSidecarReady(t *testing.T) {
+	srv := redistest.Start(t)
+	var executed atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.Method == http.MethodPost {
+			executed.Add(1)
+			w.WriteHeader(http.StatusCreated)
+		}
+		fmt.Fprintln(w, `{"ok":true}`)
+	}))
+	defer upstream.Close()
+	yaml := func(extra string) string {
+		return fmt.Sprintf(`upstream:
+  url: %q
+store:
+  redis:
+    addrs: [%q]
+%sroutes:
+  - name: pay
+    match: "POST /payments"
+  - name: open
+    match: "POST /open"
+    store_unavailable: fail_open
+`, upstream.URL, srv.Addr, extra)
+	}
+	sc := startBinary(t, yaml(""))
+	if status, body := post(t, sc.client+"/payments", "before", `{}`); status != http.StatusCreated {
+		t.Fatalf("with Redis up: %d %s", status, body)
+	}
+	poll.Until(t, "idemproxy_store_up 1", func() bool { seen, up := storeUp(t, sc.admin); return seen && up })
+
+	srv.Stop()
+	poll.Until(t, "idemproxy_store_up 0", func() bool { seen, up := storeUp(t, sc.admin); return seen && !up })
+	if status, body := get(t, sc.admin+"/readyz"); status != http.StatusOK {
+		t.Fatalf("/readyz with Redis down: %d %s, want 200", status, body)
+	}
+	if _, body := get(t, sc.admin+"/readyz?verbose"); !strings.Contains(body, "store: up=false") {
+		t.Errorf("/readyz?verbose does not say the store is down: %s", body)
+	}
+	if status, _ := get(t, sc.client+"/catalog"); status != http.StatusOK {
+		t.Errorf("pass-through GET with Redis down: %d, want 200", status)
+	}
+	before := executed.Load()
+	if status, body := post(t, sc.client+"/payments", "during", `{}`); status != http.StatusServiceUnavailable || !strings.Contains(body, "store-unavailable") {
+		t.Errorf("fail_closed route with Redis down: %d %s, want 503 store-unavailable", status, body)
+	}
+	if executed.Load() != before {
+		t.Errorf("fail_closed forwarded a request with Redis down")
+	}
+	if status, _ := post(t, sc.client+"/open", "during", `{}`); status != http.StatusCreated {
+		t.Errorf("fail_open route with Redis down: %d, want the upstream's 201", status)
+	}
+	if v := outcome(t, sc.admin, "pay", "store_error"); v != "0" {
+		t.Errorf("store_error (the dual-write window) = %s with nothing forwarded, want 0", v)
+	}
+	if v := outcome(t, sc.admin, "pay", "store_unavailable"); v != "1" {
+		t.Errorf("store_unavailable = %s, want 1", v)
+	}
+
+	srv.Restart()
+	poll.Until(t, "idemproxy_store_up 1 again", func() bool { seen, up := storeUp(t, sc.admin); return seen && up })
+	if status, body := post(t, sc.client+"/payments", "after", `{}`); status != http.StatusCreated {
+		t.Fatalf("with Redis back: %d %s, want 201", status, body)
+	}
+	if status, _ := post(t, sc.client+"/payments", "after", `{}`); status != http.StatusCreated {
+		t.Fatalf("replay with Redis back: %d", status)
+	}
+
+	t.Run("down at start", func(t *testing.T) {
+		srv.Stop()
+		defer srv.Restart()
+		sc := startBinary(t, yaml(""))
+		poll.Until(t, "idemproxy_store_up 0", func() bool { seen, up := storeUp(t, sc.admin); return seen && !up })
+		if status, body := get(t, sc.admin+"/readyz"); status != http.StatusOK {
+			t.Fatalf("/readyz with Redis down at start: %d %s, want 200", status, body)
+		}
+		if status, body := post(t, sc.client+"/payments", "k", `{}`); status != http.StatusServiceUnavailable || !strings.Contains(body, "store-unavailable") {
+			t.Errorf("protected route: %d %s, want 503 store-unavailable", status, body)
+		}
+		srv.Restart()
+		poll.Until(t, "a protected request succeeds once Redis is up", func() bool {
+			status, _ := post(t, sc.client+"/payments", "k2", `{}`)
+			return status == http.StatusCreated
+		})
+	})
+	t.Run("readiness_requires_store", func(t *testing.T) {
+		sc := startBinary(t, yaml("admin:\n  readiness_requires_store: true\n"))
+		poll.Until(t, "/readyz 200 with Redis up", func() bool { s, _ := get(t, sc.admin+"/readyz"); return s == http.StatusOK })
+		srv.Stop()
+		defer srv.Restart()
+		poll.Until(t, "/readyz 503 with Redis down", func() bool { s, _ := get(t, sc.admin+"/readyz"); return s == http.StatusServiceUnavailable })
+	})
+}
+
+// TestStartupFailures drives the real binary into every start-up failure:
+// each is one line on stderr naming the YAML path or address, exit code 1,
+// never a panic; and -check reports the same file problems.
+func TestStartupFailures(t *testing.T) {
+	bin := buildBinary(t)
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	busy := taken.Addr().String()
+	free := func() string { p, _ := loopback.FreePort(); return fmt.Sprintf("127.0.0.1:%d", p) }
+	short := write("short-token", "too-short\n")
+	notBase64 := write("not-base64", "!!!\n")
+	badCA := write("bad-ca.pem", "not a certificate\n")
+	cases := []struct {
+		name string
+		yaml string
+		want []string // each must be in the one line
+		// check is whether -check must report it too (address problems
+		// are found only by binding)
+		check bool
+	}{
+		{"listen in use", fmt.Sprintf("listen: %q\nadmin_listen: %q\n", busy, free()), []string{"listen", busy, "address already in use"}, false},
+		{"admin_listen in use", fmt.Sprintf("listen: %q\nadmin_listen: %q\n", free(), busy), []string{"admin_listen", busy}, false},
+		{"admin_pprof_listen in use", fmt.Sprintf("listen: %q\nadmin_listen: %q\nadmin_pprof_listen: %q\n", free(), free(), busy), []string{"admin_pprof_listen", busy}, false},
+		{"missing token file", "admin:\n  token_file: " + filepath.Join(dir, "nope") + "\n", []string{"admin.token_file", "no such file"}, true},
+		{"short token file", "admin:\n  token_file: " + short + "\n", []string{"admin.token_file", "at least 16"}, true},
+		{"missing sealing key", "store:\n  encryption:\n    key_files: [" + filepath.Join(dir, "nokey") + "]\n", []string{"store.encryption.key_files[0]", "no such file"}, true},
+		{"key secret not base64", "store:\n  key_secret_file: " + notBase64 + "\n", []string{"store.key_secret_file", "not base64"}, true},
+		{"missing password file", "store:\n  redis:\n    addrs: [\"127.0.0.1:1\"]\n    password_file: " + filepath.Join(dir, "nopw") + "\n", []string{"store.redis.password_file", "no such file"}, true},
+		{"bad TLS CA file", "store:\n  redis:\n    addrs: [\"127.0.0.1:1\"]\n    tls: true\n    tls_ca_file: " + badCA + "\n", []string{"store.redis.tls_ca_file"}, true},
+		{"missing config file", "", []string{"missing.yaml", "no such file"}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, "missing.yaml")
+			if tc.yaml != "" {
+				y := tc.yaml
+				if !strings.Contains(y, "listen:") {
+					y = fmt.Sprintf("listen: %q\nadmin_listen: %q\n", free(), free()) + y
+				}
+				path = write(strings.ReplaceAll(tc.name, " ", "-")+".yaml", y+"routes:\n  - name: pay\n    match: \"POST /payments\"\n")
+			}
+			for _, args := range [][]string{{"-config", path}, {"-config", path, "-check"}} {
+				check := len(args) == 3
+				if check && !tc.check {
+					continue
+				}
+				cmd := exec.Command(bin, args...)
+				var stderr bytes.Buffer
+				cmd.Stderr = &stderr
+				done := make(chan error, 1)
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				go func() { done <- cmd.Wait() }()
+				select {
+				case err = <-done:
+				case <-time.After(20 * time.Second):
+					cmd.Process.Kill() // by the PID this test started
+					<-done
+					t.Fatalf("%v did not exit: it served instead of failing", args)
+				}
+				out := stderr.String()
+				if code := cmd.ProcessState.ExitCode(); code != 1 {
+					t.Errorf("%v: exit code %d, want 1\n%s", args, code, out)
+				}
+				if strings.Contains(out, "panic") || strings.Contains(out, "goroutine ") {
+					t.Errorf("%v: panicked:\n%s", args, out)
+				}
+				var last string
+				for line := range strings.SplitSeq(strings.TrimSpace(out), "\n") {
+					if !strings.HasPrefix(line, "{") { // the JSON log lines before it are warnings
+						if last != "" {
+							t.Errorf("%v: more than one error line:\n%s", args, out)
+						}
+						last = line
+					}
+				}
+				for _, w := range tc.want {
+					if !strings.Contains(last, w) {
+						t.Errorf("%v: error line %q does not name %q", args, last, w)
+					}
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,85 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// MasterHealth is what one look at one Redis master found.
+type MasterHealth struct {
+	// Master names the master: its address, or on Sentinel the monitored
+	// master's name. Empty when the deployment could not even be asked
+	// which masters it has (a Cluster whose slot map cannot be loaded).
+	Master string
+	// Err is why the master did not answer; nil when it is up.
+	Err error
+	// MemoryRatio is used_memory over maxmemory; 0 without a maxmemory,
+	// or when the master did not answer.
+	MemoryRatio float64
+}
+
+// Up reports whether the master answered.
+func (h MasterHealth) Up() bool { return h.Err == nil }
+
+// Health asks every master for its memory (INFO memory, one round trip
+// each), which is also how it learns which are up. The embedded store
+// answers as one master. It is what the store watcher calls every second.
+func (s *Store) Health(ctx context.Context) []MasterHealth {
+	var (
+		mu  sync.Mutex
+		out []MasterHealth
+	)
+	read := func(ctx context.Context, name string, c redis.UniversalClient) {
+		h := MasterHealth{Master: name}
+		info, err := c.Info(ctx, "memory").Result()
+		var refused redis.Error
+		switch {
+		case err == nil:
+			h.MemoryRatio = memoryRatio(info)
+		case errors.As(err, &refused):
+			// It answered with an error: a refused login, or no INFO
+			// memory (the embedded store). PING tells which.
+			if err := c.Ping(ctx).Err(); err != nil {
+				h.Err = s.unavailable("ping", err)
+			}
+		default:
+			h.Err = s.unavailable("info memory", err)
+		}
+		mu.Lock()
+		out = append(out, h)
+		mu.Unlock()
+	}
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			read(ctx, m.Options().Addr, m)
+			return nil
+		})
+		if err != nil && len(out) == 0 {
+			out = append(out, MasterHealth{Err: s.unavailable("cluster slots", err)})
+		}
+	default:
+		read(ctx, s.masterLabel(), s.client)
+	}
+	return out
+}
+
+// masterLabel names the one master of a standalone or Sentinel deployment.
+func (s *Store) masterLabel() string {
+	if s.masterName != "" {
+		return s.masterName
+	}
+	if c, ok := s.client.(*redis.Client); ok {
+		return c.Options().Addr
+	}
+	return ""
+}
+
+// WithMasterName names the master a Sentinel deployment monitors, for
+// Health: go-redis' failover client has no address of its own to name it.
+func WithMasterName(name string) Option {
+	return func(s *Store) { s.masterName = name }
+}

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// preload loads the scripts. A failure does not stop the start: Redis may
+// come up later; until then protected routes answer per store_unavailable
+// and idemproxy_store_up says so.
+func preload(ctx context.Context, store *claim.Store, logger *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := store.Preload(ctx); err != nil {
+		logger.Warn("store not reachable at start: serving; protected routes answer per store_unavailable until it is", "err", err)
+	}
+}
+
+// healthCheckInterval is how often the store watcher looks at every
+// master: one INFO memory each.
+const healthCheckInterval = time.Second
+
+// storeHealth is what the store watcher last saw: which masters answered.
+// It feeds idemproxy_store_up, /readyz?verbose and, with
+// admin.readiness_requires_store, readiness.
+type storeHealth struct {
+	// mu guards masters and checked.
+	mu      sync.Mutex
+	masters []claim.MasterHealth
+	checked time.Time
+}
+
+// up reports whether every master answered at the last look; false before
+// the first.
+func (h *storeHealth) up() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.checked.IsZero() {
+		return false
+	}
+	for _, m := range h.masters {
+		if !m.Up() {
+			return false
+		}
+	}
+	return true
+}
+
+// watch looks at the store every healthCheckInterval until ctx ends:
+// it keeps idemproxy_store_up per master, refuses new claims while Redis
+// is above limit of its maxmemory (so that the claims in flight keep room
+// to store their outcome), and logs each change once.
+func (h *storeHealth) watch(ctx context.Context, store *claim.Store, limit float64, logger *slog.Logger, m *metrics) {
+	t := time.NewTicker(healthCheckInterval)
+	defer t.Stop()
+	full, wasUp := false, true
+	known := map[string]bool{}
+	for {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		masters := store.Health(rctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		h.mu.Lock()
+		h.masters, h.checked = masters, time.Now()
+		h.mu.Unlock()
+		up := h.up()
+		setStoreUp(m.storeUp, known, masters)
+		switch {
+		case !up && wasUp:
+			logger.Error("STORE DOWN: Redis does not answer; protected routes answer per store_unavailable (fail_closed: 503 store-unavailable, nothing forwarded); pass-through traffic is served",
+				"masters", describe(masters))
+		case up && !wasUp:
+			logger.Warn("store up again: protected routes are protected again", "masters", describe(masters))
+		}
+		wasUp = up
+		if up {
+			ratio := 0.0
+			for _, mh := range masters {
+				ratio = max(ratio, mh.MemoryRatio)
+			}
+			m.memoryUsed.Set(ratio)
+			now := limit > 0 && ratio >= limit
+			store.SetFull(now)
+			switch {
+			case now && !full:
+				m.storeFull.Set(1)
+				logger.Error("REDIS IS NEARLY FULL: new claims are refused (503 store-full) so that requests in flight can store their outcome; free memory or raise maxmemory",
+					"used_ratio", ratio, "claim_memory_limit", limit)
+			case !now && full:
+				m.storeFull.Set(0)
+				logger.Warn("Redis below store.claim_memory_limit again: claims accepted", "used_ratio", ratio)
+			}
+			full = now
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// setStoreUp sets idemproxy_store_up for each master seen. A master no
+// longer listed (a Cluster failover moved its slots) loses its series; when
+// the deployment could not even list its masters, every known one is down.
+func setStoreUp(g *prometheus.GaugeVec, known map[string]bool, masters []claim.MasterHealth) {
+	if len(masters) == 1 && masters[0].Master == "" {
+		for name := range known {
+			g.WithLabelValues(name).Set(0)
+		}
+		if len(known) == 0 {
+			g.WithLabelValues("").Set(0)
+		}
+		return
+	}
+	seen := map[string]bool{}
+	for _, mh := range masters {
+		seen[mh.Master] = true
+		v := 0.0
+		if mh.Up() {
+			v = 1
+		}
+		g.WithLabelValues(mh.Master).Set(v)
+	}
+	for name := range known {
+		if !seen[name] {
+			g.DeleteLabelValues(name)
+		}
+	}
+	clear(known)
+	for name := range seen {
+		known[name] = true
+	}
+	if !seen[""] {
+		g.DeleteLabelValues("")
+	}
+}
+
+// describe lists masters for a log line: name=up or name=error.
+func describe(masters []claim.MasterHealth) []string {
+	out := make([]string, 0, len(masters))
+	for _, mh := range masters {
+		state := "up"
+		if mh.Err != nil {
+			state = mh.Err.Error()
+		}
+		out = append(out, mh.Master+": "+state)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// readyz answers 200 while the sidecar can serve: listeners bound, config
+// loaded, not draining. Redis is not part of it unless
+// admin.readiness_requires_store says so: the sidecar's readiness is the
+// pod's, and a Redis outage must not take the app's pass-through traffic
+// out of its Service. ?verbose lists the store's health for humans.
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	storeUp := s.health.up()
+	status, why := http.StatusOK, "ok"
+	switch {
+	case s.draining.Load():
+		status, why = http.StatusServiceUnavailable, "draining"
+	case s.cfg.Admin.ReadinessRequiresStore && !storeUp:
+		status, why = http.StatusServiceUnavailable, "store unavailable (admin.readiness_requires_store)"
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	fmt.Fprintln(w, why)
+	if _, verbose := r.URL.Query()["verbose"]; !verbose {
+		return
+	}
+	s.health.mu.Lock()
+	masters, checked := s.health.masters, s.health.checked
+	s.health.mu.Unlock()
+	if checked.IsZero() {
+		fmt.Fprintln(w, "store: not looked at yet")
+		return
+	}
+	fmt.Fprintf(w, "store: up=%t (looked %s ago)\n", storeUp, time.Since(checked).Round(time.Millisecond))
+	for _, line := range describe(masters) {
+		fmt.Fprintln(w, "  master "+line)
+	}
+}
+
+// evictionCheckInterval is how often Redis' eviction policy is re-read: an
+// operator may change it at run time with CONFIG SET.
+const evictionCheckInterval = 5 * time.Minute
+
+// watchEviction warns loudly, at start and then periodically, when Redis
+// can evict idempotency keys, and keeps the gauge current.
+func watchEviction(ctx context.Context, store *claim.Store, logger *slog.Logger, safe prometheus.Gauge) {
+	t := time.NewTicker(evictionCheckInterval)
+	defer t.Stop()
+	for {
+		checkEviction(ctx, store, logger, safe)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func checkEviction(ctx context.Context, store *claim.Store, logger *slog.Logger, safe prometheus.Gauge) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	policy, err := store.EvictionPolicy(ctx)
+	switch {
+	case err != nil:
+		safe.Set(-1)
+		logger.Warn("cannot read Redis maxmemory-policy", "err", err)
+	case policy != "noeviction":
+		safe.Set(0)
+		logger.Error("REDIS CAN EVICT IDEMPOTENCY KEYS: maxmemory-policy is not noeviction; an evicted claim lets a retry execute again",
+			"maxmemory_policy", policy)
+	default:
+		safe.Set(1)
+	}
+}
