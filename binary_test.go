@@ -42,6 +42,9 @@ func TestMain(m *testing.M) {
 // it skips when go is not in PATH.
 func buildBinary(t *testing.T) string {
 	t.Helper()
+	if raceEnabled {
+		t.Skip("real-binary test: runs in the plain go test pass, not under -race (the binary is not built with it)")
+	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("go not in PATH: cannot build the binary")

@@ -26,7 +26,7 @@ const chartDir = "../../helm/idemproxy"
 
 // renderChart renders the chart with a values file, as helm template does,
 // and strictly decodes every manifest into its API type.
-func renderChart(t *testing.T, valuesFile string) built {
+func renderChart(t *testing.T, valuesFile string, more ...string) built {
 	t.Helper()
 	chrt, err := loader.Load(chartDir)
 	if err != nil {
@@ -35,6 +35,13 @@ func renderChart(t *testing.T, valuesFile string) built {
 	vals, err := chartutil.ReadValuesFile(valuesFile)
 	if err != nil {
 		t.Fatalf("%s: %v", valuesFile, err)
+	}
+	for _, f := range more { // later files win, as helm -f a -f b
+		next, err := chartutil.ReadValuesFile(f)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		vals = chartutil.CoalesceTables(next, vals)
 	}
 	rv, err := chartutil.ToRenderValues(chrt, vals, chartutil.ReleaseOptions{Name: "payments", Namespace: "payments", IsInstall: true, Revision: 1}, chartutil.DefaultCapabilities)
 	if err != nil {

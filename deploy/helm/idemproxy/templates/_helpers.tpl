@@ -178,3 +178,29 @@ It reads .Values.image, .Values.sidecar, .Values.redis,
         path: token
 {{- end }}
 {{- end -}}
+
+{{/*
+idemproxy.seconds is a Go duration (30s, 2m, 1h30m, 500ms) in whole
+seconds, rounded down; idemproxy.claimStuckSeconds is how old a claim may
+grow before IdemproxyClaimStuck: upstream.timeout + late_answer_window +
+15s to settle, from the config the chart renders.
+*/}}
+{{- define "idemproxy.seconds" -}}
+{{- $ms := 0 -}}
+{{- range regexFindAll "[0-9]+(ms|h|m|s)" (toString .) -1 -}}
+{{- $n := regexFind "^[0-9]+" . | int -}}
+{{- if hasSuffix "ms" . -}}{{- $ms = add $ms $n -}}
+{{- else if hasSuffix "h" . -}}{{- $ms = add $ms (mul $n 3600000) -}}
+{{- else if hasSuffix "m" . -}}{{- $ms = add $ms (mul $n 60000) -}}
+{{- else -}}{{- $ms = add $ms (mul $n 1000) -}}
+{{- end -}}
+{{- end -}}
+{{- div $ms 1000 -}}
+{{- end -}}
+
+{{- define "idemproxy.claimStuckSeconds" -}}
+{{- $up := .Values.config.upstream | default dict -}}
+{{- $timeout := include "idemproxy.seconds" ($up.timeout | default "30s") | int -}}
+{{- $late := include "idemproxy.seconds" ($up.late_answer_window | default "5m") | int -}}
+{{- add $timeout $late 15 -}}
+{{- end -}}
