@@ -59,6 +59,27 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // otherwise the module version from the build info is used.
 var version = ""
 
+// serviceVersion is this build's version: the -X main.version stamp, else
+// the module version, else the VCS revision, else "devel".
+func serviceVersion() string {
+	if version != "" {
+		return version
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "devel"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	for _, kv := range bi.Settings {
+		if kv.Key == "vcs.revision" {
+			return kv.Value
+		}
+	}
+	return "devel"
+}
+
 func buildInfo() string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {

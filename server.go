@@ -51,6 +51,8 @@ type server struct {
 	pprofAddr string
 	// embedded is set when the store is the in-process one.
 	embedded bool
+	// storeAddr is the first Redis address (not on Sentinel), for spans.
+	storeAddr string
 	// health is what the store watcher last saw of Redis.
 	health storeHealth
 	// errc receives the first listener that stops serving.
@@ -115,6 +117,7 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 	}
 	if tp != nil {
 		opts.TracerProvider, opts.Propagator = tp, propagator
+		opts.StoreAddress = s.storeAddr
 	}
 	s.handler, err = proxy.New(pcfg, s.store, opts)
 	if err != nil {
@@ -165,6 +168,9 @@ func (s *server) openStore(ctx context.Context, sec *secrets) error {
 		redisCfg = config.Redis{Addrs: []string{emb.Addr()}}
 		s.embedded = true
 		s.metrics.evictionSafe.Set(1) // the embedded store has no memory limit and never evicts
+	}
+	if len(redisCfg.Addrs) > 0 && redisCfg.MasterName == "" {
+		s.storeAddr = redisCfg.Addrs[0]
 	}
 	client, err := claim.NewClient(clientOptions(redisCfg))
 	if err != nil {

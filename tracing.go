@@ -38,10 +38,7 @@ func (s *server) startTracing(ctx context.Context) (*sdktrace.TracerProvider, er
 	if err != nil {
 		return nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
 	}
-	res, err := resource.Merge(
-		resource.NewSchemaless(attribute.String("service.name", "idemproxy")),
-		resource.Environment(),
-	)
+	res, err := tracingResource()
 	if err != nil {
 		return nil, fmt.Errorf("tracing: resource from OTEL_RESOURCE_ATTRIBUTES: %w", err)
 	}
@@ -55,6 +52,21 @@ func (s *server) startTracing(ctx context.Context) (*sdktrace.TracerProvider, er
 	})
 	s.log.Info("tracing on: exporting spans over OTLP/HTTP", slog.String("endpoint", endpointForLog()))
 	return tp, nil
+}
+
+// tracingResource describes the process: the SDK's defaults (telemetry.sdk.*,
+// host and process detectors are not used), service.name idemproxy and
+// service.version this build's, then OTEL_SERVICE_NAME and
+// OTEL_RESOURCE_ATTRIBUTES, which win.
+func tracingResource() (*resource.Resource, error) {
+	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(
+		attribute.String("service.name", "idemproxy"),
+		attribute.String("service.version", serviceVersion()),
+	))
+	if err != nil {
+		return nil, err
+	}
+	return resource.Merge(res, resource.Environment())
 }
 
 func endpointForLog() string {

@@ -184,7 +184,7 @@ func (x *exchange) settleOrphan(orphan *claim.Record) error {
 	defer cancel()
 	start := time.Now()
 	err := x.h.store.SettleOrphan(ctx, x.hashedKey, orphan, rec, x.rt.settings.Retention)
-	x.observeStore("complete", start)
+	x.observeStore("complete", start, err)
 	switch {
 	case errors.Is(err, claim.ErrLeaseLost):
 		return err
@@ -200,13 +200,15 @@ func (x *exchange) settleOrphan(orphan *claim.Record) error {
 
 // claim runs the one-round-trip claim-or-read, timed.
 func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
-	defer x.observeStore("claim", time.Now())
+	start := time.Now()
 	s := &x.rt.settings
 	var q claim.Quota
 	if s.QuotaNewKeys > 0 {
 		q = claim.Quota{Key: x.h.store.QuotaKey(x.principal, x.rt.scope), Limit: s.QuotaNewKeys, Window: s.QuotaWindow}
 	}
-	return x.h.store.ClaimCounted(x.r.Context(), x.hashedKey, rec, s.Lease, q)
+	res, err := x.h.store.ClaimCounted(x.r.Context(), x.hashedKey, rec, s.Lease, q)
+	x.observeStore("claim", start, err)
+	return res, err
 }
 
 // answerExisting answers from a record another attempt wrote.
@@ -280,7 +282,7 @@ func (x *exchange) wait(until time.Time) (*claim.Record, time.Duration, error) {
 		}
 		start := time.Now()
 		rec, ttl, err := x.h.store.Get(ctx, x.hashedKey)
-		x.observeStore("get", start)
+		x.observeStore("get", start, err)
 		if err != nil || rec == nil || rec.State == claim.Completed || rec.Orphaned(ttl) {
 			return rec, ttl, err
 		}

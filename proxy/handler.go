@@ -79,6 +79,10 @@ type Options struct {
 	// traceparent.
 	TracerProvider trace.TracerProvider
 	Propagator     propagation.TextMapPropagator
+	// StoreAddress is the Redis host:port store spans name as
+	// server.address and server.port (the first configured address); empty
+	// leaves them out.
+	StoreAddress string
 }
 
 // DefaultWaitSafetyPoll is how often, at least, a waiting retry looks at
@@ -156,7 +160,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		rand:            opts.Rand,
 		bodyTimeout:     opts.BodyReadTimeout,
 		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, DefaultWaitSafetyPoll),
-		tracing:         newTracing(opts.TracerProvider, opts.Propagator),
+		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.StoreAddress),
 	}
 	if h.bodyTimeout <= 0 {
 		h.bodyTimeout = DefaultBodyReadTimeout
@@ -312,7 +316,7 @@ func visibleASCII(s string) bool {
 
 // observeStore times store operation op, which started at start, and
 // traces it.
-func (x *exchange) observeStore(op string, start time.Time) {
+func (x *exchange) observeStore(op string, start time.Time, err error) {
 	x.h.metrics.storeSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	x.storeSpan(op, start)
+	x.storeSpan(op, start, err)
 }

@@ -178,7 +178,7 @@ func (o *owner) renew() {
 	defer cancel()
 	start := time.Now()
 	err := x.h.store.Renew(ctx, x.hashedKey, o.rec, lease)
-	x.observeStore("renew", start)
+	x.observeStore("renew", start, err)
 	switch {
 	case err == nil:
 		x.h.metrics.renewals.WithLabelValues("ok").Inc()

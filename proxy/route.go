@@ -20,6 +20,8 @@ type route struct {
 	keyNames  nameSet
 	fp        *fingerprinter
 	releaseOn [600]bool
+	// httpRoute is the pattern's path, the http.route of its spans.
+	httpRoute string
 }
 
 // KeyScope is what a route hashes into its Redis keys beside the principal
@@ -76,6 +78,7 @@ func newRouter(routes []Route) (*router, error) {
 		pattern := rc.Pattern
 		rt.mux.Handle(pattern, routeHandler{r})
 		method, p, _ := strings.Cut(pattern, " ")
+		r.httpRoute = p
 		prefix := literalPrefix(p)
 		rt.prefixes[method] = append(rt.prefixes[method], prefix)
 		if method == http.MethodGet { // the mux matches HEAD to GET

@@ -54,7 +54,7 @@ func (o *owner) release(why string) verdict {
 	defer cancel()
 	start := time.Now()
 	err := x.h.store.Release(ctx, x.hashedKey, o.rec.Token)
-	x.observeStore("release", start)
+	x.observeStore("release", start, err)
 	switch {
 	case errors.Is(err, claim.ErrLeaseLost):
 		return verdict{outcomeFenceLost, why + "; the key was already held by another owner, left alone"}
@@ -75,7 +75,7 @@ func (o *owner) keep(why string) verdict {
 	defer cancel()
 	start := time.Now()
 	err := x.h.store.Renew(ctx, x.hashedKey, o.rec, x.rt.settings.Lease)
-	x.observeStore("renew", start)
+	x.observeStore("renew", start, err)
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
 		x.h.metrics.storeErrors.WithLabelValues("renew").Inc()
 	}
@@ -95,7 +95,7 @@ func (o *owner) complete(rec *claim.Record) verdict {
 		start := time.Now()
 		var how claim.Completion
 		how, err = x.h.store.Complete(ctx, x.hashedKey, rec, retention)
-		x.observeStore("complete", start)
+		x.observeStore("complete", start, err)
 		cancel()
 		if err == nil {
 			x.h.metrics.storedBytes.Observe(float64(len(rec.Body)))

@@ -1,7 +1,11 @@
 package proxy
 
 import (
+	"context"
+	"errors"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -29,31 +33,83 @@ const tracerName = "github.com/idemproxy/idemproxy/proxy"
 type tracing struct {
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
+	// storeAttrs name the Redis server on every store span.
+	storeAttrs []attribute.KeyValue
 }
 
-func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator) *tracing {
+func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, storeAddr string) *tracing {
 	if tp == nil {
 		return nil
 	}
 	if prop == nil {
 		prop = propagation.TraceContext{}
 	}
-	return &tracing{tracer: tp.Tracer(tracerName), propagator: prop}
+	t := &tracing{tracer: tp.Tracer(tracerName), propagator: prop}
+	t.storeAttrs = append(t.storeAttrs, attribute.String("db.system.name", "redis"))
+	t.storeAttrs = append(t.storeAttrs, hostPort(storeAddr, "")...)
+	return t
+}
+
+// hostPort is server.address and server.port for addr (host or
+// host:port); the port defaults to defaultPort when addr has none.
+func hostPort(addr, defaultPort string) []attribute.KeyValue {
+	if addr == "" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		host, port = addr, defaultPort
+	}
+	out := []attribute.KeyValue{attribute.String("server.address", host)}
+	if n, err := strconv.Atoi(port); err == nil {
+		out = append(out, attribute.Int("server.port", n))
+	}
+	return out
+}
+
+// storeCommands is the Redis command each store operation sends, which
+// names its span (the database semantic conventions): the claim is a
+// native SET NX PX GET, a read is GET, every fenced write a Lua script.
+var storeCommands = map[string]string{
+	"claim":    "SET",
+	"get":      "GET",
+	"renew":    "EVALSHA",
+	"complete": "EVALSHA",
+	"release":  "EVALSHA",
 }
 
 // startTrace starts the exchange's server span, continuing the client's
-// trace, and carries it in x.r's context.
+// trace, and carries it in x.r's context. It is named and attributed by
+// the HTTP semantic conventions: "{method} {http.route}".
 func (x *exchange) startTrace() {
 	t := x.h.tracing
 	ctx := t.propagator.Extract(x.r.Context(), propagation.HeaderCarrier(x.r.Header))
-	ctx, x.span = t.tracer.Start(ctx, "idempotent "+x.rt.name,
+	scheme := "http"
+	if x.r.TLS != nil {
+		scheme = "https"
+	}
+	defaultPort := "80"
+	if scheme == "https" {
+		defaultPort = "443"
+	}
+	attrs := []attribute.KeyValue{
+		attribute.String("http.request.method", x.r.Method),
+		attribute.String("http.route", x.rt.httpRoute),
+		attribute.String("url.path", x.path),
+		attribute.String("url.scheme", scheme),
+		attribute.String("idemproxy.route", x.rt.name),
+	}
+	attrs = append(attrs, hostPort(x.r.Host, defaultPort)...)
+	if host, _, err := net.SplitHostPort(x.r.RemoteAddr); err == nil {
+		attrs = append(attrs, attribute.String("client.address", host))
+	}
+	if ua := x.r.UserAgent(); ua != "" {
+		attrs = append(attrs, attribute.String("user_agent.original", ua))
+	}
+	ctx, x.span = t.tracer.Start(ctx, x.r.Method+" "+x.rt.httpRoute,
 		trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithTimestamp(x.start),
-		trace.WithAttributes(
-			attribute.String("http.request.method", x.r.Method),
-			attribute.String("url.path", x.path),
-			attribute.String("idemproxy.route", x.rt.name),
-		))
+		trace.WithAttributes(attrs...))
 	x.r = x.r.WithContext(ctx)
 }
 
@@ -112,32 +168,77 @@ func (x *exchange) linkTo(rec *claim.Record) {
 }
 
 // storeSpan records store operation op, which started at start and ended
-// now, as a client span.
-func (x *exchange) storeSpan(op string, start time.Time) {
+// now with err, as a client span named after the Redis command it sent.
+// A lost lease is an answer, not a failure; every other error marks the
+// span with error.type and an error status.
+func (x *exchange) storeSpan(op string, start time.Time, err error) {
 	if x.span == nil {
 		return
 	}
-	_, sp := x.h.tracing.tracer.Start(x.r.Context(), "redis "+op,
+	t := x.h.tracing
+	cmd := storeCommands[op]
+	_, sp := t.tracer.Start(x.r.Context(), cmd,
 		trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithTimestamp(start),
+		trace.WithAttributes(t.storeAttrs...),
 		trace.WithAttributes(
-			attribute.String("db.system.name", "redis"),
-			attribute.String("db.operation.name", op),
+			attribute.String("db.operation.name", cmd),
+			attribute.String("idemproxy.store.operation", op),
 		))
+	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
+		sp.SetAttributes(attribute.String("error.type", storeErrorType(err)))
+		sp.SetStatus(codes.Error, err.Error())
+	}
 	sp.End()
+}
+
+// storeErrorType is a store error's low-cardinality error.type.
+func storeErrorType(err error) string {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), isTimeout(err):
+		return "timeout"
+	case errors.Is(err, claim.ErrCorrupt):
+		return "record_unreadable"
+	case errors.Is(err, claim.ErrFull):
+		return "store_full"
+	case errors.Is(err, claim.ErrUnavailable):
+		return "unavailable"
+	}
+	return "_OTHER"
 }
 
 // upstreamSpan starts the client span of an upstream call and puts its
 // traceparent on req, which is the outgoing request ReverseProxy built.
 func (x *exchange) upstreamSpan(req *http.Request) (*http.Request, trace.Span) {
-	ctx, sp := x.h.tracing.tracer.Start(req.Context(), "upstream "+req.Method,
+	defaultPort := "80"
+	if req.URL.Scheme == "https" {
+		defaultPort = "443"
+	}
+	attrs := []attribute.KeyValue{
+		attribute.String("http.request.method", req.Method),
+		attribute.String("url.full", redactedURL(req.URL)),
+	}
+	attrs = append(attrs, hostPort(req.URL.Host, defaultPort)...)
+	ctx, sp := x.h.tracing.tracer.Start(req.Context(), req.Method,
 		trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(
-			attribute.String("http.request.method", req.Method),
-			attribute.String("server.address", req.URL.Host),
-		))
+		trace.WithAttributes(attrs...))
 	x.h.tracing.propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	return req.WithContext(ctx), sp
+}
+
+// redactedURL is u without user info and with the query's values
+// redacted, as the semantic conventions ask of url.full.
+func redactedURL(u *url.URL) string {
+	c := *u
+	c.User = nil
+	if c.RawQuery != "" {
+		q := c.Query()
+		for k := range q {
+			q[k] = []string{"REDACTED"}
+		}
+		c.RawQuery = q.Encode()
+	}
+	return c.String()
 }
 
 // endUpstreamSpan ends an upstream call's span.
