@@ -55,9 +55,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return serve(ctx, cfg, *path, logger)
 }
 
-// version is set at build time with -ldflags "-X main.version=v1.2.3";
-// otherwise the module version from the build info is used.
-var version = ""
+// version and revision are stamped at build time with -ldflags
+// "-X main.version=v1.2.3 -X main.revision=<commit>" (the Dockerfile does,
+// building without .git and with -buildvcs=false); otherwise the module
+// version and the VCS stamp of the build info are used.
+var (
+	version  = ""
+	revision = ""
+)
 
 // serviceVersion is this build's version: the -X main.version stamp, else
 // the module version, else the VCS revision, else "devel".
@@ -80,16 +85,21 @@ func serviceVersion() string {
 	return "devel"
 }
 
+// buildInfo is what -version prints: the version, the Go version and the
+// revision, stamped or from the VCS information of the build.
 func buildInfo() string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		return "idemproxy " + version
+		return "idemproxy " + serviceVersion()
 	}
 	v := version
 	if v == "" {
 		v = bi.Main.Version
 	}
 	s := fmt.Sprintf("idemproxy %s %s", v, bi.GoVersion)
+	if revision != "" {
+		return s + " vcs.revision=" + revision
+	}
 	for _, kv := range bi.Settings {
 		if kv.Key == "vcs.revision" || kv.Key == "vcs.time" || kv.Key == "vcs.modified" {
 			s += " " + kv.Key + "=" + kv.Value
