@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"helm.sh/helm/v3/pkg/chart"
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
@@ -43,13 +44,23 @@ func renderChart(t *testing.T, valuesFile string, more ...string) built {
 		}
 		vals = chartutil.CoalesceTables(next, vals)
 	}
-	rv, err := chartutil.ToRenderValues(chrt, vals, chartutil.ReleaseOptions{Name: "payments", Namespace: "payments", IsInstall: true, Revision: 1}, chartutil.DefaultCapabilities)
+	return render(t, chrt, vals, "payments")
+}
+
+// render renders chrt with vals as release (in a namespace of that name),
+// as helm template does, and strictly decodes every manifest.
+func render(t *testing.T, chrt *chart.Chart, vals chartutil.Values, release string) built {
+	t.Helper()
+	if err := chartutil.ProcessDependencies(chrt, vals); err != nil {
+		t.Fatalf("dependencies of %s: %v", chrt.Name(), err)
+	}
+	rv, err := chartutil.ToRenderValues(chrt, vals, chartutil.ReleaseOptions{Name: release, Namespace: release, IsInstall: true, Revision: 1}, chartutil.DefaultCapabilities)
 	if err != nil {
 		t.Fatal(err)
 	}
 	files, err := engine.Render(chrt, rv)
 	if err != nil {
-		t.Fatalf("render with %s: %v", valuesFile, err)
+		t.Fatalf("render %s: %v", chrt.Name(), err)
 	}
 	out := built{}
 	names := make([]string, 0, len(files))

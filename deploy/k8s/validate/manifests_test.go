@@ -35,6 +35,10 @@ func newObject(apiVersion, kind string) any {
 		return &corev1.Namespace{}
 	case "v1/ConfigMap":
 		return &corev1.ConfigMap{}
+	case "v1/ServiceAccount":
+		return &corev1.ServiceAccount{}
+	case "v1/Secret":
+		return &corev1.Secret{}
 	case "v1/Service":
 		return &corev1.Service{}
 	case "apps/v1/Deployment":

@@ -3,17 +3,71 @@
 {{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/*
+Every named template here works in two contexts: this chart's own, and a
+parent chart's that vendors this one as a dependency and includes
+"idemproxy.sidecar" and "idemproxy.volumes" in its own pod spec. In the
+parent's context .Values are the parent's, this chart's being under
+.Values.idemproxy, and .Chart is the parent's: so names never come from
+.Chart.Name, and each template finds its values with this block:
+
+  {{- $v := .Values -}}
+  {{- if and (kindIs "map" .Values.idemproxy) (hasKey .Values.idemproxy "config") -}}{{- $v = .Values.idemproxy -}}{{- end -}}
+*/}}
+
 {{- define "idemproxy.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- $v := .Values -}}
+{{- if and (kindIs "map" .Values.idemproxy) (hasKey .Values.idemproxy "config") -}}{{- $v = .Values.idemproxy -}}{{- end -}}
+{{- if $v.fullnameOverride -}}
+{{- $v.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains "idemproxy" .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-idemproxy" .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+idemproxy.podLabels go on every pod that carries the sidecar (the example
+app's, and yours: include it in your pod template's labels); the
+Services, the PodDisruptionBudget and the NetworkPolicy select pods by
+idemproxy.podSelector, which is .Values.podSelector when set, else these.
+*/}}
+{{- define "idemproxy.podLabels" -}}
+idemproxy.io/sidecar: {{ include "idemproxy.fullname" . }}
+{{- end -}}
+
+{{- define "idemproxy.podSelector" -}}
+{{- $v := .Values -}}
+{{- if and (kindIs "map" .Values.idemproxy) (hasKey .Values.idemproxy "config") -}}{{- $v = .Values.idemproxy -}}{{- end -}}
+{{- if $v.podSelector -}}
+{{- toYaml $v.podSelector -}}
+{{- else -}}
+{{- include "idemproxy.podLabels" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+idemproxy.podAnnotations roll the pods when a restart-only setting
+changes: the checksum covers the rendered config without what reloads in
+place (routes, defaults, log_level), so a route-only change does not
+restart anything. Include it in your pod template's annotations.
+*/}}
+{{- define "idemproxy.podAnnotations" -}}
+checksum/idemproxy-config: {{ omit (include "idemproxy.config" . | fromYaml) "routes" "defaults" "log_level" | toYaml | sha256sum }}
 {{- end -}}
 
 {{- define "idemproxy.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "idemproxy.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "idemproxy.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "idemproxy.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "idemproxy.labels" -}}
@@ -28,36 +82,38 @@ idemproxy.config is the sidecar's config file: .Values.config with the
 Redis deployment and the mounted key files filled in.
 */}}
 {{- define "idemproxy.config" -}}
-{{- $cfg := deepCopy .Values.config -}}
+{{- $v := .Values -}}
+{{- if and (kindIs "map" .Values.idemproxy) (hasKey .Values.idemproxy "config") -}}{{- $v = .Values.idemproxy -}}{{- end -}}
+{{- $cfg := deepCopy $v.config -}}
 {{- $store := get $cfg "store" | default dict -}}
-{{- $redis := dict "addrs" .Values.redis.addrs -}}
-{{- if eq .Values.redis.mode "sentinel" -}}
-{{- $_ := set $redis "master_name" (required "redis.masterName is required with redis.mode sentinel" .Values.redis.masterName) -}}
-{{- else if not (has .Values.redis.mode (list "standalone" "cluster")) -}}
-{{- fail (printf "redis.mode must be standalone, sentinel or cluster, got %q" .Values.redis.mode) -}}
+{{- $redis := dict "addrs" $v.redis.addrs -}}
+{{- if eq $v.redis.mode "sentinel" -}}
+{{- $_ := set $redis "master_name" (required "redis.masterName is required with redis.mode sentinel" $v.redis.masterName) -}}
+{{- else if not (has $v.redis.mode (list "standalone" "cluster")) -}}
+{{- fail (printf "redis.mode must be standalone, sentinel or cluster, got %q" $v.redis.mode) -}}
 {{- end -}}
-{{- if and (eq .Values.redis.mode "standalone") (ne (len .Values.redis.addrs) 1) -}}
+{{- if and (eq $v.redis.mode "standalone") (ne (len $v.redis.addrs) 1) -}}
 {{- fail "redis.mode standalone takes exactly one address in redis.addrs" -}}
 {{- end -}}
-{{- if .Values.redis.existingSecret -}}
+{{- if $v.redis.existingSecret -}}
 {{- $_ := set $redis "password_file" "/var/run/secrets/idemproxy-redis/password" -}}
-{{- if .Values.redis.sentinelPasswordKey -}}
+{{- if $v.redis.sentinelPasswordKey -}}
 {{- $_ := set $redis "sentinel_password_file" "/var/run/secrets/idemproxy-redis/sentinel-password" -}}
 {{- end -}}
 {{- end -}}
 {{- $_ := set $store "redis" $redis -}}
-{{- if .Values.encryption.existingSecret -}}
+{{- if $v.encryption.existingSecret -}}
 {{- $files := list -}}
-{{- range .Values.encryption.keys -}}
+{{- range $v.encryption.keys -}}
 {{- $files = append $files (printf "/var/run/secrets/idemproxy-keys/%s" .) -}}
 {{- end -}}
-{{- $_ := set $store "encryption" (dict "key_files" $files "required" .Values.encryption.required) -}}
-{{- if .Values.encryption.keySecretKey -}}
-{{- $_ := set $store "key_secret_file" (printf "/var/run/secrets/idemproxy-keys/%s" .Values.encryption.keySecretKey) -}}
+{{- $_ := set $store "encryption" (dict "key_files" $files "required" $v.encryption.required) -}}
+{{- if $v.encryption.keySecretKey -}}
+{{- $_ := set $store "key_secret_file" (printf "/var/run/secrets/idemproxy-keys/%s" $v.encryption.keySecretKey) -}}
 {{- end -}}
 {{- end -}}
 {{- $_ := set $cfg "store" $store -}}
-{{- if .Values.adminToken.existingSecret -}}
+{{- if $v.adminToken.existingSecret -}}
 {{- $_ := set $cfg "admin" (dict "token_file" "/var/run/secrets/idemproxy-admin/token") -}}
 {{- end -}}
 {{- toYaml $cfg -}}
@@ -66,20 +122,36 @@ Redis deployment and the mounted key files filled in.
 {{/*
 idemproxy.sidecar renders the sidecar container. Put it under
 initContainers (a native sidecar, Kubernetes >= 1.29: it starts before the
-app and stops after it), with the volumes of "idemproxy.volumes":
+app and stops after it), with the volumes of "idemproxy.volumes", the pod
+labels of "idemproxy.podLabels" and the annotations of
+"idemproxy.podAnnotations":
 
-  initContainers:
-    {{- include "idemproxy.sidecar" . | nindent 4 }}
-  volumes:
-    {{- include "idemproxy.volumes" . | nindent 4 }}
+  template:
+    metadata:
+      labels:
+        {{- include "idemproxy.podLabels" . | nindent 8 }}
+      annotations:
+        {{- include "idemproxy.podAnnotations" . | nindent 8 }}
+    spec:
+      initContainers:
+        {{- include "idemproxy.sidecar" . | nindent 8 }}
+      volumes:
+        {{- include "idemproxy.volumes" . | nindent 8 }}
 
-It reads .Values.image, .Values.sidecar, .Values.redis,
-.Values.encryption and .Values.adminToken of the chart that includes it.
+It reads image, sidecar, redis, encryption, adminToken and config from
+this chart's values: .Values in its own templates, .Values.idemproxy in a
+parent chart that vendors it as a dependency named idemproxy.
 */}}
 {{- define "idemproxy.sidecar" -}}
+{{- $v := .Values -}}
+{{- $appVersion := .Chart.AppVersion -}}
+{{- if and (kindIs "map" $v.idemproxy) (hasKey $v.idemproxy "config") -}}
+{{- $v = $v.idemproxy -}}
+{{- with .Subcharts -}}{{- with index . "idemproxy" -}}{{- $appVersion = .Chart.AppVersion -}}{{- end -}}{{- end -}}
+{{- end -}}
 - name: idemproxy
-  image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
-  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  image: "{{ $v.image.repository }}:{{ $v.image.tag | default $appVersion }}"
+  imagePullPolicy: {{ $v.image.pullPolicy }}
   restartPolicy: Always
   args: ["-config", "/etc/idemproxy/config.yaml"]
   ports:
@@ -99,7 +171,7 @@ It reads .Values.image, .Values.sidecar, .Values.redis,
     # request for ~12 MiB (docs/operations.md, Memory).
     - name: GOGC
       value: "400"
-    {{- with .Values.sidecar.env }}
+    {{- with $v.sidecar.env }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
   startupProbe:
@@ -114,7 +186,7 @@ It reads .Values.image, .Values.sidecar, .Values.redis,
     periodSeconds: 2
     failureThreshold: 2
   resources:
-    {{- toYaml .Values.sidecar.resources | nindent 4 }}
+    {{- toYaml $v.sidecar.resources | nindent 4 }}
   securityContext:
     runAsNonRoot: true
     runAsUser: 65532
@@ -123,59 +195,71 @@ It reads .Values.image, .Values.sidecar, .Values.redis,
     allowPrivilegeEscalation: false
     capabilities:
       drop: ["ALL"]
+    # On the container, not only the pod: a pod of yours that includes
+    # this template gets it whatever its own securityContext says.
+    seccompProfile:
+      type: RuntimeDefault
   volumeMounts:
     - name: idemproxy-config
       mountPath: /etc/idemproxy
       readOnly: true
-    {{- if .Values.redis.existingSecret }}
+    {{- if $v.redis.existingSecret }}
     - name: idemproxy-redis
       mountPath: /var/run/secrets/idemproxy-redis
       readOnly: true
     {{- end }}
-    {{- if .Values.encryption.existingSecret }}
+    {{- if $v.encryption.existingSecret }}
     - name: idemproxy-keys
       mountPath: /var/run/secrets/idemproxy-keys
       readOnly: true
     {{- end }}
-    {{- if .Values.adminToken.existingSecret }}
+    {{- if $v.adminToken.existingSecret }}
     - name: idemproxy-admin
       mountPath: /var/run/secrets/idemproxy-admin
       readOnly: true
+    {{- end }}
+    {{- with $v.sidecar.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
     {{- end }}
 {{- end -}}
 
 {{/* idemproxy.volumes are the volumes the sidecar mounts. */}}
 {{- define "idemproxy.volumes" -}}
+{{- $v := .Values -}}
+{{- if and (kindIs "map" $v.idemproxy) (hasKey $v.idemproxy "config") -}}{{- $v = $v.idemproxy -}}{{- end -}}
 - name: idemproxy-config
   configMap:
     name: {{ include "idemproxy.fullname" . }}-config
-{{- if .Values.redis.existingSecret }}
+{{- if $v.redis.existingSecret }}
 - name: idemproxy-redis
   secret:
-    secretName: {{ .Values.redis.existingSecret }}
+    secretName: {{ $v.redis.existingSecret }}
     defaultMode: 0440
     items:
-      - key: {{ .Values.redis.passwordKey }}
+      - key: {{ $v.redis.passwordKey }}
         path: password
-      {{- if .Values.redis.sentinelPasswordKey }}
-      - key: {{ .Values.redis.sentinelPasswordKey }}
+      {{- if $v.redis.sentinelPasswordKey }}
+      - key: {{ $v.redis.sentinelPasswordKey }}
         path: sentinel-password
       {{- end }}
 {{- end }}
-{{- if .Values.encryption.existingSecret }}
+{{- if $v.encryption.existingSecret }}
 - name: idemproxy-keys
   secret:
-    secretName: {{ .Values.encryption.existingSecret }}
+    secretName: {{ $v.encryption.existingSecret }}
     defaultMode: 0440
 {{- end }}
-{{- if .Values.adminToken.existingSecret }}
+{{- if $v.adminToken.existingSecret }}
 - name: idemproxy-admin
   secret:
-    secretName: {{ .Values.adminToken.existingSecret }}
+    secretName: {{ $v.adminToken.existingSecret }}
     defaultMode: 0440
     items:
-      - key: {{ .Values.adminToken.key }}
+      - key: {{ $v.adminToken.key }}
         path: token
+{{- end }}
+{{- with $v.extraVolumes }}
+{{ toYaml . }}
 {{- end }}
 {{- end -}}
 
@@ -199,7 +283,9 @@ grow before IdemproxyClaimStuck: upstream.timeout + late_answer_window +
 {{- end -}}
 
 {{- define "idemproxy.claimStuckSeconds" -}}
-{{- $up := .Values.config.upstream | default dict -}}
+{{- $v := .Values -}}
+{{- if and (kindIs "map" .Values.idemproxy) (hasKey .Values.idemproxy "config") -}}{{- $v = .Values.idemproxy -}}{{- end -}}
+{{- $up := $v.config.upstream | default dict -}}
 {{- $timeout := include "idemproxy.seconds" ($up.timeout | default "30s") | int -}}
 {{- $late := include "idemproxy.seconds" ($up.late_answer_window | default "5m") | int -}}
 {{- add $timeout $late 15 -}}
