@@ -11,13 +11,13 @@ import (
 // idemproxy_requests_total. Each request is counted once, for its final
 // outcome.
 const (
-	outcomeClaimed    = "claimed"     // owned and forwarded, outcome unknown, claim kept
-	outcomeReplayed   = "replayed"    // answered from the stored response
-	outcomeConflict   = "conflict"    // 409: in progress, or stored without a body
-	outcomeMismatch   = "mismatch"    // 422: same key, different request
-	outcomeReleased   = "released"    // forwarded, transient answer, claim released
-	outcomeStored     = "stored"      // forwarded, settled answer stored
-	outcomeBypassed   = "bypassed"    // forwarded unprotected (optional key, fail_open)
+	outcomeClaimed  = "claimed"  // owned and forwarded, outcome unknown, claim kept
+	outcomeReplayed = "replayed" // answered from the stored response
+	outcomeConflict = "conflict" // 409: in progress, or stored without a body
+	outcomeMismatch = "mismatch" // 422: same key, different request
+	outcomeReleased = "released" // forwarded, transient answer, claim released
+	outcomeStored   = "stored"   // forwarded, settled answer stored
+	outcomeBypassed = "bypassed" // forwarded unprotected (optional key, fail_open)
 	// outcomeStoreError is only ever the dual-write window: the upstream
 	// acted (or may have) and its answer could not be stored.
 	outcomeStoreError = "store_error"
@@ -27,8 +27,8 @@ const (
 	// outcomeRecordUnreadable: the stored record could not be decoded or
 	// opened; nothing was forwarded and the record was left alone.
 	outcomeRecordUnreadable = "record_unreadable"
-	outcomeFenceLost  = "fence_lost"  // forwarded, but another owner held the key at completion
-	outcomeRejected   = "rejected"    // bad key, identity or size; nothing forwarded
+	outcomeFenceLost        = "fence_lost" // forwarded, but another owner held the key at completion
+	outcomeRejected         = "rejected"   // bad key, identity or size; nothing forwarded
 )
 
 // outcomes lists every outcome, to create each series at zero.
