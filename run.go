@@ -55,12 +55,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return serve(ctx, cfg, *path, logger)
 }
 
-// version and revision are stamped at build time with -ldflags
+// version is this tree's release (CHANGELOG.md: the version in progress,
+// with -dev, or the one released); a build may stamp another with -ldflags
 // "-X main.version=v1.2.3 -X main.revision=<commit>" (the Dockerfile does,
-// building without .git and with -buildvcs=false); otherwise the module
-// version and the VCS stamp of the build info are used.
+// building without .git and with -buildvcs=false). Without a stamped
+// revision, the VCS stamp of the build info is used.
 var (
-	version  = ""
+	version  = "v0.4.0-dev"
 	revision = ""
 )
 
@@ -92,11 +93,7 @@ func buildInfo() string {
 	if !ok {
 		return "idemproxy " + serviceVersion()
 	}
-	v := version
-	if v == "" {
-		v = bi.Main.Version
-	}
-	s := fmt.Sprintf("idemproxy %s %s", v, bi.GoVersion)
+	s := fmt.Sprintf("idemproxy %s %s", serviceVersion(), bi.GoVersion)
 	if revision != "" {
 		return s + " vcs.revision=" + revision
 	}

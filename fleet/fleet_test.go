@@ -1,0 +1,306 @@
+package fleet
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/loopback"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// requirePrevious, when "1" (.ci/run sets it), fails the test instead of
+// skipping it when the previous release's commit is not in the clone.
+const requirePrevious = "IDEMPROXY_REQUIRE_PREVIOUS"
+
+// repoRoot is the top of the git checkout this test runs in.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Skip("not in a git checkout: cannot build the previous release")
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// previous reads PREVIOUS_RELEASE: "<version> <commit>".
+func previous(t *testing.T, root string) (version, commit string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(root, "PREVIOUS_RELEASE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		t.Fatalf("PREVIOUS_RELEASE holds %q, want \"<version> <commit>\"", b)
+	}
+	return f[0], f[1]
+}
+
+// build builds the previous release (from git archive of its commit, so
+// the checkout is untouched) and this tree, and returns their binaries.
+func build(t *testing.T) (old, cur string) {
+	t.Helper()
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go not in PATH")
+	}
+	root := repoRoot(t)
+	version, commit := previous(t, root)
+	if err := exec.Command("git", "-C", root, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
+		msg := fmt.Sprintf("the previous release %s (%s) is not in this clone (shallow?): git fetch --unshallow", version, commit)
+		if os.Getenv(requirePrevious) == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "previous")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	archive := exec.Command("git", "-C", root, "archive", "--format=tar", commit)
+	untar := exec.Command("tar", "-x", "-C", src)
+	pipe, _ := archive.StdoutPipe()
+	untar.Stdin = pipe
+	if err := untar.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := archive.Run(); err != nil {
+		t.Fatalf("git archive %s: %v", commit, err)
+	}
+	if err := untar.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	old, cur = filepath.Join(dir, "idemproxy-"+version), filepath.Join(dir, "idemproxy-current")
+	for _, b := range []struct{ dir, out string }{{src, old}, {root, cur}} {
+		cmd := exec.Command("go", "build", "-o", b.out, ".")
+		cmd.Dir = b.dir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", b.dir, err, out)
+		}
+	}
+	return old, cur
+}
+
+// sidecar is one running binary.
+type sidecar struct {
+	name   string
+	url    string
+	stderr *bytes.Buffer
+	mu     *sync.Mutex
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+// start runs bin on yaml (listen and admin_listen prepended) with env
+// added, until the test ends.
+func start(t *testing.T, name, bin, yaml string, env ...string) *sidecar {
+	t.Helper()
+	port, _ := loopback.FreePort()
+	admin, _ := loopback.FreePort()
+	path := filepath.Join(t.TempDir(), name+".yaml")
+	full := fmt.Sprintf("listen: \"127.0.0.1:%d\"\nadmin_listen: \"127.0.0.1:%d\"\n", port, admin) + yaml
+	if err := os.WriteFile(path, []byte(full), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sc := &sidecar{name: name, url: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: new(bytes.Buffer), mu: new(sync.Mutex)}
+	cmd := exec.Command(bin, "-config", path)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = lockedWriter{sc.mu, sc.stderr}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() }) // by the PID this test started
+	for range 400 {
+		if resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", admin)); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return sc
+			}
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	t.Fatalf("%s did not become ready:\n%s", name, sc.log())
+	return nil
+}
+
+func (s *sidecar) log() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stderr.String()
+}
+
+// answer is what a client got.
+type answer struct {
+	status   int
+	body     string
+	replayed bool
+}
+
+func (s *sidecar) pay(t *testing.T, key, body string) answer {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, s.url+"/payments", strings.NewReader(body))
+	req.Header.Set("X-Forwarded-User", "alice")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s: %v", s.name, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return answer{resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed") == "true"}
+}
+
+// ledger is the upstream: it counts executions per key and answers each
+// with a body naming the execution, so a replay of the wrong one shows.
+type ledger struct {
+	mu    sync.Mutex
+	execs map[string]int
+}
+
+func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	key := r.Header.Get("Idempotency-Key")
+	l.mu.Lock()
+	l.execs[key]++
+	n := l.execs[key]
+	l.mu.Unlock()
+	time.Sleep(20 * time.Millisecond) // long enough for a concurrent retry to find the claim
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Charge", fmt.Sprintf("ch_%s_%d", key, n))
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"id":"ch_%s_%d","request":%s}`, key, n, body)
+}
+
+// TestMixedFleet runs the previous release and this tree against one
+// redis-server, for each shipped feature set (defaults; sealed records
+// with a key secret; tracing on for the new version only), and crosses
+// them as a rolling upgrade does: a first attempt on one version and its
+// retries on the other, both ways; concurrent pairs of one key split
+// across the versions. No answer may be a 500 (a record one version cannot
+// read) or a 422 (a fingerprint one version computes differently); every
+// key executes once, and every retry gets the first answer byte for byte.
+func TestMixedFleet(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("builds and runs two binaries: runs in the plain go test pass, not under -short or -race")
+	}
+	oldBin, curBin := build(t)
+	dir := t.TempDir()
+	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))
+	secret := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{9}, 32))
+	keyFile, secretFile := filepath.Join(dir, "key"), filepath.Join(dir, "secret")
+	os.WriteFile(keyFile, []byte(key), 0o600)
+	os.WriteFile(secretFile, []byte(secret), 0o600)
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+	defer collector.Close()
+
+	for _, fs := range []struct {
+		name       string
+		store      string   // under store:, both versions
+		newEnv     []string // the new version's environment only
+		oldSkipped bool
+	}{
+		{name: "defaults"},
+		{name: "sealed with a key secret", store: fmt.Sprintf("  encryption:\n    key_files: [%q]\n  key_secret_file: %q\n", keyFile, secretFile)},
+		{name: "tracing on the new version only", newEnv: []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + collector.URL, "OTEL_BSP_SCHEDULE_DELAY=100"}},
+	} {
+		t.Run(fs.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			up := &ledger{execs: map[string]int{}}
+			upstream := httptest.NewServer(up)
+			defer upstream.Close()
+			yaml := fmt.Sprintf("upstream:\n  url: %q\nstore:\n  redis:\n    addrs: [%q]\n%sroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream.URL, srv.Addr, fs.store)
+			old := start(t, "previous", oldBin, yaml)
+			cur := start(t, "current", curBin, yaml, fs.newEnv...)
+			check := func(where string, a answer) {
+				t.Helper()
+				if a.status == http.StatusInternalServerError || a.status == http.StatusUnprocessableEntity {
+					t.Errorf("%s: %d %s\nprevious:\n%s\ncurrent:\n%s", where, a.status, a.body, old.log(), cur.log())
+				}
+			}
+			var keys []string
+			for _, pair := range [][2]*sidecar{{old, cur}, {cur, old}} {
+				for i := range 5 {
+					k := fmt.Sprintf("%s-then-%s-%d", pair[0].name, pair[1].name, i)
+					keys = append(keys, k)
+					body := fmt.Sprintf(`{"amount":%d}`, 100+i)
+					first := pair[0].pay(t, k, body)
+					check(k+" first attempt", first)
+					if first.status != http.StatusCreated {
+						t.Fatalf("%s first attempt on %s: %d %s", k, pair[0].name, first.status, first.body)
+					}
+					for _, s := range []*sidecar{pair[1], pair[0], pair[1]} {
+						retry := s.pay(t, k, body)
+						check(k+" retry on "+s.name, retry)
+						if retry.status != first.status || retry.body != first.body || !retry.replayed {
+							t.Errorf("%s retry on %s: %d %q replayed=%t, want %d %q replayed", k, s.name, retry.status, retry.body, retry.replayed, first.status, first.body)
+						}
+					}
+				}
+			}
+			for i := range 10 {
+				k := fmt.Sprintf("concurrent-%d", i)
+				keys = append(keys, k)
+				body := fmt.Sprintf(`{"amount":%d}`, 200+i)
+				var wg sync.WaitGroup
+				got := make([]answer, 2)
+				for j, s := range []*sidecar{old, cur} {
+					wg.Go(func() { got[j] = s.pay(t, k, body) })
+				}
+				wg.Wait()
+				for j, a := range got {
+					check(fmt.Sprintf("%s concurrent on %d", k, j), a)
+					if a.status != http.StatusCreated && a.status != http.StatusConflict {
+						t.Errorf("%s concurrent: %d %s, want 201 or 409", k, a.status, a.body)
+					}
+				}
+				var settled string
+				for _, s := range []*sidecar{old, cur, old, cur} {
+					var a answer
+					for range 100 {
+						if a = s.pay(t, k, body); a.status != http.StatusConflict {
+							break
+						}
+						time.Sleep(20 * time.Millisecond)
+					}
+					check(k+" retry on "+s.name, a)
+					if a.status != http.StatusCreated {
+						t.Fatalf("%s retry on %s: %d %s", k, s.name, a.status, a.body)
+					}
+					if settled == "" {
+						settled = a.body
+					} else if a.body != settled {
+						t.Errorf("%s: %s replayed %q, another retry got %q", k, s.name, a.body, settled)
+					}
+				}
+			}
+			up.mu.Lock()
+			defer up.mu.Unlock()
+			for _, k := range keys {
+				if n := up.execs[k]; n != 1 {
+					t.Errorf("key %s executed %d times, want 1", k, n)
+				}
+			}
+		})
+	}
+}
