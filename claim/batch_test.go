@@ -181,7 +181,7 @@ func TestBatchOnADeadConnection(t *testing.T) {
 		wg.Go(func() {
 			rec := &Record{State: InProgress, Created: time.Now()}
 			rec.Token[0] = byte(g)
-			if res, err := s.Claim(ctx, s.Key("p", "r", fmt.Sprint(g)), rec, time.Minute); err != nil || !res.Claimed {
+			if res, err := s.Claim(ctx, s.Key("p", "r", fmt.Sprint(g)), rec, time.Minute, Quota{}); err != nil || !res.Claimed {
 				failed.Add(1)
 			}
 		})

@@ -70,7 +70,7 @@ func claimComplete(b *testing.B, s *claim.Store) {
 		key := s.Key("bench", "route", strconv.Itoa(i))
 		rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
 		rec.Token[0] = byte(i)
-		if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+		if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
 			b.Fatal(res, err)
 		}
 		done.Token = rec.Token
@@ -116,7 +116,7 @@ func BenchmarkParallelClaim(b *testing.B) {
 			for pb.Next() {
 				key := s.Key("bench", "route", strconv.FormatInt(seq.Add(1), 36))
 				rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
-				if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+				if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
 					b.Fatal(res, err)
 				}
 			}
@@ -125,7 +125,7 @@ func BenchmarkParallelClaim(b *testing.B) {
 	b.Run("completed", func(b *testing.B) {
 		key := s.Key("bench", "route", "done")
 		done := benchRecord()
-		if _, err := s.Claim(ctx, key, &claim.Record{State: claim.InProgress, Token: done.Token}, 10*time.Second); err != nil {
+		if _, err := s.Claim(ctx, key, &claim.Record{State: claim.InProgress, Token: done.Token}, 10*time.Second, claim.Quota{}); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := s.Complete(ctx, key, done, time.Hour); err != nil {
@@ -137,7 +137,7 @@ func BenchmarkParallelClaim(b *testing.B) {
 			rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
 			rec.Token[0] = 1
 			for pb.Next() {
-				if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || res.Claimed || res.Existing.State != claim.Completed {
+				if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || res.Claimed || res.Existing.State != claim.Completed {
 					b.Fatal(res, err)
 				}
 			}
@@ -176,7 +176,7 @@ func BenchmarkParallelPairs(b *testing.B) {
 					key := s.Key("bench", "route", strconv.FormatInt(i, 36))
 					rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
 					binary.LittleEndian.PutUint64(rec.Token[:], uint64(i))
-					if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+					if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
 						b.Fatal(res, err)
 					}
 					c := *done
@@ -239,7 +239,7 @@ func BenchmarkWatchWake(b *testing.B) {
 		key := s.Key("bench", "watch", strconv.Itoa(i))
 		rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
 		rec.Token[0] = byte(i)
-		if _, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil {
+		if _, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
 			b.Fatal(err)
 		}
 		w := s.Watch(ctx, key)

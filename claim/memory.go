@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -28,7 +27,7 @@ func (s *Store) claimWhenFull(ctx context.Context, key string, rec *Record, leas
 	raw, err := s.client.Get(ctx, key).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return Result{}, fmt.Errorf("claim: %w", ErrFull)
+		return Result{}, ErrFull
 	case err != nil:
 		return Result{}, s.unavailable("claim", err)
 	}

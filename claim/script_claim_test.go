@@ -26,15 +26,15 @@ func TestScriptClaim(t *testing.T) {
 			key := s.Key("alice", "r", "k")
 			first := &Record{State: InProgress, Created: time.UnixMilli(1)}
 			first.Token[0] = 1
-			if res, err := s.Claim(ctx, key, first, 10*time.Second); err != nil || !res.Claimed {
+			if res, err := s.Claim(ctx, key, first, 10*time.Second, Quota{}); err != nil || !res.Claimed {
 				t.Fatalf("claim: %+v %v", res, err)
 			}
-			if res, err := s.Claim(ctx, key, first, 10*time.Second); err != nil || !res.Claimed {
+			if res, err := s.Claim(ctx, key, first, 10*time.Second, Quota{}); err != nil || !res.Claimed {
 				t.Fatalf("resent claim: %+v %v, want claimed", res, err)
 			}
 			second := &Record{State: InProgress, Created: time.UnixMilli(1)}
 			second.Token[0] = 2
-			res, err := s.Claim(ctx, key, second, 10*time.Second)
+			res, err := s.Claim(ctx, key, second, 10*time.Second, Quota{})
 			if err != nil || res.Claimed || res.Existing.Token != first.Token || res.TTL <= 0 {
 				t.Fatalf("conflicting claim: %+v %v, want the first record with its TTL", res, err)
 			}

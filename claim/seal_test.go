@@ -37,7 +37,7 @@ func testSealedRecords(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 	s := sealed(t, c, prefix, false, newKey(t))
 	key := s.Key("alice", "route", "k1")
 	rec := newRecord(t)
-	if _, err := s.Claim(ctx, key, rec, time.Minute); err != nil {
+	if _, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	done := completed(rec, `{"card":"4242-secret-body"}`)
@@ -95,7 +95,7 @@ func testKeyRotation(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 	s1 := with(k1)
 	key := s1.Key("alice", "route", "k")
 	rec := newRecord(t)
-	s1.Claim(ctx, key, rec, time.Minute)
+	s1.Claim(ctx, key, rec, time.Minute, claim.Quota{})
 	if _, err := s1.Complete(ctx, key, completed(rec, "old"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func testKeyRotation(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 	if _, _, err := s2.Get(ctx, key); !errors.Is(err, claim.ErrCorrupt) || !strings.Contains(err.Error(), claim.ReasonUnknownKey) {
 		t.Fatalf("k1 record after dropping k1: %v, want unknown_key", err)
 	}
-	res, err := s2.Claim(ctx, key, newRecord(t), time.Minute)
+	res, err := s2.Claim(ctx, key, newRecord(t), time.Minute, claim.Quota{})
 	if res.Claimed || !errors.Is(err, claim.ErrCorrupt) {
 		t.Fatalf("claim over the unreadable record: %+v, %v; want ErrCorrupt, not a claim", res, err)
 	}
@@ -127,9 +127,9 @@ func testSecretKeyDerivation(t *testing.T, c redis.UniversalClient, plain *claim
 	ctx := context.Background()
 	rec := newRecord(t)
 	fk := forged.Key("alice", "route", "k")
-	forged.Claim(ctx, fk, rec, time.Minute)
+	forged.Claim(ctx, fk, rec, time.Minute, claim.Quota{})
 	forged.Complete(ctx, fk, completed(rec, "planted"), time.Hour)
-	res, err := s.Claim(ctx, s.Key("alice", "route", "k"), newRecord(t), time.Minute)
+	res, err := s.Claim(ctx, s.Key("alice", "route", "k"), newRecord(t), time.Minute, claim.Quota{})
 	if err != nil || !res.Claimed {
 		t.Fatalf("the victim's first claim = %+v, %v; want claimed, the planted record unseen", res, err)
 	}

@@ -126,12 +126,12 @@ func testClaimThenConflict(t *testing.T, _ redis.UniversalClient, s *claim.Store
 	ctx := context.Background()
 	key := s.Key("alice", "route", "k1")
 	first := newRecord(t)
-	res, err := s.Claim(ctx, key, first, 10*time.Second)
+	res, err := s.Claim(ctx, key, first, 10*time.Second, claim.Quota{})
 	if err != nil || !res.Claimed {
 		t.Fatalf("first claim = %+v, %v; want claimed", res, err)
 	}
 	second := newRecord(t)
-	res, err = s.Claim(ctx, key, second, 10*time.Second)
+	res, err = s.Claim(ctx, key, second, 10*time.Second, claim.Quota{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,11 +150,11 @@ func testResentClaimIsOurs(t *testing.T, _ redis.UniversalClient, s *claim.Store
 	ctx := context.Background()
 	key := s.Key("alice", "route", "k1")
 	rec := newRecord(t)
-	if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+	if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("claim = %+v, %v", res, err)
 	}
 	// What go-redis does after a lost reply: the same command again.
-	res, err := s.Claim(ctx, key, rec, 10*time.Second)
+	res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{})
 	if err != nil || !res.Claimed {
 		t.Fatalf("resent claim = %+v, %v; want claimed (it is our own record)", res, err)
 	}
@@ -164,7 +164,7 @@ func testCompleteAndGet(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 	ctx := context.Background()
 	key := s.Key("alice", "route", "k1")
 	rec := newRecord(t)
-	if _, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil {
+	if _, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	how, err := s.Complete(ctx, key, completed(rec, `{"id":1}`), time.Hour)
@@ -183,7 +183,7 @@ func testCompleteAndGet(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 		t.Errorf("TTL after complete = %s, want the 1h retention", ttl)
 	}
 	// Any later claim sees the completed record.
-	res, err := s.Claim(ctx, key, newRecord(t), 10*time.Second)
+	res, err := s.Claim(ctx, key, newRecord(t), 10*time.Second, claim.Quota{})
 	if err != nil || res.Claimed || res.Existing.State != claim.Completed {
 		t.Fatalf("claim after complete = %+v, %v", res, err)
 	}
@@ -193,7 +193,7 @@ func testResentCompleteIsSuccess(t *testing.T, _ redis.UniversalClient, s *claim
 	ctx := context.Background()
 	key := s.Key("alice", "route", "k1")
 	rec := newRecord(t)
-	if _, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil {
+	if _, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	done := completed(rec, "x")
@@ -208,7 +208,7 @@ func testRenewFenced(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 	ctx := context.Background()
 	key := s.Key("alice", "route", "k1")
 	rec := newRecord(t)
-	if _, err := s.Claim(ctx, key, rec, 2*time.Second); err != nil {
+	if _, err := s.Claim(ctx, key, rec, 2*time.Second, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Renew(ctx, key, rec, time.Minute); err != nil {
@@ -231,7 +231,7 @@ func testReleaseFenced(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 	ctx := context.Background()
 	key := s.Key("alice", "route", "k1")
 	rec := newRecord(t)
-	if _, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil {
+	if _, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	var other claim.Token
@@ -252,7 +252,7 @@ func testReleaseFenced(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 	}
 	// A completed record is never released.
 	rec2 := newRecord(t)
-	if _, err := s.Claim(ctx, key, rec2, 10*time.Second); err != nil {
+	if _, err := s.Claim(ctx, key, rec2, 10*time.Second, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Complete(ctx, key, completed(rec2, "x"), time.Hour); err != nil {
@@ -267,7 +267,7 @@ func testStaleOwnerAfterTakeover(t *testing.T, _ redis.UniversalClient, s *claim
 	ctx := context.Background()
 	key := s.Key("alice", "route", "k1")
 	stale := newRecord(t)
-	if _, err := s.Claim(ctx, key, stale, 200*time.Millisecond); err != nil {
+	if _, err := s.Claim(ctx, key, stale, 200*time.Millisecond, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	fresh := newRecord(t)
@@ -292,7 +292,7 @@ func waitClaimed(t *testing.T, s *claim.Store, key string, rec *claim.Record, le
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		res, err := s.Claim(context.Background(), key, rec, lease)
+		res, err := s.Claim(context.Background(), key, rec, lease, claim.Quota{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -307,10 +307,10 @@ func waitClaimed(t *testing.T, s *claim.Store, key string, rec *claim.Record, le
 func testLeaseLapses(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 	ctx := context.Background()
 	key := s.Key("alice", "route", "k1")
-	if _, err := s.Claim(ctx, key, newRecord(t), 200*time.Millisecond); err != nil {
+	if _, err := s.Claim(ctx, key, newRecord(t), 200*time.Millisecond, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.Claim(ctx, key, newRecord(t), 200*time.Millisecond)
+	res, err := s.Claim(ctx, key, newRecord(t), 200*time.Millisecond, claim.Quota{})
 	if err != nil || res.Claimed {
 		t.Fatalf("claim during the lease = %+v, %v; want the existing record", res, err)
 	}
@@ -321,7 +321,7 @@ func testCompleteAfterLapse(t *testing.T, _ redis.UniversalClient, s *claim.Stor
 	ctx := context.Background()
 	key := s.Key("alice", "route", "k1")
 	rec := newRecord(t)
-	if _, err := s.Claim(ctx, key, rec, 100*time.Millisecond); err != nil {
+	if _, err := s.Claim(ctx, key, rec, 100*time.Millisecond, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -356,7 +356,7 @@ func testForeignValue(t *testing.T, c redis.UniversalClient, s *claim.Store) {
 			t.Fatal(err)
 		}
 		rec := newRecord(t)
-		if _, err := s.Claim(ctx, key, rec, time.Second); !errors.Is(err, claim.ErrCorrupt) {
+		if _, err := s.Claim(ctx, key, rec, time.Second, claim.Quota{}); !errors.Is(err, claim.ErrCorrupt) {
 			t.Errorf("claim over %q = %v, want ErrCorrupt", v, err)
 		}
 		if _, err := s.Complete(ctx, key, completed(rec, "x"), time.Hour); !errors.Is(err, claim.ErrLeaseLost) {
@@ -378,7 +378,7 @@ func testConcurrentClaims(t *testing.T, _ redis.UniversalClient, s *claim.Store)
 	won := 0
 	for range 50 {
 		wg.Go(func() {
-			res, err := s.Claim(context.Background(), key, newRecord(t), 10*time.Second)
+			res, err := s.Claim(context.Background(), key, newRecord(t), 10*time.Second, claim.Quota{})
 			if err != nil {
 				t.Error(err)
 				return
@@ -410,7 +410,7 @@ func testConcurrentPairs(t *testing.T, _ redis.UniversalClient, s *claim.Store) 
 				name := fmt.Sprintf("k-%d-%d", g, i)
 				key := s.Key("alice", "route", name)
 				rec := newRecord(t)
-				res, err := s.Claim(ctx, key, rec, 10*time.Second)
+				res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{})
 				if err != nil || !res.Claimed {
 					t.Errorf("claim %s = %+v, %v", name, res, err)
 					return
@@ -461,7 +461,7 @@ func testWatch(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 	quiet("nothing")
 
 	rec := newRecord(t)
-	if _, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil {
+	if _, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Renew(ctx, key, rec, 10*time.Second); err != nil {
@@ -474,7 +474,7 @@ func testWatch(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 	woken("release")
 
 	rec = newRecord(t)
-	if _, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil {
+	if _, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Complete(ctx, key, completed(rec, "done"), time.Minute); err != nil {
@@ -488,7 +488,7 @@ func testWatch(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 
 	orphan := newRecord(t)
 	orphan.Tail = 10 * time.Second
-	if _, err := s.Claim(ctx, key, orphan, time.Millisecond); err != nil {
+	if _, err := s.Claim(ctx, key, orphan, time.Millisecond, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	poll.Until(t, "the lease is over", func() bool {
@@ -537,7 +537,7 @@ func TestStoreUnavailable(t *testing.T) {
 	defer c.Close()
 	s := claim.New(c, "test:")
 	srv.Stop()
-	_, err := s.Claim(context.Background(), s.Key("a", "r", "k"), newRecord(t), time.Second)
+	_, err := s.Claim(context.Background(), s.Key("a", "r", "k"), newRecord(t), time.Second, claim.Quota{})
 	if !errors.Is(err, claim.ErrUnavailable) {
 		t.Fatalf("claim with Redis down = %v, want ErrUnavailable", err)
 	}
@@ -554,10 +554,10 @@ func testTailOutlivesLease(t *testing.T, _ redis.UniversalClient, s *claim.Store
 	key := s.Key("alice", "route", "k1")
 	owner := newRecord(t)
 	owner.Tail = time.Hour
-	if res, err := s.Claim(ctx, key, owner, 300*time.Millisecond); err != nil || !res.Claimed {
+	if res, err := s.Claim(ctx, key, owner, 300*time.Millisecond, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("claim = %+v, %v", res, err)
 	}
-	res, err := s.Claim(ctx, key, newRecord(t), time.Second)
+	res, err := s.Claim(ctx, key, newRecord(t), time.Second, claim.Quota{})
 	if err != nil || res.Claimed || res.Existing.Tail != time.Hour {
 		t.Fatalf("second claim = %+v, %v; want the owner's record with its tail", res, err)
 	}
@@ -569,7 +569,7 @@ func testTailOutlivesLease(t *testing.T, _ redis.UniversalClient, s *claim.Store
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		res, err = s.Claim(ctx, key, newRecord(t), time.Second)
+		res, err = s.Claim(ctx, key, newRecord(t), time.Second, claim.Quota{})
 		if err != nil || res.Claimed {
 			t.Fatalf("claim after the lease = %+v, %v; want the orphaned record, kept by its tail", res, err)
 		}
@@ -594,7 +594,7 @@ func testSettleOrphanFenced(t *testing.T, _ redis.UniversalClient, s *claim.Stor
 	key := s.Key("alice", "route", "k1")
 	owner := newRecord(t)
 	owner.Tail = time.Hour
-	if _, err := s.Claim(ctx, key, owner, 200*time.Millisecond); err != nil {
+	if _, err := s.Claim(ctx, key, owner, 200*time.Millisecond, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	settler := newRecord(t)
@@ -636,26 +636,26 @@ func testFullRefusesOnlyNewClaims(t *testing.T, _ redis.UniversalClient, s *clai
 	ctx := context.Background()
 	owner := newRecord(t)
 	held := s.Key("alice", "route", "held")
-	if res, err := s.Claim(ctx, held, owner, time.Minute); err != nil || !res.Claimed {
+	if res, err := s.Claim(ctx, held, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatal(res, err)
 	}
 	s.SetFull(true)
 	defer s.SetFull(false)
 	free := s.Key("alice", "route", "free")
-	if res, err := s.Claim(ctx, free, newRecord(t), time.Minute); !errors.Is(err, claim.ErrFull) || res.Claimed {
+	if res, err := s.Claim(ctx, free, newRecord(t), time.Minute, claim.Quota{}); !errors.Is(err, claim.ErrFull) || res.Claimed {
 		t.Fatalf("claim of a free key while full = %+v, %v; want ErrFull", res, err)
 	}
 	if got, _, _ := s.Get(ctx, free); got != nil {
 		t.Fatal("a refused claim wrote a record")
 	}
-	res, err := s.Claim(ctx, held, newRecord(t), time.Minute)
+	res, err := s.Claim(ctx, held, newRecord(t), time.Minute, claim.Quota{})
 	if err != nil || res.Claimed || res.Existing.Token != owner.Token || res.TTL <= 0 {
 		t.Fatalf("claim of a held key while full = %+v, %v; want the owner's record with its lease", res, err)
 	}
 	if _, err := s.Complete(ctx, held, completed(owner, "done"), time.Hour); err != nil {
 		t.Fatalf("completion while full: %v", err)
 	}
-	res, err = s.Claim(ctx, held, newRecord(t), time.Minute)
+	res, err = s.Claim(ctx, held, newRecord(t), time.Minute, claim.Quota{})
 	if err != nil || res.Existing == nil || string(res.Existing.Body) != "done" {
 		t.Fatalf("replay while full = %+v, %v", res, err)
 	}
@@ -672,16 +672,16 @@ func testQuota(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 		if i == 0 {
 			rec = first
 		}
-		if res, err := s.ClaimCounted(ctx, s.Key("alice", "route", k), rec, time.Minute, q); err != nil || !res.Claimed {
+		if res, err := s.Claim(ctx, s.Key("alice", "route", k), rec, time.Minute, q); err != nil || !res.Claimed {
 			t.Fatalf("new key %s: %+v, %v", k, res, err)
 		}
 	}
 	// An existing key is answered from its record and does not count.
-	if res, err := s.ClaimCounted(ctx, s.Key("alice", "route", "a"), newRecord(t), time.Minute, q); err != nil || res.Claimed || res.Existing.Token != first.Token {
+	if res, err := s.Claim(ctx, s.Key("alice", "route", "a"), newRecord(t), time.Minute, q); err != nil || res.Claimed || res.Existing.Token != first.Token {
 		t.Fatalf("existing key: %+v, %v", res, err)
 	}
 	over := s.Key("alice", "route", "c")
-	_, err := s.ClaimCounted(ctx, over, newRecord(t), time.Minute, q)
+	_, err := s.Claim(ctx, over, newRecord(t), time.Minute, q)
 	qe, ok := errors.AsType[*claim.QuotaError](err)
 	if !errors.Is(err, claim.ErrQuota) || !ok || qe.RetryAfter <= 0 || qe.RetryAfter > time.Hour {
 		t.Fatalf("third new key: %v, want a QuotaError with the window's rest", err)
@@ -689,7 +689,7 @@ func testQuota(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 	if got, _, _ := s.Get(ctx, over); got != nil {
 		t.Fatal("the claim beyond the quota was not undone")
 	}
-	if res, err := s.ClaimCounted(ctx, s.Key("bob", "route", "c"), newRecord(t), time.Minute, claim.Quota{Key: s.QuotaKey("bob", "route"), Limit: 2, Window: time.Hour}); err != nil || !res.Claimed {
+	if res, err := s.Claim(ctx, s.Key("bob", "route", "c"), newRecord(t), time.Minute, claim.Quota{Key: s.QuotaKey("bob", "route"), Limit: 2, Window: time.Hour}); err != nil || !res.Claimed {
 		t.Fatalf("another principal: %+v, %v", res, err)
 	}
 }

@@ -22,7 +22,7 @@ func TestTLS(t *testing.T) {
 	}
 	defer c.Close()
 	s := claim.New(c, "tls:")
-	if res, err := s.Claim(context.Background(), s.Key("a", "r", "k"), newRecord(t), time.Second); err != nil || !res.Claimed {
+	if res, err := s.Claim(context.Background(), s.Key("a", "r", "k"), newRecord(t), time.Second, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("claim over TLS: %+v %v", res, err)
 	}
 	// Without the CA the server's certificate is not trusted.

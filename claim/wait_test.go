@@ -71,7 +71,7 @@ func TestWaitReplicas(t *testing.T) {
 				what := fmt.Sprintf("%s, script claim %v, wait_replicas=%d with one replica", topo.name, script, tc.want)
 				key := s.Key("alice", "r", time.Now().String())
 				rec := newRecord(t)
-				if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+				if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
 					t.Fatalf("%s: claim: %+v %v", what, res, err)
 				}
 				if len(tc.wantShort) == 0 && !onReplica(ctx, topo.replica(c, key), key) {
@@ -120,7 +120,7 @@ func TestWaitReplicas(t *testing.T) {
 		}
 		n++
 		rec := newRecord(t)
-		if res, err := s.Claim(ctx, key, rec, 10*time.Second); err != nil || !res.Claimed {
+		if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
 			t.Fatalf("claim with the shard's replica down: %+v %v", res, err)
 		}
 		if _, err := s.Complete(ctx, key, completed(rec, "x"), time.Hour); err != nil {
@@ -154,7 +154,7 @@ func TestSentinelAuth(t *testing.T) {
 		c, _ := claim.NewClient(cfg)
 		defer c.Close()
 		s := claim.New(c, "auth:")
-		_, err := s.Claim(ctx, s.Key("alice", "r", time.Now().String()), newRecord(t), 10*time.Second)
+		_, err := s.Claim(ctx, s.Key("alice", "r", time.Now().String()), newRecord(t), 10*time.Second, claim.Quota{})
 		return err
 	}
 	base := claim.ClientOptions{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName, Password: "data-pw"}

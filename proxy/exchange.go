@@ -206,7 +206,7 @@ func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
 	if s.QuotaNewKeys > 0 {
 		q = claim.Quota{Key: x.h.store.QuotaKey(x.principal, x.rt.scope), Limit: s.QuotaNewKeys, Window: s.QuotaWindow}
 	}
-	res, err := x.h.store.ClaimCounted(x.r.Context(), x.hashedKey, rec, s.Lease, q)
+	res, err := x.h.store.Claim(x.r.Context(), x.hashedKey, rec, s.Lease, q)
 	x.observeStore("claim", start, err)
 	return res, err
 }

@@ -398,7 +398,7 @@ func TestStaleOwnerCannotComplete(t *testing.T) {
 	}
 	usurper := &claim.Record{State: claim.InProgress, Created: time.Now()}
 	usurper.Token[0] = 42
-	if res, err := e.store.Claim(ctx, key, usurper, time.Minute); err != nil || !res.Claimed {
+	if res, err := e.store.Claim(ctx, key, usurper, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("takeover claim: %+v %v", res, err)
 	}
 	close(release)
@@ -490,7 +490,7 @@ func TestSidecarDeathAfterClaim(t *testing.T) {
 	}
 	dead.Fingerprint = probe.Fingerprint // same request body and path, another key
 	key := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
-	if res, err := e.store.Claim(context.Background(), key, dead, time.Second); err != nil || !res.Claimed {
+	if res, err := e.store.Claim(context.Background(), key, dead, time.Second, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("dead sidecar's claim: %+v %v", res, err)
 	}
 	r := e.do(req{user: "alice", key: "k", body: `{}`})

@@ -27,7 +27,7 @@ import (
 // implements it against Redis.
 type Store interface {
 	Key(principal, scope, key string) string
-	ClaimCounted(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error)
+	Claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error)
 	QuotaKey(principal, scope string) string
 	Get(ctx context.Context, key string) (*claim.Record, time.Duration, error)
 	Renew(ctx context.Context, key string, rec *claim.Record, lease time.Duration) error

@@ -210,7 +210,7 @@ func TestOrphanedClaimIsSettledInFailMode(t *testing.T) {
 	}
 	dead := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: "dead-owner", Fingerprint: probe.Fingerprint, Tail: time.Hour}
 	key := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
-	if res, err := e.store.Claim(ctx, key, dead, time.Second); err != nil || !res.Claimed {
+	if res, err := e.store.Claim(ctx, key, dead, time.Second, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("dead sidecar's claim: %+v %v", res, err)
 	}
 	if r := e.do(req{user: "alice", key: "k", body: `{}`}); r.status != http.StatusConflict {

@@ -72,7 +72,7 @@ func TestSealedRecordsEndToEnd(t *testing.T) {
 	public := claim.New(e.rdb, e.prefix)
 	planted := &claim.Record{State: claim.InProgress, Created: time.Now()}
 	pk := public.Key("alice", proxy.KeyScope("pay", false), "next")
-	public.Claim(ctx, pk, planted, time.Minute)
+	public.Claim(ctx, pk, planted, time.Minute, claim.Quota{})
 	done := *planted
 	done.State, done.Status, done.Body, done.Completed = claim.Completed, 201, []byte(`{"charged":true}`), time.Now()
 	if _, err := public.Complete(ctx, pk, &done, time.Hour); err != nil {

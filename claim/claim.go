@@ -1,0 +1,265 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Result is the outcome of a Claim.
+type Result struct {
+	// Claimed reports that the caller now owns the key.
+	Claimed bool
+	// Existing is the record found when not Claimed.
+	Existing *Record
+	// TTL is what is left of Existing's lease when it is InProgress (at
+	// least 1ms), for Retry-After; zero when Existing is orphaned (see
+	// Record.Orphaned). It is zero for a completed record: a replay does
+	// not need it, and not asking saves a command.
+	TTL time.Duration
+}
+
+// Claim takes key for rec's owner with a lease, or returns the record that
+// already holds it, in one round trip. rec must be InProgress. With a
+// non-zero q, a claim that takes a new key counts against the principal's
+// quota, and one beyond it is undone and returns a QuotaError; a zero
+// Quota counts nothing.
+//
+// On Redis 7 the round trip is one native command, SET key value NX PX
+// lease GET, which costs Redis less CPU than a script (docs/benchmarks.md,
+// "Tuning done"), with the count (INCR, PEXPIRE NX) in the same pipeline;
+// only a claim that finds another attempt still in progress asks for its
+// PTTL, in a second round trip on that rare path. Redis 6.2 rejects NX
+// with GET; then the claim script does the same, and is used from then on.
+func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.Duration, q Quota) (Result, error) {
+	if s.full.Load() {
+		return s.claimWhenFull(ctx, key, rec, lease+rec.Tail)
+	}
+	if q.Limit > 0 && s.waitReplicas == 0 && !s.scriptClaim.Load() {
+		return s.claimCounted(ctx, key, rec, lease, q)
+	}
+	res, err := s.claim(ctx, key, rec, lease)
+	if q.Limit <= 0 || err != nil || !res.Claimed {
+		return res, err
+	}
+	// WAIT or the script: the count cannot ride in the claim's pipeline.
+	pipe := s.client.Pipeline()
+	incr := pipe.Incr(ctx, q.Key)
+	expire := pipe.Do(ctx, "PEXPIRE", q.Key, q.Window.Milliseconds(), "NX")
+	_, _ = pipe.Exec(ctx)
+	s.windowFallback(ctx, q, incr, expire)
+	return s.overQuota(ctx, key, rec, q, res, incr)
+}
+
+// claim is Claim counting nothing.
+func (s *Store) claim(ctx context.Context, key string, rec *Record, lease time.Duration) (Result, error) {
+	value := s.encode(key, rec)
+	lease += rec.Tail // the record outlives its lease by its tail
+	if s.scriptClaim.Load() {
+		return s.claimByScript(ctx, key, rec, value, lease)
+	}
+	set := setNXGet(ctx, key, value, lease)
+	wait, err := s.write(ctx, key, len(value), set)
+	if err != nil {
+		return Result{}, s.unavailable("claim", err)
+	}
+	raw, err := set.Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		s.checkWait("claim", wait)
+		return Result{Claimed: true}, nil
+	case redis.HasErrorPrefix(err, "syntax error"):
+		s.scriptClaim.Store(true) // Redis < 7.0
+		return s.claimByScript(ctx, key, rec, value, lease)
+	case err != nil:
+		return Result{}, s.unavailable("claim", err)
+	}
+	return s.found(ctx, key, rec, raw, lease)
+}
+
+// found interprets the value a claim read under key; for a record in
+// progress it asks the key's PTTL, for Retry-After and to tell an orphaned
+// record. When PTTL fails, the whole lease is an upper bound; when the key
+// has just gone, a retry may come at once.
+func (s *Store) found(ctx context.Context, key string, rec *Record, raw string, lease time.Duration) (Result, error) {
+	res, err := s.existing(key, rec, raw, 0)
+	if err != nil || res.Claimed || res.Existing.State != InProgress {
+		return res, err
+	}
+	pttl := redis.NewDurationCmd(ctx, time.Millisecond, "pttl", key)
+	ttl := lease
+	if s.exec(ctx, 0, pttl) == nil && pttl.Err() == nil {
+		ttl = pttl.Val()
+	}
+	res.TTL = leaseLeft(res.Existing, max(ttl, time.Millisecond))
+	return res, nil
+}
+
+// leaseLeft is what is left of rec's lease when its key has ttl left: all
+// of it, less the record's tail, and at least 1ms unless orphaned.
+func leaseLeft(rec *Record, ttl time.Duration) time.Duration {
+	if rec.Tail > 0 {
+		return max(ttl-rec.Tail, 0)
+	}
+	return max(ttl, time.Millisecond)
+}
+
+func (s *Store) claimByScript(ctx context.Context, key string, rec *Record, value []byte, lease time.Duration) (Result, error) {
+	run, wait := s.evalWrite(ctx, claimScript, key, len(value), value, lease.Milliseconds())
+	v, err := run.Result()
+	if err != nil {
+		return Result{}, s.unavailable("claim", err)
+	}
+	if n, ok := v.(int64); ok && n == 1 {
+		s.checkWait("claim", wait)
+		return Result{Claimed: true}, nil
+	}
+	pair, ok := v.([]any)
+	if !ok || len(pair) != 2 {
+		return Result{}, fmt.Errorf("unexpected reply %T: %w", v, ErrUnavailable)
+	}
+	raw, _ := pair[0].(string)
+	ttl, _ := pair[1].(int64)
+	return s.existing(key, rec, raw, time.Duration(ttl)*time.Millisecond)
+}
+
+// existing interprets the value a claim found under its key.
+func (s *Store) existing(key string, rec *Record, raw string, ttl time.Duration) (Result, error) {
+	found, err := s.seal.open(key, []byte(raw))
+	if err != nil {
+		return Result{}, err
+	}
+	// go-redis resends a command whose reply was lost; the resend then finds
+	// the record the first send wrote. That is our claim, not a conflict.
+	if found.Token == rec.Token && found.State == InProgress {
+		return Result{Claimed: true}, nil
+	}
+	if found.State != InProgress {
+		return Result{Existing: found}, nil
+	}
+	return Result{Existing: found, TTL: leaseLeft(found, ttl)}, nil
+}
+
+// Get returns the record under key, or nil when there is none, and for an
+// in-progress record what is left of its lease (see Result.TTL).
+func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, error) {
+	get := redis.NewStringCmd(ctx, "get", key)
+	pttl := redis.NewDurationCmd(ctx, time.Millisecond, "pttl", key)
+	if err := s.exec(ctx, 0, get, pttl); err != nil {
+		return nil, 0, s.unavailable("get", err)
+	}
+	raw, err := get.Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, s.unavailable("get", err)
+	}
+	rec, err := s.seal.open(key, raw)
+	if err != nil {
+		return nil, 0, err
+	}
+	if rec.State == InProgress {
+		return rec, leaseLeft(rec, max(pttl.Val(), 0)), nil
+	}
+	return rec, max(pttl.Val(), 0), nil
+}
+
+// setNXGet is the claim command: SET key value NX PX ttl GET.
+func setNXGet(ctx context.Context, key string, value []byte, ttl time.Duration) *redis.StringCmd {
+	return redis.NewStringCmd(ctx, "set", key, value, "px", ttl.Milliseconds(), "nx", "get")
+}
+
+// ErrQuota means the principal has claimed as many new keys on this route
+// as its quota allows within the window. Errors matching it are QuotaErrors.
+var ErrQuota = errors.New("claim: new-key quota reached")
+
+// QuotaError says when the quota's window ends.
+type QuotaError struct {
+	// RetryAfter is what is left of the window.
+	RetryAfter time.Duration
+}
+
+func (e *QuotaError) Error() string { return ErrQuota.Error() }
+
+// Is makes every QuotaError an ErrQuota.
+func (e *QuotaError) Is(target error) bool { return target == ErrQuota }
+
+// Quota bounds the new keys one principal claims on one scope per window,
+// counted in Redis, so shared by every replica. Retries and replays of a
+// key that exists never count.
+type Quota struct {
+	// Key is the counter's Redis key (Store.QuotaKey).
+	Key string
+	// Limit is how many new keys a window allows; 0 counts nothing.
+	Limit  int64
+	Window time.Duration
+}
+
+// claimCounted is Claim with the count in the claim's pipeline (Redis 7,
+// no WAIT): SET NX PX GET, INCR and PEXPIRE NX in one round trip; a claim
+// that finds an existing key takes its count back.
+func (s *Store) claimCounted(ctx context.Context, key string, rec *Record, lease time.Duration, q Quota) (Result, error) {
+	value := s.encode(key, rec)
+	lease += rec.Tail
+	set := setNXGet(ctx, key, value, lease)
+	incr := redis.NewIntCmd(ctx, "incr", q.Key)
+	expire := redis.NewCmd(ctx, "pexpire", q.Key, q.Window.Milliseconds(), "nx")
+	if err := s.exec(ctx, len(value), set, incr, expire); err != nil {
+		return Result{}, s.unavailable("claim", err)
+	}
+	s.windowFallback(ctx, q, incr, expire)
+	raw, err := set.Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return s.overQuota(ctx, key, rec, q, Result{Claimed: true}, incr)
+	case redis.HasErrorPrefix(err, "syntax error"):
+		s.uncount(ctx, q, incr)
+		s.scriptClaim.Store(true) // Redis < 7.0
+		return s.Claim(ctx, key, rec, lease-rec.Tail, q)
+	case err != nil:
+		s.uncount(ctx, q, incr)
+		return Result{}, s.unavailable("claim", err)
+	}
+	s.uncount(ctx, q, incr)
+	return s.found(ctx, key, rec, raw, lease)
+}
+
+// overQuota undoes a claim that went beyond q: the key is released, the
+// count taken back, and the caller told when the window ends. A counter
+// that failed to count lets the claim stand: the quota protects Redis, it
+// is not a reason to refuse a payment when Redis hiccups.
+func (s *Store) overQuota(ctx context.Context, key string, rec *Record, q Quota, res Result, incr *redis.IntCmd) (Result, error) {
+	n, err := incr.Result()
+	if err != nil || n <= q.Limit {
+		return res, nil
+	}
+	if err := s.Release(ctx, key, rec.Token); err != nil {
+		return res, nil // the claim stands; it will be settled as any other
+	}
+	s.uncount(ctx, q, incr)
+	ttl, err := s.client.PTTL(ctx, q.Key).Result()
+	if err != nil || ttl <= 0 {
+		ttl = q.Window
+	}
+	return Result{}, &QuotaError{RetryAfter: ttl}
+}
+
+// windowFallback starts the window where Redis refused PEXPIRE NX (Redis
+// < 7.0): when this count opened the window, a plain PEXPIRE sets it, so a
+// counter never outlives its window.
+func (s *Store) windowFallback(ctx context.Context, q Quota, incr *redis.IntCmd, expire *redis.Cmd) {
+	if expire.Err() != nil && incr.Err() == nil && incr.Val() == 1 {
+		_ = s.client.PExpire(ctx, q.Key, q.Window).Err()
+	}
+}
+
+// uncount takes back a count that did not take a new key.
+func (s *Store) uncount(ctx context.Context, q Quota, incr *redis.IntCmd) {
+	if incr.Err() == nil {
+		_ = s.client.Decr(ctx, q.Key).Err()
+	}
+}

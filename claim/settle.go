@@ -1,0 +1,138 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Renew extends the owner's lease, for rec's token and tail. It returns
+// ErrLeaseLost when the key is gone or owned by someone else, and nil when
+// the record was already completed by this owner (a renewal racing the
+// completion).
+func (s *Store) Renew(ctx context.Context, key string, rec *Record, lease time.Duration) error {
+	n, err := s.eval(ctx, renewScript, key, 0, rec.Token[:], (lease + rec.Tail).Milliseconds()).Int64()
+	if err != nil {
+		return s.unavailable("renew", err)
+	}
+	switch n {
+	case 1, -2:
+		return nil
+	default:
+		return fmt.Errorf("renew: %w", ErrLeaseLost)
+	}
+}
+
+// Completion says how a Complete was written.
+type Completion int
+
+const (
+	// Stored is the normal case: our in-progress record was replaced.
+	Stored Completion = iota + 1
+	// StoredAfterLapse means our lease had lapsed but nobody had claimed
+	// the key since, so the record was stored anyway.
+	StoredAfterLapse
+)
+
+// Complete replaces the owner's in-progress record with rec (Completed),
+// kept for retention. It returns ErrLeaseLost, writing nothing, when
+// another owner holds the key.
+func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention time.Duration) (Completion, error) {
+	var buf *[]byte
+	var value []byte
+	if s.seal == nil {
+		buf = valuePool.Get().(*[]byte)
+		value = rec.encodeInto(*buf)
+	} else {
+		value = s.encode(key, rec)
+	}
+	args := []any{rec.Token[:], value, retention.Milliseconds(), s.watch.publishCommand()}
+	run, wait := s.evalWrite(ctx, completeScript, key, len(value), args...)
+	n, err := run.Int64()
+	if err == nil {
+		s.checkWait("complete", wait)
+	}
+	if buf != nil && err == nil && cap(value) <= maxPooledValue {
+		// Redis has the value (an error may mean a command still in
+		// flight, which must keep its buffer).
+		*buf = value[:0]
+		valuePool.Put(buf)
+	}
+	if err != nil {
+		return 0, s.unavailable("complete", err)
+	}
+	switch n {
+	case 1, 3:
+		return Stored, nil
+	case 2:
+		return StoredAfterLapse, nil
+	default:
+		return 0, fmt.Errorf("complete: %w", ErrLeaseLost)
+	}
+}
+
+// SettleOrphan replaces the orphaned in-progress record of orphan's owner
+// (see Record.Orphaned) with rec, a Completed record of the caller's own,
+// kept for retention. The check is atomic with the write: it returns
+// ErrLeaseLost, writing nothing, when the key changed since it was read
+// (gone, completed, claimed by another) or the owner renewed its lease
+// after all; the caller then claims again.
+func (s *Store) SettleOrphan(ctx context.Context, key string, orphan *Record, rec *Record, retention time.Duration) error {
+	value := s.encode(key, rec)
+	args := []any{orphan.Token[:], value, retention.Milliseconds(), orphan.Tail.Milliseconds(), s.watch.publishCommand()}
+	run, wait := s.evalWrite(ctx, orphanScript, key, len(value), args...)
+	n, err := run.Int64()
+	if err == nil && n == 1 {
+		s.checkWait("complete", wait)
+	}
+	if err != nil {
+		return s.unavailable("settle orphan", err)
+	}
+	if n != 1 {
+		return fmt.Errorf("settle orphan: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+// Release deletes the owner's in-progress record so a retry can claim the
+// key. A key that is already gone is not an error; one owned by someone
+// else, or already completed, is ErrLeaseLost and is left alone.
+func (s *Store) Release(ctx context.Context, key string, token Token) error {
+	n, err := s.eval(ctx, releaseScript, key, 0, token[:], s.watch.publishCommand()).Int64()
+	if err != nil {
+		return s.unavailable("release", err)
+	}
+	if n < 0 {
+		return fmt.Errorf("release: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+// ErrStateChanged means Forget found the key in another state than the
+// caller said, and left it alone.
+var ErrStateChanged = errors.New("claim: the record is not in the state given")
+
+// Forget deletes the record under key, only while it is in state: an
+// operator releases a stuck claim (InProgress) or forgets a stored answer
+// (Completed), never the other by mistake. A key that is gone is not an
+// error; one in another state is ErrStateChanged.
+func (s *Store) Forget(ctx context.Context, key string, state State) error {
+	n, err := s.eval(ctx, forgetScript, key, 0, int(state), s.watch.publishCommand()).Int64()
+	if err != nil {
+		return s.unavailable("forget", err)
+	}
+	if n < 0 {
+		return fmt.Errorf("forget: %w", ErrStateChanged)
+	}
+	return nil
+}
+
+// valuePool holds the buffers completed records are encoded into: they
+// hold the whole answer, and live only until Redis has them.
+var valuePool = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxPooledValue bounds the buffers kept: a rare large answer is not held
+// for the next.
+const maxPooledValue = 64 << 10
