@@ -135,19 +135,30 @@ type Config struct {
 	// LogLevel is the least severe level logged: debug, info, warn or
 	// error. One line per protected request is logged at info; warn keeps
 	// only the anomalies. It reloads.
-	LogLevel string   `yaml:"log_level" reload:"true"`
-	Client   Client   `yaml:"client"`
-	Limits   Limits   `yaml:"limits"`
+	LogLevel string `yaml:"log_level" reload:"true"`
+	// Client bounds how long a client may take to send a request.
+	Client Client `yaml:"client"`
+	// Limits bound the body buffers of the process.
+	Limits Limits `yaml:"limits"`
+	// Problems shapes the problem+json answers.
 	Problems Problems `yaml:"problems"`
-	Tracing  Tracing  `yaml:"tracing"`
-	Admin    Admin    `yaml:"admin"`
+	// Tracing turns OpenTelemetry traces on.
+	Tracing Tracing `yaml:"tracing"`
+	// Admin configures the admin port's key API and readiness.
+	Admin Admin `yaml:"admin"`
+	// Upstream is the app in the pod.
 	Upstream Upstream `yaml:"upstream"`
-	Store    Store    `yaml:"store"`
-	Drain    Drain    `yaml:"drain"`
+	// Store is the Redis deployment holding the claims.
+	Store Store `yaml:"store"`
+	// Drain shapes the shutdown on SIGTERM.
+	Drain Drain `yaml:"drain"`
+	// Identity says where the principal comes from and whom to trust.
 	Identity Identity `yaml:"identity"`
 	// Defaults are inherited by every route.
 	Defaults Settings `yaml:"defaults" reload:"true"`
-	Routes   []Route  `yaml:"-"`
+	// Routes are the protected endpoints, decoded from routes: (they
+	// reload).
+	Routes []Route `yaml:"-"`
 }
 
 // Admin configures the admin port's key API.
@@ -256,6 +267,7 @@ func (c *Config) Grace() time.Duration {
 
 // Store configures Redis.
 type Store struct {
+	// Redis says how to reach the deployment.
 	Redis Redis `yaml:"redis"`
 	// KeyPrefix is prepended to every Redis key.
 	KeyPrefix string `yaml:"key_prefix"`
@@ -267,8 +279,9 @@ type Store struct {
 	// for that many replicas to acknowledge it (Redis WAIT), up to
 	// WaitTimeout. Zero never waits. Not consensus. On a Cluster the WAIT
 	// goes to the key's master.
-	WaitReplicas int           `yaml:"wait_replicas"`
-	WaitTimeout  time.Duration `yaml:"wait_timeout"`
+	WaitReplicas int `yaml:"wait_replicas"`
+	// WaitTimeout bounds each WAIT.
+	WaitTimeout time.Duration `yaml:"wait_timeout"`
 	// ClaimMemoryLimit is the share of Redis' maxmemory above which new
 	// claims are refused (503 store-full) so that claims in flight can
 	// still store their outcome; 0 refuses none. Without a maxmemory it
@@ -300,8 +313,10 @@ type Redis struct {
 	Addrs []string `yaml:"addrs"`
 	// MasterName set selects Sentinel, with Addrs naming the sentinels.
 	MasterName string `yaml:"master_name"`
-	Username   string `yaml:"username"`
-	Password   string `yaml:"password"`
+	// Username is the ACL user of the data nodes.
+	Username string `yaml:"username"`
+	// Password is the data nodes' password (prefer PasswordFile).
+	Password string `yaml:"password"`
 	// PasswordFile, when set, holds the password (a mounted Secret); it is
 	// read at start, surrounding whitespace removed.
 	PasswordFile string `yaml:"password_file"`
@@ -323,10 +338,11 @@ type Redis struct {
 type Identity struct {
 	// Header carries the authenticated principal, set by an auth proxy.
 	Header string `yaml:"header"`
-	// Source is how the header carries the principal: header (its value
-	// is the principal) or xfcc (Envoy's X-Forwarded-Client-Cert; the
-	// principal is the URI SAN, spiffe://..., of the connecting peer, and
-	// Header is ignored).
+	// Source is where the principal comes from: header (Header's value is
+	// the principal), xfcc (Envoy's X-Forwarded-Client-Cert; the principal
+	// is the URI SAN, spiffe://..., of the connecting peer, and Header is
+	// ignored) or jwt (a claim of a bearer token in Authorization, verified
+	// against the issuer's keys: see JWT).
 	Source string `yaml:"source"`
 	// JWT configures source: jwt.
 	JWT JWT `yaml:"jwt"`
@@ -341,22 +357,47 @@ type Identity struct {
 // Settings are the per-route knobs. defaults: sets them for all routes and
 // each route may override any of them.
 type Settings struct {
-	KeyHeader        string          `yaml:"key_header"`
-	RequireKey       bool            `yaml:"require_key"`
-	Scope            string          `yaml:"scope"`
-	Retention        time.Duration   `yaml:"retention"`
-	Lease            time.Duration   `yaml:"lease"`
-	Concurrent       string          `yaml:"concurrent"`
-	MaxWait          time.Duration   `yaml:"max_wait"`
-	ReleaseOn        []int           `yaml:"release_on"`
-	UnknownOutcome   string          `yaml:"unknown_outcome"`
-	StoreUnavailable string          `yaml:"store_unavailable"`
-	MaxRequestBody   int64           `yaml:"max_request_body"`
-	MaxResponseBody  int64           `yaml:"max_response_body"`
-	Fingerprint      Fingerprint     `yaml:"fingerprint"`
-	Replay           Replay          `yaml:"replay"`
-	ResponseHeaders  ResponseHeaders `yaml:"response_headers"`
-	Quota            Quota           `yaml:"quota"`
+	// KeyHeader names the header carrying the idempotency key.
+	KeyHeader string `yaml:"key_header"`
+	// RequireKey refuses a request without a key (400); false forwards it
+	// unprotected.
+	RequireKey bool `yaml:"require_key"`
+	// Scope is ScopeRoute (keys are per principal and route) or
+	// ScopePrincipal (per principal, shared by every such route).
+	Scope string `yaml:"scope"`
+	// Retention is how long a settled answer is replayed.
+	Retention time.Duration `yaml:"retention"`
+	// Lease is how long a claim holds without renewal; the owner renews
+	// it every Lease/3 while the upstream runs.
+	Lease time.Duration `yaml:"lease"`
+	// Concurrent is "reject" (a retry while the first attempt runs gets
+	// the in-progress answer) or "wait" (it waits up to MaxWait).
+	Concurrent string `yaml:"concurrent"`
+	// MaxWait bounds a waiting retry (Concurrent "wait").
+	MaxWait time.Duration `yaml:"max_wait"`
+	// ReleaseOn are the upstream statuses that free the key unstored:
+	// the upstream declares it did not act.
+	ReleaseOn []int `yaml:"release_on"`
+	// UnknownOutcome is what a key whose upstream may have acted without
+	// an answer becomes: "keep", "release" or "fail".
+	UnknownOutcome string `yaml:"unknown_outcome"`
+	// StoreUnavailable is "fail_closed" (503, nothing forwarded) or
+	// "fail_open" (forwarded unprotected) when no claim can be made.
+	StoreUnavailable string `yaml:"store_unavailable"`
+	// MaxRequestBody caps a protected request's body (413 beyond).
+	MaxRequestBody int64 `yaml:"max_request_body"`
+	// MaxResponseBody caps a stored answer, headers included; a larger one
+	// is passed on and stored without its body.
+	MaxResponseBody int64 `yaml:"max_response_body"`
+	// Fingerprint selects what identifies a request besides its method,
+	// path, query and body.
+	Fingerprint Fingerprint `yaml:"fingerprint"`
+	// Replay configures re-authorization before a replay.
+	Replay Replay `yaml:"replay"`
+	// ResponseHeaders selects the upstream headers never stored.
+	ResponseHeaders ResponseHeaders `yaml:"response_headers"`
+	// Quota bounds the new keys one principal claims per window.
+	Quota Quota `yaml:"quota"`
 	// AdvertiseRetention sets Idempotency-Retention (seconds; not a
 	// standard header) on stored answers and replays.
 	AdvertiseRetention bool `yaml:"advertise_retention"`
@@ -410,7 +451,8 @@ type Route struct {
 	Name string `yaml:"name"`
 	// Match is a Go http.ServeMux pattern with a method, e.g.
 	// "POST /orders/{id}/capture".
-	Match    string   `yaml:"match"`
+	Match string `yaml:"match"`
+	// Settings are the route's own, each defaulting to defaults:'s.
 	Settings Settings `yaml:",inline"`
 
 	// set holds the setting keys the route's YAML gave, so a bad value it

@@ -20,7 +20,9 @@ import (
 // prefixed with its YAML path.
 func (c *Config) Validate() error { return c.validate(nil) }
 
-// validate skips the paths in failed, which already have a decoding problem.
+// validate skips the paths in failed, which already have a decoding
+// problem. Each section validates itself; every problem is reported, each
+// by its YAML path.
 func (c *Config) validate(failed map[string]bool) error {
 	var errs []error
 	add := func(path, format string, args ...any) {
@@ -29,6 +31,20 @@ func (c *Config) validate(failed map[string]bool) error {
 		}
 		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{path}, args...)...))
 	}
+	c.validateListeners(add)
+	oneOf("log_level", c.LogLevel, add, "debug", "info", "warn", "error")
+	c.validateUpstream(add)
+	c.validateStore(add)
+	c.Identity.validate(add)
+	c.Defaults.validate("defaults.", add)
+	c.validateRoutes(add)
+	return errors.Join(errs...)
+}
+
+// problemf records one problem at a YAML path.
+type problemf = func(path, format string, args ...any)
+
+func (c *Config) validateListeners(add problemf) {
 	if c.Listen == "" {
 		add("listen", "must not be empty")
 	}
@@ -45,26 +61,11 @@ func (c *Config) validate(failed map[string]bool) error {
 			add("admin_pprof_listen", "must differ from listen and admin_listen: pprof has a listener of its own")
 		}
 	}
-	if u, err := url.Parse(c.Upstream.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		add("upstream.url", "must be an absolute http or https URL, got %q", c.Upstream.URL)
-	} else if key, own := ownListener(u, c.Listen, c.AdminListen); own != "" {
-		add("upstream.url", "%q is idemproxy's own %s (%s): every request would loop back into the proxy; point it at the app", c.Upstream.URL, key, own)
-	}
-	oneOf("log_level", c.LogLevel, add, "debug", "info", "warn", "error")
-	if c.Upstream.Timeout <= 0 {
-		add("upstream.timeout", "must be positive, got %s", c.Upstream.Timeout)
-	}
 	if c.Client.ReadHeaderTimeout <= 0 {
 		add("client.read_header_timeout", "must be positive, got %s", c.Client.ReadHeaderTimeout)
 	}
 	if c.Client.BodyTimeout <= 0 {
 		add("client.body_timeout", "must be positive, got %s", c.Client.BodyTimeout)
-	}
-	if c.Upstream.LateAnswerWindow < 0 {
-		add("upstream.late_answer_window", "must not be negative (0s cancels the upstream call at upstream.timeout), got %s", c.Upstream.LateAnswerWindow)
-	}
-	if c.Upstream.MaxLateCalls < 0 {
-		add("upstream.max_late_calls", "must not be negative, got %d", c.Upstream.MaxLateCalls)
 	}
 	if c.Drain.Delay < 0 {
 		add("drain.delay", "must not be negative, got %s", c.Drain.Delay)
@@ -72,13 +73,43 @@ func (c *Config) validate(failed map[string]bool) error {
 	if c.Drain.Timeout < 0 {
 		add("drain.timeout", "must not be negative, got %s", c.Drain.Timeout)
 	}
-	if c.Store.KeyPrefix == "" {
+	if c.Limits.PrincipalShare < 0 || c.Limits.PrincipalShare > 1 {
+		add("limits.principal_share", "must be between 0%% and 100%%, got %g%%", c.Limits.PrincipalShare*100)
+	}
+	for key, v := range map[string]string{"problems.type_base_url": c.Problems.TypeBaseURL, "problems.docs_url": c.Problems.DocsURL} {
+		if u, err := url.Parse(v); v != "" && (err != nil || u.Scheme == "" || (u.Scheme != "urn" && u.Host == "")) {
+			add(key, "must be an absolute URL (https://...) or a URN, got %q", v)
+		}
+	}
+}
+
+func (c *Config) validateUpstream(add problemf) {
+	if u, ok := httpURL(c.Upstream.URL); !ok {
+		add("upstream.url", "must be an absolute http or https URL, got %q", c.Upstream.URL)
+	} else if key, own := ownListener(u, c.Listen, c.AdminListen); own != "" {
+		add("upstream.url", "%q is idemproxy's own %s (%s): every request would loop back into the proxy; point it at the app", c.Upstream.URL, key, own)
+	}
+	if c.Upstream.Timeout <= 0 {
+		add("upstream.timeout", "must be positive, got %s", c.Upstream.Timeout)
+	}
+	if c.Upstream.LateAnswerWindow < 0 {
+		add("upstream.late_answer_window", "must not be negative (0s cancels the upstream call at upstream.timeout), got %s", c.Upstream.LateAnswerWindow)
+	}
+	if c.Upstream.MaxLateCalls < 0 {
+		add("upstream.max_late_calls", "must not be negative, got %d", c.Upstream.MaxLateCalls)
+	}
+}
+
+func (c *Config) validateStore(add problemf) {
+	st := &c.Store
+	if st.KeyPrefix == "" {
 		add("store.key_prefix", "must not be empty: it keeps idemproxy's keys apart from other data")
 	}
-	if c.Store.Redis.Password != "" && c.Store.Redis.PasswordFile != "" {
+	r := st.Redis
+	if r.Password != "" && r.PasswordFile != "" {
 		add("store.redis.password_file", "set either store.redis.password or store.redis.password_file, not both")
 	}
-	if r := c.Store.Redis; r.MasterName == "" {
+	if r.MasterName == "" {
 		for key, v := range map[string]string{"sentinel_username": r.SentinelUsername, "sentinel_password": r.SentinelPassword, "sentinel_password_file": r.SentinelPasswordFile} {
 			if v != "" {
 				add("store.redis."+key, "is only used with Sentinel: set store.redis.master_name, or remove it")
@@ -87,42 +118,35 @@ func (c *Config) validate(failed map[string]bool) error {
 	} else if r.SentinelPassword != "" && r.SentinelPasswordFile != "" {
 		add("store.redis.sentinel_password_file", "set either store.redis.sentinel_password or store.redis.sentinel_password_file, not both")
 	}
-	if !c.Store.Redis.TLS && (c.Store.Redis.TLSCAFile != "" || c.Store.Redis.TLSServerName != "") {
+	if r.MasterName != "" && len(r.Addrs) == 0 {
+		add("store.redis.addrs", "must list the sentinels when store.redis.master_name is set")
+	}
+	if !r.TLS && (r.TLSCAFile != "" || r.TLSServerName != "") {
 		add("store.redis.tls", "must be true when store.redis.tls_ca_file or tls_server_name is set")
 	}
-	for key, v := range map[string]string{"problems.type_base_url": c.Problems.TypeBaseURL, "problems.docs_url": c.Problems.DocsURL} {
-		if u, err := url.Parse(v); v != "" && (err != nil || u.Scheme == "" || (u.Scheme != "urn" && u.Host == "")) {
-			add(key, "must be an absolute URL (https://...) or a URN, got %q", v)
-		}
+	if st.ClaimMemoryLimit < 0 || st.ClaimMemoryLimit > 1 {
+		add("store.claim_memory_limit", "must be between 0%% and 100%%, got %g%%", st.ClaimMemoryLimit*100)
 	}
-	if c.Limits.PrincipalShare < 0 || c.Limits.PrincipalShare > 1 {
-		add("limits.principal_share", "must be between 0%% and 100%%, got %g%%", c.Limits.PrincipalShare*100)
-	}
-	if c.Store.ClaimMemoryLimit < 0 || c.Store.ClaimMemoryLimit > 1 {
-		add("store.claim_memory_limit", "must be between 0%% and 100%%, got %g%%", c.Store.ClaimMemoryLimit*100)
-	}
-	if c.Store.Encryption.Required && len(c.Store.Encryption.KeyFiles) == 0 {
+	if st.Encryption.Required && len(st.Encryption.KeyFiles) == 0 {
 		add("store.encryption.required", "needs store.encryption.key_files")
 	}
-	for i, f := range c.Store.Encryption.KeyFiles {
+	for i, f := range st.Encryption.KeyFiles {
 		if strings.TrimSpace(f) == "" {
 			add(fmt.Sprintf("store.encryption.key_files[%d]", i), "must name a file")
 		}
 	}
-	if c.Store.WaitReplicas < 0 {
-		add("store.wait_replicas", "must not be negative, got %d", c.Store.WaitReplicas)
+	if st.WaitReplicas < 0 {
+		add("store.wait_replicas", "must not be negative, got %d", st.WaitReplicas)
 	}
-	if c.Store.WaitReplicas > 0 {
-		if c.Store.WaitTimeout <= 0 {
-			add("store.wait_timeout", "must be positive when store.wait_replicas is set, got %s", c.Store.WaitTimeout)
-		}
+	if st.WaitReplicas > 0 && st.WaitTimeout <= 0 {
+		add("store.wait_timeout", "must be positive when store.wait_replicas is set, got %s", st.WaitTimeout)
 	}
-	if c.Store.Redis.MasterName != "" && len(c.Store.Redis.Addrs) == 0 {
-		add("store.redis.addrs", "must list the sentinels when store.redis.master_name is set")
-	}
-	oneOf("identity.source", c.Identity.Source, add, IdentityFromHeader, IdentityFromXFCC, IdentityFromJWT)
-	if j := c.Identity.JWT; c.Identity.Source == IdentityFromJWT {
-		if u, err := url.Parse(j.JWKSURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+}
+
+func (id *Identity) validate(add problemf) {
+	oneOf("identity.source", id.Source, add, IdentityFromHeader, IdentityFromXFCC, IdentityFromJWT)
+	if j := id.JWT; id.Source == IdentityFromJWT {
+		if _, ok := httpURL(j.JWKSURL); !ok {
 			add("identity.jwt.jwks_url", "must be an absolute http or https URL with identity.source jwt, got %q", j.JWKSURL)
 		}
 		if j.Issuer == "" {
@@ -135,18 +159,19 @@ func (c *Config) validate(failed map[string]bool) error {
 			add("identity.jwt.claim", "must name the claim that holds the principal (sub)")
 		}
 	}
-	if c.Identity.Header == "" {
+	if id.Header == "" {
 		add("identity.header", "must not be empty")
-	} else if !validToken(c.Identity.Header) {
-		add("identity.header", "%q is not a valid header name", c.Identity.Header)
+	} else if !validToken(id.Header) {
+		add("identity.header", "%q is not a valid header name", id.Header)
 	}
-	for i, h := range c.Identity.StripFromUntrusted {
+	for i, h := range id.StripFromUntrusted {
 		if !validToken(h) {
 			add(fmt.Sprintf("identity.strip_from_untrusted[%d]", i), "%q is not a valid header name", h)
 		}
 	}
-	c.Defaults.validate("defaults.", add)
+}
 
+func (c *Config) validateRoutes(add problemf) {
 	names := map[string]int{}
 	mux := http.NewServeMux()
 	for i, r := range c.Routes {
@@ -169,7 +194,16 @@ func (c *Config) validate(failed map[string]bool) error {
 			}
 		})
 	}
-	return errors.Join(errs...)
+}
+
+// httpURL parses an absolute http or https URL; ok is false for anything
+// else.
+func httpURL(s string) (u *url.URL, ok bool) {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, false
+	}
+	return u, true
 }
 
 // settingKey maps a problem's path within a route to the key that causes
@@ -221,7 +255,7 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 		}
 	}
 	if u := s.Replay.AuthorizeURL; u != "" {
-		if pu, err := url.Parse(u); err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+		if _, ok := httpURL(u); !ok {
 			add(path+"replay.authorize_url", "must be an absolute http or https URL, got %q", u)
 		}
 	}

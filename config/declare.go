@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -74,83 +73,6 @@ func paths(keys []key) []string {
 	return out
 }
 
-// decode reads k from src (where it is found by k.path) into its field;
-// path is how a problem names it.
-func (d *decoder) decode(src source, k key, path string) {
-	switch dst := k.field.Addr().Interface().(type) {
-	case *string:
-		d.str(src, k.path, path, dst)
-	case *bool:
-		d.boolean(src, k.path, path, dst)
-	case *int:
-		d.integer(src, k.path, path, dst)
-	case *time.Duration:
-		d.duration(src, k.path, path, dst)
-	case *int64:
-		d.size(src, k.path, path, dst)
-	case *[]string:
-		d.strings(src, k.path, path, dst)
-	case *[]int:
-		d.ints(src, k.path, path, dst)
-	case *[]netip.Prefix:
-		d.prefixes(src, k.path, path, dst)
-	case *float64:
-		d.percent(src, k.path, path, dst)
-	default:
-		panic(fmt.Sprintf("config: no decoder for %s (%T)", k.path, dst)) // a declaration error, caught by every test
-	}
-}
-
-// prefixes decodes a list of CIDR prefixes or bare addresses.
-func (d *decoder) prefixes(src source, key, path string, dst *[]netip.Prefix) {
-	var list []string
-	if !d.strings(src, key, path, &list) {
-		return
-	}
-	out := []netip.Prefix{}
-	for i, p := range list {
-		pfx, err := parsePrefix(p)
-		if err != nil {
-			d.errorf(fmt.Sprintf("%s[%d]", path, i), "%v", err)
-			continue
-		}
-		out = append(out, pfx)
-	}
-	*dst = out
-}
-
-// percent decodes a share written as a percentage ("90%") or a fraction
-// (0.9).
-func (d *decoder) percent(src source, key, path string, dst *float64) {
-	v, ok := src.lookup(key)
-	if !ok || v == nil {
-		return
-	}
-	var f float64
-	var err error
-	switch t := v.(type) {
-	case float64:
-		f = t
-	case int:
-		f = float64(t)
-	case string:
-		s := strings.TrimSpace(t)
-		if p, found := strings.CutSuffix(s, "%"); found {
-			f, err = strconv.ParseFloat(strings.TrimSpace(p), 64)
-			f /= 100
-		} else {
-			f, err = strconv.ParseFloat(s, 64)
-		}
-	default:
-		err = fmt.Errorf("not a number")
-	}
-	if err != nil || f < 0 || f > 1 {
-		d.errorf(path, "must be a percentage like 90%% (or a fraction like 0.9), got %s", describe(v))
-		return
-	}
-	*dst = f
-}
-
 // RestartOnly returns the paths of the keys whose value differs between
 // old and next and that take effect only after a restart.
 func RestartOnly(old, next *Config) []string {
@@ -167,7 +89,7 @@ func RestartOnly(old, next *Config) []string {
 // Reference is the README's table of every key with its default and
 // whether it reloads; meaning gives each key's prose, and routes' own
 // keys follow the rest. It reports the keys meaning has no text for.
-func Reference(meaning map[string]string) (table string, undocumented []string) {
+func reference(meaning map[string]string) (table string, undocumented []string) {
 	var b strings.Builder
 	b.WriteString("| key | default | reloads | meaning |\n|---|---|---|---|\n")
 	row := func(path, def, reload string) {
