@@ -25,6 +25,7 @@ func proxyConfig(cfg *config.Config) (proxy.Config, error) {
 	return proxy.Config{
 		Upstream:           u,
 		UpstreamTimeout:    cfg.Upstream.Timeout,
+		BodyReadTimeout:    cfg.Client.BodyTimeout,
 		LateAnswerWindow:   cfg.Upstream.LateAnswerWindow,
 		MaxLateCalls:       cfg.Upstream.MaxLateCalls,
 		MaxBufferedBytes:   bufferBudget(cfg.Limits.MaxBufferedBytes),

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
@@ -110,7 +109,7 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 	if err != nil {
 		return err
 	}
-	opts := proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg), BodyReadTimeout: cfg.Client.BodyTimeout}
+	opts := proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg)}
 	tp, err := s.startTracing(ctx)
 	if err != nil {
 		return err
@@ -123,14 +122,6 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 	if err != nil {
 		return err
 	}
-	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "idemproxy_buffered_bytes",
-		Help: "Bytes held in request and response body buffers now; limits.max_buffered_bytes bounds it.",
-	}, func() float64 { return float64(s.handler.BufferedBytes()) }))
-	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "idemproxy_waiting_retries",
-		Help: "Retries waiting now for a first attempt's outcome (concurrent: wait).",
-	}, func() float64 { return float64(s.handler.Waiting()) }))
 	if pcfg.MaxBufferedBytes > 0 {
 		s.log.Info("body buffers bounded", "max_buffered_bytes", pcfg.MaxBufferedBytes)
 	}

@@ -14,6 +14,9 @@ type Config struct {
 	Upstream *url.URL
 	// UpstreamTimeout is how long a client waits for the upstream's answer.
 	UpstreamTimeout time.Duration
+	// BodyReadTimeout bounds reading a protected request's body, and how
+	// long a pass-through body may pause. Zero uses DefaultBodyReadTimeout.
+	BodyReadTimeout time.Duration
 	// LateAnswerWindow is how much longer than UpstreamTimeout an owner
 	// keeps the upstream call open to store its late answer. Zero cancels
 	// the call at UpstreamTimeout.

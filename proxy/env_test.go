@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"cmp"
 	"context"
 	"io"
 	"log/slog"
@@ -180,13 +181,13 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions,
 		out = io.MultiWriter(e.logs, os.Stderr)
 	}
 	logger := slog.New(slog.NewJSONHandler(out, nil))
+	// Short, for the slow-loris test; no other test trickles its body.
+	cfg.Config.BodyReadTimeout = cmp.Or(cfg.Config.BodyReadTimeout, 500*time.Millisecond)
 	h, err := proxy.New(cfg.Config, e.store, proxy.Options{
-		Logger:  logger,
-		Metrics: proxy.NewMetrics(e.reg),
-		// Short, for the slow-loris test; no other test trickles its body.
-		BodyReadTimeout: 500 * time.Millisecond,
-		WaitSafetyPoll:  cfg.WaitSafetyPoll,
-		TracerProvider:  cfg.TracerProvider,
+		Logger:         logger,
+		Metrics:        proxy.NewMetrics(e.reg),
+		WaitSafetyPoll: cfg.WaitSafetyPoll,
+		TracerProvider: cfg.TracerProvider,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -55,8 +55,29 @@ type exchange struct {
 	more            []*lentBody
 }
 
-// serve runs steps 2 to 8 of the request flow (route match is done).
+// serve runs steps 2 to 8 of the request flow (route match is done):
+// admit the request, read its body, then claim the key and either own
+// the request or answer from the record already there.
 func (x *exchange) serve() {
+	key, ok := x.admit()
+	if !ok {
+		return
+	}
+	body, ok := x.readBody()
+	if !ok {
+		return
+	}
+	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, body)
+	x.hashedKey = x.h.store.Key(x.principal, x.rt.scope, key)
+	x.ownOrAnswer(x.newClaim(fp), body)
+}
+
+// admit checks what must hold before anything is read or claimed: the
+// path as matched, no hop-by-hop nomination of what the proxy relies on,
+// the key under one spelling, and a principal. It returns the unquoted
+// key, now also in the forwarded header; false when the request was
+// answered (refused, or forwarded unprotected on an optional route).
+func (x *exchange) admit() (key string, ok bool) {
 	s := &x.rt.settings
 	// The upstream must get the request that was matched and fingerprinted:
 	// a path with dot segments, repeated or trailing slashes (or their
@@ -64,22 +85,22 @@ func (x *exchange) serve() {
 	// as another.
 	if x.r.URL.Path != x.path {
 		x.reject(probPathNotCanonical.with("send it to " + x.path + ", the path this route protects"))
-		return
+		return "", false
 	}
 	if tok := nominated(x.r.Header, x.rt.keyNames); tok != "" { // the rest was checked for every request
 		x.reject(probHopByHop.with("Connection nominates " + tok + ", which idemproxy and the upstream rely on"))
-		return
+		return "", false
 	}
 	for name := range x.r.Header {
 		if sameName(name, s.KeyHeader) && name != x.rt.keyHeader {
 			x.reject(probKeyMalformed.with("the idempotency key is sent as " + name + "; send it only as " + x.rt.keyHeader))
-			return
+			return "", false
 		}
 	}
 	key, keyErr := parseKey(x.r.Header, s.KeyHeader)
 	if errors.Is(keyErr, errKeyMissing) && !s.RequireKey {
 		x.bypass(nil, "no idempotency key on an optional route")
-		return
+		return "", false
 	}
 	if x.h.jwt != nil {
 		// Verified here, not for every request: only a protected request
@@ -87,35 +108,32 @@ func (x *exchange) serve() {
 		p, err := x.h.jwt.principal(x.r.Context(), x.r.Header.Get("Authorization"))
 		if err != nil && !errors.Is(err, errNoToken) {
 			x.reject(probTokenInvalid.with("the bearer token is not valid: " + err.Error()))
-			return
+			return "", false
 		}
 		x.principal = p
 	}
 	switch {
 	case x.principal == "" && x.h.jwt != nil:
 		x.reject(probIdentityMissing.with("this route needs an authenticated principal: send Authorization: Bearer <token>"))
-		return
+		return "", false
 	case x.principal == "":
 		x.reject(probIdentityMissing.with("this route needs an authenticated principal in " + x.h.id.header))
-		return
+		return "", false
 	case errors.Is(keyErr, errKeyMissing):
 		x.reject(probKeyMissing.with("send an " + s.KeyHeader + " header"))
-		return
+		return "", false
 	case keyErr != nil:
 		x.reject(probKeyMalformed.with(keyErr.Error()))
-		return
+		return "", false
 	}
 	// Forward the unquoted key: the upstream can dedupe on it in its own
 	// transaction, closing the dual-write window from its side.
 	x.r.Header.Set(s.KeyHeader, key)
+	return key, true
+}
 
-	body, ok := x.readBody()
-	if !ok {
-		return
-	}
-	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, body)
-	x.hashedKey = x.h.store.Key(x.principal, x.rt.scope, key)
-
+// newClaim is the in-progress record this attempt claims the key with.
+func (x *exchange) newClaim(fp claim.Fingerprint) *claim.Record {
 	rec := &claim.Record{
 		State:       claim.InProgress,
 		Fingerprint: fp,
@@ -124,11 +142,21 @@ func (x *exchange) serve() {
 		Trace:       x.traceContext(),
 	}
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
-	if s.Unknown == Fail {
+	if x.rt.settings.Unknown == Fail {
 		// The claim outlives its lease, so that an owner that vanishes
 		// leaves an orphan the next attempt settles, not a free key.
-		rec.Tail = s.Retention
+		rec.Tail = x.rt.settings.Retention
 	}
+	return rec
+}
+
+// ownOrAnswer claims the key with rec and forwards as its owner, or
+// answers from the record already there: waiting for a first attempt in
+// progress (concurrent: wait), settling an orphan, or replaying, 409 or
+// 422. A key freed while waiting, or an orphan that changed under us, is
+// claimed again.
+func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
+	s := &x.rt.settings
 	var waitUntil time.Time
 	if s.Wait {
 		waitUntil = x.start.Add(s.MaxWait)
@@ -147,7 +175,7 @@ func (x *exchange) serve() {
 			return // the caller may no longer learn anything about this key
 		}
 		existing, ttl := res.Existing, res.TTL
-		if existing.State == claim.InProgress && existing.Fingerprint == fp && !existing.Orphaned(ttl) && time.Now().Before(waitUntil) {
+		if existing.State == claim.InProgress && existing.Fingerprint == rec.Fingerprint && !existing.Orphaned(ttl) && time.Now().Before(waitUntil) {
 			existing, ttl, err = x.wait(waitUntil)
 			if err != nil {
 				x.storeFailed("get", err, nil)
@@ -157,13 +185,13 @@ func (x *exchange) serve() {
 				continue // released or lapsed: claim it ourselves
 			}
 		}
-		if existing.Fingerprint == fp && existing.Orphaned(ttl) && attempt < maxOrphanSettles {
+		if existing.Fingerprint == rec.Fingerprint && existing.Orphaned(ttl) && attempt < maxOrphanSettles {
 			if err := x.settleOrphan(existing); err == nil || !errors.Is(err, claim.ErrLeaseLost) {
 				return
 			}
 			continue // the key changed under us: look again
 		}
-		x.answerExisting(existing, fp, ttl)
+		x.answerExisting(existing, rec.Fingerprint, ttl)
 		return
 	}
 }

@@ -67,9 +67,6 @@ type Options struct {
 	// Rand is the source of owner tokens and request ids. Nil uses
 	// crypto/rand.
 	Rand io.Reader
-	// BodyReadTimeout bounds reading a protected request's body. Zero
-	// uses DefaultBodyReadTimeout.
-	BodyReadTimeout time.Duration
 	// WaitSafetyPoll is the longest a waiting retry goes without looking
 	// at the key, should the message that wakes it be lost. Zero uses
 	// DefaultWaitSafetyPoll.
@@ -136,6 +133,8 @@ type Handler struct {
 	// abandoned is set by Abandon: upstream calls starting after it are
 	// cancelled at once.
 	abandoned atomic.Bool
+	// owners are the claims this process owns and has not settled.
+	owners claimAges
 }
 
 // New builds a Handler for cfg, which the caller has validated: a route
@@ -158,9 +157,10 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		log:             opts.Logger,
 		metrics:         opts.Metrics,
 		rand:            opts.Rand,
-		bodyTimeout:     opts.BodyReadTimeout,
+		bodyTimeout:     cfg.BodyReadTimeout,
 		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, DefaultWaitSafetyPoll),
 		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.StoreAddress),
+		owners:          claimAges{started: map[*owner]time.Time{}, now: time.Now},
 	}
 	if h.bodyTimeout <= 0 {
 		h.bodyTimeout = DefaultBodyReadTimeout
@@ -177,6 +177,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		h.metrics = NewMetrics(nil)
 	}
 	h.metrics.initRoutes(routes)
+	h.metrics.handler.Store(h)
 	if h.rand == nil {
 		h.rand = rand.Reader
 	}
@@ -224,7 +225,7 @@ func (h *Handler) Reload(routes []Route) error {
 func (h *Handler) Abandon() int {
 	h.abandoned.Store(true)
 	n := 0
-	h.metrics.claims.each(func(o *owner) {
+	h.owners.each(func(o *owner) {
 		o.cancel(errAbandoned)
 		n++
 	})

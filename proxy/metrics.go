@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,7 +50,9 @@ type Metrics struct {
 	upstream     *prometheus.HistogramVec
 	added        *prometheus.HistogramVec
 	storedBytes  prometheus.Histogram
-	claims       *claimAges
+	// handler is the Handler whose state the gauges read (in-flight
+	// claims, buffered bytes, waiting retries); set by New, nil reads 0.
+	handler atomic.Pointer[Handler]
 	renewals     *prometheus.CounterVec
 	// lateAnswers counts late calls by how they ended; lateCalls is how
 	// many run now.
@@ -78,7 +81,6 @@ const unknownOrphan = "orphan"
 // leaves them unregistered (tests, or a caller that exposes no metrics).
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
-		claims: &claimAges{started: map[*owner]time.Time{}, now: time.Now},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_requests_total",
 			Help: "Protected requests by route and final outcome.",
@@ -150,16 +152,24 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.renewals.WithLabelValues(r)
 	}
 	if reg != nil {
-		inFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "idemproxy_inflight_claims",
-			Help: "Claims this process owns and has not settled yet.",
-		}, m.claims.count)
-		oldest := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "idemproxy_oldest_inflight_claim_seconds",
-			Help: "Age of the oldest claim this process owns and has not settled; 0 when none.",
-		}, m.claims.oldest)
-		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, inFlight, m.renewals, oldest,
-			m.lateAnswers, m.lateCalls, m.unknownOutcomes, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals)
+		gauge := func(name, help string, read func(h *Handler) float64) prometheus.Collector {
+			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
+				if h := m.handler.Load(); h != nil {
+					return read(h)
+				}
+				return 0
+			})
+		}
+		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
+			m.lateAnswers, m.lateCalls, m.unknownOutcomes, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
+				func(h *Handler) float64 { return h.owners.count() }),
+			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",
+				func(h *Handler) float64 { return h.owners.oldest() }),
+			gauge("idemproxy_buffered_bytes", "Bytes held in request and response body buffers now; limits.max_buffered_bytes bounds it.",
+				func(h *Handler) float64 { return float64(h.BufferedBytes()) }),
+			gauge("idemproxy_waiting_retries", "Retries waiting now for a first attempt's outcome (concurrent: wait).",
+				func(h *Handler) float64 { return float64(h.Waiting()) }))
 	}
 	return m
 }
@@ -176,9 +186,10 @@ func (m *Metrics) initRoutes(rt *router) {
 	}
 }
 
-// claimAges tracks when each in-flight claim started, for their number and
-// the age of the oldest: a claim held far past the upstream timeout means a
-// stuck upstream call or a bug, and is worth an alert.
+// claimAges is the Handler's registry of its in-flight owners: Abandon
+// cancels their calls, and the gauges read their number and the age of the
+// oldest (a claim held far past the upstream timeout means a stuck
+// upstream call or a bug, and is worth an alert).
 type claimAges struct {
 	mu      sync.Mutex // guards started
 	started map[*owner]time.Time

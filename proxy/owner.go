@@ -80,8 +80,8 @@ func (x *exchange) own(rec *claim.Record, body []byte) {
 	}
 	ctx, stop := context.WithTimeoutCause(ctx, budget, cause)
 	defer stop()
-	h.metrics.claims.add(o)
-	defer h.metrics.claims.remove(o)
+	h.owners.add(o)
+	defer h.owners.remove(o)
 	if h.abandoned.Load() {
 		cancel(errAbandoned) // a drain gave up before this call began
 	}
