@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -42,14 +43,19 @@ type keyInfo struct {
 // for an operator answering "my retry keeps getting 409". Every call needs
 // the bearer token and is logged as an audit line.
 type keysAPI struct {
-	s     *server
+	// routes finds a route's key scope in the routes serving now.
+	routes interface {
+		RouteScope(name string) (string, bool)
+	}
+	store *claim.Store
+	log   *slog.Logger
 	token []byte
 }
 
 func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !ok || subtle.ConstantTimeCompare([]byte(got), a.token) != 1 {
-		a.s.log.Warn("admin key API: refused, bad or missing token", "method", r.Method, "remote", r.RemoteAddr)
+		a.log.Warn("admin key API: refused, bad or missing token", "method", r.Method, "remote", r.RemoteAddr)
 		http.Error(w, "a bearer token (admin.token_file) is required", http.StatusUnauthorized)
 		return
 	}
@@ -57,21 +63,21 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	routeName, principal, key := q.Get("route"), q.Get("principal"), q.Get("key")
 	// The routes serving now: a route added or changed by a reload is
 	// found as the proxy finds it.
-	scope, ok := a.s.handler.RouteScope(routeName)
+	scope, ok := a.routes.RouteScope(routeName)
 	if !ok || principal == "" || key == "" {
 		http.Error(w, "route (a configured route's name), principal and key are required", http.StatusBadRequest)
 		return
 	}
-	redisKey := a.s.store.Key(principal, scope, key)
+	redisKey := a.store.Key(principal, scope, key)
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	result, status := "", http.StatusOK
 	defer func() {
-		a.s.log.Warn("admin key API", "method", r.Method, "route", routeName, "key", redisKey, "result", result, "remote", r.RemoteAddr)
+		a.log.Warn("admin key API", "method", r.Method, "route", routeName, "key", redisKey, "result", result, "remote", r.RemoteAddr)
 	}()
 	switch r.Method {
 	case http.MethodGet:
-		rec, left, err := a.s.store.Get(ctx, redisKey)
+		rec, left, err := a.store.Get(ctx, redisKey)
 		if err != nil {
 			result, status = err.Error(), http.StatusServiceUnavailable
 			http.Error(w, err.Error(), status)
@@ -103,7 +109,7 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "state=in_progress (release a stuck claim) or state=completed (forget a stored answer) is required", http.StatusBadRequest)
 			return
 		}
-		err := a.s.store.Forget(ctx, redisKey, state)
+		err := a.store.Forget(ctx, redisKey, state)
 		switch {
 		case errors.Is(err, claim.ErrStateChanged):
 			result, status = "left alone: not "+q.Get("state"), http.StatusConflict

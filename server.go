@@ -110,10 +110,11 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 		return err
 	}
 	opts := proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg)}
-	tp, err := s.startTracing(ctx)
+	tp, shutdownTracing, err := startTracing(ctx, cfg.Tracing, s.log)
 	if err != nil {
 		return err
 	}
+	s.closers = append(s.closers, shutdownTracing)
 	if tp != nil {
 		opts.TracerProvider, opts.Propagator = tp, propagator
 		opts.StoreAddress = s.storeAddr
@@ -190,7 +191,7 @@ func (s *server) adminMux() *http.ServeMux {
 	admin := http.NewServeMux()
 	admin.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{Registry: s.metrics.reg}))
 	if s.adminToken != nil {
-		admin.Handle("/v1/keys", keysAPI{s: s, token: s.adminToken})
+		admin.Handle("/v1/keys", keysAPI{routes: s.handler, store: s.store, log: s.log, token: s.adminToken})
 	}
 	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	admin.HandleFunc("GET /readyz", s.readyz)

@@ -28,30 +28,30 @@ func tracingOn(cfg config.Tracing, getenv func(string) string) bool {
 // startTracing starts the OTLP/HTTP trace exporter when tracing is on;
 // endpoint, headers, sampler (OTEL_TRACES_SAMPLER) and resource
 // (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES) come from the standard
-// environment variables. It returns nil when tracing is off; the caller
-// shuts the provider down, which flushes what is buffered.
-func (s *server) startTracing(ctx context.Context) (*sdktrace.TracerProvider, error) {
-	if !tracingOn(s.cfg.Tracing, os.Getenv) {
-		return nil, nil
+// environment variables. It returns a nil provider when tracing is off;
+// otherwise shutdown flushes what is buffered and stops the exporter.
+func startTracing(ctx context.Context, cfg config.Tracing, logger *slog.Logger) (tp *sdktrace.TracerProvider, shutdown func(), err error) {
+	if !tracingOn(cfg, os.Getenv) {
+		return nil, func() {}, nil
 	}
 	exp, err := otlptracehttp.New(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
+		return nil, nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
 	}
 	res, err := tracingResource()
 	if err != nil {
-		return nil, fmt.Errorf("tracing: resource from OTEL_RESOURCE_ATTRIBUTES: %w", err)
+		return nil, nil, fmt.Errorf("tracing: resource from OTEL_RESOURCE_ATTRIBUTES: %w", err)
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	s.closers = append(s.closers, func() {
+	tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	logger.Info("tracing on: exporting spans over OTLP/HTTP", slog.String("endpoint", endpointForLog()))
+	shutdown = func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := tp.Shutdown(ctx); err != nil {
-			s.log.Warn("tracing: flushing spans at exit failed", "err", err)
+			logger.Warn("tracing: flushing spans at exit failed", "err", err)
 		}
-	})
-	s.log.Info("tracing on: exporting spans over OTLP/HTTP", slog.String("endpoint", endpointForLog()))
-	return tp, nil
+	}
+	return tp, shutdown, nil
 }
 
 // tracingResource describes the process: the SDK's defaults (telemetry.sdk.*,

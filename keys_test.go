@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/syncbuf"
+)
+
+// TestKeysAPI: /v1/keys on the admin port needs the bearer token, looks a
+// key up without its body unless asked, and deletes only in the state the
+// caller names; the CLI reaches it too.
+func TestKeysAPI(t *testing.T) {
+	srv := redistest.Start(t)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "charged")
+	}))
+	defer upstream.Close()
+	cfg := lateConfig(srv, upstream.URL)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tokenFile, []byte("0123456789abcdef-admin\n"), 0o400)
+	cfg.Admin.TokenFile = tokenFile
+	logs := &syncbuf.Buffer{}
+	s, _ := startTest(t, cfg, "", slog.New(slog.NewJSONHandler(logs, nil)))
+	if status, _ := pay(t, s.clientAddr, "k1"); status != http.StatusCreated {
+		t.Fatal(status)
+	}
+	call := func(method, query, token string) (int, string) {
+		req, _ := http.NewRequest(method, "http://"+s.adminAddr+"/v1/keys?"+query, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	const q = "route=pay&principal=alice&key=k1"
+	for _, token := range []string{"", "wrong-token-wrong-token"} {
+		if status, _ := call(http.MethodGet, q, token); status != http.StatusUnauthorized {
+			t.Errorf("token %q: %d, want 401", token, status)
+		}
+	}
+	const token = "0123456789abcdef-admin"
+	status, body := call(http.MethodGet, q, token)
+	if status != http.StatusOK || !strings.Contains(body, `"state":"completed"`) || !strings.Contains(body, `"status":201`) || strings.Contains(body, "charged") {
+		t.Fatalf("GET: %d %s, want completed 201 without the body", status, body)
+	}
+	if _, body := call(http.MethodGet, q+"&body=true", token); !strings.Contains(body, `"body":"charged"`) {
+		t.Errorf("GET with body=true: %s", body)
+	}
+	if status, _ := call(http.MethodDelete, q, token); status != http.StatusBadRequest {
+		t.Errorf("DELETE without a state: %d, want 400", status)
+	}
+	if status, _ := call(http.MethodDelete, q+"&state=in_progress", token); status != http.StatusConflict {
+		t.Errorf("DELETE state=in_progress of a completed key: %d, want 409 (left alone)", status)
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"keys", "delete", "-admin", "http://" + s.adminAddr, "-token-file", tokenFile,
+		"-route", "pay", "-principal", "alice", "-key", "k1", "-state", "completed"}, &out, io.Discard); err != nil {
+		t.Fatalf("idemproxy keys delete: %v (%s)", err, out.String())
+	}
+	if _, body := call(http.MethodGet, q, token); !strings.Contains(body, `"state":"absent"`) {
+		t.Errorf("GET after the delete: %s", body)
+	}
+	if audit := strings.Count(logs.String(), `"msg":"admin key API"`); audit != 6 || strings.Count(logs.String(), "refused, bad or missing token") != 2 || strings.Contains(logs.String(), "k1\"") {
+		t.Errorf("%d audit lines, want one per authorized call (6), two refusals, and never the raw key:\n%s", audit, logs.String())
+	}
+}

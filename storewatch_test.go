@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/poll"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// storeUp reads idemproxy_store_up from admin's /metrics: whether any
+// series is there yet, and whether every master is up.
+func storeUp(t *testing.T, admin string) (seen, up bool) {
+	t.Helper()
+	resp, err := http.Get(admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	up = true
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "idemproxy_store_up{"); ok {
+			seen = true
+			up = up && strings.HasSuffix(rest, "} 1")
+		}
+	}
+	return seen, seen && up
+}
+
+// TestStoreFullKeepsRoomForCompletions: once Redis is above
+// store.claim_memory_limit, new claims get 503 store-full and nothing is
+// forwarded, while a request already in flight still stores its answer and
+// is replayed (issue 13: another principal filling Redis must not turn an
+// in-flight payment into a retry that executes again).
+func TestStoreFullKeepsRoomForCompletions(t *testing.T) {
+	srv := redistest.Start(t, "--maxmemory", "8mb", "--maxmemory-policy", "noeviction")
+	release := make(chan struct{})
+	var arrived, calls atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if r.Header.Get("Idempotency-Key") == "inflight" {
+			arrived.Add(1)
+			<-release
+		}
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, "charged "+r.Header.Get("Idempotency-Key"))
+	}))
+	defer upstream.Close()
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	cfg := lateConfig(srv, upstream.URL)
+	cfg.Upstream.Timeout = 30 * time.Second
+	s, _ := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	type result struct {
+		status int
+		body   string
+	}
+	inflight := make(chan result, 1)
+	go func() {
+		st, b := pay(t, s.clientAddr, "inflight")
+		inflight <- result{st, b}
+	}()
+	poll.Until(t, "the in-flight request reaches the upstream", func() bool { return arrived.Load() == 1 })
+
+	rdb := srv.Client()
+	ctx := context.Background()
+	filler := strings.Repeat("x", 100<<10)
+	for i := 0; ; i++ {
+		info, err := rdb.Info(ctx, "memory").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var used, limit float64
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+				used, _ = strconv.ParseFloat(v, 64)
+			}
+			if v, ok := strings.CutPrefix(line, "maxmemory:"); ok {
+				limit, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		if used/limit >= 0.93 {
+			break
+		}
+		if i > 200 {
+			t.Fatalf("could not fill Redis: %.0f of %.0f bytes", used, limit)
+		}
+		if err := rdb.Set(ctx, fmt.Sprintf("filler:%d", i), filler, 0).Err(); err != nil {
+			t.Fatalf("fill: %v", err)
+		}
+	}
+	n := 0
+	poll.Until(t, "new claims are refused with 503 store-full", func() bool {
+		n++
+		status, body := pay(t, s.clientAddr, fmt.Sprintf("fresh-%d", n))
+		return status == http.StatusServiceUnavailable && strings.Contains(body, "store-full")
+	})
+	before := calls.Load()
+	if status, body := pay(t, s.clientAddr, "fresh-again"); status != http.StatusServiceUnavailable || calls.Load() != before {
+		t.Fatalf("a new claim while full: %d %s, forwarded %d; want 503 store-full and nothing forwarded", status, body, calls.Load()-before)
+	}
+	close(release)
+	if r := <-inflight; r.status != http.StatusCreated || r.body != "charged inflight" {
+		t.Fatalf("the in-flight request: %d %q, want its 201", r.status, r.body)
+	}
+	if status, body := pay(t, s.clientAddr, "inflight"); status != http.StatusCreated || body != "charged inflight" {
+		t.Fatalf("its retry while full: %d %q, want the stored answer replayed", status, body)
+	}
+	if got := arrived.Load(); got != 1 {
+		t.Fatalf("the in-flight request executed %d times, want 1", got)
+	}
+}
+
+// The store's and the waiters' metrics are on /metrics: pipelines sent
+// (each store operation went in one) and retries waiting now.
+func TestStoreAndWaiterMetrics(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	defer upstream.Close()
+	cfg := lateConfig(redistest.Start(t), upstream.URL)
+	s, _ := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	if status, _ := pay(t, s.clientAddr, "k1"); status != http.StatusCreated {
+		t.Fatalf("first attempt: %d", status)
+	}
+	resp, err := http.Get("http://" + s.adminAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{"idemproxy_waiting_retries 0", "idemproxy_store_pipeline_operations_count "} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(string(body), "idemproxy_store_pipeline_operations_count 0\n") {
+		t.Error("no store pipeline was counted for a claim and a completion")
+	}
+}
