@@ -57,6 +57,17 @@ var (
 	probOutcomeUnknown        = problem{Type: "outcome-unknown", Status: http.StatusBadGateway, Title: "The outcome of the request sent with this idempotency key is unknown"}
 )
 
+// problems lists every problem above: the README's table of problem types
+// must name each (TestReadmeListsEveryProblemType). A new problem is
+// declared above and added here.
+var problems = []problem{
+	probKeyMissing, probKeyMalformed, probIdentityMissing, probTokenInvalid, probIdentityInvalid,
+	probHopByHop, probPathNotCanonical, probBodyTooLarge, probBodyUnreadable, probMismatch,
+	probInProgress, probNotReplayable, probBuffersFull, probTooManyKeys, probTooManyBytes,
+	probStoreFull, probStoreUnavailable, probRecordCorrupt, probUpstreamDown, probUpstreamFailed,
+	probUpstreamTimeout, probReplayForbidden, probAuthorizerUnavailable, probOutcomeUnknown,
+}
+
 // problemContentType is the media type of every problem answer.
 const problemContentType = "application/problem+json"
 
