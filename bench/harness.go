@@ -320,9 +320,6 @@ func bench(o options, dir, self, bin, fiberBin string) error {
 	defer redisProc.stop()
 	rttP50, rttP99 := redisRTT(redisAddr)
 
-	small := []byte(`{"amount":1250,"currency":"EUR","customer":"cus_42","description":"order 42"}`)
-	body64k := bytes.Repeat([]byte("a"), 64<<10)
-	body1m := bytes.Repeat([]byte("a"), 1<<20)
 	var seq atomic.Int64
 	var results []result
 	for _, delay := range o.delays {
@@ -331,108 +328,13 @@ func bench(o options, dir, self, bin, fiberBin string) error {
 		if err != nil {
 			return err
 		}
-		upURL := "http://" + upAddr
-		direct := func() (*proc, error) { return &proc{name: "direct", cmd: up.cmd, addr: upAddr, shared: true}, nil }
-		rp := func() (*proc, error) {
-			a := fmt.Sprintf("127.0.0.1:%d", freePort())
-			return startProc("reverseproxy", a, self, "reverseproxy", "-listen", a, "-upstream", upURL)
-		}
-		floor := func() (*proc, error) {
-			a := fmt.Sprintf("127.0.0.1:%d", freePort())
-			return startProc("floor", a, self, "reverseproxy", "-listen", a, "-upstream", upURL, "-redis", redisAddr)
-		}
-		idemAt := func(logLevel string, pipeline bool) func() (*proc, error) {
-			return func() (*proc, error) {
-				a := fmt.Sprintf("127.0.0.1:%d", freePort())
-				cfg := filepath.Join(dir, "idemproxy.yaml")
-				if err := os.WriteFile(cfg, fmt.Appendf(nil, idemproxyConfig, a, freePort(), logLevel, upURL, pipeline, redisAddr), 0o644); err != nil {
-					return nil, err
-				}
-				return startProc("idemproxy", a, bin, "-config", cfg)
-			}
-		}
-		idem := idemAt("info", true)
-		seed := func(base string) ([]string, error) {
-			keys := make([]string, 1000)
-			for i := range keys {
-				keys[i] = fmt.Sprintf("replay-%d-%d", delay, i)
-				req, _ := http.NewRequest(http.MethodPost, base+"/payments", bytes.NewReader(small))
-				req.Header.Set("Content-Type", "application/json")
-				req.Header.Set("X-Forwarded-User", "bench")
-				req.Header.Set("Idempotency-Key", keys[i])
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					return nil, err
-				}
-				io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-			return keys, nil
-		}
-		targets := []*target{
-			{name: "direct upstream", start: direct, path: "/payments", body: small},
-			{name: "ReverseProxy", start: rp, path: "/payments", body: small},
-			// The same server again: its ratio to the first is this run's noise.
-			{name: "ReverseProxy again (noise)", start: rp, path: "/payments", body: small},
-		}
-		if nginxBin, err := exec.LookPath("nginx"); err == nil {
-			targets = append(targets, &target{name: "nginx proxy_pass", start: func() (*proc, error) { return startNginx(nginxBin, dir, upAddr) }, path: "/payments", body: small})
-		}
-		targets = append(targets,
-			&target{name: "idemproxy pass-through", start: idem, path: "/other", body: small},
-			&target{name: floorName, start: floor, path: "/payments", body: small, keyed: true},
-			&target{name: "idemproxy first attempts", start: idem, path: "/payments", body: small, keyed: true},
-			&target{name: "idemproxy first attempts, log_level warn", start: idemAt("warn", true), path: "/payments", body: small, keyed: true},
-			&target{name: "idemproxy first attempts, store.pipeline off", start: idemAt("info", false), path: "/payments", body: small, keyed: true},
-			&target{name: "idemproxy replays", start: idem, path: "/payments", body: small, prepare: seed},
-		)
-		if fiberBin != "" {
-			fiber := func() (*proc, error) {
-				a := fmt.Sprintf("127.0.0.1:%d", freePort())
-				return startProc("fiber", a, fiberBin, "-listen", a, "-redis", redisAddr, "-delay", delay.String())
-			}
-			targets = append(targets,
-				&target{name: fiberName, start: fiber, path: "/payments", body: small, keyed: true},
-				&target{name: "Fiber idempotency middleware, replays", start: fiber, path: "/payments", body: small, prepare: seed},
-			)
-		}
-		targets = append(targets,
-			&target{name: "ReverseProxy, 64 KiB body", start: rp, path: "/payments", body: body64k},
-			&target{name: "idemproxy first attempts, 64 KiB body", start: idem, path: "/payments", body: body64k, keyed: true},
-			&target{name: "ReverseProxy, 1 MiB body", start: rp, path: "/payments", body: body1m},
-			&target{name: "idemproxy first attempts, 1 MiB body", start: idem, path: "/payments", body: body1m, keyed: true},
-		)
-		// Rounds interleave the targets, so a slow minute on a shared
-		// machine hits every target instead of one; after the first round
-		// the order is shuffled, so no target always follows the same one.
-		runs := make(map[string][]result)
-		var chosen []*target
-		for _, t := range targets {
-			if selected(o.only, t.name) {
-				chosen = append(chosen, t)
-			}
-		}
-		for round := range o.rounds {
-			order := slices.Clone(chosen)
-			if round > 0 {
-				rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-			}
-			for _, t := range order {
-				r, err := measure(o, t, delay, redisProc, &seq)
-				if err != nil {
-					up.stop()
-					return err
-				}
-				fmt.Fprintf(os.Stderr, "round %d/%d  %-44s %5s upstream: %8.0f rps  p50 %6s  p99 %6s\n", round+1, o.rounds, r.name, delay, r.rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond))
-				runs[t.name] = append(runs[t.name], r)
-			}
-		}
-		for _, t := range targets {
-			if rs := runs[t.name]; len(rs) > 0 {
-				results = append(results, median(rs))
-			}
-		}
+		targets := benchTargets(dir, self, bin, fiberBin, redisAddr, up, upAddr, delay)
+		rs, err := rounds(o, targets, delay, redisProc, &seq)
 		up.stop()
+		if err != nil {
+			return err
+		}
+		results = append(results, rs...)
 	}
 	text := report(o, results, rttP50, rttP99)
 	fmt.Print(text)
@@ -440,6 +342,123 @@ func bench(o options, dir, self, bin, fiberBin string) error {
 		return os.WriteFile(o.out, []byte(text), 0o644)
 	}
 	return nil
+}
+
+// benchTargets are the servers measured against the upstream at upAddr
+// (delay): the direct upstream, plain proxies, and idemproxy's and
+// Fiber's paths.
+func benchTargets(dir, self, bin, fiberBin, redisAddr string, up *proc, upAddr string, delay time.Duration) []*target {
+	small := []byte(`{"amount":1250,"currency":"EUR","customer":"cus_42","description":"order 42"}`)
+	body64k := bytes.Repeat([]byte("a"), 64<<10)
+	body1m := bytes.Repeat([]byte("a"), 1<<20)
+	upURL := "http://" + upAddr
+	direct := func() (*proc, error) { return &proc{name: "direct", cmd: up.cmd, addr: upAddr, shared: true}, nil }
+	rp := func() (*proc, error) {
+		a := fmt.Sprintf("127.0.0.1:%d", freePort())
+		return startProc("reverseproxy", a, self, "reverseproxy", "-listen", a, "-upstream", upURL)
+	}
+	floor := func() (*proc, error) {
+		a := fmt.Sprintf("127.0.0.1:%d", freePort())
+		return startProc("floor", a, self, "reverseproxy", "-listen", a, "-upstream", upURL, "-redis", redisAddr)
+	}
+	idemAt := func(logLevel string, pipeline bool) func() (*proc, error) {
+		return func() (*proc, error) {
+			a := fmt.Sprintf("127.0.0.1:%d", freePort())
+			cfg := filepath.Join(dir, "idemproxy.yaml")
+			if err := os.WriteFile(cfg, fmt.Appendf(nil, idemproxyConfig, a, freePort(), logLevel, upURL, pipeline, redisAddr), 0o644); err != nil {
+				return nil, err
+			}
+			return startProc("idemproxy", a, bin, "-config", cfg)
+		}
+	}
+	idem := idemAt("info", true)
+	seed := func(base string) ([]string, error) {
+		keys := make([]string, 1000)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("replay-%d-%d", delay, i)
+			req, _ := http.NewRequest(http.MethodPost, base+"/payments", bytes.NewReader(small))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Forwarded-User", "bench")
+			req.Header.Set("Idempotency-Key", keys[i])
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return nil, err
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return keys, nil
+	}
+	targets := []*target{
+		{name: "direct upstream", start: direct, path: "/payments", body: small},
+		{name: "ReverseProxy", start: rp, path: "/payments", body: small},
+		// The same server again: its ratio to the first is this run's noise.
+		{name: "ReverseProxy again (noise)", start: rp, path: "/payments", body: small},
+	}
+	if nginxBin, err := exec.LookPath("nginx"); err == nil {
+		targets = append(targets, &target{name: "nginx proxy_pass", start: func() (*proc, error) { return startNginx(nginxBin, dir, upAddr) }, path: "/payments", body: small})
+	}
+	targets = append(targets,
+		&target{name: "idemproxy pass-through", start: idem, path: "/other", body: small},
+		&target{name: floorName, start: floor, path: "/payments", body: small, keyed: true},
+		&target{name: "idemproxy first attempts", start: idem, path: "/payments", body: small, keyed: true},
+		&target{name: "idemproxy first attempts, log_level warn", start: idemAt("warn", true), path: "/payments", body: small, keyed: true},
+		&target{name: "idemproxy first attempts, store.pipeline off", start: idemAt("info", false), path: "/payments", body: small, keyed: true},
+		&target{name: "idemproxy replays", start: idem, path: "/payments", body: small, prepare: seed},
+	)
+	if fiberBin != "" {
+		fiber := func() (*proc, error) {
+			a := fmt.Sprintf("127.0.0.1:%d", freePort())
+			return startProc("fiber", a, fiberBin, "-listen", a, "-redis", redisAddr, "-delay", delay.String())
+		}
+		targets = append(targets,
+			&target{name: fiberName, start: fiber, path: "/payments", body: small, keyed: true},
+			&target{name: "Fiber idempotency middleware, replays", start: fiber, path: "/payments", body: small, prepare: seed},
+		)
+	}
+	targets = append(targets,
+		&target{name: "ReverseProxy, 64 KiB body", start: rp, path: "/payments", body: body64k},
+		&target{name: "idemproxy first attempts, 64 KiB body", start: idem, path: "/payments", body: body64k, keyed: true},
+		&target{name: "ReverseProxy, 1 MiB body", start: rp, path: "/payments", body: body1m},
+		&target{name: "idemproxy first attempts, 1 MiB body", start: idem, path: "/payments", body: body1m, keyed: true},
+	)
+	return targets
+}
+
+// rounds measures targets in o.rounds interleaved rounds and returns each
+// target's median.
+func rounds(o options, targets []*target, delay time.Duration, redisProc *proc, seq *atomic.Int64) ([]result, error) {
+	// Rounds interleave the targets, so a slow minute on a shared
+	// machine hits every target instead of one; after the first round
+	// the order is shuffled, so no target always follows the same one.
+	runs := make(map[string][]result)
+	var chosen []*target
+	for _, t := range targets {
+		if selected(o.only, t.name) {
+			chosen = append(chosen, t)
+		}
+	}
+	for round := range o.rounds {
+		order := slices.Clone(chosen)
+		if round > 0 {
+			rand.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		}
+		for _, t := range order {
+			r, err := measure(o, t, delay, redisProc, seq)
+			if err != nil {
+				return nil, err
+			}
+			fmt.Fprintf(os.Stderr, "round %d/%d  %-44s %5s upstream: %8.0f rps  p50 %6s  p99 %6s\n", round+1, o.rounds, r.name, delay, r.rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond))
+			runs[t.name] = append(runs[t.name], r)
+		}
+	}
+	var results []result
+	for _, t := range targets {
+		if rs := runs[t.name]; len(rs) > 0 {
+			results = append(results, median(rs))
+		}
+	}
+	return results, nil
 }
 
 // selected reports whether name is among the comma-separated names in

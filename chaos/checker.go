@@ -116,20 +116,7 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 		sidecarOf[a.RequestID] = a.Sidecar
 	}
 
-	for k, list := range byKey {
-		sort.Slice(list, func(i, j int) bool { return list[i].Start.Before(list[j].Start) })
-		for i := 1; i < len(list); i++ {
-			r.Duplicates++
-			cause := explain(list[i-1], list[i], faults, outcomes, sidecarOf, strict)
-			if cause == "" {
-				r.Unexplained = append(r.Unexplained, fmt.Sprintf("%s/%s: executions by %s then %s (first logged as %q)",
-					k.principal, k.key, list[i-1].RequestID, list[i].RequestID, outcomes[list[i-1].RequestID]))
-				continue
-			}
-			r.Explained[cause]++
-		}
-	}
-
+	r.duplicates(byKey, faults, outcomes, sidecarOf, strict)
 	final := map[int]attempt{}
 	for _, a := range history {
 		r.AttemptStatus[statusLabel(a)]++
@@ -151,36 +138,57 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 		if a.Status != http.StatusCreated && a.Status != http.StatusInternalServerError {
 			continue
 		}
-		var got struct {
-			Principal string `json:"principal"`
-			Key       string `json:"key"`
-		}
-		if err := json.Unmarshal([]byte(a.Body), &got); err != nil || got.Principal != a.Principal {
-			r.CrossPrincipal++
-			r.Violations = append(r.Violations, fmt.Sprintf("%s: %s got a response for principal %q", a.RequestID, a.Principal, got.Principal))
-			continue
-		}
-		matched := false
-		for _, e := range byKey[opKey{a.Principal, a.Key}] {
-			if e.Response == a.Body && e.Status == a.Status {
-				matched = true
-				break
-			}
-		}
-		switch {
-		case matched:
-		case a.Replayed:
-			r.ReplayMismatch++
-			r.Violations = append(r.Violations, fmt.Sprintf("%s: replay %q matches no execution of %s/%s", a.RequestID, a.Body, a.Principal, a.Key))
-		default:
-			r.WrongBody++
-			r.Violations = append(r.Violations, fmt.Sprintf("%s: answer %q matches no execution of %s/%s", a.RequestID, a.Body, a.Principal, a.Key))
-		}
+		r.answer(a, byKey[opKey{a.Principal, a.Key}])
 	}
 	for _, a := range final {
 		r.FinalStatus[statusLabel(a)]++
 	}
 	return r
+}
+
+// duplicates counts every execution of a key after its first, each with
+// its cause or as unexplained.
+func (r *report) duplicates(byKey map[opKey][]execution, faults []fault, outcomes map[string]string, sidecarOf map[string]int, strict bool) {
+	for k, list := range byKey {
+		sort.Slice(list, func(i, j int) bool { return list[i].Start.Before(list[j].Start) })
+		for i := 1; i < len(list); i++ {
+			r.Duplicates++
+			cause := explain(list[i-1], list[i], faults, outcomes, sidecarOf, strict)
+			if cause == "" {
+				r.Unexplained = append(r.Unexplained, fmt.Sprintf("%s/%s: executions by %s then %s (first logged as %q)",
+					k.principal, k.key, list[i-1].RequestID, list[i].RequestID, outcomes[list[i-1].RequestID]))
+				continue
+			}
+			r.Explained[cause]++
+		}
+	}
+}
+
+// answer checks an upstream answer a client got (201, or the upstream's
+// 500) against the key's executions: it is for the client's principal,
+// and it is one of them byte for byte.
+func (r *report) answer(a attempt, execs []execution) {
+	var got struct {
+		Principal string `json:"principal"`
+		Key       string `json:"key"`
+	}
+	if err := json.Unmarshal([]byte(a.Body), &got); err != nil || got.Principal != a.Principal {
+		r.CrossPrincipal++
+		r.Violations = append(r.Violations, fmt.Sprintf("%s: %s got a response for principal %q", a.RequestID, a.Principal, got.Principal))
+		return
+	}
+	for _, e := range execs {
+		if e.Response == a.Body && e.Status == a.Status {
+			return
+		}
+	}
+	if a.Replayed {
+		r.ReplayMismatch++
+		r.Violations = append(r.Violations, fmt.Sprintf("%s: replay %q matches no execution of %s/%s", a.RequestID, a.Body, a.Principal, a.Key))
+		return
+	}
+	r.WrongBody++
+	r.Violations = append(r.Violations, fmt.Sprintf("%s: answer %q matches no execution of %s/%s", a.RequestID, a.Body, a.Principal, a.Key))
 }
 
 // better reports whether a stands for its operation's outcome rather than

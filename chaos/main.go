@@ -117,19 +117,12 @@ func harness(o options, dir string) error {
 	go up.Serve(upLn)
 	defer up.Close()
 
-	var scs []*sidecar
-	for i := range o.sidecars {
-		p1, _ := loopback.FreePort()
-		p2, _ := loopback.FreePort()
-		sc := &sidecar{id: i, bin: bin, port: p1, adminPort: p2, logDir: dir}
-		if err := sc.writeConfig(dir, "http://"+upLn.Addr().String(), lat.addr(), o.strict); err != nil {
-			return err
-		}
-		if err := sc.start(); err != nil {
-			return err
-		}
+	scs, err := startSidecars(o, dir, bin, "http://"+upLn.Addr().String(), lat.addr())
+	for _, sc := range scs {
 		defer sc.kill()
-		scs = append(scs, sc)
+	}
+	if err != nil {
+		return err
 	}
 
 	pace := time.NewTicker(time.Duration(float64(time.Second) / o.rate))
@@ -151,6 +144,33 @@ func harness(o options, dir string) error {
 	elapsed := time.Since(start)
 	inj.heal()
 
+	return judge(o, dir, rdb, scs, w, led, inj, elapsed)
+}
+
+// startSidecars starts o.sidecars sidecars of bin in front of upstream,
+// on the Redis at redisAddr. It returns those it started, even on error,
+// for the caller to kill.
+func startSidecars(o options, dir, bin, upstream, redisAddr string) ([]*sidecar, error) {
+	var scs []*sidecar
+	for i := range o.sidecars {
+		p1, _ := loopback.FreePort()
+		p2, _ := loopback.FreePort()
+		sc := &sidecar{id: i, bin: bin, port: p1, adminPort: p2, logDir: dir}
+		if err := sc.writeConfig(dir, upstream, redisAddr, o.strict); err != nil {
+			return scs, err
+		}
+		if err := sc.start(); err != nil {
+			return scs, err
+		}
+		scs = append(scs, sc)
+	}
+	return scs, nil
+}
+
+// judge waits out the quiet period, reads what the sidecars logged and
+// what Redis holds, checks the history and writes the report; it fails
+// when a must-be-zero figure is not zero.
+func judge(o options, dir string, rdb *redisProc, scs []*sidecar, w *workload, led *ledger, inj *injector, elapsed time.Duration) error {
 	// Quiet period: every lease (2s) and upstream timeout (2s) has passed
 	// for anything still in progress, so nothing may be in progress now.
 	time.Sleep(6 * time.Second)
