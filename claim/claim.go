@@ -20,6 +20,9 @@ type Result struct {
 	// Record.Orphaned). It is zero for a completed record: a replay does
 	// not need it, and not asking saves a command.
 	TTL time.Duration
+	// Unforwarded reports that Existing is a claim its owner never
+	// forwarded and never will (mark.go): ReleaseUnforwarded frees it.
+	Unforwarded bool
 }
 
 // Claim takes key for rec's owner with a lease, or returns the record that
@@ -35,6 +38,7 @@ type Result struct {
 // PTTL, in a second round trip on that rare path. Redis 6.2 rejects NX
 // with GET; then the claim script does the same, and is used from then on.
 func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.Duration, q Quota) (Result, error) {
+	rec.Mark, rec.Lease = MarkClaimed, lease
 	if s.full.Load() {
 		return s.claimWhenFull(ctx, key, rec, lease+rec.Tail)
 	}
@@ -93,6 +97,7 @@ func (s *Store) found(ctx context.Context, key string, rec *Record, raw string, 
 	ttl := lease
 	if s.exec(ctx, 0, pttl) == nil && pttl.Err() == nil {
 		ttl = pttl.Val()
+		res.Unforwarded = res.Existing.neverForwarded(ttl, time.Now())
 	}
 	res.TTL = leaseLeft(res.Existing, max(ttl, time.Millisecond))
 	return res, nil
@@ -140,7 +145,7 @@ func (s *Store) existing(key string, rec *Record, raw string, ttl time.Duration)
 	if found.State != InProgress {
 		return Result{Existing: found}, nil
 	}
-	return Result{Existing: found, TTL: leaseLeft(found, ttl)}, nil
+	return Result{Existing: found, TTL: leaseLeft(found, ttl), Unforwarded: found.neverForwarded(ttl, time.Now())}, nil
 }
 
 // Get returns the record under key, or nil when there is none, and for an

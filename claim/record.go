@@ -103,6 +103,12 @@ type Record struct {
 	// the key, so that a retry's trace can link to the execution; zero
 	// when that attempt was not traced.
 	Trace TraceContext
+	// Mark and Lease, in progress only, say whether the key's TTL was set
+	// by the claim, with that lease, or by a renewal since (mark.go).
+	// Claim writes MarkClaimed with the lease it was given; MarkNone is
+	// written as nothing.
+	Mark  Mark
+	Lease time.Duration
 }
 
 // TraceContext is a W3C trace id (16 bytes) and span id (8 bytes).
@@ -148,7 +154,11 @@ func (r *Record) encodeInto(buf []byte) []byte {
 		b[offFlags] |= flagTail
 		binary.BigEndian.PutUint64(b[offCompleted:], uint64(max(r.Tail.Milliseconds(), 1)))
 	}
-	binary.BigEndian.PutUint16(b[offStatus:], uint16(r.Status))
+	if r.State == InProgress {
+		binary.BigEndian.PutUint16(b[offStatus:], r.markSlot())
+	} else {
+		binary.BigEndian.PutUint16(b[offStatus:], uint16(r.Status))
+	}
 	b = appendString(b, r.RequestID)
 	b = binary.AppendUvarint(b, uint64(len(r.Header)))
 	for k, vs := range r.Header {
@@ -210,6 +220,10 @@ func decode(b []byte) (*Record, error) {
 	}
 	if r.State != InProgress && r.State != Completed || b[offFlags]&^knownFlags != 0 {
 		return nil, ErrCorrupt
+	}
+	if r.State == InProgress {
+		r.setMarkSlot(uint16(r.Status))
+		r.Status = 0
 	}
 	if b[offFlags]&flagTail != 0 {
 		tail := int64(binary.BigEndian.Uint64(b[offCompleted:]))

@@ -24,7 +24,9 @@ return 1
 `)
 
 // renewScript extends the lease, only while we still own the key and it is
-// in progress.
+// in progress. A record whose TTL was set by its claim (mark.go: the top
+// bits of byte 68 are 01) is rewritten as renewed (10), so that nobody
+// takes the TTL for the claim's any more.
 //
 // KEYS[1] key; ARGV[1] token; ARGV[2] lease ms.
 // Returns 1 renewed, 0 gone, -1 owned by someone else, -2 already completed.
@@ -33,7 +35,28 @@ local cur = redis.call('GET', KEYS[1])
 if not cur then return 0 end
 if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
 if string.byte(cur, 2) ~= 1 then return -2 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local m = string.byte(cur, 68) or 0
+if m >= 64 and m < 128 then
+  redis.call('SET', KEYS[1], string.sub(cur, 1, 67) .. string.char(m + 64) .. string.sub(cur, 69), 'PX', ARGV[2])
+else
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 1
+`)
+
+// releaseUnforwardedScript deletes a claim its owner never forwarded
+// (mark.go), fenced on its token, its state and its status slot: a claim
+// renewed or settled since is left alone.
+//
+// KEYS[1] key; ARGV[1] token; ARGV[2] the status slot seen (2 bytes);
+// ARGV[3] the publish command.
+// Returns 1 released, 0 gone, -1 changed.
+var releaseUnforwardedScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] or string.byte(cur, 2) ~= 1 or string.sub(cur, 68, 69) ~= ARGV[2] then return -1 end
+redis.call('DEL', KEYS[1])
+redis.pcall(ARGV[3], KEYS[1], '')
 return 1
 `)
 
@@ -96,7 +119,7 @@ redis.pcall(ARGV[5], KEYS[1], '')
 return 1
 `)
 
-var scripts = []*redis.Script{claimScript, renewScript, completeScript, releaseScript, orphanScript, forgetScript}
+var scripts = []*redis.Script{claimScript, renewScript, completeScript, releaseScript, orphanScript, forgetScript, releaseUnforwardedScript}
 
 // forgetScript deletes the key only while its record is in the given state,
 // so that an operator clearing a stuck claim never deletes an answer that

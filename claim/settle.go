@@ -2,6 +2,7 @@ package claim
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -106,6 +107,35 @@ func (s *Store) Release(ctx context.Context, key string, token Token) error {
 	}
 	if n < 0 {
 		return fmt.Errorf("release: %w", ErrLeaseLost)
+	}
+	return nil
+}
+
+// ReleaseUnconfirmed deletes the in-progress record of token under key,
+// for a claim whose reply never came (its SET may have run, or may run
+// yet). found reports whether it was there and is gone now; false with a
+// nil error when the key holds nothing of ours.
+func (s *Store) ReleaseUnconfirmed(ctx context.Context, key string, token Token) (found bool, err error) {
+	n, err := s.eval(ctx, releaseScript, key, 0, token[:], s.watch.publishCommand()).Int64()
+	if err != nil {
+		return false, s.unavailable("release", err)
+	}
+	return n == 1, nil
+}
+
+// ReleaseUnforwarded deletes ghost, an in-progress record found with
+// Result.Unforwarded: a claim its owner never forwarded. It is fenced on
+// ghost's token and status slot, so a claim that changed since (renewed,
+// settled, replaced) is left alone and ErrLeaseLost returned.
+func (s *Store) ReleaseUnforwarded(ctx context.Context, key string, ghost *Record) error {
+	var slot [2]byte
+	binary.BigEndian.PutUint16(slot[:], ghost.markSlot())
+	n, err := s.eval(ctx, releaseUnforwardedScript, key, 0, ghost.Token[:], slot[:], s.watch.publishCommand()).Int64()
+	if err != nil {
+		return s.unavailable("release", err)
+	}
+	if n < 0 {
+		return fmt.Errorf("release unforwarded: %w", ErrLeaseLost)
 	}
 	return nil
 }

@@ -83,6 +83,7 @@ func TestContract(t *testing.T) {
 		{"SealingRequired", testSealingRequired},
 		{"FullRefusesOnlyNewClaims", testFullRefusesOnlyNewClaims},
 		{"Quota", testQuota},
+		{"UnforwardedClaims", testUnforwardedClaims},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
@@ -691,5 +692,83 @@ func testQuota(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 	}
 	if res, err := s.Claim(ctx, s.Key("bob", "route", "c"), newRecord(t), time.Minute, claim.Quota{Key: s.QuotaKey("bob", "route"), Limit: 2, Window: time.Hour}); err != nil || !res.Claimed {
 		t.Fatalf("another principal: %+v, %v", res, err)
+	}
+}
+
+// testUnforwardedClaims: a claim marks its record with its lease; one
+// whose SET ran more than ConfirmWindow + ClockSkew after its Created time
+// (a reply that came too late: its owner never forwarded) is reported
+// Unforwarded to the next claim, and ReleaseUnforwarded frees it, fenced:
+// a fresh claim is not reported, a renewed one is not either, and one
+// renewed since it was read is left alone.
+func testUnforwardedClaims(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	lease := 10 * time.Second
+	keyFresh, keyGhost, keyRenewed, keyLost := s.Key("p", "s", "fresh"), s.Key("p", "s", "ghost"), s.Key("p", "s", "renewed"), s.Key("p", "s", "lost")
+	other := newRecord(t)
+	other.Created = time.Now()
+
+	fresh := newRecord(t)
+	fresh.Created = time.Now()
+	if res, err := s.Claim(ctx, keyFresh, fresh, lease, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	if rec, _, err := s.Get(ctx, keyFresh); err != nil || rec == nil || rec.Mark != claim.MarkClaimed || rec.Lease != lease {
+		t.Fatalf("a claim's record: %+v %v, want MarkClaimed and %s", rec, err, lease)
+	}
+	if res, _ := s.Claim(ctx, keyFresh, other, lease, claim.Quota{}); res.Claimed || res.Unforwarded {
+		t.Fatalf("a claim confirmed in time was reported %+v", res)
+	}
+
+	ghost := newRecord(t)
+	ghost.Created = time.Now().Add(-3 * time.Second) // its SET runs 3s after its owner sent it
+	if res, err := s.Claim(ctx, keyGhost, ghost, lease, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	res, err := s.Claim(ctx, keyGhost, other, lease, claim.Quota{})
+	if err != nil || res.Claimed || !res.Unforwarded {
+		t.Fatalf("a claim that ran 3s late: %+v %v, want Unforwarded", res, err)
+	}
+	if err := s.ReleaseUnforwarded(ctx, keyGhost, res.Existing); err != nil {
+		t.Fatalf("release unforwarded: %v", err)
+	}
+	if res, err := s.Claim(ctx, keyGhost, other, lease, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim after the ghost was freed: %+v %v", res, err)
+	}
+
+	renewed := newRecord(t)
+	renewed.Created = time.Now().Add(-3 * time.Second)
+	if res, err := s.Claim(ctx, keyRenewed, renewed, lease, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	seen, err := s.Claim(ctx, keyRenewed, other, lease, claim.Quota{})
+	if err != nil || !seen.Unforwarded {
+		t.Fatalf("before the renewal: %+v %v", seen, err)
+	}
+	if err := s.Renew(ctx, keyRenewed, renewed, lease); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _, _ := s.Get(ctx, keyRenewed); rec.Mark != claim.MarkRenewed {
+		t.Fatalf("after a renewal: mark %d, want MarkRenewed", rec.Mark)
+	}
+	if err := s.ReleaseUnforwarded(ctx, keyRenewed, seen.Existing); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Fatalf("release of a claim renewed since it was read: %v, want ErrLeaseLost", err)
+	}
+	if res, _ := s.Claim(ctx, keyRenewed, other, lease, claim.Quota{}); res.Claimed || res.Unforwarded {
+		t.Fatalf("a renewed claim was reported %+v", res)
+	}
+
+	// A claim whose reply never came: ReleaseUnconfirmed frees it, and
+	// says when there was nothing of ours.
+	lost := newRecord(t)
+	lost.Created = time.Now()
+	if _, err := s.Claim(ctx, keyLost, lost, lease, claim.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	if found, err := s.ReleaseUnconfirmed(ctx, keyLost, lost.Token); err != nil || !found {
+		t.Fatalf("release unconfirmed: %t %v, want found", found, err)
+	}
+	if found, err := s.ReleaseUnconfirmed(ctx, keyLost, lost.Token); err != nil || found {
+		t.Fatalf("release unconfirmed again: %t %v, want not found", found, err)
 	}
 }

@@ -43,6 +43,10 @@ type exchange struct {
 	late bool
 	// span is the request's server span; nil when tracing is off.
 	span trace.Span
+	// forwardBy is when the current claim stops being one its owner may
+	// act on (claim.ConfirmWindow after it was sent): nothing is forwarded
+	// after it.
+	forwardBy time.Time
 
 	// reqBuf and respBuf are the pooled buffers the request's body and
 	// the upstream's answer were read into; lent are the bodies handed out
@@ -171,6 +175,14 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 			x.own(rec, body)
 			return
 		}
+		if res.Unforwarded && attempt < maxOrphanSettles {
+			// A claim that was never confirmed in time: its owner never
+			// forwarded and never will. Nothing happened; free it.
+			if !x.clearUnforwarded(res.Existing) {
+				return
+			}
+			continue
+		}
 		if attempt == 0 && !x.authorize() {
 			return // the caller may no longer learn anything about this key
 		}
@@ -226,17 +238,50 @@ func (x *exchange) settleOrphan(orphan *claim.Record) error {
 	return nil
 }
 
-// claim runs the one-round-trip claim-or-read, timed.
+// claim runs the one-round-trip claim-or-read, timed. The record's
+// Created time is now, and the claim must be confirmed within
+// claim.ConfirmWindow of it: an owner forwards only then (forwardBy), so a
+// claim whose SET runs later can be told never forwarded by the next
+// attempt. A claim whose reply did not come may still land: it is cleaned
+// up in the background.
 func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
-	start := time.Now()
 	s := &x.rt.settings
+	rec.Created = time.Now()
+	x.forwardBy = rec.Created.Add(claim.ConfirmWindow(s.Lease))
 	var q claim.Quota
 	if s.QuotaNewKeys > 0 {
 		q = claim.Quota{Key: x.h.store.QuotaKey(x.principal, x.rt.scope), Limit: s.QuotaNewKeys, Window: s.QuotaWindow}
 	}
-	res, err := x.h.store.Claim(x.r.Context(), x.hashedKey, rec, s.Lease, q)
-	x.observeStore("claim", start, err)
+	ctx, cancel := context.WithDeadline(x.r.Context(), x.forwardBy)
+	defer cancel()
+	res, err := x.h.store.Claim(ctx, x.hashedKey, rec, s.Lease, q)
+	x.observeStore("claim", rec.Created, err)
+	if err != nil && mayHaveWritten(err) {
+		x.h.unconfirmed.add(x.rt.name, x.hashedKey, rec.Token, rec.Created.Add(s.Lease+rec.Tail))
+	}
 	return res, err
+}
+
+// clearUnforwarded frees a claim its owner never forwarded (res.Existing,
+// found with res.Unforwarded), so this attempt can claim the key. It
+// reports false when it answered (the store failed).
+func (x *exchange) clearUnforwarded(ghost *claim.Record) bool {
+	ctx, cancel := settleCtx()
+	defer cancel()
+	start := time.Now()
+	err := x.h.store.ReleaseUnforwarded(ctx, x.hashedKey, ghost)
+	x.observeStore("release", start, err)
+	switch {
+	case err == nil:
+		x.h.metrics.unconfirmed.WithLabelValues(unconfirmedOnRetry).Inc()
+		x.h.log.Info("unconfirmed claim", "route", x.rt.name, "key", x.hashedKey, "result", unconfirmedOnRetry,
+			"original_request_id", ghost.RequestID, "request_id", x.requestID)
+		return true
+	case errors.Is(err, claim.ErrLeaseLost):
+		return true // it changed under us: look again
+	}
+	x.storeFailed("release", err, nil)
+	return false
 }
 
 // answerExisting answers from a record another attempt wrote.

@@ -34,6 +34,8 @@ type Store interface {
 	Complete(ctx context.Context, key string, rec *claim.Record, retention time.Duration) (claim.Completion, error)
 	SettleOrphan(ctx context.Context, key string, orphan, rec *claim.Record, retention time.Duration) error
 	Release(ctx context.Context, key string, token claim.Token) error
+	ReleaseUnconfirmed(ctx context.Context, key string, token claim.Token) (found bool, err error)
+	ReleaseUnforwarded(ctx context.Context, key string, ghost *claim.Record) error
 	Watch(ctx context.Context, key string) *claim.Watch
 }
 
@@ -135,6 +137,8 @@ type Handler struct {
 	abandoned atomic.Bool
 	// owners are the claims this process owns and has not settled.
 	owners claimAges
+	// unconfirmed cleans up claims whose reply never came.
+	unconfirmed unconfirmed
 }
 
 // New builds a Handler for cfg, which the caller has validated: a route
@@ -162,6 +166,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.StoreAddress),
 		owners:          claimAges{started: map[*owner]time.Time{}, now: time.Now},
 	}
+	h.unconfirmed = unconfirmed{h: h, now: time.Now}
 	if h.bodyTimeout <= 0 {
 		h.bodyTimeout = DefaultBodyReadTimeout
 	}

@@ -52,8 +52,8 @@ type Metrics struct {
 	storedBytes  prometheus.Histogram
 	// handler is the Handler whose state the gauges read (in-flight
 	// claims, buffered bytes, waiting retries); set by New, nil reads 0.
-	handler atomic.Pointer[Handler]
-	renewals     *prometheus.CounterVec
+	handler  atomic.Pointer[Handler]
+	renewals *prometheus.CounterVec
 	// lateAnswers counts late calls by how they ended; lateCalls is how
 	// many run now.
 	lateAnswers *prometheus.CounterVec
@@ -65,6 +65,9 @@ type Metrics struct {
 	// authorizations counts replay authorizations by result (allowed,
 	// forbidden, unavailable); authorizeSeconds times them.
 	authorizations *prometheus.CounterVec
+	// unconfirmed counts claims whose reply never came, by how they were
+	// cleaned up (unconfirmed.go).
+	unconfirmed *prometheus.CounterVec
 	// quotaRefusals counts claims refused for quota.new_keys, by route.
 	quotaRefusals *prometheus.CounterVec
 	// recordErrors counts stored records that could not be read, by
@@ -138,6 +141,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Latency of replay authorizations.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}),
+		unconfirmed: newUnconfirmedCounter(),
 		unknownOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_unknown_outcomes_total",
 			Help: "Protected requests the upstream may have acted on without an answer, by route and handling (keep, release, fail, or orphan: an owner vanished and a later attempt settled its claim).",
@@ -151,6 +155,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{"ok", "lost", "error"} {
 		m.renewals.WithLabelValues(r)
 	}
+	for _, r := range unconfirmedResults {
+		m.unconfirmed.WithLabelValues(r)
+	}
 	if reg != nil {
 		gauge := func(name, help string, read func(h *Handler) float64) prometheus.Collector {
 			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
@@ -161,7 +168,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			})
 		}
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
-			m.lateAnswers, m.lateCalls, m.unknownOutcomes, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			m.lateAnswers, m.lateCalls, m.unknownOutcomes, m.unconfirmed, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
 				func(h *Handler) float64 { return h.owners.count() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",

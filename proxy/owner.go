@@ -51,6 +51,11 @@ var (
 	errLateCap    = errors.New("upstream.max_late_calls reached: cancelled at upstream.timeout")
 	errLateWindow = errors.New("no answer within upstream.timeout + upstream.late_answer_window")
 	errAbandoned  = errors.New("drain.timeout ran out at shutdown: cancelled")
+	// errClaimTooLate: the owner got to forwarding after its claim's
+	// confirm window (a slow store, a paused process); it must not
+	// forward, since the next attempt may take the claim for never
+	// forwarded, or its lease may have lapsed.
+	errClaimTooLate = errors.New("the claim was confirmed too late to forward")
 )
 
 // own forwards the request as the claim's owner and settles the claim.

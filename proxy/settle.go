@@ -212,6 +212,14 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	if x.upstream == 0 {
 		x.upstream = time.Since(o.sent)
 	}
+	if errors.Is(err, errClaimTooLate) {
+		o.settle(func() verdict { return o.release(err.Error() + ": nothing forwarded") })
+		x.outcome = outcomeStoreUnavailable
+		p := probStoreUnavailable.with("the idempotency store confirmed the claim too late to forward safely; nothing was forwarded, retry later")
+		p.retryAfter = time.Second
+		x.problem(p)
+		return
+	}
 	if !o.wrote.Load() {
 		o.settle(func() verdict { return o.release("upstream unreachable, request never sent: " + err.Error()) })
 		x.problem(probUpstreamDown.with("the request was not sent to the upstream; it is safe to retry"))

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -136,6 +137,30 @@ func (s *Server) Stop() {
 		}
 		c.Close()
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Pause stops the server with SIGSTOP (by the PID this helper started):
+// it keeps its connections and its data, and reads nothing until Resume.
+// A test that pauses must resume, or Stop, before it ends.
+func (s *Server) Pause() {
+	s.t.Helper()
+	if s.cmd == nil {
+		s.t.Fatal("pause: redis-server is not running")
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("pause redis-server: %v", err)
+	}
+}
+
+// Resume continues a paused server (SIGCONT).
+func (s *Server) Resume() {
+	s.t.Helper()
+	if s.cmd == nil {
+		return
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		s.t.Fatalf("resume redis-server: %v", err)
 	}
 }
 

@@ -1,0 +1,179 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// Claims whose reply never came. When a claim's SET may have been written
+// and no answer came in time (Redis stalled, a partition, a reset), the
+// client is told nothing was forwarded, and Redis may still run the SET
+// later, leaving a claim nobody owns. The sidecar remembers its token and,
+// in the background, deletes that claim, fenced on the token, until Redis
+// answers: once it says the claim is gone (released) or was never there
+// (not_found: checked again a while later, for a SET still in flight), or
+// until the claim would have lapsed by itself (gave_up). A claim that
+// lands after that is still recognised by the next attempt as never
+// forwarded (claim.Result.Unforwarded) and freed then (cleared_on_retry).
+
+// Results of an unconfirmed claim, the values of the result label of
+// idemproxy_unconfirmed_claims_total.
+const (
+	unconfirmedReleased  = "released"         // it had landed; deleted
+	unconfirmedNotFound  = "not_found"        // it never landed (or someone else holds the key)
+	unconfirmedGaveUp    = "gave_up"          // Redis did not answer before the claim would lapse, or too many pending
+	unconfirmedOnRetry   = "cleared_on_retry" // a later attempt found it never forwarded and freed it
+	maxUnconfirmed       = 10000              // pending cleanups held at once
+	unconfirmedRecheck   = 2 * time.Second    // how long after "not there" it is looked for again
+	unconfirmedFirstWait = 250 * time.Millisecond
+	unconfirmedMaxWait   = 5 * time.Second
+	unconfirmedOpTimeout = time.Second
+)
+
+var unconfirmedResults = []string{unconfirmedReleased, unconfirmedNotFound, unconfirmedGaveUp, unconfirmedOnRetry}
+
+// pendingClaim is one claim to clean up.
+type pendingClaim struct {
+	key, route string
+	token      claim.Token
+	// until is when the claim would lapse by itself: lease + tail after
+	// it was sent.
+	until time.Time
+	// next is when to try again; absentSince, when set, is when Redis
+	// first said the claim was not there.
+	next, absentSince time.Time
+	wait              time.Duration
+}
+
+// unconfirmed holds the pending cleanups of one Handler. Its worker runs
+// only while some are pending.
+type unconfirmed struct {
+	h *Handler
+	// mu guards pending and running.
+	mu      sync.Mutex
+	pending []*pendingClaim
+	running bool
+	// now is the clock; tests may set it.
+	now func() time.Time
+}
+
+// add remembers a claim whose reply never came.
+func (u *unconfirmed) add(route, key string, token claim.Token, until time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.pending) >= maxUnconfirmed {
+		u.h.metrics.unconfirmed.WithLabelValues(unconfirmedGaveUp).Inc()
+		u.h.log.Error("unconfirmed claim not cleaned up: too many pending; a retry frees it once it is seen never forwarded, or it lapses", "route", route, "key", key)
+		return
+	}
+	u.pending = append(u.pending, &pendingClaim{key: key, route: route, token: token, until: until, next: u.now(), wait: unconfirmedFirstWait})
+	if !u.running {
+		u.running = true
+		go u.run()
+	}
+}
+
+// run works through the pending cleanups until none is left.
+func (u *unconfirmed) run() {
+	for {
+		u.mu.Lock()
+		if len(u.pending) == 0 {
+			u.running = false
+			u.mu.Unlock()
+			return
+		}
+		due := u.pending[0].next
+		for _, p := range u.pending {
+			if p.next.Before(due) {
+				due = p.next
+			}
+		}
+		u.mu.Unlock()
+		if d := due.Sub(u.now()); d > 0 {
+			time.Sleep(min(d, unconfirmedMaxWait))
+		}
+		u.pass()
+	}
+}
+
+// pass tries every cleanup that is due, once.
+func (u *unconfirmed) pass() {
+	u.mu.Lock()
+	var due []*pendingClaim
+	now := u.now()
+	for _, p := range u.pending {
+		if !p.next.After(now) {
+			due = append(due, p)
+		}
+	}
+	u.mu.Unlock()
+	for _, p := range due {
+		if result, done := u.try(p); done {
+			u.finish(p, result)
+		}
+	}
+}
+
+// try asks Redis to delete p's claim; done when p needs nothing more.
+func (u *unconfirmed) try(p *pendingClaim) (result string, done bool) {
+	now := u.now()
+	if now.After(p.until) {
+		return unconfirmedGaveUp, true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), unconfirmedOpTimeout)
+	defer cancel()
+	found, err := u.h.store.ReleaseUnconfirmed(ctx, p.key, p.token)
+	switch {
+	case err != nil:
+		p.next, p.wait = now.Add(p.wait), min(2*p.wait, unconfirmedMaxWait)
+		return "", false
+	case found:
+		return unconfirmedReleased, true
+	case p.absentSince.IsZero():
+		// Not there yet: a SET written before Redis stalled may still be
+		// in a socket buffer. Look again once everything sent before has
+		// surely been read.
+		p.absentSince, p.next = now, now.Add(unconfirmedRecheck)
+		return "", false
+	default:
+		return unconfirmedNotFound, true
+	}
+}
+
+// finish counts and logs p's result and forgets it.
+func (u *unconfirmed) finish(p *pendingClaim, result string) {
+	u.h.metrics.unconfirmed.WithLabelValues(result).Inc()
+	level := u.h.log.Info
+	if result == unconfirmedGaveUp {
+		level = u.h.log.Warn
+	}
+	level("unconfirmed claim", "route", p.route, "key", p.key, "result", result)
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for i, q := range u.pending {
+		if q == p {
+			u.pending = append(u.pending[:i], u.pending[i+1:]...)
+			return
+		}
+	}
+}
+
+// mayHaveWritten reports whether a failed claim's SET may have reached
+// Redis: anything but a refusal decided before sending (store full, the
+// quota) or a record that could not be read.
+func mayHaveWritten(err error) bool {
+	return errors.Is(err, claim.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+func newUnconfirmedCounter() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemproxy_unconfirmed_claims_total",
+		Help: "Claims whose reply never came (their SET may have run late), by how they were cleaned up: released, not_found, gave_up, cleared_on_retry.",
+	}, []string{"result"})
+}

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/poll"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// TestRedisStallDuringClaim, through the real binary on a real
+// redis-server: Redis is paused (SIGSTOP) while a first attempt claims, so
+// the claim's SET is written but not answered and the client gets 503
+// store-unavailable; Redis resumes and runs that SET, leaving a claim no
+// sidecar owns. Under unknown_outcome fail (the default) and keep, the
+// retries must then execute the key exactly once and get 201, never a 502
+// outcome-unknown or a lease of 409s. And the same when the claiming
+// sidecar is killed (kill -9) while its claim waits on the paused Redis.
+func TestRedisStallDuringClaim(t *testing.T) {
+	for _, tc := range []struct {
+		name, unknown string
+		kill          bool
+	}{
+		{"fail", "fail", false},
+		{"keep", "keep", false},
+		{"fail, claiming sidecar killed", "fail", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			var executed atomic.Int64
+			upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.Copy(io.Discard, r.Body)
+				n := executed.Add(1)
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, `{"charge":%d}`, n)
+			}))
+			defer upstream.Close()
+			yaml := fmt.Sprintf(`upstream:
+  url: %q
+store:
+  redis:
+    addrs: [%q]
+defaults:
+  unknown_outcome: %s
+routes:
+  - name: pay
+    match: "POST /payments"
+`, upstream.URL, srv.Addr, tc.unknown)
+			first := startBinary(t, yaml)
+			second := first
+			if tc.kill {
+				second = startBinary(t, yaml)
+			}
+			if status, body := post(t, first.client+"/payments", "warm-up", `{}`); status != http.StatusCreated {
+				t.Fatalf("warm-up: %d %s", status, body) // the connection the stalled SET will sit on
+			}
+
+			srv.Pause()
+			resumed := false
+			defer func() {
+				if !resumed {
+					srv.Resume()
+				}
+			}()
+			answered := make(chan [2]any, 1)
+			go func() {
+				req, _ := http.NewRequest(http.MethodPost, first.client+"/payments", strings.NewReader(`{"amount":1}`))
+				req.Header.Set("X-Forwarded-User", "alice")
+				req.Header.Set("Idempotency-Key", "stalled")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					answered <- [2]any{0, err.Error()}
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				answered <- [2]any{resp.StatusCode, string(b)}
+			}()
+			if tc.kill {
+				time.Sleep(300 * time.Millisecond) // the claim is written and waits on Redis
+				first.cmd.Process.Signal(syscall.SIGKILL) // by the PID this test started
+				first.cmd.Wait()
+			} else {
+				got := <-answered
+				if got[0] != http.StatusServiceUnavailable || !strings.Contains(got[1].(string), "store-unavailable") {
+					t.Fatalf("the claiming attempt: %v %v, want 503 store-unavailable", got[0], got[1])
+				}
+			}
+			time.Sleep(3 * time.Second) // a stall well past the claim's confirm window
+			srv.Resume()
+			resumed = true
+
+			var status int
+			var body string
+			poll.Until(t, "a retry executes", func() bool {
+				status, body = post(t, second.client+"/payments", "stalled", `{"amount":1}`)
+				if status == http.StatusBadGateway {
+					t.Fatalf("retry: 502 %s: a claim that was never forwarded became outcome-unknown", body)
+				}
+				return status == http.StatusCreated
+			})
+			if again, body2 := post(t, second.client+"/payments", "stalled", `{"amount":1}`); again != http.StatusCreated || body2 != body {
+				t.Errorf("replay: %d %s, want the 201 %s", again, body2, body)
+			}
+			if n := executed.Load(); n != 2 { // the warm-up and the stalled key, once
+				t.Errorf("upstream executed %d times, want 2 (warm-up + once)", n)
+			}
+			if tc.kill {
+				return
+			}
+			poll.Until(t, "the unconfirmed claim is counted", func() bool {
+				_, text := get(t, first.admin+"/metrics")
+				for _, result := range []string{"released", "not_found", "cleared_on_retry"} {
+					if strings.Contains(text, `idemproxy_unconfirmed_claims_total{result="`+result+`"} 1`) {
+						return true
+					}
+				}
+				return false
+			})
+		})
+	}
+}
