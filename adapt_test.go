@@ -14,16 +14,16 @@ import (
 // written "post /payments" must protect POST /payments.
 func TestProxyRoutes(t *testing.T) {
 	s := config.DefaultSettings()
-	s.Scope, s.Concurrent, s.UnknownOutcome, s.StoreUnavailable = config.ScopePrincipal, config.ConcurrentWait, config.OutcomeFail, config.FailOpen
+	s.Scope, s.Concurrent, s.UnknownOutcome, s.StoreUnavailable = config.ScopePrincipal, config.ConcurrentWait, config.OutcomeKeep, config.FailOpen
 	got := proxyRoutes([]config.Route{
 		{Name: "a", Match: "post  /payments", Settings: s},
 		{Name: "b", Match: "POST /refunds", Settings: config.DefaultSettings()},
 	})
 	a, b := got[0], got[1]
-	if a.Pattern != "POST /payments" || !a.SharedScope || !a.Wait || a.Unknown != proxy.Fail || !a.FailOpen {
+	if a.Pattern != "POST /payments" || !a.SharedScope || !a.Wait || a.Unknown != proxy.Keep || !a.FailOpen {
 		t.Errorf("route a = %+v", a)
 	}
-	if b.Pattern != "POST /refunds" || b.SharedScope || b.Wait || b.Unknown != proxy.Keep || b.FailOpen || !b.RequireKey {
+	if b.Pattern != "POST /refunds" || b.SharedScope || b.Wait || b.Unknown != proxy.Fail || b.FailOpen || !b.RequireKey {
 		t.Errorf("route b = %+v", b)
 	}
 	s.UnknownOutcome = config.OutcomeRelease

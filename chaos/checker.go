@@ -38,6 +38,12 @@ const (
 	faultUpstreamReset = "upstream-reset"
 	faultUpstream503   = "upstream-503"
 	faultUpstreamSlow  = "upstream-slow"
+	// faultSidecarPause SIGSTOPs a sidecar for 1.5-3 leases.
+	faultSidecarPause = "sidecar-pause"
+	// faultRedisStall SIGSTOPs Redis: claims are written, not answered.
+	faultRedisStall = "redis-stall"
+	// faultRedisPartition blackholes the sidecars' link to Redis.
+	faultRedisPartition = "redis-partition"
 )
 
 // logLine is the part of a sidecar's per-request log line the checker
@@ -78,6 +84,12 @@ type report struct {
 	TransientReplayed int            // must be 0
 	Stuck             int            // must be 0
 	Orphans           int            // unknown_outcome: fail claims whose owner vanished, settled by the next attempt
+	// NeverForwarded counts operations answered 502 outcome-unknown for
+	// a key the upstream never executed: a wrong answer. Its causes are
+	// the documented ones; NeverForwardedUnexplained must be empty.
+	NeverForwarded            int
+	NeverForwardedCauses      map[string]int
+	NeverForwardedUnexplained []string
 	Changed           int            // retries sent with a changed body
 	ChangedRejected   int            // of those, answered 422
 	Faults            map[string]int
@@ -88,7 +100,7 @@ type report struct {
 
 func (r *report) failed() bool {
 	return len(r.Unexplained) > 0 || r.CrossPrincipal > 0 || r.WrongBody > 0 ||
-		r.ReplayMismatch > 0 || r.TransientReplayed > 0 || r.Stuck > 0
+		r.ReplayMismatch > 0 || r.TransientReplayed > 0 || r.Stuck > 0 || len(r.NeverForwardedUnexplained) > 0
 }
 
 type opKey struct{ principal, key string }
@@ -101,6 +113,7 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 	r := &report{
 		Ops: ops, Attempts: len(history), GaveUp: gaveUp, Executions: len(execs), Stuck: stuck,
 		Explained: map[string]int{}, Faults: map[string]int{}, FinalStatus: map[string]int{}, AttemptStatus: map[string]int{},
+		NeverForwardedCauses: map[string]int{},
 	}
 	for _, f := range faults {
 		r.Faults[f.Kind]++
@@ -117,6 +130,7 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 	}
 
 	r.duplicates(byKey, faults, outcomes, sidecarOf, strict)
+	r.neverForwarded(history, byKey, faults)
 	final := map[int]attempt{}
 	for _, a := range history {
 		r.AttemptStatus[statusLabel(a)]++
@@ -161,6 +175,46 @@ func (r *report) duplicates(byKey map[opKey][]execution, faults []fault, outcome
 			}
 			r.Explained[cause]++
 		}
+	}
+}
+
+// neverForwarded counts the operations answered 502 outcome-unknown for a
+// key the upstream never executed, each once, with its cause: the claim's
+// owner (the request id in the stored problem) was killed or paused after
+// its claim was confirmed and before it forwarded, which the next attempt
+// cannot tell from a death after forwarding (documented in the README);
+// anything else is unexplained.
+func (r *report) neverForwarded(history []attempt, byKey map[opKey][]execution, faults []fault) {
+	byID := map[string]attempt{}
+	for _, a := range history {
+		byID[a.RequestID] = a
+	}
+	seen := map[int]bool{}
+	for _, a := range history {
+		if !outcomeUnknown(a) || seen[a.Op] || len(byKey[opKey{a.Principal, a.Key}]) > 0 {
+			continue
+		}
+		seen[a.Op] = true
+		r.NeverForwarded++
+		var p struct {
+			RequestID string `json:"request_id"`
+		}
+		_ = json.Unmarshal([]byte(a.Body), &p)
+		owner, ok := byID[p.RequestID]
+		cause := ""
+		if ok {
+			for _, f := range faults {
+				if (f.Kind == faultKillSidecar || f.Kind == faultSidecarPause) && f.Target == owner.Sidecar &&
+					!f.End.Before(owner.Start) && !f.Start.After(owner.End) {
+					cause = "owner " + f.Kind + " between its confirmed claim and forwarding (documented)"
+				}
+			}
+		}
+		if cause == "" {
+			r.NeverForwardedUnexplained = append(r.NeverForwardedUnexplained, fmt.Sprintf("%s/%s: op %d answered 502 outcome-unknown (claimed by %s), never executed", a.Principal, a.Key, a.Op, p.RequestID))
+			continue
+		}
+		r.NeverForwardedCauses[cause]++
 	}
 }
 
@@ -285,6 +339,11 @@ func (r *report) markdown() string {
 	mustZero("transient responses (429/503) replayed", r.TransientReplayed)
 	mustZero("keys stuck in progress after lease + upstream timeout", r.Stuck)
 	fmt.Fprintf(&b, "| orphaned claims left (fail mode: the next attempt settles them as outcome-unknown) | %d | |\n", r.Orphans)
+	fmt.Fprintf(&b, "| operations answered 502 outcome-unknown although the upstream never executed (wrong answers) | %d | |\n", r.NeverForwarded)
+	for _, cause := range sortedKeys(r.NeverForwardedCauses) {
+		fmt.Fprintf(&b, "| &nbsp;&nbsp;explained: %s | %d | |\n", cause, r.NeverForwardedCauses[cause])
+	}
+	mustZero("&nbsp;&nbsp;**unexplained wrong outcome-unknown answers**", len(r.NeverForwardedUnexplained))
 	fmt.Fprintf(&b, "| retries with a changed body, answered 422 | %d of %d | |\n", r.ChangedRejected, r.Changed)
 	fmt.Fprintf(&b, "\nFaults injected:\n\n| fault | count |\n|---|---|\n")
 	for _, k := range sortedKeys(r.Faults) {
@@ -300,6 +359,9 @@ func (r *report) markdown() string {
 	}
 	for _, u := range r.Unexplained {
 		fmt.Fprintf(&b, "\nUNEXPLAINED: %s", u)
+	}
+	for _, u := range r.NeverForwardedUnexplained {
+		fmt.Fprintf(&b, "\nUNEXPLAINED OUTCOME-UNKNOWN: %s", u)
 	}
 	for i, v := range r.Violations {
 		if i == 20 {

@@ -111,3 +111,28 @@ func TestCheckerExplainsInjectedFaults(t *testing.T) {
 		})
 	}
 }
+
+// An operation answered 502 outcome-unknown for a key that never executed
+// is a wrong answer: explained only when its claim's owner (the request id
+// in the stored problem) was killed or paused while it held the claim.
+func TestCheckerCountsNeverForwardedOutcomeUnknown(t *testing.T) {
+	unknown := `{"type":"urn:idemproxy:problem:outcome-unknown","status":502,"request_id":"owner"}`
+	owner := answer("alice", "g", "owner", 2, 0, false, "")
+	owner.Op = 1
+	retry := answer("alice", "g", "retry", 0, 502, true, unknown)
+	retry.Op = 1
+	history := []attempt{owner, retry}
+	r := check(1, 0, history, nil, nil, nil, 0, true)
+	if r.NeverForwarded != 1 || len(r.NeverForwardedUnexplained) != 1 || !r.failed() {
+		t.Fatalf("unexplained wrong outcome-unknown not reported: %+v", r)
+	}
+	paused := []fault{{Kind: faultSidecarPause, Target: 2, Start: at(0), End: at(4)}}
+	r = check(1, 0, history, nil, paused, nil, 0, true)
+	if r.NeverForwarded != 1 || len(r.NeverForwardedUnexplained) != 0 || r.failed() {
+		t.Fatalf("owner paused while holding the claim: %+v, want explained", r)
+	}
+	executed := []execution{exec1("alice", "g", "owner", 0, `{"principal":"alice","key":"g"}`)}
+	if r = check(1, 0, history, executed, nil, nil, 0, true); r.NeverForwarded != 0 {
+		t.Fatalf("an outcome-unknown for a key that executed counted as wrong: %+v", r)
+	}
+}

@@ -26,6 +26,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -49,8 +50,10 @@ type options struct {
 	faultEvery time.Duration
 	rate       float64
 	out        string
-	keep       bool
-	strict     bool
+	keepDir    bool
+	// strict is the default run (unknown_outcome: fail, the product's
+	// default); -keep runs v0.3.0's default, keep, for comparison.
+	strict bool
 }
 
 func run() error {
@@ -63,9 +66,14 @@ func run() error {
 	flag.IntVar(&o.sidecars, "sidecars", 3, "idemproxy processes")
 	flag.DurationVar(&o.faultEvery, "fault-every", 2*time.Second, "mean time between injected faults")
 	flag.StringVar(&o.out, "out", "", "also write the report (markdown) to this file")
-	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (logs, history) for inspection")
-	flag.BoolVar(&o.strict, "strict", false, "run every route with unknown_outcome: fail; then only Redis losing data may explain a duplicate")
+	flag.BoolVar(&o.keepDir, "keep-dir", false, "keep the work directory (logs, history) for inspection")
+	keep := flag.Bool("keep", false, "run every route with unknown_outcome: keep (v0.3.0's default) instead of the default fail; duplicates after upstream resets are then expected")
+	retired := flag.Bool("strict", false, "retired: the default run is the strict one since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
 	flag.Parse()
+	if *retired {
+		return errors.New("-strict is retired: the default run is strict since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
+	}
+	o.strict = !*keep
 	if *short {
 		o.ops, o.duration, o.rate = 1500, 75*time.Second, 25
 	}
@@ -76,7 +84,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if o.keep {
+	if o.keepDir {
 		fmt.Println("work directory:", dir)
 	} else {
 		defer os.RemoveAll(dir)
@@ -192,14 +200,14 @@ func judge(o options, dir string, rdb *redisProc, scs []*sidecar, w *workload, l
 	ops := min(int(w.next.Load()), o.ops)
 	rep := check(ops, w.gaveUp, w.history, led.executions(), inj.log(), outcomes, stuck, o.strict)
 	rep.Orphans = orphans
-	mode := "defaults (unknown_outcome: keep)"
+	mode := "-keep (unknown_outcome: keep, v0.3.0's default)"
 	if o.strict {
-		mode = "strict (unknown_outcome: fail on every route)"
+		mode = "defaults (unknown_outcome: fail)"
 	}
 	text := fmt.Sprintf("Run: %d operations in %s (%.0f/s, %d workers, %d sidecars, a fault every ~%s), %s.\n\n%s\n",
 		ops, elapsed.Round(time.Second), o.rate, o.workers, o.sidecars, o.faultEvery, mode, rep.markdown())
 	fmt.Print(text)
-	if o.keep {
+	if o.keepDir {
 		b, _ := json.Marshal(map[string]any{"history": w.history, "executions": led.executions(), "faults": inj.log()})
 		os.WriteFile(filepath.Join(dir, "history.json"), b, 0o644)
 	}
@@ -273,6 +281,7 @@ func (in *injector) run(ctx context.Context, every time.Duration) {
 	kinds := []string{
 		faultKillSidecar, faultKillSidecar, faultRedisRestart, faultRedisLost, faultRedisPause,
 		faultRedisLatency, faultUpstreamHang, faultUpstreamReset, faultUpstream503, faultUpstreamSlow,
+		faultSidecarPause, faultRedisStall, faultRedisPartition,
 	}
 	for {
 		select {
@@ -311,6 +320,27 @@ func (in *injector) inject(kind string) {
 		c.Do(context.Background(), "CLIENT", "PAUSE", 1500, "ALL")
 		c.Close()
 		time.Sleep(1500 * time.Millisecond)
+	case faultSidecarPause:
+		// A process paused for 1.5-3 leases (2s): CPU throttling, a
+		// stop-the-world stall. Its claims lapse; it must not forward
+		// after it resumes.
+		sc := in.sidecars[rand.IntN(len(in.sidecars))]
+		f.Target = sc.id
+		sc.signal(syscall.SIGSTOP)
+		time.Sleep(3*time.Second + rand.N(3*time.Second))
+		sc.signal(syscall.SIGCONT)
+	case faultRedisStall:
+		// Redis itself stops (SIGSTOP) for 1.2-3s: claims written to it
+		// are not answered in time and run when it resumes.
+		in.redis.signal(syscall.SIGSTOP)
+		time.Sleep(1200*time.Millisecond + rand.N(1800*time.Millisecond))
+		in.redis.signal(syscall.SIGCONT)
+	case faultRedisPartition:
+		// The sidecars' link to Redis carries nothing either way for
+		// 1-3s, then delivers what it held.
+		in.latency.blocked.Store(true)
+		time.Sleep(time.Second + rand.N(2*time.Second))
+		in.latency.blocked.Store(false)
 	case faultRedisLatency:
 		in.latency.delay.Store(int64(150*time.Millisecond + rand.N(300*time.Millisecond)))
 		time.Sleep(2 * time.Second)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -12,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -71,6 +71,13 @@ func (r *redisProc) kill() {
 	}
 }
 
+// signal sends sig to the server, by the PID this harness started.
+func (r *redisProc) signal(sig syscall.Signal) {
+	if r.cmd != nil {
+		r.cmd.Process.Signal(sig)
+	}
+}
+
 // wipe deletes the data directory's files: a restart after it is a total
 // loss of Redis' data.
 func (r *redisProc) wipe() {
@@ -86,7 +93,16 @@ type latencyProxy struct {
 	ln     net.Listener
 	target string
 	delay  atomic.Int64 // nanoseconds added before each chunk sent to Redis
-	wg     sync.WaitGroup
+	// blocked holds every chunk, both ways, while set: a partition.
+	blocked atomic.Bool
+	wg      sync.WaitGroup
+}
+
+// hold waits while the link is partitioned.
+func (p *latencyProxy) hold() {
+	for p.blocked.Load() {
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func newLatencyProxy(target string) (*latencyProxy, error) {
@@ -129,6 +145,7 @@ func (p *latencyProxy) pipe(client net.Conn) {
 				if d := p.delay.Load(); d > 0 {
 					time.Sleep(time.Duration(d))
 				}
+				p.hold()
 				if _, werr := server.Write(buf[:n]); werr != nil {
 					break
 				}
@@ -140,7 +157,19 @@ func (p *latencyProxy) pipe(client net.Conn) {
 		done <- struct{}{}
 	}()
 	go func() {
-		io.Copy(client, server)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := server.Read(buf)
+			if n > 0 {
+				p.hold()
+				if _, werr := client.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
 		done <- struct{}{}
 	}()
 	<-done
@@ -205,6 +234,15 @@ func (s *sidecar) kill() {
 	if s.cmd != nil {
 		s.cmd.Process.Kill()
 		s.cmd = nil
+	}
+}
+
+// signal sends sig to the sidecar, by the PID this harness started.
+func (s *sidecar) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		s.cmd.Process.Signal(sig)
 	}
 }
 

@@ -39,7 +39,7 @@ const (
 	DefaultLease             = 10 * time.Second
 	DefaultConcurrent        = ConcurrentReject
 	DefaultMaxWait           = 5 * time.Second
-	DefaultUnknownOutcome    = OutcomeKeep
+	DefaultUnknownOutcome    = OutcomeFail
 	DefaultStoreUnavailable  = FailClosed
 	DefaultMaxRequestBody    = 1 << 20
 	DefaultMaxResponseBody   = 1 << 20
