@@ -32,21 +32,20 @@ func proxyConfig(cfg *config.Config) (proxy.Config, error) {
 		ProblemTypeBase:    cfg.Problems.TypeBaseURL,
 		ProblemDocsURL:     cfg.Problems.DocsURL,
 		PrincipalShare:     int64(cfg.Limits.PrincipalShare * float64(bufferBudget(cfg.Limits.MaxBufferedBytes))),
-		IdentityHeader:     cfg.Identity.Header,
-		IdentityFromXFCC:   cfg.Identity.Source == config.IdentityFromXFCC,
-		JWT:                jwtConfig(cfg.Identity),
-		TrustedProxies:     slices.Clone(cfg.Identity.TrustedProxies),
-		StripFromUntrusted: slices.Clone(cfg.Identity.StripFromUntrusted),
+		Identity: proxy.Identity{
+			Source:             proxy.IdentitySource(cfg.Identity.Source),
+			Header:             cfg.Identity.Header,
+			JWT:                jwtConfig(cfg.Identity),
+			TrustedProxies:     slices.Clone(cfg.Identity.TrustedProxies),
+			StripFromUntrusted: slices.Clone(cfg.Identity.StripFromUntrusted),
+		},
 		Routes:             proxyRoutes(cfg.Routes),
 	}, nil
 }
 
-// jwtConfig is identity.jwt for the proxy when identity.source is jwt.
-func jwtConfig(id config.Identity) *proxy.JWTConfig {
-	if id.Source != config.IdentityFromJWT {
-		return nil
-	}
-	return &proxy.JWTConfig{JWKSURL: id.JWT.JWKSURL, Issuer: id.JWT.Issuer, Audience: slices.Clone(id.JWT.Audience), Claim: id.JWT.Claim}
+// jwtConfig is identity.jwt for the proxy.
+func jwtConfig(id config.Identity) proxy.JWTConfig {
+	return proxy.JWTConfig{JWKSURL: id.JWT.JWKSURL, Issuer: id.JWT.Issuer, Audience: slices.Clone(id.JWT.Audience), Claim: id.JWT.Claim, Leeway: id.JWT.Leeway}
 }
 
 // bufferBudget is limits.max_buffered_bytes, or when it is zero half of

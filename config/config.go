@@ -40,6 +40,8 @@ const (
 	DefaultConcurrent        = ConcurrentReject
 	DefaultMaxWait           = 5 * time.Second
 	DefaultUnknownOutcome    = OutcomeFail
+	// DefaultJWTLeeway is identity.jwt.leeway.
+	DefaultJWTLeeway = 30 * time.Second
 	DefaultStoreUnavailable  = FailClosed
 	DefaultMaxRequestBody    = 1 << 20
 	DefaultMaxResponseBody   = 1 << 20
@@ -91,6 +93,9 @@ type JWT struct {
 	Audience []string `yaml:"audience"`
 	// Claim holds the principal.
 	Claim string `yaml:"claim"`
+	// Leeway is how far past its exp (and before its nbf) a token is
+	// still accepted, for clock skew with the issuer.
+	Leeway time.Duration `yaml:"leeway"`
 }
 
 // Scope values: which identities share a key space.
@@ -474,7 +479,7 @@ func Default() *Config {
 		Store:    Store{KeyPrefix: DefaultKeyPrefix, Pipeline: true, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
 		Client:   Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
 		Limits:   Limits{PrincipalShare: DefaultPrincipalShare},
-		Identity: Identity{Header: DefaultIdentityHeader, Source: IdentityFromHeader, JWT: JWT{Claim: "sub"}, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
+		Identity: Identity{Header: DefaultIdentityHeader, Source: IdentityFromHeader, JWT: JWT{Claim: "sub", Leeway: DefaultJWTLeeway}, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
 		Defaults: DefaultSettings(),
 	}
 	for _, p := range DefaultTrustedProxies {

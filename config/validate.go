@@ -158,6 +158,9 @@ func (id *Identity) validate(add problemf) {
 		if j.Claim == "" {
 			add("identity.jwt.claim", "must name the claim that holds the principal (sub)")
 		}
+		if j.Leeway < 0 || j.Leeway > 5*time.Minute {
+			add("identity.jwt.leeway", "must be between 0s and 5m, got %s", j.Leeway)
+		}
 	}
 	if id.Header == "" {
 		add("identity.header", "must not be empty")

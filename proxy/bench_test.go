@@ -71,7 +71,7 @@ func BenchmarkRouteMatchOtherPath(b *testing.B) {
 }
 
 func BenchmarkIdentity(b *testing.B) {
-	id := identity{header: "X-Forwarded-User", trusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")}}
+	id := newIdentity(Identity{Header: "X-Forwarded-User", TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32"), netip.MustParsePrefix("::1/128")}}, nil)
 	r, _ := http.NewRequest("POST", "/other", nil)
 	r.RemoteAddr = "127.0.0.1:53124"
 	r.Header.Set("X-Forwarded-User", "alice")

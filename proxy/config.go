@@ -24,22 +24,9 @@ type Config struct {
 	// MaxLateCalls caps the calls running past UpstreamTimeout at once;
 	// beyond it a call is cancelled at UpstreamTimeout. Zero holds none.
 	MaxLateCalls int
-	// IdentityHeader carries the principal; it is honoured only from
-	// peers in TrustedProxies and removed from every other request.
-	IdentityHeader string
-	// IdentityFromXFCC takes the principal from X-Forwarded-Client-Cert
-	// instead: the URI SAN (spiffe://...) of the connecting peer, so that a
-	// certificate rotation keeps the principal's keys. IdentityHeader is
-	// then ignored.
-	IdentityFromXFCC bool
-	// JWT, when set, takes the principal from a verified bearer token in
-	// Authorization instead (any peer: the signature is the trust), for
-	// protected requests; IdentityHeader is then ignored.
-	JWT            *JWTConfig
-	TrustedProxies []netip.Prefix
-	// StripFromUntrusted are trust-bearing headers (X-Real-Ip, ...)
-	// removed, under every spelling, from untrusted peers' requests.
-	StripFromUntrusted []string
+	// Identity says where principals come from and whose headers are
+	// believed.
+	Identity Identity
 	// MaxBufferedBytes bounds the bytes held in request and response body
 	// buffers at once; a protected request whose body would exceed it gets
 	// 503 buffers-full before any claim. Zero holds without limit.
@@ -59,6 +46,38 @@ type Config struct {
 	// through unprotected.
 	Routes []Route
 }
+
+// Identity configures the principal's source and the trust boundary.
+type Identity struct {
+	// Source is where the principal comes from: SourceHeader (Header's
+	// value, from a trusted peer), SourceXFCC (the URI SAN of
+	// X-Forwarded-Client-Cert, from a trusted peer) or SourceJWT (a claim
+	// of a verified bearer token in Authorization, from any peer: the
+	// signature is the trust). Empty is SourceHeader.
+	Source IdentitySource
+	// Header is the identity header. It is honoured (SourceHeader) or
+	// forwarded unchanged (the other sources) only from peers in
+	// TrustedProxies; from anyone else it is removed from every request,
+	// as X-Forwarded-Client-Cert is, whatever the source.
+	Header string
+	// JWT configures SourceJWT.
+	JWT JWTConfig
+	// TrustedProxies are the peers whose identity headers are believed.
+	TrustedProxies []netip.Prefix
+	// StripFromUntrusted are trust-bearing headers (X-Real-Ip, ...)
+	// removed, under every spelling, from untrusted peers' requests.
+	StripFromUntrusted []string
+}
+
+// IdentitySource names where principals come from.
+type IdentitySource string
+
+// The identity sources.
+const (
+	SourceHeader IdentitySource = "header"
+	SourceXFCC   IdentitySource = "xfcc"
+	SourceJWT    IdentitySource = "jwt"
+)
 
 // Route is one protected endpoint and its settings.
 type Route struct {

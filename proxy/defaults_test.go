@@ -36,9 +36,11 @@ func testConfig(upstream string) Config {
 		UpstreamTimeout:  30 * time.Second,
 		LateAnswerWindow: 5 * time.Minute,
 		MaxLateCalls:     1000,
-		IdentityHeader:   "X-Forwarded-User",
-		TrustedProxies:   trustedLoopback,
-		StripFromUntrusted: []string{"X-Real-Ip", "X-Client-Ip", "True-Client-Ip", "X-Forwarded-Host",
-			"X-Forwarded-Proto", "X-Forwarded-Client-Cert", "X-Original-Forwarded-For"},
+		Identity: Identity{
+			Header:         "X-Forwarded-User",
+			TrustedProxies: trustedLoopback,
+			StripFromUntrusted: []string{"X-Real-Ip", "X-Client-Ip", "True-Client-Ip", "X-Forwarded-Host",
+				"X-Forwarded-Proto", "X-Forwarded-Client-Cert", "X-Original-Forwarded-For"},
+		},
 	}
 }

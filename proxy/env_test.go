@@ -207,7 +207,7 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions,
 // untrusted makes every peer untrusted: loopback test clients then count
 // as outsiders.
 func untrusted(c *setup) {
-	c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+	c.Identity.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
 }
 
 // resp is a response with its body read.

@@ -23,6 +23,8 @@ type exchange struct {
 	r         *http.Request
 	path      string
 	principal string
+	// trusted says whether the peer is a trusted proxy.
+	trusted bool
 	requestID string
 	start     time.Time
 
@@ -106,22 +108,21 @@ func (x *exchange) admit() (key string, ok bool) {
 		x.bypass(nil, "no idempotency key on an optional route")
 		return "", false
 	}
-	if x.h.jwt != nil {
-		// Verified here, not for every request: only a protected request
-		// needs a principal, and a signature check costs real CPU.
-		p, err := x.h.jwt.principal(x.r.Context(), x.r.Header.Get("Authorization"))
-		if err != nil && !errors.Is(err, errNoToken) {
-			x.reject(probTokenInvalid.with("the bearer token is not valid: " + err.Error()))
-			return "", false
-		}
-		x.principal = p
-	}
+	// Asked here, not for every request: only a protected request needs
+	// a principal, and a signature check costs real CPU.
+	p, err := x.h.id.src.principal(x.r.Context(), x.r, x.trusted)
 	switch {
-	case x.principal == "" && x.h.jwt != nil:
-		x.reject(probIdentityMissing.with("this route needs an authenticated principal: send Authorization: Bearer <token>"))
+	case errors.Is(err, errTokenTwice), errors.Is(err, errXFCC):
+		x.reject(probIdentityInvalid.with(err.Error()))
 		return "", false
+	case err != nil && !errors.Is(err, errNoToken):
+		x.reject(probTokenInvalid.with("the bearer token is not valid: " + err.Error()))
+		return "", false
+	}
+	x.principal = p
+	switch {
 	case x.principal == "":
-		x.reject(probIdentityMissing.with("this route needs an authenticated principal in " + x.h.id.header))
+		x.reject(probIdentityMissing.with("this route needs " + x.h.id.src.missing()))
 		return "", false
 	case errors.Is(keyErr, errKeyMissing):
 		x.reject(probKeyMissing.with("send an " + s.KeyHeader + " header"))

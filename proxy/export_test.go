@@ -1,6 +1,10 @@
 package proxy
 
-import "net/netip"
+import (
+	"context"
+	"net/http"
+	"net/netip"
+)
 
 var trustedLoopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 
@@ -9,3 +13,13 @@ var (
 	TestRoute  = testRoute
 	TestConfig = testConfig
 )
+
+// principal is admit then the source, for the tests of identity alone.
+func (id *identity) principal(r *http.Request) (principal string, trusted bool, err error) {
+	trusted, err = id.admit(r)
+	if err != nil {
+		return "", trusted, err
+	}
+	principal, err = id.src.principal(context.Background(), r, trusted)
+	return principal, trusted, err
+}

@@ -61,7 +61,7 @@ func FuzzIdentityHeaders(f *testing.F) {
 	for _, name := range []string{"X-Forwarded-User", "X_Forwarded_User", "x-forwarded_user", "X-Real-Ip", "X_REAL_IP", "Idempotency-Key", "X-Forwarded-Use", "X-Forwarded-Userx", ""} {
 		f.Add(name, "victim", "Other")
 	}
-	id := identity{header: "X-Forwarded-User", strip: nameSet{"X-Real-Ip", "True-Client-Ip"}}
+	id := newIdentity(Identity{Header: "X-Forwarded-User", StripFromUntrusted: []string{"X-Real-Ip", "True-Client-Ip"}}, nil)
 	cgi := func(s string) string { // ASCII upper case, '-' as '_', other bytes as they are
 		b := []byte(s)
 		for i, c := range b {

@@ -122,8 +122,6 @@ type Handler struct {
 	// relied are the headers no request may nominate as hop-by-hop: the
 	// forwarding headers and the identity header (a route adds its key).
 	relied nameSet
-	// jwt, when set, verifies bearer tokens as the source of principals.
-	jwt *jwtVerifier
 	// authClient asks replay authorizers; it follows no redirects.
 	authClient *http.Client
 
@@ -151,7 +149,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	}
 	h := &Handler{
 		store:           store,
-		id:              newIdentity(cfg),
+		id:              newIdentity(cfg.Identity, &http.Client{Timeout: jwksFetchTimeout}),
 		upstream:        cfg.Upstream,
 		upstreamTimeout: cfg.UpstreamTimeout,
 		lateWindow:      cfg.LateAnswerWindow,
@@ -197,9 +195,6 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	base := httputil.ReverseProxy{
 		ErrorLog:   slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
 		BufferPool: newBufferPool(),
-	}
-	if cfg.JWT != nil {
-		h.jwt = &jwtVerifier{cfg: *cfg.JWT, client: &http.Client{Timeout: 5 * time.Second}}
 	}
 	h.authClient = &http.Client{
 		Transport:     transport,
@@ -254,7 +249,7 @@ func (h *Handler) BufferedBytes() int64 { return h.buffers.used.Load() }
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	principal, trusted, idErr := h.id.principal(r)
+	trusted, idErr := h.id.admit(r)
 	var refused problem
 	switch {
 	case idErr != nil:
@@ -280,7 +275,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w:         w,
 		r:         r,
 		path:      path,
-		principal: principal,
+		trusted:   trusted,
 		requestID: h.requestID(r),
 		start:     time.Now(),
 	}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -12,66 +13,77 @@ var (
 	errIdentitySpelling  = errors.New("the identity header appears under another spelling")
 )
 
-// identity decides whose request this is. The identity header is honoured
-// only from a trusted peer (the auth proxy or mesh in the pod); from anyone
-// else it is deleted from the request under every spelling a CGI-style
-// upstream would read as the same header, so neither idemproxy nor the
-// upstream ever sees a forged principal.
+// identity decides whose request this is, in two steps. admit runs for
+// every request, first: it decides once whether the peer is trusted and
+// strips what an untrusted peer may not assert (the identity header and
+// X-Forwarded-Client-Cert under every spelling a CGI-style upstream would
+// read as the same header, and the strip list), so neither idemproxy nor
+// the upstream ever sees a forged identity; and it refuses a trusted
+// peer's identity header sent twice or under another spelling, since
+// idemproxy and the upstream could read different principals. Then a
+// protected request asks the source for its principal.
 type identity struct {
 	// header is the identity header's canonical name.
-	header string
-	// xfcc reads the principal from header as an XFCC value.
-	xfcc    bool
+	header  string
 	trusted []netip.Prefix
-	// strip are trust-bearing headers (X-Real-Ip, ...) removed, under
-	// every spelling, from untrusted peers' requests.
-	strip nameSet
+	// untrustedHeaders are removed, under every spelling, from untrusted
+	// peers' requests: the identity header, XFCC and the strip list.
+	untrustedHeaders nameSet
+	// src reads the principal of a protected request.
+	src source
 }
 
-func newIdentity(cfg Config) identity {
-	id := identity{header: http.CanonicalHeaderKey(cfg.IdentityHeader), trusted: cfg.TrustedProxies, xfcc: cfg.IdentityFromXFCC}
-	if id.xfcc {
-		id.header = XFCCHeader
-	}
+// source is where principals come from: one per identity.source. Adding
+// one is a type here and a case in newIdentity.
+type source interface {
+	// principal returns the principal of r, a protected request already
+	// admitted; "" when it names none. trusted says whether the peer is
+	// a trusted proxy.
+	principal(ctx context.Context, r *http.Request, trusted bool) (string, error)
+	// missing is what a request without a principal is told to send.
+	missing() string
+}
+
+func newIdentity(cfg Identity, client *http.Client) identity {
+	id := identity{header: http.CanonicalHeaderKey(cfg.Header), trusted: cfg.TrustedProxies}
+	id.untrustedHeaders = nameSet{id.header, XFCCHeader}
 	for _, h := range cfg.StripFromUntrusted {
-		if !sameName(h, id.header) { // the identity header has rules of its own
-			id.strip = append(id.strip, h)
+		if !id.untrustedHeaders.has(h) {
+			id.untrustedHeaders = append(id.untrustedHeaders, h)
 		}
+	}
+	switch cfg.Source {
+	case SourceXFCC:
+		id.src = xfccSource{}
+	case SourceJWT:
+		id.src = newJWTSource(cfg.JWT, client)
+	default:
+		id.src = headerSource{header: id.header}
 	}
 	return id
 }
 
-// principal returns the caller's principal, "" when there is none, after
-// stripping the identity header and the strip list from an untrusted
-// peer's request, and whether the peer is trusted. From a trusted peer,
-// the identity header sent twice or under another spelling is an error:
-// idemproxy and the upstream could read different principals. It must run
-// before anything reads the request's headers.
-func (id *identity) principal(r *http.Request) (principal string, trusted bool, err error) {
+// admit decides whether r's peer is trusted and strips what an untrusted
+// peer may not assert. From a trusted peer, the header the source reads
+// (the identity header, or XFCC) sent twice or under another spelling is
+// an error. It must run before anything reads the request's headers.
+func (id *identity) admit(r *http.Request) (trusted bool, err error) {
 	trusted = id.isTrusted(r.RemoteAddr)
+	read := id.header
+	if _, ok := id.src.(xfccSource); ok {
+		read = XFCCHeader
+	}
 	for name, vs := range r.Header {
 		switch {
-		case sameName(name, id.header):
-			switch {
-			case !trusted:
-				delete(r.Header, name)
-			case name != id.header:
-				err = errIdentitySpelling
-			case len(vs) > 1:
-				err = errIdentityAmbiguous
-			case id.xfcc:
-				principal, err = xfccPrincipal(vs[0])
-			default:
-				principal = vs[0]
-			}
-		case !trusted && id.strip.has(name):
+		case !trusted && id.untrustedHeaders.has(name):
 			delete(r.Header, name)
+		case trusted && sameName(name, read) && name != read:
+			err = errIdentitySpelling
+		case trusted && name == read && len(vs) > 1:
+			err = errIdentityAmbiguous
 		}
 	}
-	if err != nil {
-		return "", trusted, err
-	}
-	return principal, trusted, nil
+	return trusted, err
 }
 
 func (id *identity) isTrusted(remoteAddr string) bool {
@@ -90,4 +102,30 @@ func (id *identity) isTrusted(remoteAddr string) bool {
 		}
 	}
 	return false
+}
+
+// headerSource: the identity header's value is the principal, from a
+// trusted peer (admit stripped it from anyone else).
+type headerSource struct{ header string }
+
+func (s headerSource) principal(_ context.Context, r *http.Request, _ bool) (string, error) {
+	return r.Header.Get(s.header), nil
+}
+
+func (s headerSource) missing() string { return "an authenticated principal in " + s.header }
+
+// xfccSource: the URI SAN of the peer's client certificate, as the mesh
+// proxy in the pod hands it in X-Forwarded-Client-Cert.
+type xfccSource struct{}
+
+func (xfccSource) principal(_ context.Context, r *http.Request, _ bool) (string, error) {
+	v := r.Header.Get(XFCCHeader)
+	if v == "" {
+		return "", nil
+	}
+	return xfccPrincipal(v)
+}
+
+func (xfccSource) missing() string {
+	return "a mesh identity (" + XFCCHeader + " with a URI SAN) from the proxy in the pod"
 }

@@ -1,10 +1,12 @@
 package proxy_test
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -81,7 +83,8 @@ func TestJWTIdentity(t *testing.T) {
 	jwks := httptest.NewServer(is)
 	defer jwks.Close()
 	e := newEnv(t, created, func(c *setup) {
-		c.JWT = &proxy.JWTConfig{JWKSURL: jwks.URL, Issuer: "https://issuer.example", Audience: []string{"payments"}}
+		c.Identity.Source = proxy.SourceJWT
+		c.Identity.JWT = proxy.JWTConfig{JWKSURL: jwks.URL, Issuer: "https://issuer.example", Audience: []string{"payments"}}
 		untrusted(c) // the signature is the trust, not the peer
 	})
 	aud, soon := []string{"payments"}, time.Now().Add(time.Hour)
@@ -118,5 +121,191 @@ func TestJWTIdentity(t *testing.T) {
 	}
 	if n := e.ledger.Total(); n != 2 {
 		t.Errorf("upstream executed %d times, want 2", n)
+	}
+}
+
+// tokenWith signs claims with kid's key under alg's header, with typ.
+func (is *issuer) tokenWith(t *testing.T, kid, typ string, claims jwt.Claims) string {
+	is.mu.Lock()
+	key := is.keys[kid]
+	is.mu.Unlock()
+	opts := (&jose.SignerOptions{}).WithHeader("kid", kid)
+	if typ != "" {
+		opts = opts.WithType(jose.ContentType(typ))
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: key}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := jwt.Signed(signer).Claims(claims).Serialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// The low findings around JWT: a token without exp, a typ that is not a
+// JWT and a key whose alg differs from the token's are refused; two
+// Authorization headers are 400 identity-invalid and nothing is
+// forwarded. Each was accepted before.
+func TestJWTHardening(t *testing.T) {
+	is := &issuer{}
+	is.add(t, "k1")
+	is.add(t, "k2")
+	is.serve("k1", "k2")
+	var mu sync.Mutex
+	jwks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		var set jose.JSONWebKeySet
+		set.Keys = append(set.Keys,
+			jose.JSONWebKey{Key: &is.keys["k1"].PublicKey, KeyID: "k1", Algorithm: string(jose.ES256), Use: "sig"},
+			jose.JSONWebKey{Key: &is.keys["k2"].PublicKey, KeyID: "k2", Algorithm: string(jose.ES384), Use: "sig"}) // k2 is declared ES384
+		json.NewEncoder(w).Encode(set)
+	}))
+	defer jwks.Close()
+	e := newEnv(t, created, func(c *setup) {
+		c.Identity.Source = proxy.SourceJWT
+		c.Identity.JWT = proxy.JWTConfig{JWKSURL: jwks.URL, Issuer: "https://issuer.example", Audience: []string{"payments"}}
+	})
+	good := jwt.Claims{Issuer: "https://issuer.example", Subject: "alice", Audience: jwt.Audience{"payments"}, Expiry: jwt.NewNumericDate(time.Now().Add(time.Hour))}
+	noExp := good
+	noExp.Expiry = nil
+	for name, tok := range map[string]string{
+		"no exp":        is.tokenWith(t, "k1", "JWT", noExp),
+		"typ not a JWT": is.tokenWith(t, "k1", "application/jose+json", good),
+		"alg mismatch":  is.tokenWith(t, "k2", "JWT", good),
+	} {
+		r := e.do(req{key: "k-" + name, body: `{}`, header: map[string]string{"Authorization": "Bearer " + tok}})
+		if r.status != http.StatusUnauthorized || !strings.Contains(r.body, "token-invalid") {
+			t.Errorf("%s: %d %s, want 401 token-invalid", name, r.status, r.body)
+		}
+	}
+	if r := e.do(req{key: "ok", body: `{}`, header: map[string]string{"Authorization": "Bearer " + is.tokenWith(t, "k1", "JWT", good)}}); r.status != http.StatusCreated {
+		t.Fatalf("a good token: %d %s", r.status, r.body)
+	}
+	// Two Authorization headers: the upstream could read the other one.
+	hr, _ := http.NewRequest(http.MethodPost, e.front.URL+"/payments", strings.NewReader(`{}`))
+	hr.Header.Set("Idempotency-Key", "twice")
+	hr.Header.Set("Content-Type", "application/json")
+	hr.Header.Add("Authorization", "Bearer "+is.tokenWith(t, "k1", "JWT", good))
+	hr.Header.Add("Authorization", "Bearer forged")
+	res, err := http.DefaultClient.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusBadRequest {
+		t.Errorf("two Authorization headers: %d, want 400 identity-invalid", res.StatusCode)
+	}
+	if n := e.ledger.Total(); n != 1 {
+		t.Errorf("upstream executed %d times, want 1 (the good token only)", n)
+	}
+}
+
+// The key set is fetched in the background, never under a request's
+// context or a lock verifications take: while the issuer is stuck serving
+// a refetch (an unknown key id asked for it), a token whose key is cached
+// is verified and served; and requests naming unknown key ids that hang up
+// at once do not starve the fetch a rotated key needs (JWKS starvation,
+// issue 24 finding 1, and the lock, finding 2).
+func TestJWKSFetchIsBackground(t *testing.T) {
+	is := &issuer{}
+	is.add(t, "k1")
+	is.add(t, "k2")
+	is.serve("k1")
+	release := make(chan struct{})
+	var fetches sync.WaitGroup
+	var stuck bool
+	var smu sync.Mutex
+	jwks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		smu.Lock()
+		hold := stuck
+		smu.Unlock()
+		if hold {
+			fetches.Add(1)
+			defer fetches.Done()
+			<-release
+		}
+		time.Sleep(50 * time.Millisecond) // a remote issuer
+		is.ServeHTTP(w, r)
+	}))
+	defer jwks.Close()
+	defer close(release)
+	e := newEnv(t, created, func(c *setup) {
+		c.Identity.Source = proxy.SourceJWT
+		c.Identity.JWT = proxy.JWTConfig{JWKSURL: jwks.URL, Issuer: "https://issuer.example", Audience: []string{"payments"}}
+	})
+	aud, soon := []string{"payments"}, time.Now().Add(time.Hour)
+	as := func(ctx context.Context, tok, key string) (resp, error) {
+		return e.try(ctx, req{key: key, body: `{}`, header: map[string]string{"Authorization": "Bearer " + tok}})
+	}
+	if r, _ := as(context.Background(), is.token(t, "k1", "alice", aud, soon), "warm"); r.status != http.StatusCreated {
+		t.Fatalf("k1: %d %s", r.status, r.body)
+	}
+
+	// The issuer gets stuck; an unknown key id starts a refetch that hangs.
+	smu.Lock()
+	stuck = true
+	smu.Unlock()
+	time.Sleep(1100 * time.Millisecond) // past the refetch rate limit
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	as(ctx, is.token(t, "k2", "mallory", aud, soon), "unknown") // k2 is not served yet: unknown
+	cancel()
+	done := make(chan resp, 1)
+	go func() {
+		r, _ := as(context.Background(), is.token(t, "k1", "alice", aud, soon), "cached")
+		done <- r
+	}()
+	select {
+	case r := <-done:
+		if r.status != http.StatusCreated {
+			t.Fatalf("cached key while the issuer is stuck: %d %s", r.status, r.body)
+		}
+	case <-time.After(4 * time.Second):
+		t.Fatal("a token with a cached key waited for the stuck key-set fetch")
+	}
+	smu.Lock()
+	stuck = false
+	smu.Unlock()
+	release <- struct{}{} // the stuck fetch ends (it gets k1 only)
+	fetches.Wait()
+	time.Sleep(100 * time.Millisecond) // its answer is read before k2 is served
+
+	// Rotation under attack: k2 signs now, and a flood of unknown key ids
+	// whose clients hang up at once runs alongside.
+	is.serve("k1", "k2")
+	is.add(t, "k3") // never served: the attackers' key ids are unknown
+	forged := is.token(t, "k3", "mallory", aud, soon)
+	stop := make(chan struct{})
+	var attackers sync.WaitGroup
+	for range 4 {
+		attackers.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// No body: the server then watches the connection, and the
+				// request's context ends the moment the client hangs up.
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+				e.try(ctx, req{key: "attack", header: map[string]string{"Authorization": "Bearer " + forged}})
+				cancel()
+			}
+		})
+	}
+	time.Sleep(1100 * time.Millisecond) // the last fetch (without k2) is a second old
+	ok := 0
+	for i := range 10 {
+		time.Sleep(300 * time.Millisecond)
+		if r, _ := as(context.Background(), is.token(t, "k2", "alice", aud, soon), fmt.Sprintf("rotated-%d", i)); r.status == http.StatusCreated {
+			ok++
+		}
+	}
+	close(stop)
+	attackers.Wait()
+	if ok != 10 {
+		t.Errorf("%d of 10 valid requests with the rotated key succeeded under a flood of unknown key ids, want 10", ok)
 	}
 }

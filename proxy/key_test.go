@@ -49,7 +49,7 @@ func TestParseKey(t *testing.T) {
 }
 
 func TestIdentityTrust(t *testing.T) {
-	id := identity{header: "X-Forwarded-User", trusted: mustPrefixes("127.0.0.0/8", "::1/128", "10.1.0.0/16", "fd00::/8")}
+	id := newIdentity(Identity{Header: "X-Forwarded-User", TrustedProxies: mustPrefixes("127.0.0.0/8", "::1/128", "10.1.0.0/16", "fd00::/8")}, nil)
 	for _, tt := range []struct {
 		remote string
 		want   bool

@@ -348,7 +348,7 @@ func TestPrincipalShareOfTheBufferBudget(t *testing.T) {
 // principal's keys; another workload is another principal; from an
 // untrusted peer the header is stripped.
 func TestXFCCIdentity(t *testing.T) {
-	e := newEnv(t, created, func(c *setup) { c.IdentityFromXFCC = true })
+	e := newEnv(t, created, func(c *setup) { c.Identity.Source = proxy.SourceXFCC })
 	cert := func(hash, uri string) map[string]string {
 		return map[string]string{"X-Forwarded-Client-Cert": `By=spiffe://cluster.local/ns/payments/sa/payments;Hash=` + hash + `;Subject="CN=x, O=y";URI=` + uri}
 	}
@@ -368,9 +368,14 @@ func TestXFCCIdentity(t *testing.T) {
 	if r := e.do(req{key: "k2", body: `{}`, header: map[string]string{"X-Forwarded-Client-Cert": `URI="spiffe://unterminated`}}); r.status != http.StatusBadRequest || !strings.Contains(r.body, "identity-invalid") {
 		t.Fatalf("malformed XFCC: %d %s, want 400 identity-invalid", r.status, r.body)
 	}
-	u := newEnv(t, created, func(c *setup) { c.IdentityFromXFCC = true; untrusted(c) })
+	u := newEnv(t, created, func(c *setup) { c.Identity.Source = proxy.SourceXFCC; untrusted(c) })
 	if r := u.do(req{key: "k", body: `{}`, header: cert("aaaa", checkout)}); r.status != http.StatusUnauthorized {
 		t.Fatalf("XFCC from an untrusted peer: %d, want 401 (stripped, no principal)", r.status)
+	}
+	// The identity header is stripped from untrusted peers in xfcc mode
+	// too: the upstream may read it (it reached the upstream before).
+	if r := u.do(req{method: http.MethodGet, path: "/catalog", user: "victim"}); r.status >= 300 || u.ledger.Last().Get("X-Forwarded-User") != "" {
+		t.Fatalf("X-Forwarded-User from an untrusted peer in xfcc mode: %d, reached the upstream as %q", r.status, u.ledger.Last().Get("X-Forwarded-User"))
 	}
 	if n := e.ledger.Total(); n != 2 {
 		t.Fatalf("upstream executed %d times, want 2", n)
