@@ -23,15 +23,16 @@ func proxyConfig(cfg *config.Config) (proxy.Config, error) {
 		return proxy.Config{}, fmt.Errorf("upstream.url: %w", err)
 	}
 	return proxy.Config{
-		Upstream:           u,
-		UpstreamTimeout:    cfg.Upstream.Timeout,
-		BodyReadTimeout:    cfg.Client.BodyTimeout,
-		LateAnswerWindow:   cfg.Upstream.LateAnswerWindow,
-		MaxLateCalls:       cfg.Upstream.MaxLateCalls,
-		MaxBufferedBytes:   bufferBudget(cfg.Limits.MaxBufferedBytes),
-		ProblemTypeBase:    cfg.Problems.TypeBaseURL,
-		ProblemDocsURL:     cfg.Problems.DocsURL,
-		PrincipalShare:     int64(cfg.Limits.PrincipalShare * float64(bufferBudget(cfg.Limits.MaxBufferedBytes))),
+		Upstream:                u,
+		UpstreamTimeout:         cfg.Upstream.Timeout,
+		BodyReadTimeout:         cfg.Client.BodyTimeout,
+		LateAnswerWindow:        cfg.Upstream.LateAnswerWindow,
+		MaxLateCalls:            cfg.Upstream.MaxLateCalls,
+		LateCallsPrincipalShare: lateShare(cfg.Upstream),
+		MaxBufferedBytes:        bufferBudget(cfg.Limits.MaxBufferedBytes),
+		ProblemTypeBase:         cfg.Problems.TypeBaseURL,
+		ProblemDocsURL:          cfg.Problems.DocsURL,
+		PrincipalShare:          int64(cfg.Limits.PrincipalShare * float64(bufferBudget(cfg.Limits.MaxBufferedBytes))),
 		Identity: proxy.Identity{
 			Source:             proxy.IdentitySource(cfg.Identity.Source),
 			Header:             cfg.Identity.Header,
@@ -39,8 +40,17 @@ func proxyConfig(cfg *config.Config) (proxy.Config, error) {
 			TrustedProxies:     slices.Clone(cfg.Identity.TrustedProxies),
 			StripFromUntrusted: slices.Clone(cfg.Identity.StripFromUntrusted),
 		},
-		Routes:             proxyRoutes(cfg.Routes),
+		Routes: proxyRoutes(cfg.Routes),
 	}, nil
+}
+
+// lateShare is upstream.late_calls_principal_share in calls: at least one
+// when the share is set, so that every principal may have a late call.
+func lateShare(u config.Upstream) int {
+	if u.LateCallsPrincipalShare <= 0 {
+		return 0
+	}
+	return max(1, int(u.LateCallsPrincipalShare*float64(u.MaxLateCalls)))
 }
 
 // jwtConfig is identity.jwt for the proxy.

@@ -41,14 +41,14 @@ const (
 	DefaultMaxWait           = 5 * time.Second
 	DefaultUnknownOutcome    = OutcomeFail
 	// DefaultJWTLeeway is identity.jwt.leeway.
-	DefaultJWTLeeway = 30 * time.Second
-	DefaultStoreUnavailable  = FailClosed
-	DefaultMaxRequestBody    = 1 << 20
-	DefaultMaxResponseBody   = 1 << 20
-	DefaultAuthorizeTimeout  = time.Second
-	DefaultClaimMemoryLimit  = 0.9
-	DefaultQuotaWindow       = time.Hour
-	DefaultPrincipalShare    = 0.25
+	DefaultJWTLeeway        = 30 * time.Second
+	DefaultStoreUnavailable = FailClosed
+	DefaultMaxRequestBody   = 1 << 20
+	DefaultMaxResponseBody  = 1 << 20
+	DefaultAuthorizeTimeout = time.Second
+	DefaultClaimMemoryLimit = 0.9
+	DefaultQuotaWindow      = time.Hour
+	DefaultPrincipalShare   = 0.25
 
 	// MinLease is the shortest lease accepted. A shorter lease would expire
 	// between two renewals on a loaded machine and hand the key to a retry
@@ -238,6 +238,10 @@ type Upstream struct {
 	// process; beyond it a call is cancelled at Timeout and its route's
 	// unknown_outcome applies. Zero holds none.
 	MaxLateCalls int `yaml:"max_late_calls"`
+	// LateCallsPrincipalShare is the most of MaxLateCalls one principal's
+	// calls may hold; beyond it, that principal's call is the one cancelled
+	// at Timeout. Zero: no share of its own.
+	LateCallsPrincipalShare float64 `yaml:"late_calls_principal_share"`
 }
 
 // Budget is the longest a protected request may run upstream: Timeout
@@ -474,7 +478,7 @@ func Default() *Config {
 		LogLevel:    DefaultLogLevel,
 		Upstream: Upstream{
 			URL: DefaultUpstreamURL, Timeout: DefaultUpstreamTimeout,
-			LateAnswerWindow: DefaultLateAnswerWindow, MaxLateCalls: DefaultMaxLateCalls,
+			LateAnswerWindow: DefaultLateAnswerWindow, MaxLateCalls: DefaultMaxLateCalls, LateCallsPrincipalShare: DefaultPrincipalShare,
 		},
 		Store:    Store{KeyPrefix: DefaultKeyPrefix, Pipeline: true, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
 		Client:   Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},

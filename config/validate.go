@@ -95,6 +95,9 @@ func (c *Config) validateUpstream(add problemf) {
 	if c.Upstream.LateAnswerWindow < 0 {
 		add("upstream.late_answer_window", "must not be negative (0s cancels the upstream call at upstream.timeout), got %s", c.Upstream.LateAnswerWindow)
 	}
+	if c.Upstream.LateCallsPrincipalShare < 0 || c.Upstream.LateCallsPrincipalShare > 1 {
+		add("upstream.late_calls_principal_share", "must be between 0%% and 100%%, got %g%%", c.Upstream.LateCallsPrincipalShare*100)
+	}
 	if c.Upstream.MaxLateCalls < 0 {
 		add("upstream.max_late_calls", "must not be negative, got %d", c.Upstream.MaxLateCalls)
 	}

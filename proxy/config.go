@@ -24,6 +24,10 @@ type Config struct {
 	// MaxLateCalls caps the calls running past UpstreamTimeout at once;
 	// beyond it a call is cancelled at UpstreamTimeout. Zero holds none.
 	MaxLateCalls int
+	// LateCallsPrincipalShare caps the late calls one principal holds;
+	// beyond it that principal's call is cancelled at UpstreamTimeout.
+	// Zero: no cap of its own.
+	LateCallsPrincipalShare int
 	// Identity says where principals come from and whose headers are
 	// believed.
 	Identity Identity

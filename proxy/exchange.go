@@ -24,7 +24,7 @@ type exchange struct {
 	path      string
 	principal string
 	// trusted says whether the peer is a trusted proxy.
-	trusted bool
+	trusted   bool
 	requestID string
 	start     time.Time
 

@@ -112,7 +112,7 @@ type Handler struct {
 	safetyPoll             time.Duration
 	tracing                *tracing
 
-	// lateWindow is upstream.late_answer_window; maxLate caps lateCalls,
+	// lateWindow is upstream.late_answer_window; late holds the slots of
 	// the owners' upstream calls running past upstream.timeout now.
 	// problemBase starts problem types; docsLink, when set, is the Link
 	// header value of 400, 409 and 422 answers.
@@ -126,8 +126,7 @@ type Handler struct {
 	authClient *http.Client
 
 	lateWindow time.Duration
-	maxLate    int64
-	lateCalls  atomic.Int64
+	late       lateSlots
 	// waiting counts retries waiting for a first attempt (concurrent: wait).
 	waiting atomic.Int64
 	// abandoned is set by Abandon: upstream calls starting after it are
@@ -155,7 +154,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		lateWindow:      cfg.LateAnswerWindow,
 		problemBase:     cmp.Or(cfg.ProblemTypeBase, ProblemTypePrefix),
 		buffers:         budget{limit: cfg.MaxBufferedBytes, share: cfg.PrincipalShare},
-		maxLate:         int64(cfg.MaxLateCalls),
+		late:            lateSlots{max: int64(cfg.MaxLateCalls), share: int64(cfg.LateCallsPrincipalShare)},
 		log:             opts.Logger,
 		metrics:         opts.Metrics,
 		rand:            opts.Rand,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -260,5 +261,48 @@ func TestWaiterGetsLateAnswer(t *testing.T) {
 	}
 	if n := e.ledger.Total(); n != 1 {
 		t.Fatalf("upstream executed %d times, want 1", n)
+	}
+}
+
+// One principal's late calls cannot cost another a double execution
+// (issue 24, finding 3): with upstream.max_late_calls 3 and a per-principal
+// share of 1, mallory parks slow calls and hangs up; only the first gets a
+// slot, the others are the ones cancelled; alice's slow call still gets its
+// slot, its late answer is stored and her retry replays it: one execution.
+func TestLateCallsPrincipalShare(t *testing.T) {
+	up := newHeld()
+	var executed atomic.Int64
+	e := newEnv(t, up.app(func(w http.ResponseWriter, r *http.Request) {
+		executed.Add(1)
+		created(w, r)
+	}), func(c *setup) {
+		c.UpstreamTimeout = 500 * time.Millisecond
+		c.MaxLateCalls = 3
+		c.LateCallsPrincipalShare = 1
+		c.Routes[0].Unknown = proxy.Keep // a cancelled call's retry executes again
+	})
+	var once sync.Once
+	release := func() { once.Do(func() { close(up.release) }) }
+	defer release() // a failure must not leave the late calls to their 5m window
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+		e.try(ctx, req{user: "mallory", key: "park-" + string(rune('a'+i)), body: `{}`})
+		cancel()
+	}
+	if got := e.counter("idemproxy_late_calls_refused_total", map[string]string{"reason": "principal_share"}); got != 2 {
+		t.Errorf("mallory's calls refused for her share: %v, want 2", got)
+	}
+	victim := e.do(req{user: "alice", key: "victim", body: `{}`})
+	if victim.status != http.StatusGatewayTimeout || !strings.Contains(victim.body, "still running upstream") {
+		t.Fatalf("alice's slow call: %d %s, want 504 with the call still running", victim.status, victim.body)
+	}
+	release()
+	var r resp
+	poll.Until(t, "alice's late answer is stored", func() bool {
+		r = e.do(req{user: "alice", key: "victim", body: `{}`})
+		return r.status != http.StatusConflict
+	})
+	if r.status != http.StatusCreated || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("alice's retry: %d %s, want the replay", r.status, r.body)
 	}
 }

@@ -58,6 +58,8 @@ type Metrics struct {
 	// many run now.
 	lateAnswers *prometheus.CounterVec
 	lateCalls   prometheus.Gauge
+	// lateRefused counts calls refused a late slot, by route and reason.
+	lateRefused *prometheus.CounterVec
 	// unknownOutcomes counts requests whose outcome was unknown, by the
 	// unknown_outcome that handled them (or orphan, for a vanished owner's
 	// claim settled by a later attempt).
@@ -142,6 +144,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}),
 		unconfirmed: newUnconfirmedCounter(),
+		lateRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_late_calls_refused_total",
+			Help: "Upstream calls cancelled at upstream.timeout for want of a late-call slot, by route and reason (process_cap: upstream.max_late_calls; principal_share: the principal's upstream.late_calls_principal_share).",
+		}, []string{"route", "reason"}),
 		unknownOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_unknown_outcomes_total",
 			Help: "Protected requests the upstream may have acted on without an answer, by route and handling (keep, release, fail, or orphan: an owner vanished and a later attempt settled its claim).",
@@ -168,7 +174,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			})
 		}
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
-			m.lateAnswers, m.lateCalls, m.unknownOutcomes, m.unconfirmed, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			m.lateAnswers, m.lateCalls, m.lateRefused, m.unknownOutcomes, m.unconfirmed, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
 				func(h *Handler) float64 { return h.owners.count() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",
@@ -189,6 +195,9 @@ func (m *Metrics) initRoutes(rt *router) {
 		}
 		for _, r := range lateResults {
 			m.lateAnswers.WithLabelValues(name, r)
+		}
+		for _, r := range []string{lateRefusedProcess, lateRefusedPrincipal} {
+			m.lateRefused.WithLabelValues(name, r)
 		}
 	}
 }

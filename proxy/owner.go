@@ -108,7 +108,7 @@ func (x *exchange) own(rec *claim.Record, body []byte) {
 	}
 	if closed { // the client got 504: this was a late call, holding a slot
 		x.status = http.StatusGatewayTimeout
-		h.lateCalls.Add(-1)
+		h.late.give(x.principal)
 		h.metrics.lateCalls.Dec()
 		o.lateSettled()
 	}
@@ -120,8 +120,10 @@ func (x *exchange) own(rec *claim.Record, body []byte) {
 // cancels the call, whose outcome is then unknown.
 func (o *owner) clientTimedOut() {
 	x, h := o.x, o.x.h
-	if h.lateCalls.Add(1) > h.maxLate {
-		h.lateCalls.Add(-1)
+	if ok, refused := h.late.take(x.principal); !ok {
+		h.metrics.lateRefused.WithLabelValues(x.rt.name, refused).Inc()
+		h.log.Warn("late call refused: upstream call cancelled at upstream.timeout, unknown_outcome applies",
+			"route", x.rt.name, "reason", refused, "key", x.hashedKey, "request_id", x.requestID)
 		o.cancel(errLateCap)
 		return
 	}
@@ -133,7 +135,7 @@ func (o *owner) clientTimedOut() {
 		h.writeProblem(w, p, x.requestID)
 	})
 	if !answered { // the answer is already on its way
-		h.lateCalls.Add(-1)
+		h.late.give(x.principal)
 	}
 }
 
