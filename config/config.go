@@ -159,6 +159,9 @@ type Config struct {
 	Drain Drain `yaml:"drain"`
 	// Identity says where the principal comes from and whom to trust.
 	Identity Identity `yaml:"identity"`
+	// PassThroughUpgrades are the Upgrade protocols forwarded on
+	// unprotected paths; protected routes refuse every Upgrade.
+	PassThroughUpgrades []string `yaml:"pass_through_upgrades"`
 	// Defaults are inherited by every route.
 	Defaults Settings `yaml:"defaults" reload:"true"`
 	// Routes are the protected endpoints, decoded from routes: (they
@@ -480,11 +483,12 @@ func Default() *Config {
 			URL: DefaultUpstreamURL, Timeout: DefaultUpstreamTimeout,
 			LateAnswerWindow: DefaultLateAnswerWindow, MaxLateCalls: DefaultMaxLateCalls, LateCallsPrincipalShare: DefaultPrincipalShare,
 		},
-		Store:    Store{KeyPrefix: DefaultKeyPrefix, Pipeline: true, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
-		Client:   Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
-		Limits:   Limits{PrincipalShare: DefaultPrincipalShare},
-		Identity: Identity{Header: DefaultIdentityHeader, Source: IdentityFromHeader, JWT: JWT{Claim: "sub", Leeway: DefaultJWTLeeway}, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
-		Defaults: DefaultSettings(),
+		Store:               Store{KeyPrefix: DefaultKeyPrefix, Pipeline: true, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
+		Client:              Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
+		Limits:              Limits{PrincipalShare: DefaultPrincipalShare},
+		PassThroughUpgrades: []string{"websocket"},
+		Identity:            Identity{Header: DefaultIdentityHeader, Source: IdentityFromHeader, JWT: JWT{Claim: "sub", Leeway: DefaultJWTLeeway}, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
+		Defaults:            DefaultSettings(),
 	}
 	for _, p := range DefaultTrustedProxies {
 		c.Identity.TrustedProxies = append(c.Identity.TrustedProxies, netip.MustParsePrefix(p))

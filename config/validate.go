@@ -76,6 +76,11 @@ func (c *Config) validateListeners(add problemf) {
 	if c.Limits.PrincipalShare < 0 || c.Limits.PrincipalShare > 1 {
 		add("limits.principal_share", "must be between 0%% and 100%%, got %g%%", c.Limits.PrincipalShare*100)
 	}
+	for i, p := range c.PassThroughUpgrades {
+		if !validToken(p) {
+			add(fmt.Sprintf("pass_through_upgrades[%d]", i), "%q is not a protocol name (an Upgrade header token, e.g. websocket)", p)
+		}
+	}
 	for key, v := range map[string]string{"problems.type_base_url": c.Problems.TypeBaseURL, "problems.docs_url": c.Problems.DocsURL} {
 		if u, err := url.Parse(v); v != "" && (err != nil || u.Scheme == "" || (u.Scheme != "urn" && u.Host == "")) {
 			add(key, "must be an absolute URL (https://...) or a URN, got %q", v)

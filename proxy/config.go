@@ -31,6 +31,11 @@ type Config struct {
 	// Identity says where principals come from and whose headers are
 	// believed.
 	Identity Identity
+	// PassThroughUpgrades are the protocols (Upgrade header values, e.g.
+	// websocket) an unprotected request may switch to; every other
+	// Upgrade, and every Upgrade on a protected route, is refused with 400
+	// upgrade-refused. Nil refuses every upgrade.
+	PassThroughUpgrades []string
 	// MaxBufferedBytes bounds the bytes held in request and response body
 	// buffers at once; a protected request whose body would exceed it gets
 	// 503 buffers-full before any claim. Zero holds without limit.

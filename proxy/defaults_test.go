@@ -32,10 +32,11 @@ func testConfig(upstream string) Config {
 		panic(err)
 	}
 	return Config{
-		Upstream:         u,
-		UpstreamTimeout:  30 * time.Second,
-		LateAnswerWindow: 5 * time.Minute,
-		MaxLateCalls:     1000,
+		Upstream:            u,
+		UpstreamTimeout:     30 * time.Second,
+		LateAnswerWindow:    5 * time.Minute,
+		MaxLateCalls:        1000,
+		PassThroughUpgrades: []string{"websocket"},
 		Identity: Identity{
 			Header:         "X-Forwarded-User",
 			TrustedProxies: trustedLoopback,

@@ -132,6 +132,8 @@ type Handler struct {
 	// abandoned is set by Abandon: upstream calls starting after it are
 	// cancelled at once.
 	abandoned atomic.Bool
+	// passUpgrades are the protocols an unprotected request may switch to.
+	passUpgrades []string
 	// owners are the claims this process owns and has not settled.
 	owners claimAges
 	// unconfirmed cleans up claims whose reply never came.
@@ -162,6 +164,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, DefaultWaitSafetyPoll),
 		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.StoreAddress),
 		owners:          claimAges{started: map[*owner]time.Time{}, now: time.Now},
+		passUpgrades:    slices.Clone(cfg.PassThroughUpgrades),
 	}
 	h.unconfirmed = unconfirmed{h: h, now: time.Now}
 	if h.bodyTimeout <= 0 {
@@ -259,6 +262,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	rt, path := h.routes.Load().match(r)
+	if up := upgradeType(r.Header); up != "" && refused.Status == 0 {
+		switch {
+		case rt != nil:
+			refused = probUpgradeRefused.with("a protected route never switches protocols (Upgrade: " + up + "): its outcome could not be stored")
+		case !h.upgradeAllowed(up):
+			refused = probUpgradeRefused.with("Upgrade: " + up + " is not among the protocols forwarded (pass_through_upgrades)")
+		}
+	}
 	if rt == nil {
 		if refused.Status != 0 {
 			h.writeProblem(w, refused, r.Header.Get(RequestIDHeader))

@@ -54,6 +54,7 @@ var (
 	probUpstreamTimeout       = problem{Type: "upstream-timeout", Status: http.StatusGatewayTimeout, Title: "Upstream did not answer in time"}
 	probReplayForbidden       = problem{Type: "replay-forbidden", Status: http.StatusForbidden, Title: "Not authorized to see the stored response"}
 	probAuthorizerUnavailable = problem{Type: "authorizer-unavailable", Status: http.StatusServiceUnavailable, Title: "The replay authorizer is unavailable"}
+	probUpgradeRefused        = problem{Type: "upgrade-refused", Status: http.StatusBadRequest, Title: "Protocol upgrade refused"}
 	probOutcomeUnknown        = problem{Type: "outcome-unknown", Status: http.StatusBadGateway, Title: "The outcome of the request sent with this idempotency key is unknown"}
 )
 
@@ -65,7 +66,7 @@ var problems = []problem{
 	probHopByHop, probPathNotCanonical, probBodyTooLarge, probBodyUnreadable, probMismatch,
 	probInProgress, probNotReplayable, probBuffersFull, probTooManyKeys, probTooManyBytes,
 	probStoreFull, probStoreUnavailable, probRecordCorrupt, probUpstreamDown, probUpstreamFailed,
-	probUpstreamTimeout, probReplayForbidden, probAuthorizerUnavailable, probOutcomeUnknown,
+	probUpstreamTimeout, probReplayForbidden, probAuthorizerUnavailable, probOutcomeUnknown, probUpgradeRefused,
 }
 
 // problemContentType is the media type of every problem answer.
