@@ -84,7 +84,7 @@ routes:
 				answered <- [2]any{resp.StatusCode, string(b)}
 			}()
 			if tc.kill {
-				time.Sleep(300 * time.Millisecond) // the claim is written and waits on Redis
+				time.Sleep(300 * time.Millisecond)        // the claim is written and waits on Redis
 				first.cmd.Process.Signal(syscall.SIGKILL) // by the PID this test started
 				first.cmd.Wait()
 			} else {

@@ -90,12 +90,12 @@ type report struct {
 	NeverForwarded            int
 	NeverForwardedCauses      map[string]int
 	NeverForwardedUnexplained []string
-	Changed           int            // retries sent with a changed body
-	ChangedRejected   int            // of those, answered 422
-	Faults            map[string]int
-	FinalStatus       map[string]int
-	AttemptStatus     map[string]int
-	Violations        []string
+	Changed                   int // retries sent with a changed body
+	ChangedRejected           int // of those, answered 422
+	Faults                    map[string]int
+	FinalStatus               map[string]int
+	AttemptStatus             map[string]int
+	Violations                []string
 }
 
 func (r *report) failed() bool {
