@@ -53,6 +53,17 @@ func lateShare(u config.Upstream) int {
 	return max(1, int(u.LateCallsPrincipalShare*float64(u.MaxLateCalls)))
 }
 
+// traceTrust is tracing.trust_incoming for the proxy.
+func traceTrust(t config.Tracing) proxy.TraceTrust {
+	switch t.TrustIncoming {
+	case config.TraceTrustAll:
+		return proxy.TraceTrustAll
+	case config.TraceTrustNone:
+		return proxy.TraceTrustNone
+	}
+	return proxy.TraceTrustTrustedPeers
+}
+
 // jwtConfig is identity.jwt for the proxy.
 func jwtConfig(id config.Identity) proxy.JWTConfig {
 	return proxy.JWTConfig{JWKSURL: id.JWT.JWKSURL, Issuer: id.JWT.Issuer, Audience: slices.Clone(id.JWT.Audience), Claim: id.JWT.Claim, Leeway: id.JWT.Leeway}

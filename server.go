@@ -116,7 +116,7 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 	}
 	s.closers = append(s.closers, shutdownTracing)
 	if tp != nil {
-		opts.TracerProvider, opts.Propagator = tp, propagator
+		opts.TracerProvider, opts.Propagator, opts.TraceTrust = tp, propagator, traceTrust(cfg.Tracing)
 		opts.StoreAddress = s.storeAddr
 	}
 	s.handler, err = proxy.New(pcfg, s.store, opts)

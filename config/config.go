@@ -190,7 +190,19 @@ type Tracing struct {
 	// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT enables tracing as well;
 	// OTEL_SDK_DISABLED=true turns it off whatever this says.
 	Enabled bool `yaml:"enabled"`
+	// TrustIncoming says whose traceparent may parent idemproxy's spans:
+	// trusted_peers (identity.trusted_proxies), all or none. Another
+	// peer's is at most a link, never forces sampling, and its tracestate
+	// and baggage are dropped.
+	TrustIncoming string `yaml:"trust_incoming"`
 }
+
+// Values of tracing.trust_incoming.
+const (
+	TraceTrustTrustedPeers = "trusted_peers"
+	TraceTrustAll          = "all"
+	TraceTrustNone         = "none"
+)
 
 // Problems configures the problem+json answers.
 type Problems struct {
@@ -487,6 +499,7 @@ func Default() *Config {
 		Client:              Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
 		Limits:              Limits{PrincipalShare: DefaultPrincipalShare},
 		PassThroughUpgrades: []string{"websocket"},
+		Tracing:             Tracing{TrustIncoming: TraceTrustTrustedPeers},
 		Identity:            Identity{Header: DefaultIdentityHeader, Source: IdentityFromHeader, JWT: JWT{Claim: "sub", Leeway: DefaultJWTLeeway}, StripFromUntrusted: slices.Clone(DefaultStripFromUntrusted)},
 		Defaults:            DefaultSettings(),
 	}

@@ -33,6 +33,7 @@ func (c *Config) validate(failed map[string]bool) error {
 	}
 	c.validateListeners(add)
 	oneOf("log_level", c.LogLevel, add, "debug", "info", "warn", "error")
+	oneOf("tracing.trust_incoming", c.Tracing.TrustIncoming, add, TraceTrustTrustedPeers, TraceTrustAll, TraceTrustNone)
 	c.validateUpstream(add)
 	c.validateStore(add)
 	c.Identity.validate(add)

@@ -78,6 +78,11 @@ type Options struct {
 	// traceparent.
 	TracerProvider trace.TracerProvider
 	Propagator     propagation.TextMapPropagator
+	// TraceTrust says whose incoming traceparent may be a span's parent:
+	// TraceTrustTrustedPeers (zero: trusted proxies only), TraceTrustAll or
+	// TraceTrustNone. Another peer's is at most a link: it never makes the
+	// span sampled, and its tracestate and baggage are dropped.
+	TraceTrust TraceTrust
 	// StoreAddress is the Redis host:port store spans name as
 	// server.address and server.port (the first configured address); empty
 	// leaves them out.
@@ -162,7 +167,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		rand:            opts.Rand,
 		bodyTimeout:     cfg.BodyReadTimeout,
 		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, DefaultWaitSafetyPoll),
-		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.StoreAddress),
+		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.StoreAddress, opts.TraceTrust),
 		owners:          claimAges{started: map[*owner]time.Time{}, now: time.Now},
 		passUpgrades:    slices.Clone(cfg.PassThroughUpgrades),
 	}

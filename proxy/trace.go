@@ -29,22 +29,38 @@ import (
 
 const tracerName = "github.com/idemproxy/idemproxy/proxy"
 
+// TraceTrust says whose incoming trace context may parent a span.
+type TraceTrust int
+
+// The values of TraceTrust.
+const (
+	TraceTrustTrustedPeers TraceTrust = iota // trusted proxies only (identity.trusted_proxies)
+	TraceTrustAll                            // every peer
+	TraceTrustNone                           // nobody: every request starts a trace
+)
+
 // tracing is a Handler's tracer and propagator; nil when tracing is off.
 type tracing struct {
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
 	// storeAttrs name the Redis server on every store span.
 	storeAttrs []attribute.KeyValue
+	trust      TraceTrust
 }
 
-func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, storeAddr string) *tracing {
+// trusts reports whether a peer's incoming trace context may parent.
+func (t *tracing) trusts(trustedPeer bool) bool {
+	return t.trust == TraceTrustAll || t.trust == TraceTrustTrustedPeers && trustedPeer
+}
+
+func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, storeAddr string, trust TraceTrust) *tracing {
 	if tp == nil {
 		return nil
 	}
 	if prop == nil {
 		prop = propagation.TraceContext{}
 	}
-	t := &tracing{tracer: tp.Tracer(tracerName), propagator: prop}
+	t := &tracing{tracer: tp.Tracer(tracerName), propagator: prop, trust: trust}
 	t.storeAttrs = append(t.storeAttrs, attribute.String("db.system.name", "redis"))
 	t.storeAttrs = append(t.storeAttrs, hostPort(storeAddr, "")...)
 	return t
@@ -83,7 +99,23 @@ var storeCommands = map[string]string{
 // the HTTP semantic conventions: "{method} {http.route}".
 func (x *exchange) startTrace() {
 	t := x.h.tracing
-	ctx := t.propagator.Extract(x.r.Context(), propagation.HeaderCarrier(x.r.Header))
+	ctx := x.r.Context()
+	var opts []trace.SpanStartOption
+	if t.trusts(x.trusted) {
+		ctx = t.propagator.Extract(ctx, propagation.HeaderCarrier(x.r.Header))
+	} else {
+		// An untrusted peer's trace context is at most a link: it starts
+		// no trace of ours, forces no sampling, and its tracestate and
+		// baggage go no further.
+		remote := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, propagation.HeaderCarrier(x.r.Header)))
+		opts = append(opts, trace.WithNewRoot())
+		if remote.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: remote.WithTraceFlags(0), Attributes: []attribute.KeyValue{attribute.String("idemproxy.link", "untrusted_parent")}}))
+		}
+		for _, h := range []string{"Traceparent", "Tracestate", "Baggage"} {
+			x.r.Header.Del(h)
+		}
+	}
 	scheme := "http"
 	if x.r.TLS != nil {
 		scheme = "https"
@@ -106,10 +138,8 @@ func (x *exchange) startTrace() {
 	if ua := x.r.UserAgent(); ua != "" {
 		attrs = append(attrs, attribute.String("user_agent.original", ua))
 	}
-	ctx, x.span = t.tracer.Start(ctx, x.r.Method+" "+x.rt.httpRoute,
-		trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithTimestamp(x.start),
-		trace.WithAttributes(attrs...))
+	opts = append(opts, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(x.start), trace.WithAttributes(attrs...))
+	ctx, x.span = t.tracer.Start(ctx, x.r.Method+" "+x.rt.httpRoute, opts...)
 	x.r = x.r.WithContext(ctx)
 }
 

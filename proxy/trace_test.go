@@ -161,3 +161,43 @@ func keys[V any](m map[string]V) []string {
 	}
 	return out
 }
+
+// An untrusted peer's traceparent is at most a link (issue 24): with a
+// sampler that samples only what a sampled parent asks for, a trusted
+// proxy's sampled traceparent parents a recorded span; an untrusted
+// client's starts no span of its trace, forces no sampling (nothing is
+// recorded).
+func TestUntrustedTraceContextIsNotAParent(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.NeverSample())))
+	app := created
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{7, 7}, SpanID: trace.SpanID{7}, TraceFlags: trace.FlagsSampled})
+	h := http.Header{}
+	propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(t.Context(), sc), propagation.HeaderCarrier(h))
+	headers := func(id string) map[string]string {
+		return map[string]string{"Traceparent": h.Get("Traceparent"), "Tracestate": "vendor=attacker", "Baggage": "user=mallory", "X-Request-Id": id}
+	}
+
+	trusted := newEnv(t, app, func(c *setup) { c.TracerProvider = tp })
+	if r := trusted.do(req{user: "alice", key: "a", body: `{}`, header: headers("trusted")}); r.status != http.StatusCreated {
+		t.Fatal(r.status)
+	}
+	var parented bool
+	for _, s := range spans.Ended() {
+		if s.SpanKind() == trace.SpanKindServer && s.Parent().TraceID() == sc.TraceID() {
+			parented = true
+		}
+	}
+	if !parented {
+		t.Fatal("a trusted proxy's sampled traceparent did not parent the server span")
+	}
+
+	before := len(spans.Ended())
+	u := newEnv(t, app, func(c *setup) { c.TracerProvider = tp; untrusted(c) })
+	if r := u.do(req{key: "b", body: `{}`, header: headers("untrusted")}); r.status != http.StatusUnauthorized {
+		t.Fatalf("untrusted, no principal: %d, want 401", r.status)
+	}
+	if n := len(spans.Ended()) - before; n != 0 {
+		t.Errorf("an untrusted client's sampled traceparent got %d spans recorded (a rejected request's spans reached the exporter)", n)
+	}
+}
