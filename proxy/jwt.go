@@ -53,7 +53,7 @@ const (
 
 var (
 	errNoToken       = errors.New("no bearer token")
-	errTokenTwice    = errors.New("Authorization appears more than once")
+	errTokenTwice    = errors.New("the Authorization header appears more than once")
 	errUnknownKeyID  = errors.New("unknown key id")
 	errKeySetMissing = errors.New("the issuer's key set could not be fetched")
 )
