@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
@@ -54,7 +55,10 @@ type keysAPI struct {
 
 func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(got), a.token) != 1 {
+	// Digests compared, not the tokens: ConstantTimeCompare returns at
+	// once when the lengths differ, which tells the token's length.
+	gotSum, wantSum := sha256.Sum256([]byte(got)), sha256.Sum256(a.token)
+	if !ok || subtle.ConstantTimeCompare(gotSum[:], wantSum[:]) != 1 {
 		a.log.Warn("admin key API: refused, bad or missing token", "method", r.Method, "remote", r.RemoteAddr)
 		http.Error(w, "a bearer token (admin.token_file) is required", http.StatusUnauthorized)
 		return
@@ -71,9 +75,12 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	redisKey := a.store.Key(principal, scope, key)
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	result, status := "", http.StatusOK
+	result, status, recState, bodyRead := "", http.StatusOK, "", false
 	defer func() {
-		a.log.Warn("admin key API", "method", r.Method, "route", routeName, "key", redisKey, "result", result, "remote", r.RemoteAddr)
+		principalSum := sha256.Sum256([]byte(principal))
+		a.log.Warn("admin key API", "method", r.Method, "route", routeName, "key", redisKey,
+			"principal_hash", hex.EncodeToString(principalSum[:8]), "state", recState, "body_read", bodyRead,
+			"force", q.Get("force") == "true", "result", result, "remote", r.RemoteAddr)
 	}()
 	switch r.Method {
 	case http.MethodGet:
@@ -96,10 +103,10 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			if q.Get("body") == "true" && rec.State == claim.Completed {
 				b := string(rec.Body)
-				info.Body = &b
+				info.Body, bodyRead = &b, true
 			}
 		}
-		result = info.State
+		result, recState = info.State, info.State
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(info)
 	case http.MethodDelete:
@@ -109,7 +116,23 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "state=in_progress (release a stuck claim) or state=completed (forget a stored answer) is required", http.StatusBadRequest)
 			return
 		}
-		err := a.store.Forget(ctx, redisKey, state)
+		rec, left, err := a.store.Get(ctx, redisKey)
+		if err != nil {
+			result, status = err.Error(), http.StatusServiceUnavailable
+			http.Error(w, err.Error(), status)
+			return
+		}
+		if rec != nil {
+			recState = rec.State.String()
+		}
+		if rec != nil && rec.State == claim.InProgress && state == claim.InProgress && left > 0 && q.Get("force") != "true" {
+			// Its owner may still be forwarding: a retry after the delete
+			// would execute beside it, and its answer be lost (fence_lost).
+			result, status = "refused: claim live", http.StatusConflict
+			http.Error(w, fmt.Sprintf("the claim is live (its owner renews it; %s of lease left): a retry after a delete would execute beside it. Wait for the lease to lapse, or add force=true if its owner is gone", left.Round(time.Millisecond)), status)
+			return
+		}
+		err = a.store.Forget(ctx, redisKey, state)
 		switch {
 		case errors.Is(err, claim.ErrStateChanged):
 			result, status = "left alone: not "+q.Get("state"), http.StatusConflict
@@ -140,6 +163,7 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	principal := fs.String("principal", "", "principal")
 	key := fs.String("key", "", "idempotency key")
 	state := fs.String("state", "", "delete only: in_progress or completed")
+	force := fs.Bool("force", false, "delete only: release a live in-progress claim (its owner is gone)")
 	body := fs.Bool("body", false, "get only: include the stored body")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -153,6 +177,9 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if args[0] == "delete" {
 		method = http.MethodDelete
 		q.Set("state", *state)
+		if *force {
+			q.Set("force", "true")
+		}
 	} else if *body {
 		q.Set("body", "true")
 	}

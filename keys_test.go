@@ -11,7 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/internal/syncbuf"
 )
@@ -76,7 +78,37 @@ func TestKeysAPI(t *testing.T) {
 	if _, body := call(http.MethodGet, q, token); !strings.Contains(body, `"state":"absent"`) {
 		t.Errorf("GET after the delete: %s", body)
 	}
-	if audit := strings.Count(logs.String(), `"msg":"admin key API"`); audit != 6 || strings.Count(logs.String(), "refused, bad or missing token") != 2 || strings.Contains(logs.String(), "k1\"") {
-		t.Errorf("%d audit lines, want one per authorized call (6), two refusals, and never the raw key:\n%s", audit, logs.String())
+	// A live in-progress claim is not released without force: a retry
+	// would execute beside its owner.
+	live := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: "live"}
+	liveKey := s.store.Key("alice", mustScope(t, s, "pay"), "k2")
+	if res, err := s.store.Claim(context.Background(), liveKey, live, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
 	}
+	const q2 = "route=pay&principal=alice&key=k2"
+	if status, body := call(http.MethodDelete, q2+"&state=in_progress", token); status != http.StatusConflict || !strings.Contains(body, "force=true") {
+		t.Errorf("DELETE of a live claim: %d %s, want 409 naming force=true", status, body)
+	}
+	if status, _ := call(http.MethodDelete, q2+"&state=in_progress&force=true", token); status != http.StatusOK {
+		t.Errorf("DELETE of a live claim with force=true: %d, want 200", status)
+	}
+	if !strings.Contains(logs.String(), `"principal_hash":"`) || !strings.Contains(logs.String(), `"body_read":true`) || !strings.Contains(logs.String(), `"force":true`) {
+		t.Errorf("audit lines lack the hashed principal, whether the body was read or force:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), `"alice"`) {
+		t.Errorf("an audit line carries the raw principal:\n%s", logs.String())
+	}
+	if audit := strings.Count(logs.String(), `"msg":"admin key API"`); audit != 8 || strings.Count(logs.String(), "refused, bad or missing token") != 2 || strings.Contains(logs.String(), "k1\"") {
+		t.Errorf("%d audit lines, want one per authorized call (8), two refusals, and never the raw key:\n%s", audit, logs.String())
+	}
+}
+
+// mustScope is the key scope of the route name serves now.
+func mustScope(t *testing.T, s *server, name string) string {
+	t.Helper()
+	scope, ok := s.handler.RouteScope(name)
+	if !ok {
+		t.Fatalf("no route %s", name)
+	}
+	return scope
 }
