@@ -283,3 +283,30 @@ func TestWarnings(t *testing.T) {
 		t.Errorf("warnings = %q, want one naming upstream.max_late_calls", w)
 	}
 }
+
+// With key files, sealing is required unless the file says false, which
+// -check warns about (issue 24): a planted plaintext record must not be
+// replayed by default.
+func TestSealingRequiredByDefaultWithKeyFiles(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		yaml     string
+		required bool
+		warned   bool
+	}{
+		{"store:\n  encryption:\n    key_files: [/k]\n", true, false},
+		{"store:\n  encryption:\n    key_files: [/k]\n    required: false\n", false, true},
+		{"store:\n  encryption:\n    key_files: []\n", false, false},
+	} {
+		p := filepath.Join(dir, "c.yaml")
+		os.WriteFile(p, []byte(tc.yaml+"routes:\n  - name: pay\n    match: \"POST /payments\"\n"), 0o600)
+		c, err := config.Load(p)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.yaml, err)
+		}
+		warned := slices.ContainsFunc(c.Warnings(), func(w string) bool { return strings.HasPrefix(w, "store.encryption.required") })
+		if c.Store.Encryption.Required != tc.required || warned != tc.warned {
+			t.Errorf("%s: required %t warned %t, want %t %t", tc.yaml, c.Store.Encryption.Required, warned, tc.required, tc.warned)
+		}
+	}
+}

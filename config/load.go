@@ -34,6 +34,11 @@ func Load(path string) (*Config, error) {
 	for _, k := range keysOf(c, "") {
 		d.decode(src, k, k.path)
 	}
+	// With key files, sealing is required unless the file says otherwise
+	// (a migration window, warned about).
+	if _, set := src.lookup("store.encryption.required"); !set && len(c.Store.Encryption.KeyFiles) > 0 {
+		c.Store.Encryption.Required = true
+	}
 
 	if raw := v.Get("routes"); raw != nil {
 		list, ok := raw.([]any)

@@ -381,6 +381,16 @@ func (c *Config) Warnings() []string {
 	if len(c.Store.Encryption.KeyFiles) > 1 && c.Store.KeySecretFile == "" {
 		w = append(w, "store.encryption.key_files: several keys and no store.key_secret_file: Redis keys are derived from the first key file, so prepending a key moves every key; records stored before are no longer found and their retries execute again; set store.key_secret_file before rotating")
 	}
+	if len(c.Store.Encryption.KeyFiles) > 0 && !c.Store.Encryption.Required {
+		w = append(w, "store.encryption.required: false with key_files: an unsealed record planted in Redis is replayed as it is; keep it only while records written before sealing can exist (one retention), then remove it (true is the default with key_files)")
+	}
+	if c.Defaults.Quota.NewKeys == 0 {
+		for i, r := range c.Routes {
+			if r.Settings.Quota.NewKeys == 0 {
+				w = append(w, fmt.Sprintf("routes[%d].quota.new_keys: 0 (%s): one principal can claim new keys without bound and fill the store for the whole retention (503 store-full for everyone); set defaults.quota.new_keys (README, Trust rules, sizes it)", i, r.Name))
+			}
+		}
+	}
 	if len(c.Store.Redis.Addrs) == 0 {
 		w = append(w, "store.redis.addrs: empty: the embedded in-memory store is in use: single instance, not durable, no authentication, lost on every restart (a retry after a restart executes again); development only, set store.redis.addrs in production")
 	}

@@ -226,7 +226,7 @@ var metricRef = regexp.MustCompile(`idemproxy_[a-z_]+`)
 // knownMetrics reads the metric names idemproxy defines from its source.
 func knownMetrics(t *testing.T) []string {
 	t.Helper()
-	def := regexp.MustCompile(`Name:\s+"(idemproxy_[a-z_]+)"`)
+	def := regexp.MustCompile(`(?:Name:\s+|gauge\()"(idemproxy_[a-z_]+)"`)
 	var names []string
 	for _, glob := range []string{"../../../*.go", "../../../proxy/*.go", "../../../claim/*.go"} {
 		files, _ := filepath.Glob(glob)
