@@ -154,6 +154,9 @@ func storeOptions(st config.Store, sec *secrets, m *metrics) []claim.Option {
 	if st.Redis.MasterName != "" {
 		opts = append(opts, claim.WithMasterName(st.Redis.MasterName))
 	}
+	if sec.keySecret != nil {
+		opts = append(opts, claim.WithKeyedFingerprints(sec.keySecret, st.RecordFormat >= 2))
+	}
 	return append(opts, claim.WithPipeline(st.Pipeline), claim.WithBatchObserver(func(n int) {
 		m.batchOps.Observe(float64(n))
 	}))

@@ -19,6 +19,8 @@ type secrets struct {
 	redis config.Redis
 	// store are the sealing and key derivation options.
 	store []claim.Option
+	// keySecret is store.key_secret_file's content; nil without one.
+	keySecret []byte
 	// adminToken enables the key API when not nil.
 	adminToken []byte
 }
@@ -47,6 +49,9 @@ func readSecrets(cfg *config.Config) (*secrets, error) {
 		errs = append(errs, err)
 	}
 	sec.store = opts
+	if cfg.Store.KeySecretFile != "" && err == nil {
+		sec.keySecret, _ = readBase64(cfg.Store.KeySecretFile, 16) // read without error just above
+	}
 	if f := cfg.Admin.TokenFile; f != "" {
 		b, err := os.ReadFile(f)
 		switch {

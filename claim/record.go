@@ -67,8 +67,12 @@ const (
 	// flagTrace marks a record that ends with the trace context of the
 	// attempt that executed (Record.Trace). Written only with tracing on,
 	// so that with it off records stay readable by earlier versions.
-	flagTrace  = 8
-	knownFlags = flagBodyOmitted | flagTail | flagSealed | flagTrace
+	flagTrace = 8
+	// flagKeyedFingerprint marks a fingerprint stored as an HMAC under a
+	// subkey of the key secret (store.record_format: 2): v0.3.0 refuses
+	// the flag, so it is written only once every replica reads it.
+	flagKeyedFingerprint = 16
+	knownFlags           = flagBodyOmitted | flagTail | flagSealed | flagTrace | flagKeyedFingerprint
 )
 
 // ErrCorrupt means a stored value could not be decoded: another program
@@ -103,6 +107,9 @@ type Record struct {
 	// the key, so that a retry's trace can link to the execution; zero
 	// when that attempt was not traced.
 	Trace TraceContext
+	// KeyedFingerprint reports that Fingerprint is the keyed form (an
+	// HMAC of the request's SHA-256): compare with Store.SameRequest.
+	KeyedFingerprint bool
 	// Mark and Lease, in progress only, say whether the key's TTL was set
 	// by the claim, with that lease, or by a renewal since (mark.go).
 	// Claim writes MarkClaimed with the lease it was given; MarkNone is
@@ -145,6 +152,9 @@ func (r *Record) encodeInto(buf []byte) []byte {
 	b[offState] = byte(r.State)
 	if r.BodyOmitted {
 		b[offFlags] |= flagBodyOmitted
+	}
+	if r.KeyedFingerprint {
+		b[offFlags] |= flagKeyedFingerprint
 	}
 	copy(b[offToken:], r.Token[:])
 	copy(b[offFingerprint:], r.Fingerprint[:])
@@ -212,11 +222,12 @@ func decode(b []byte) (*Record, error) {
 		return nil, ErrCorrupt
 	}
 	r := &Record{
-		State:       State(b[offState]),
-		BodyOmitted: b[offFlags]&flagBodyOmitted != 0,
-		Created:     fromMilli(int64(binary.BigEndian.Uint64(b[offCreated:]))),
-		Completed:   fromMilli(int64(binary.BigEndian.Uint64(b[offCompleted:]))),
-		Status:      int(binary.BigEndian.Uint16(b[offStatus:])),
+		State:            State(b[offState]),
+		BodyOmitted:      b[offFlags]&flagBodyOmitted != 0,
+		KeyedFingerprint: b[offFlags]&flagKeyedFingerprint != 0,
+		Created:          fromMilli(int64(binary.BigEndian.Uint64(b[offCreated:]))),
+		Completed:        fromMilli(int64(binary.BigEndian.Uint64(b[offCompleted:]))),
+		Status:           int(binary.BigEndian.Uint16(b[offStatus:])),
 	}
 	if r.State != InProgress && r.State != Completed || b[offFlags]&^knownFlags != 0 {
 		return nil, ErrCorrupt

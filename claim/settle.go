@@ -45,7 +45,7 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 	var value []byte
 	if s.seal == nil {
 		buf = valuePool.Get().(*[]byte)
-		value = rec.encodeInto(*buf)
+		value = s.stored(rec).encodeInto(*buf)
 	} else {
 		value = s.encode(key, rec)
 	}

@@ -61,6 +61,12 @@ type Store struct {
 
 	// masterName, on Sentinel, names the master for Health.
 	masterName string
+
+	// fpMAC, when set, keys fingerprints (a subkey of the key secret):
+	// records with keyed fingerprints are compared with it, and with
+	// keyedWrites (store.record_format: 2) every record is written so.
+	fpMAC       []byte
+	keyedWrites bool
 }
 
 // Option configures a Store.
@@ -169,10 +175,58 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, key string, size
 
 // encode is rec's stored form under key: sealed when sealing is on.
 func (s *Store) encode(key string, rec *Record) []byte {
+	rec = s.stored(rec)
 	if s.seal != nil {
 		return s.seal.seal(key, rec)
 	}
 	return rec.Encode()
+}
+
+// WithKeyedFingerprints keys stored fingerprints with a subkey of secret
+// (the key derivation secret, store.key_secret_file; never a sealing key,
+// which rotates): someone who reads Redis can no longer confirm a guessed
+// request body against a record. Records whose fingerprint is keyed are
+// compared with it whatever write says; write (store.record_format: 2)
+// writes every record keyed, which releases before v0.4.0 cannot read.
+func WithKeyedFingerprints(secret []byte, write bool) Option {
+	return func(s *Store) {
+		m := hmac.New(sha256.New, secret)
+		m.Write([]byte("idemproxy fingerprint v1"))
+		s.fpMAC, s.keyedWrites = m.Sum(nil), write
+	}
+}
+
+// keyFingerprint is fp's keyed form.
+func (s *Store) keyFingerprint(fp Fingerprint) Fingerprint {
+	m := hmac.New(sha256.New, s.fpMAC)
+	m.Write(fp[:])
+	var out Fingerprint
+	copy(out[:], m.Sum(nil))
+	return out
+}
+
+// stored is rec as this store writes it: with a keyed fingerprint when
+// it writes keyed ones.
+func (s *Store) stored(rec *Record) *Record {
+	if !s.keyedWrites || s.fpMAC == nil || rec.KeyedFingerprint {
+		return rec
+	}
+	c := *rec
+	c.Fingerprint, c.KeyedFingerprint = s.keyFingerprint(rec.Fingerprint), true
+	return &c
+}
+
+// SameRequest reports whether rec, a stored record, was written for the
+// request whose fingerprint is fp, whichever form its fingerprint has.
+func (s *Store) SameRequest(rec *Record, fp Fingerprint) bool {
+	if !rec.KeyedFingerprint {
+		return rec.Fingerprint == fp
+	}
+	if s.fpMAC == nil {
+		return false // keyed with a secret this store does not have
+	}
+	k := s.keyFingerprint(fp)
+	return hmac.Equal(rec.Fingerprint[:], k[:])
 }
 
 // Key derives the Redis key for an idempotency key presented by principal

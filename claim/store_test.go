@@ -1,6 +1,7 @@
 package claim_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -84,6 +85,7 @@ func TestContract(t *testing.T) {
 		{"FullRefusesOnlyNewClaims", testFullRefusesOnlyNewClaims},
 		{"Quota", testQuota},
 		{"UnforwardedClaims", testUnforwardedClaims},
+		{"KeyedFingerprints", testKeyedFingerprints},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
@@ -770,5 +772,64 @@ func testUnforwardedClaims(t *testing.T, _ redis.UniversalClient, s *claim.Store
 	}
 	if found, err := s.ReleaseUnconfirmed(ctx, keyLost, lost.Token); err != nil || found {
 		t.Fatalf("release unconfirmed again: %t %v, want not found", found, err)
+	}
+}
+
+// testKeyedFingerprints: under record_format 2 a record's fingerprint is
+// stored keyed (not the request's SHA-256, which a reader of Redis could
+// confirm guesses against); every store with the secret compares both
+// kinds, so records written before the switch stay comparable; a store
+// without the secret never takes a keyed fingerprint for a match.
+func testKeyedFingerprints(t *testing.T, c redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	secret := bytes.Repeat([]byte{3}, 32)
+	prefix := "kf:" + s.Key("", "", "")[:12] + ":"
+	v1 := claim.New(c, prefix, claim.WithKeyedFingerprints(secret, false))
+	v2 := claim.New(c, prefix, claim.WithKeyedFingerprints(secret, true))
+	plain := claim.New(c, prefix)
+	defer v1.Close()
+	defer v2.Close()
+	defer plain.Close()
+	fp := claim.Fingerprint{1, 2, 3}
+	other := claim.Fingerprint{9}
+
+	old := newRecord(t)
+	old.Fingerprint = fp
+	k1 := v1.Key("p", "s", "format-1")
+	if res, err := v1.Claim(ctx, k1, old, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	got, _, err := v2.Get(ctx, k1)
+	if err != nil || got.KeyedFingerprint || !v2.SameRequest(got, fp) || v2.SameRequest(got, other) {
+		t.Fatalf("a format-1 record read under format 2: %+v %v", got, err)
+	}
+
+	rec := newRecord(t)
+	rec.Fingerprint = fp
+	k2 := v2.Key("p", "s", "format-2")
+	if res, err := v2.Claim(ctx, k2, rec, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	if _, err := v2.Complete(ctx, k2, completed(rec, "ok"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := c.Get(ctx, k2).Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := claim.Decode(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stored.KeyedFingerprint || stored.Fingerprint == fp {
+		t.Fatalf("format 2 stored the plain fingerprint: keyed=%t", stored.KeyedFingerprint)
+	}
+	for name, st := range map[string]*claim.Store{"format 2": v2, "format 1 with the secret": v1} {
+		if !st.SameRequest(stored, fp) || st.SameRequest(stored, other) {
+			t.Errorf("%s: a keyed record does not compare as the request it was written for", name)
+		}
+	}
+	if plain.SameRequest(stored, fp) {
+		t.Error("a store without the secret matched a keyed fingerprint")
 	}
 }

@@ -293,6 +293,11 @@ func (c *Config) Grace() time.Duration {
 type Store struct {
 	// Redis says how to reach the deployment.
 	Redis Redis `yaml:"redis"`
+	// RecordFormat is the stored format written: 1 (what v0.3.0 reads,
+	// the default) or 2 (fingerprints keyed with KeySecretFile: turn it on
+	// once every replica runs v0.4.0 or later; every version since reads
+	// both).
+	RecordFormat int `yaml:"record_format"`
 	// KeyPrefix is prepended to every Redis key.
 	KeyPrefix string `yaml:"key_prefix"`
 	// Pipeline coalesces concurrent store operations into pipelines
@@ -495,7 +500,7 @@ func Default() *Config {
 			URL: DefaultUpstreamURL, Timeout: DefaultUpstreamTimeout,
 			LateAnswerWindow: DefaultLateAnswerWindow, MaxLateCalls: DefaultMaxLateCalls, LateCallsPrincipalShare: DefaultPrincipalShare,
 		},
-		Store:               Store{KeyPrefix: DefaultKeyPrefix, Pipeline: true, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
+		Store:               Store{RecordFormat: 1, KeyPrefix: DefaultKeyPrefix, Pipeline: true, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
 		Client:              Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
 		Limits:              Limits{PrincipalShare: DefaultPrincipalShare},
 		PassThroughUpgrades: []string{"websocket"},

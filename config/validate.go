@@ -111,6 +111,9 @@ func (c *Config) validateUpstream(add problemf) {
 
 func (c *Config) validateStore(add problemf) {
 	st := &c.Store
+	if st.RecordFormat != 1 && st.RecordFormat != 2 {
+		add("store.record_format", "must be 1 or 2, got %d", st.RecordFormat)
+	}
 	if st.KeyPrefix == "" {
 		add("store.key_prefix", "must not be empty: it keeps idemproxy's keys apart from other data")
 	}
@@ -380,6 +383,12 @@ func (c *Config) Warnings() []string {
 	}
 	if len(c.Store.Encryption.KeyFiles) > 1 && c.Store.KeySecretFile == "" {
 		w = append(w, "store.encryption.key_files: several keys and no store.key_secret_file: Redis keys are derived from the first key file, so prepending a key moves every key; records stored before are no longer found and their retries execute again; set store.key_secret_file before rotating")
+	}
+	switch {
+	case c.Store.KeySecretFile != "" && c.Store.RecordFormat < 2:
+		w = append(w, "store.record_format: 1: fingerprints are stored as plain SHA-256, which someone who reads Redis can check guessed request bodies against; set 2 (keyed with store.key_secret_file) once every replica runs v0.4.0 or later (CHANGELOG.md)")
+	case c.Store.KeySecretFile == "" && c.Store.RecordFormat >= 2:
+		w = append(w, "store.record_format: 2 keys fingerprints only with store.key_secret_file (never a sealing key, which rotates): without it they stay plain SHA-256")
 	}
 	if len(c.Store.Encryption.KeyFiles) > 0 && !c.Store.Encryption.Required {
 		w = append(w, "store.encryption.required: false with key_files: an unsealed record planted in Redis is replayed as it is; keep it only while records written before sealing can exist (one retention), then remove it (true is the default with key_files)")

@@ -188,7 +188,7 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 			return // the caller may no longer learn anything about this key
 		}
 		existing, ttl := res.Existing, res.TTL
-		if existing.State == claim.InProgress && existing.Fingerprint == rec.Fingerprint && !existing.Orphaned(ttl) && time.Now().Before(waitUntil) {
+		if existing.State == claim.InProgress && x.h.store.SameRequest(existing, rec.Fingerprint) && !existing.Orphaned(ttl) && time.Now().Before(waitUntil) {
 			existing, ttl, err = x.wait(waitUntil)
 			if err != nil {
 				x.storeFailed("get", err, nil)
@@ -198,7 +198,7 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 				continue // released or lapsed: claim it ourselves
 			}
 		}
-		if existing.Fingerprint == rec.Fingerprint && existing.Orphaned(ttl) && attempt < maxOrphanSettles {
+		if x.h.store.SameRequest(existing, rec.Fingerprint) && existing.Orphaned(ttl) && attempt < maxOrphanSettles {
 			if err := x.settleOrphan(existing); err == nil || !errors.Is(err, claim.ErrLeaseLost) {
 				return
 			}
@@ -289,7 +289,7 @@ func (x *exchange) clearUnforwarded(ghost *claim.Record) bool {
 func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl time.Duration) {
 	x.linkTo(rec)
 	switch {
-	case rec.Fingerprint != fp:
+	case !x.h.store.SameRequest(rec, fp):
 		x.outcome = outcomeMismatch
 		x.problem(probMismatch.with("this idempotency key was first used with a different method, path, query, body or fingerprinted header"))
 	case rec.State == claim.InProgress:

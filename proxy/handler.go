@@ -36,6 +36,7 @@ type Store interface {
 	Release(ctx context.Context, key string, token claim.Token) error
 	ReleaseUnconfirmed(ctx context.Context, key string, token claim.Token) (found bool, err error)
 	ReleaseUnforwarded(ctx context.Context, key string, ghost *claim.Record) error
+	SameRequest(rec *claim.Record, fp claim.Fingerprint) bool
 	Watch(ctx context.Context, key string) *claim.Watch
 }
 

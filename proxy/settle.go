@@ -268,14 +268,15 @@ func (h *Handler) outcomeUnknownRecord(orig *claim.Record, token claim.Token, no
 	p := probOutcomeUnknown.with(what + "; it may have acted on the request. It will not be executed again with this idempotency key: check the state of the resource, and to try again send a new key")
 	body := h.problemBody(p, orig.RequestID)
 	return &claim.Record{
-		State:       claim.Completed,
-		Token:       token,
-		Fingerprint: orig.Fingerprint,
-		Created:     orig.Created,
-		Completed:   now,
-		RequestID:   orig.RequestID,
-		Trace:       orig.Trace,
-		Status:      p.Status,
+		State:            claim.Completed,
+		Token:            token,
+		Fingerprint:      orig.Fingerprint,
+		KeyedFingerprint: orig.KeyedFingerprint,
+		Created:          orig.Created,
+		Completed:        now,
+		RequestID:        orig.RequestID,
+		Trace:            orig.Trace,
+		Status:           p.Status,
 		Header: http.Header{
 			"Content-Type":  {problemContentType},
 			"Cache-Control": {"no-store"},
