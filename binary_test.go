@@ -39,9 +39,13 @@ func TestMain(m *testing.M) {
 }
 
 // buildBinary builds idemproxy from this tree once and returns its path;
-// it skips when go is not in PATH.
+// it skips when go is not in PATH. IDEMPROXY_TEST_BINARY names another
+// build to run instead, to try a test against an earlier release.
 func buildBinary(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("IDEMPROXY_TEST_BINARY"); bin != "" {
+		return bin
+	}
 	if raceEnabled {
 		t.Skip("real-binary test: runs in the plain go test pass, not under -race (the binary is not built with it)")
 	}
