@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/problemfmt"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -51,6 +52,13 @@ func lateShare(u config.Upstream) int {
 		return 0
 	}
 	return max(1, int(u.LateCallsPrincipalShare*float64(u.MaxLateCalls)))
+}
+
+// problemFormat is s's problem_body, compiled; nil for problem+json.
+// Validate parsed it already.
+func problemFormat(s config.Settings) *problemfmt.Format {
+	f, _ := problemfmt.Parse(s.ProblemBody, s.ProblemContentType)
+	return f
 }
 
 // traceTrust is tracing.trust_incoming for the proxy.
@@ -120,6 +128,9 @@ func proxyRoutes(routes []config.Route) []proxy.Route {
 			ExcludeHeaders:     slices.Clone(s.ResponseHeaders.Exclude),
 			QuotaNewKeys:       int64(s.Quota.NewKeys),
 			AdvertiseRetention: s.AdvertiseRetention,
+			InProgressStatus:   s.InProgressStatus,
+			KeyJSONPointer:     s.KeyJSONPointer,
+			Problems:           problemFormat(s),
 			QuotaWindow:        s.Quota.Window,
 		})
 	}

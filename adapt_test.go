@@ -49,8 +49,13 @@ func TestEverySettingReachesTheProxy(t *testing.T) {
 			}
 			r := base
 			r.Settings = config.DefaultSettings()
+			wantHere := want
+			if p == "ProblemContentType" { // it goes with a problem_body
+				r.Settings.ProblemBody = `{"error":{{json .Code}}}`
+				wantHere = proxyRoutes([]config.Route{r})[0]
+			}
 			changeLeaf(t, reflect.ValueOf(&r.Settings).Elem().FieldByIndex(fieldIndex(v, path, sf)), p)
-			if got := proxyRoutes([]config.Route{r})[0]; reflect.DeepEqual(got, want) {
+			if got := proxyRoutes([]config.Route{r})[0]; reflect.DeepEqual(got, wantHere) {
 				t.Errorf("config.Settings.%s does not reach proxy.Route", p)
 			}
 		}
@@ -83,6 +88,9 @@ func changeLeaf(t *testing.T, f reflect.Value, path string) {
 			"KeyHeader": "X-Other-Key", "Scope": config.ScopePrincipal, "Concurrent": config.ConcurrentWait,
 			"UnknownOutcome": config.OutcomeRelease, "StoreUnavailable": config.FailOpen,
 			"Replay.AuthorizeURL": "http://127.0.0.1:1/allow",
+			"KeyJSONPointer":      "/request_id",
+			"ProblemBody":         `{"error":{"code":{{json .Code}}}}`,
+			"ProblemContentType":  "application/vnd.api+json",
 		}[path]
 		if *v == "" {
 			t.Fatalf("changeLeaf: no value for string setting %s; add one", path)

@@ -12,6 +12,7 @@ package config
 
 import (
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"slices"
 	"time"
@@ -427,6 +428,21 @@ type Settings struct {
 	ResponseHeaders ResponseHeaders `yaml:"response_headers"`
 	// Quota bounds the new keys one principal claims per window.
 	Quota Quota `yaml:"quota"`
+	// InProgressStatus is the status of the answer to a retry while the
+	// first attempt runs: 409 (the IETF draft's), or 429 or 503, which
+	// generic retrying clients retry; Retry-After either way.
+	InProgressStatus int `yaml:"in_progress_status"`
+	// KeyJSONPointer, when set, takes the key from this member of a JSON
+	// body (a string, or an integer in decimal) when the key header is
+	// absent; a request that has both must agree. It makes the route read
+	// bodies before the key.
+	KeyJSONPointer string `yaml:"key_json_pointer"`
+	// ProblemBody, when set, is a Go text/template for the body of every
+	// answer idemproxy makes itself on the route (internal/problemfmt's
+	// Data), in ProblemContentType (application/json when empty); empty
+	// answers problem+json.
+	ProblemBody        string `yaml:"problem_body"`
+	ProblemContentType string `yaml:"problem_content_type"`
 	// AdvertiseRetention sets Idempotency-Retention (seconds; not a
 	// standard header) on stored answers and replays.
 	AdvertiseRetention bool `yaml:"advertise_retention"`
@@ -533,6 +549,7 @@ func DefaultSettings() Settings {
 		Replay:           Replay{AuthorizeTimeout: DefaultAuthorizeTimeout},
 		ResponseHeaders:  ResponseHeaders{Exclude: slices.Clone(DefaultResponseHeadersExclude)},
 		Quota:            Quota{Window: DefaultQuotaWindow},
+		InProgressStatus: http.StatusConflict,
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/jsonpointer"
+	"github.com/idemproxy/idemproxy/internal/problemfmt"
 )
 
 // Validate checks the configuration and reports every problem at once, each
@@ -239,6 +240,20 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 	oneOf(path+"concurrent", s.Concurrent, add, ConcurrentReject, ConcurrentWait)
 	oneOf(path+"unknown_outcome", s.UnknownOutcome, add, OutcomeKeep, OutcomeRelease, OutcomeFail)
 	oneOf(path+"store_unavailable", s.StoreUnavailable, add, FailClosed, FailOpen)
+	if s.InProgressStatus != http.StatusConflict && s.InProgressStatus != http.StatusTooManyRequests && s.InProgressStatus != http.StatusServiceUnavailable {
+		add(path+"in_progress_status", "must be 409, 429 or 503, got %d", s.InProgressStatus)
+	}
+	if s.KeyJSONPointer != "" {
+		if _, err := jsonpointer.Parse(s.KeyJSONPointer); err != nil {
+			add(path+"key_json_pointer", "%v", err)
+		}
+	}
+	if _, err := problemfmt.Parse(s.ProblemBody, s.ProblemContentType); err != nil {
+		add(path+"problem_body", "%v", err)
+	}
+	if s.ProblemBody == "" && s.ProblemContentType != "" {
+		add(path+"problem_content_type", "goes with problem_body, which is empty")
+	}
 	if s.Lease < MinLease {
 		add(path+"lease", "must be at least %s, got %s", MinLease, s.Lease)
 	}

@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"net/url"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/problemfmt"
 )
 
 // Config is what a Handler serves: the upstream, where principals come
@@ -36,6 +38,9 @@ type Config struct {
 	// Upgrade, and every Upgrade on a protected route, is refused with 400
 	// upgrade-refused. Nil refuses every upgrade.
 	PassThroughUpgrades []string
+	// Problems, when set, shapes idemproxy's own answers outside any
+	// route (unmatched paths, refused upgrades); nil answers problem+json.
+	Problems *problemfmt.Format
 	// MaxBufferedBytes bounds the bytes held in request and response body
 	// buffers at once; a protected request whose body would exceed it gets
 	// 503 buffers-full before any claim. Zero holds without limit.
@@ -136,6 +141,16 @@ type Route struct {
 	// claim on the route per QuotaWindow; beyond, 429 too-many-keys.
 	QuotaNewKeys int64
 	QuotaWindow  time.Duration
+	// InProgressStatus answers a retry while the first attempt runs: 409
+	// (zero), 429 or 503, with Retry-After.
+	InProgressStatus int
+	// KeyJSONPointer, when set, takes the key from this member of a JSON
+	// body when the key header is absent (a string, or an integer in
+	// decimal); the route then reads bodies before the key.
+	KeyJSONPointer string
+	// Problems, when set, shapes idemproxy's own answers on the route;
+	// nil uses Config.Problems, or problem+json.
+	Problems *problemfmt.Format
 	// AdvertiseRetention sets Idempotency-Retention (seconds, not a
 	// standard header) on stored answers and replays.
 	AdvertiseRetention bool

@@ -73,6 +73,11 @@ func (x *exchange) serve() {
 	if !ok {
 		return
 	}
+	if x.rt.keyPointer != nil {
+		if key, ok = x.keyInBody(key, body); !ok {
+			return
+		}
+	}
 	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, body)
 	x.hashedKey = x.h.store.Key(x.principal, x.rt.scope, key)
 	x.ownOrAnswer(x.newClaim(fp), body)
@@ -104,7 +109,8 @@ func (x *exchange) admit() (key string, ok bool) {
 		}
 	}
 	key, keyErr := parseKey(x.r.Header, s.KeyHeader)
-	if errors.Is(keyErr, errKeyMissing) && !s.RequireKey {
+	fromBody := x.rt.keyPointer != nil
+	if errors.Is(keyErr, errKeyMissing) && !s.RequireKey && !fromBody {
 		x.bypass(nil, "no idempotency key on an optional route")
 		return "", false
 	}
@@ -124,6 +130,8 @@ func (x *exchange) admit() (key string, ok bool) {
 	case x.principal == "":
 		x.reject(probIdentityMissing.with("this route needs " + x.h.id.src.missing()))
 		return "", false
+	case errors.Is(keyErr, errKeyMissing) && fromBody:
+		return "", true // looked for in the body once it is read
 	case errors.Is(keyErr, errKeyMissing):
 		x.reject(probKeyMissing.with("send an " + s.KeyHeader + " header"))
 		return "", false
@@ -134,6 +142,33 @@ func (x *exchange) admit() (key string, ok bool) {
 	// Forward the unquoted key: the upstream can dedupe on it in its own
 	// transaction, closing the dual-write window from its side.
 	x.r.Header.Set(s.KeyHeader, key)
+	return key, true
+}
+
+// keyInBody applies key_json_pointer once the body is read: without the
+// header the key is the body's (and is forwarded in the header); with
+// both they must agree. It reports false when it answered: refused, or
+// forwarded unprotected on an optional route without a key.
+func (x *exchange) keyInBody(header string, body []byte) (string, bool) {
+	s := &x.rt.settings
+	key, found, err := bodyKey(body, x.rt.keyPointer)
+	switch {
+	case err != nil:
+		x.reject(probKeyMalformed.with(s.KeyJSONPointer + ": " + err.Error()))
+		return "", false
+	case header != "" && found && key != header:
+		x.reject(probKeyMalformed.with("the " + s.KeyHeader + " header and " + s.KeyJSONPointer + " in the body name different keys"))
+		return "", false
+	case header != "":
+		return header, true
+	case !found && !s.RequireKey:
+		x.bypass(body, "no idempotency key, in the header or the body, on an optional route")
+		return "", false
+	case !found:
+		x.reject(probKeyMissing.with("send an " + s.KeyHeader + " header, or " + s.KeyJSONPointer + " in a JSON body"))
+		return "", false
+	}
+	x.r.Header.Set(s.KeyHeader, key) // the upstream gets it as if the client had sent it
 	return key, true
 }
 
@@ -219,7 +254,7 @@ const maxOrphanSettles = 3
 // answered nothing, when the key changed first.
 func (x *exchange) settleOrphan(orphan *claim.Record) error {
 	x.linkTo(orphan)
-	rec := x.h.outcomeUnknownRecord(orphan, claim.Token{}, time.Now(), true)
+	rec := x.h.outcomeUnknownRecord(orphan, claim.Token{}, time.Now(), true, x.rt.settings.Problems)
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
 	ctx, cancel := settleCtx()
 	defer cancel()
@@ -295,6 +330,9 @@ func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl t
 	case rec.State == claim.InProgress:
 		x.outcome = outcomeConflict
 		p := probInProgress.with("retry after the time in Retry-After; the first attempt is still running")
+		if st := x.rt.settings.InProgressStatus; st != 0 {
+			p.Status = st // 429 or 503: what generic retrying clients retry
+		}
 		p.retryAfter = ttl
 		x.problem(p)
 	case rec.BodyOmitted:
@@ -487,7 +525,7 @@ func (x *exchange) problem(p problem) {
 		x.detail = p.Detail
 	}
 	x.status = p.Status
-	x.h.writeProblem(x.w, p, x.requestID)
+	x.h.writeProblem(x.w, p, x.requestID, x.rt.settings.Problems)
 }
 
 // finish counts and logs the request once.

@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/problemfmt"
 )
 
 // Store is what the proxy needs from the claim store. *claim.Store
@@ -138,6 +139,8 @@ type Handler struct {
 	// abandoned is set by Abandon: upstream calls starting after it are
 	// cancelled at once.
 	abandoned atomic.Bool
+	// problems, when set, shapes answers outside any route.
+	problems *problemfmt.Format
 	// passUpgrades are the protocols an unprotected request may switch to.
 	passUpgrades []string
 	// owners are the claims this process owns and has not settled.
@@ -171,6 +174,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.StoreAddress, opts.TraceTrust),
 		owners:          claimAges{started: map[*owner]time.Time{}, now: time.Now},
 		passUpgrades:    slices.Clone(cfg.PassThroughUpgrades),
+		problems:        cfg.Problems,
 	}
 	h.unconfirmed = unconfirmed{h: h, now: time.Now}
 	if h.bodyTimeout <= 0 {
@@ -278,7 +282,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if rt == nil {
 		if refused.Status != 0 {
-			h.writeProblem(w, refused, r.Header.Get(RequestIDHeader))
+			h.writeProblem(w, refused, r.Header.Get(RequestIDHeader), nil)
 			return
 		}
 		h.passThrough(w, r, trusted)

@@ -132,7 +132,7 @@ func (o *owner) clientTimedOut() {
 	answered := o.gate.close(func(w http.ResponseWriter) {
 		h.metrics.lateCalls.Inc()
 		w.Header().Set("Connection", "close") // this handler stays busy
-		h.writeProblem(w, p, x.requestID)
+		h.writeProblem(w, p, x.requestID, x.rt.settings.Problems)
 	})
 	if !answered { // the answer is already on its way
 		h.late.give(x.principal)

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/problemfmt"
 )
 
 // ProblemTypePrefix starts the type URI of every problem idemproxy answers
@@ -79,16 +81,18 @@ func (p problem) with(detail string) problem {
 }
 
 // writeProblem is the proxy's one error path: every error response goes
-// out through here.
-func (hd *Handler) writeProblem(w http.ResponseWriter, p problem, requestID string) {
-	body := hd.problemBody(p, requestID)
+// out through here, in format (a route's problem_body), or, when nil, in
+// the format for answers outside any route (Config.Problems), or else as
+// problem+json.
+func (hd *Handler) writeProblem(w http.ResponseWriter, p problem, requestID string, format *problemfmt.Format) {
+	body, contentType := hd.renderProblem(p, requestID, format)
 	h := w.Header()
 	if hd.docsLink != "" && (p.Status == http.StatusBadRequest || p.Status == http.StatusConflict || p.Status == http.StatusUnprocessableEntity) {
 		// The IETF draft: a 400, 409 or 422 links to the documentation of
 		// the idempotency key's rules.
 		h.Set("Link", hd.docsLink)
 	}
-	h.Set("Content-Type", problemContentType)
+	h.Set("Content-Type", contentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Set("Cache-Control", "no-store")
 	if p.retryAfter > 0 {
@@ -98,12 +102,30 @@ func (hd *Handler) writeProblem(w http.ResponseWriter, p problem, requestID stri
 	_, _ = w.Write(body)
 }
 
-// problemBody is p's JSON form, with its full type URI and requestID.
-func (hd *Handler) problemBody(p problem, requestID string) []byte {
+// renderProblem is p's body, with its full type URI and requestID, and
+// its content type: in format (or the outside-route format) when set,
+// problem+json otherwise or when the template fails (logged).
+func (hd *Handler) renderProblem(p problem, requestID string, format *problemfmt.Format) ([]byte, string) {
+	if format == nil {
+		format = hd.problems
+	}
+	code := p.Type
 	p.RequestID = requestID
 	p.Type = hd.problemBase + p.Type
+	if format != nil {
+		d := problemfmt.Data{Status: p.Status, Type: p.Type, Code: code, Title: p.Title, Detail: p.Detail,
+			RequestID: requestID, OriginalStatus: p.OriginalStatus}
+		if p.retryAfter > 0 {
+			d.RetryAfter, _ = strconv.Atoi(retryAfterSeconds(p.retryAfter))
+		}
+		body, err := format.Render(d)
+		if err == nil {
+			return body, format.ContentType()
+		}
+		hd.log.Error("problem_body failed to render; answering problem+json", "err", err, "request_id", requestID)
+	}
 	body, _ := json.Marshal(p) // a struct of strings and ints always marshals
-	return append(body, '\n')
+	return append(body, '\n'), problemContentType
 }
 
 // retryAfterSeconds rounds d up to whole seconds, at least 1.

@@ -1,11 +1,16 @@
 package proxy
 
 import (
+	"encoding/json"
+	"log/slog"
 	"os"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/problemfmt"
 )
 
 // TestReadmeListsEveryProblemType: the README's table of problem types
@@ -38,6 +43,37 @@ func TestReadmeListsEveryProblemType(t *testing.T) {
 		}
 		if !strings.Contains(status, strconv.Itoa(p.Status)) {
 			t.Errorf("README lists %s as %s, the proxy answers it %d", p.Type, status, p.Status)
+		}
+	}
+}
+
+// TestProblemBodyRendersEveryProblem: a problem_body renders valid JSON
+// for every problem the proxy can answer, with its code, status and the
+// Retry-After seconds when one is sent.
+func TestProblemBodyRendersEveryProblem(t *testing.T) {
+	f, err := problemfmt.Parse(`{"error":{"type":{{json .Code}},"uri":{{json .Type}},"title":{{json .Title}},"message":{{json .Detail}},"status":{{.Status}},"retry_after":{{.RetryAfter}},"request_id":{{json .RequestID}}}}`, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &Handler{problemBase: ProblemTypePrefix, log: slog.New(slog.DiscardHandler)}
+	for _, p := range problems {
+		p = p.with(`a detail with "quotes" and \ and a newline
+`)
+		p.retryAfter = 1500 * time.Millisecond
+		body, ct := h.renderProblem(p, "rid-1", f)
+		var got struct {
+			Error struct {
+				Type, URI  string
+				Status     int
+				RetryAfter int `json:"retry_after"`
+			}
+		}
+		if ct != "application/json" || json.Unmarshal(body, &got) != nil {
+			t.Errorf("%s: %s %s, want valid JSON", p.Type, ct, body)
+			continue
+		}
+		if got.Error.Type != p.Type || got.Error.URI != ProblemTypePrefix+p.Type || got.Error.Status != p.Status || got.Error.RetryAfter != 2 {
+			t.Errorf("%s: rendered %+v", p.Type, got.Error)
 		}
 	}
 }

@@ -22,6 +22,8 @@ type route struct {
 	releaseOn [600]bool
 	// httpRoute is the pattern's path, the http.route of its spans.
 	httpRoute string
+	// keyPointer, when set, finds the key in a JSON body.
+	keyPointer []string
 }
 
 // KeyScope is what a route hashes into its Redis keys beside the principal
@@ -69,6 +71,9 @@ func newRouter(routes []Route) (*router, error) {
 			return nil, fmt.Errorf("routes[%d]: %w", i, err)
 		}
 		r.fp = fp
+		if r.keyPointer, err = keyPointer(rc.KeyJSONPointer); err != nil {
+			return nil, fmt.Errorf("routes[%d]: key_json_pointer: %w", i, err)
+		}
 		for _, code := range rc.ReleaseOn {
 			if code >= 0 && code < len(r.releaseOn) {
 				r.releaseOn[code] = true

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/problemfmt"
+
 	"github.com/idemproxy/idemproxy/claim"
 )
 
@@ -234,7 +236,7 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy.String()).Inc()
 	switch policy {
 	case Fail:
-		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout)
+		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout, x.rt.settings.Problems)
 		o.settle(func() verdict {
 			v := o.complete(rec)
 			if v.outcome == outcomeStored {
@@ -260,13 +262,13 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 // request may or may not have been executed (unknown_outcome: fail): a
 // 502 outcome-unknown problem, replayed to every retry, so nothing
 // executes again. orig is the claim it settles, token the writer's.
-func (h *Handler) outcomeUnknownRecord(orig *claim.Record, token claim.Token, now time.Time, timeout bool) *claim.Record {
+func (h *Handler) outcomeUnknownRecord(orig *claim.Record, token claim.Token, now time.Time, timeout bool, problems *problemfmt.Format) *claim.Record {
 	what := "the connection to the upstream broke after the request was sent"
 	if timeout {
 		what = "the upstream did not answer in time"
 	}
 	p := probOutcomeUnknown.with(what + "; it may have acted on the request. It will not be executed again with this idempotency key: check the state of the resource, and to try again send a new key")
-	body := h.problemBody(p, orig.RequestID)
+	body, contentType := h.renderProblem(p, orig.RequestID, problems)
 	return &claim.Record{
 		State:            claim.Completed,
 		Token:            token,
@@ -278,7 +280,7 @@ func (h *Handler) outcomeUnknownRecord(orig *claim.Record, token claim.Token, no
 		Trace:            orig.Trace,
 		Status:           p.Status,
 		Header: http.Header{
-			"Content-Type":  {problemContentType},
+			"Content-Type":  {contentType},
 			"Cache-Control": {"no-store"},
 		},
 		Body: body,
