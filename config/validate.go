@@ -405,6 +405,14 @@ func (c *Config) Warnings() []string {
 	case c.Store.KeySecretFile == "" && c.Store.RecordFormat >= 2:
 		w = append(w, "store.record_format: 2 keys fingerprints only with store.key_secret_file (never a sealing key, which rotates): without it they stay plain SHA-256")
 	}
+	if c.Tracing.TrustIncoming == TraceTrustAll {
+		w = append(w, "tracing.trust_incoming: all: any client's traceparent parents idemproxy's spans and can force them sampled (and exported); trusted_peers keeps that to the proxies in identity.trusted_proxies")
+	}
+	for i, p := range c.PassThroughUpgrades {
+		if !strings.EqualFold(p, "websocket") {
+			w = append(w, fmt.Sprintf("pass_through_upgrades[%d]: %s is tunnelled for every peer: an upstream that goes on parsing HTTP inside the tunnel (h2c) reads headers idemproxy never stripped", i, p))
+		}
+	}
 	if len(c.Store.Encryption.KeyFiles) > 0 && !c.Store.Encryption.Required {
 		w = append(w, "store.encryption.required: false with key_files: an unsealed record planted in Redis is replayed as it is; keep it only while records written before sealing can exist (one retention), then remove it (true is the default with key_files)")
 	}
