@@ -1,8 +1,6 @@
 package validate
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,8 +12,6 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
-
-	"github.com/idemproxy/idemproxy/config"
 )
 
 // renderParent renders testdata/parent, a user's chart that vendors
@@ -58,14 +54,7 @@ func TestHelmChartAsDependency(t *testing.T) {
 	dep := get[*appsv1.Deployment](t, b, "Deployment/shop-orders")
 	pod := dep.Spec.Template
 	cm := get[*corev1.ConfigMap](t, b, "ConfigMap/shop-idemproxy-config")
-	path := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(path, []byte(cm.Data["config.yaml"]), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		t.Fatalf("idemproxy refuses the rendered config: %v\n%s", err, cm.Data["config.yaml"])
-	}
+	cfg := loadRendered(t, cm)
 	checkPod(t, pod.Spec, cfg)
 	for _, v := range pod.Spec.Volumes {
 		switch {

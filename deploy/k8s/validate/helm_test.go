@@ -124,14 +124,7 @@ func TestHelmChart(t *testing.T) {
 			}
 			b := renderChart(t, vf)
 			cm := get[*corev1.ConfigMap](t, b, "ConfigMap/payments-idemproxy-config")
-			path := filepath.Join(t.TempDir(), "config.yaml")
-			if err := os.WriteFile(path, []byte(cm.Data["config.yaml"]), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			cfg, err := config.Load(path)
-			if err != nil {
-				t.Fatalf("idemproxy refuses the rendered config: %v\n%s", err, cm.Data["config.yaml"])
-			}
+			cfg := loadRendered(t, cm)
 			if len(cfg.Store.Redis.Addrs) == 0 {
 				t.Error("the rendered config has no Redis address: it would run on the embedded store")
 			}
@@ -191,4 +184,19 @@ func TestHelmAlertsMatchKustomize(t *testing.T) {
 	if !reflect.DeepEqual(chart.Spec, kustomize.Spec) {
 		t.Error("the chart's alert rules differ from deploy/k8s/prometheusrule.yaml")
 	}
+}
+
+// loadRendered loads the idemproxy config a rendered ConfigMap holds with
+// idemproxy's own loader, failing t when idemproxy would refuse it.
+func loadRendered(t *testing.T, cm *corev1.ConfigMap) *config.Config {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(cm.Data["config.yaml"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		t.Fatalf("idemproxy refuses the rendered config: %v\n%s", err, cm.Data["config.yaml"])
+	}
+	return cfg
 }
