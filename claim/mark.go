@@ -73,8 +73,8 @@ func (r *Record) markSlot() uint16 {
 // setMarkSlot reads an in-progress record's status slot.
 func (r *Record) setMarkSlot(v uint16) {
 	r.Mark, r.Lease = Mark(v>>markShift), time.Duration(v&leaseMask)*leaseUnit
-	if r.Mark > MarkRenewed || r.Lease == 0 {
-		r.Mark, r.Lease = MarkNone, 0
+	if r.Mark == MarkNone || r.Mark > MarkRenewed || r.Lease == 0 {
+		r.Mark, r.Lease = MarkNone, 0 // a lease without a mark tells nothing
 	}
 }
 
