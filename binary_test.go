@@ -19,6 +19,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/loopback"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/syncbuf"
 )
 
 // The binary is built once per test process, into a directory removed
@@ -73,25 +74,7 @@ func buildBinary(t *testing.T) string {
 type sidecar struct {
 	cmd           *exec.Cmd
 	client, admin string // base URLs
-	stderr        *lockedBuffer
-}
-
-// lockedBuffer is a bytes.Buffer written by a process and read by a test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	stderr        *syncbuf.Buffer
 }
 
 // startBinary writes yaml (with listen and admin_listen prepended on free
@@ -111,7 +94,7 @@ func startBinary(t *testing.T, yaml string) *sidecar {
 		cmd:    exec.Command(bin, "-config", path),
 		client: fmt.Sprintf("http://127.0.0.1:%d", port),
 		admin:  fmt.Sprintf("http://127.0.0.1:%d", admin),
-		stderr: &lockedBuffer{},
+		stderr: &syncbuf.Buffer{},
 	}
 	sc.cmd.Stderr = sc.stderr
 	if err := sc.cmd.Start(); err != nil {

@@ -44,14 +44,11 @@ func readSecrets(cfg *config.Config) (*secrets, error) {
 			c.Close() // built only to read the CA file; it never dialled
 		}
 	}
-	opts, err := sealingOptions(cfg.Store)
+	opts, secret, err := sealingOptions(cfg.Store)
 	if err != nil {
 		errs = append(errs, err)
 	}
-	sec.store = opts
-	if cfg.Store.KeySecretFile != "" && err == nil {
-		sec.keySecret, _ = readBase64(cfg.Store.KeySecretFile, 16) // read without error just above
-	}
+	sec.store, sec.keySecret = opts, secret
 	if f := cfg.Admin.TokenFile; f != "" {
 		b, err := os.ReadFile(f)
 		switch {
@@ -70,21 +67,19 @@ func readSecrets(cfg *config.Config) (*secrets, error) {
 }
 
 // sealingOptions reads the encryption key files and the key derivation
-// secret (mounted Secrets, base64) into the store's options.
-func sealingOptions(st config.Store) ([]claim.Option, error) {
-	var secret []byte
+// secret (mounted Secrets, base64) into the store's options; secret is
+// the key derivation secret, nil without store.key_secret_file.
+func sealingOptions(st config.Store) (opts []claim.Option, secret []byte, err error) {
 	if st.KeySecretFile != "" {
-		b, err := readBase64(st.KeySecretFile, 16)
-		if err != nil {
-			return nil, fmt.Errorf("store.key_secret_file: %w", err)
+		if secret, err = readBase64(st.KeySecretFile, 16); err != nil {
+			return nil, nil, fmt.Errorf("store.key_secret_file: %w", err)
 		}
-		secret = b
 	}
 	if len(st.Encryption.KeyFiles) == 0 {
 		if secret != nil {
-			return []claim.Option{claim.WithKeySecret(secret)}, nil
+			return []claim.Option{claim.WithKeySecret(secret)}, secret, nil
 		}
-		return nil, nil
+		return nil, nil, nil
 	}
 	var keys [][]byte
 	for i, f := range st.Encryption.KeyFiles {
@@ -93,15 +88,15 @@ func sealingOptions(st config.Store) ([]claim.Option, error) {
 			err = fmt.Errorf("%s holds %d bytes, want %d (head -c 32 /dev/urandom | base64)", f, len(k), claim.KeySize)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("store.encryption.key_files[%d]: %w", i, err)
+			return nil, nil, fmt.Errorf("store.encryption.key_files[%d]: %w", i, err)
 		}
 		keys = append(keys, k)
 	}
 	opt, err := claim.WithSealing(keys, st.Encryption.Required, secret)
 	if err != nil {
-		return nil, fmt.Errorf("store.encryption.key_files: %w", err)
+		return nil, nil, fmt.Errorf("store.encryption.key_files: %w", err)
 	}
-	return []claim.Option{opt}, nil
+	return []claim.Option{opt}, secret, nil
 }
 
 // readBase64 reads a file holding base64 (surrounding space ignored) of at

@@ -101,7 +101,7 @@ func TestSealingOptions(t *testing.T) {
 	} {
 		var st config.Store
 		st.Encryption.KeyFiles = tc.files
-		opts, err := sealingOptions(st)
+		opts, _, err := sealingOptions(st)
 		switch {
 		case tc.want == "" && (err != nil || len(opts) != 1):
 			t.Errorf("%v: %v, %d options; want one", tc.files, err, len(opts))

@@ -34,20 +34,6 @@ func (s *Store) claimWhenFull(ctx context.Context, key string, rec *Record, leas
 	return s.found(ctx, key, rec, raw, lease)
 }
 
-// MemoryUsage returns how full Redis is: used_memory over maxmemory, the
-// highest over a Cluster's masters; 0 when no maxmemory is set. It fails
-// when any master does not answer.
-func (s *Store) MemoryUsage(ctx context.Context) (float64, error) {
-	highest := 0.0
-	for _, h := range s.Health(ctx) {
-		if h.Err != nil {
-			return 0, h.Err
-		}
-		highest = max(highest, h.MemoryRatio)
-	}
-	return highest, nil
-}
-
 // memoryRatio reads used_memory / maxmemory from an INFO memory reply.
 func memoryRatio(info string) float64 {
 	var used, limit float64

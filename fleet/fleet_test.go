@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/internal/loopback"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/syncbuf"
 )
 
 // requirePrevious, when "1" (.ci/run sets it), fails the test instead of
@@ -96,19 +97,7 @@ func build(t *testing.T) (old, cur string) {
 type sidecar struct {
 	name   string
 	url    string
-	stderr *bytes.Buffer
-	mu     *sync.Mutex
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	b  *bytes.Buffer
-}
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
+	stderr *syncbuf.Buffer
 }
 
 // start runs bin on yaml (listen and admin_listen prepended) with env
@@ -122,10 +111,10 @@ func start(t *testing.T, name, bin, yaml string, env ...string) *sidecar {
 	if err := os.WriteFile(path, []byte(full), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sc := &sidecar{name: name, url: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: new(bytes.Buffer), mu: new(sync.Mutex)}
+	sc := &sidecar{name: name, url: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: &syncbuf.Buffer{}}
 	cmd := exec.Command(bin, "-config", path)
 	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = lockedWriter{sc.mu, sc.stderr}
+	cmd.Stderr = sc.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -143,11 +132,7 @@ func start(t *testing.T, name, bin, yaml string, env ...string) *sidecar {
 	return nil
 }
 
-func (s *sidecar) log() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.stderr.String()
-}
+func (s *sidecar) log() string { return s.stderr.String() }
 
 // answer is what a client got.
 type answer struct {

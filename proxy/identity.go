@@ -23,9 +23,11 @@ var (
 // idemproxy and the upstream could read different principals. Then a
 // protected request asks the source for its principal.
 type identity struct {
-	// header is the identity header's canonical name.
-	header  string
-	trusted []netip.Prefix
+	// header is the identity header's canonical name; read is the header
+	// the source reads (header, or XFCC), checked for spellings and
+	// duplicates from trusted peers.
+	header, read string
+	trusted      []netip.Prefix
 	// untrustedHeaders are removed, under every spelling, from untrusted
 	// peers' requests: the identity header, XFCC and the strip list.
 	untrustedHeaders nameSet
@@ -52,9 +54,10 @@ func newIdentity(cfg Identity, client *http.Client) identity {
 			id.untrustedHeaders = append(id.untrustedHeaders, h)
 		}
 	}
+	id.read = id.header
 	switch cfg.Source {
 	case SourceXFCC:
-		id.src = xfccSource{}
+		id.src, id.read = xfccSource{}, XFCCHeader
 	case SourceJWT:
 		id.src = newJWTSource(cfg.JWT, client)
 	default:
@@ -69,10 +72,7 @@ func newIdentity(cfg Identity, client *http.Client) identity {
 // an error. It must run before anything reads the request's headers.
 func (id *identity) admit(r *http.Request) (trusted bool, err error) {
 	trusted = id.isTrusted(r.RemoteAddr)
-	read := id.header
-	if _, ok := id.src.(xfccSource); ok {
-		read = XFCCHeader
-	}
+	read := id.read
 	for name, vs := range r.Header {
 		switch {
 		case !trusted && id.untrustedHeaders.has(name):

@@ -166,7 +166,7 @@ func (s *jwtSource) key(ctx context.Context, kid string) (jose.JSONWebKey, error
 	if ks := s.keys.Load().Key(kid); len(ks) > 0 {
 		return ks[0], nil
 	}
-	if s.keys.Load() == nil || len(s.keys.Load().Keys) == 0 {
+	if len(s.keys.Load().Keys) == 0 {
 		return jose.JSONWebKey{}, errKeySetMissing
 	}
 	return jose.JSONWebKey{}, fmt.Errorf("%w %q", errUnknownKeyID, kid)
