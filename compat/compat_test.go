@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -15,7 +16,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,31 +69,43 @@ func freePort(t *testing.T) int {
 }
 
 // ledger is a Stripe-like upstream: POST /v1/charges creates a charge,
-// counted per idempotency key; mode says how the next request fails.
+// counted per idempotency key. The key's prefix says how it fails, so that
+// a client driven from another language triggers the same scenarios:
+// reset-* drops the connection after acting (once), busy-* answers 503
+// without acting (once), slow-* answers after 400 ms, timeout-* after 1 s
+// (longer than those clients' timeouts).
 type ledger struct {
 	mu    sync.Mutex
 	execs map[string]int
+	seen  map[string]bool
 	n     int
-	// resetNext drops the connection after acting, once; busyNext answers
-	// 503 without acting, once; slow delays every answer.
-	resetNext, busyNext atomic.Bool
-	slow                atomic.Int64
 }
+
+func newLedger() *ledger { return &ledger{execs: map[string]int{}, seen: map[string]bool{}} }
 
 func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	io.Copy(io.Discard, r.Body)
-	if l.busyNext.CompareAndSwap(true, false) {
+	key := r.Header.Get("Idempotency-Key")
+	l.mu.Lock()
+	first := !l.seen[key]
+	l.seen[key] = true
+	if strings.HasPrefix(key, "busy-") && first {
+		l.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusServiceUnavailable)
-		fmt.Fprint(w, `{"error":{"type":"api_error","message":"busy"}}`)
+		fmt.Fprint(w, `{"error":{"type":"api_error","code":"upstream_busy","message":"busy"}}`)
 		return
 	}
-	l.mu.Lock()
-	l.execs[r.Header.Get("Idempotency-Key")]++
+	l.execs[key]++
 	l.n++
 	id := fmt.Sprintf("ch_%d", l.n)
 	l.mu.Unlock()
-	time.Sleep(time.Duration(l.slow.Load()))
-	if l.resetNext.CompareAndSwap(true, false) {
+	switch {
+	case strings.HasPrefix(key, "slow-"):
+		time.Sleep(400 * time.Millisecond)
+	case strings.HasPrefix(key, "timeout-"):
+		time.Sleep(time.Second)
+	case strings.HasPrefix(key, "reset-") && first:
 		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
 			conn.Close()
 		}
@@ -103,10 +115,11 @@ func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, `{"id":%q,"object":"charge","amount":100,"currency":"usd"}`, id)
 }
 
-func (l *ledger) total() int {
+// executions is how often the upstream acted for each key.
+func (l *ledger) executions() map[string]int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.n
+	return maps.Clone(l.execs)
 }
 
 // sidecar runs the binary in front of l with route settings extra.
@@ -144,136 +157,304 @@ defaults:
 	return ""
 }
 
-// stripeClient is stripe-go pointed at url, with its default retries.
-func stripeClient(url string) *stripe.Client {
-	return stripe.NewClient("sk_test_compat", stripe.WithBackends(stripe.NewBackendsWithConfig(&stripe.BackendConfig{
-		URL:               stripe.String(url),
-		MaxNetworkRetries: stripe.Int64(3),
-		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
-	})))
-}
+// calls is what a client library handed its application, per scenario and
+// call: "charge <id>", "error <code>" (the library raised) or
+// "response <status> <code>" (it returned the answer without raising).
+type calls map[string][]string
 
-func charge(ctx context.Context, c *stripe.Client, key string, amount int64) (*stripe.Charge, error) {
-	p := &stripe.ChargeCreateParams{Amount: stripe.Int64(amount), Currency: stripe.String("usd")}
-	p.SetIdempotencyKey(key)
-	p.Headers = http.Header{"X-Forwarded-User": {"merchant-1"}}
-	return c.V1Charges.Create(ctx, p)
-}
+// malformedKey opens a quoted key (RFC 8941 sf-string) without closing
+// it: idemproxy answers 400 key-malformed, and no client checks it first
+// (stripe-go refuses keys over 255 characters itself).
+const malformedKey = `"unterminated`
 
-// TestStripeGo: stripe-go v82 through idemproxy with the README's
-// settings (problem_body in Stripe's error shape).
-func TestStripeGo(t *testing.T) {
-	l := &ledger{execs: map[string]int{}}
-	url := sidecar(t, l, "  in_progress_status: 429\n  problem_body: '"+stripeBody+"'\n")
-	c := stripeClient(url)
-	ctx := context.Background()
+// call makes one logical call with a client library: key, amount, and a
+// client timeout (zero: the library's default).
+type call func(key string, amount int64, timeout time.Duration) string
 
-	first, err := charge(ctx, c, "plain", 100)
-	if err != nil || first.ID == "" {
-		t.Fatalf("plain call: %+v %v", first, err)
+// scenarios runs the suite with do, as the Node and Python drivers do:
+// a plain call, its replay, the key reused with another body, a malformed
+// key, an upstream reset after acting, a 503 then 200 (the application
+// retries once if the library did not), two concurrent calls with one key,
+// and a client timeout shorter than the upstream.
+func scenarios(do call) calls {
+	got := calls{}
+	got["plain"] = []string{do("plain-1", 100, 0)}
+	got["replay"] = []string{do("plain-1", 100, 0)}
+	got["reused"] = []string{do("plain-1", 999, 0)}
+	got["malformed"] = []string{do(malformedKey, 100, 0)}
+	got["reset"] = []string{do("reset-1", 100, 0)}
+	got["busy"] = []string{do("busy-1", 100, 0)}
+	if !strings.HasPrefix(got["busy"][0], "charge") {
+		got["busy"] = append(got["busy"], do("busy-1", 100, 0))
 	}
-	again, err := charge(ctx, c, "plain", 100)
-	if err != nil || again.ID != first.ID {
-		t.Fatalf("replay: %+v %v, want %s", again, err, first.ID)
-	}
-	if _, err := charge(ctx, c, "plain", 999); err == nil || !strings.Contains(err.Error(), "key-reused") {
-		t.Errorf("a reused key with another body: %v, want an error naming key-reused", err)
-	}
-
-	l.resetNext.Store(true)
-	before := l.total()
-	_, err = charge(ctx, c, "reset", 100)
-	var se *stripe.Error
-	if !errors.As(err, &se) || !strings.Contains(err.Error(), "outcome-unknown") {
-		t.Errorf("upstream reset after acting: %v, want a stripe.Error naming outcome-unknown", err)
-	}
-	if n := l.total() - before; n != 1 {
-		t.Errorf("upstream reset after acting: executed %d times, want 1", n)
-	}
-
-	// stripe-go does not retry a 503 (only a 429 lock_timeout): the
-	// application sees the error, and its own retry executes, once, since
-	// the upstream's 503 released the key.
-	l.busyNext.Store(true)
-	before = l.total()
-	if _, err := charge(ctx, c, "busy", 100); err == nil {
-		t.Errorf("503: no error, want the upstream's 503 surfaced")
-	}
-	if ch, err := charge(ctx, c, "busy", 100); err != nil || ch.ID == "" {
-		t.Errorf("the application's retry after a 503: %+v %v, want the charge", ch, err)
-	}
-	if n := l.total() - before; n != 1 {
-		t.Errorf("503 then 200: executed %d times, want 1", n)
-	}
-
-	// Two concurrent charges with one key: the second gets the 429
-	// lock_timeout while the first runs, retries, and gets the same charge.
-	l.slow.Store(int64(300 * time.Millisecond))
+	got["concurrent"] = make([]string, 2)
 	var wg sync.WaitGroup
-	got := make([]string, 2)
-	for i := range got {
-		wg.Go(func() {
-			ch, err := charge(ctx, c, "concurrent", 100)
-			if err != nil {
-				t.Errorf("concurrent charge %d: %v", i, err)
-				return
-			}
-			got[i] = ch.ID
-		})
+	for i := range 2 {
+		wg.Go(func() { got["concurrent"][i] = do("slow-1", 100, 0) })
 	}
 	wg.Wait()
-	l.slow.Store(0)
-	if got[0] == "" || got[0] != got[1] {
-		t.Errorf("concurrent charges got %q and %q, want one charge", got[0], got[1])
-	}
-	for _, k := range []string{"plain", "reset", "busy", "concurrent"} {
-		if n := l.execs[k]; n != 1 {
-			t.Errorf("key %s executed %d times, want 1", k, n)
+	got["timeout"] = []string{do("timeout-1", 100, 300*time.Millisecond)}
+	return got
+}
+
+// check compares got with want, where "charge" stands for any charge; the
+// replay must be the plain call's charge and the concurrent calls one
+// charge. Every key must have executed once at the upstream (the
+// malformed one never).
+func check(t *testing.T, l *ledger, got, want calls) {
+	t.Helper()
+	for scenario, w := range want {
+		g := got[scenario]
+		ok := len(g) == len(w)
+		for i := 0; ok && i < len(w); i++ {
+			ok = g[i] == w[i] || w[i] == "charge" && strings.HasPrefix(g[i], "charge ch_")
 		}
+		if !ok {
+			t.Errorf("%s: the application got %q, want %q", scenario, g, w)
+		}
+	}
+	if p, r := got["plain"], got["replay"]; len(p) == 1 && len(r) == 1 && p[0] != r[0] {
+		t.Errorf("the replay got %q, the plain call %q: want the same charge", r[0], p[0])
+	}
+	if c := got["concurrent"]; len(c) == 2 && c[0] != c[1] {
+		t.Errorf("two concurrent calls with one key got %q and %q: want one charge", c[0], c[1])
+	}
+	execs := l.executions()
+	for _, key := range []string{"plain-1", "reset-1", "busy-1", "slow-1", "timeout-1"} {
+		if execs[key] != 1 {
+			t.Errorf("key %s executed %d times at the upstream, want 1", key, execs[key])
+		}
+	}
+	if n := execs[malformedKey]; n != 0 {
+		t.Errorf("the malformed key executed %d times, want 0", n)
 	}
 }
 
-// TestRetryableHTTP: hashicorp/go-retryablehttp (default policy: retries
-// 429 and 5xx, not 409) with in_progress_status 503: two concurrent calls
-// with one key both get the charge, executed once.
-func TestRetryableHTTP(t *testing.T) {
-	l := &ledger{execs: map[string]int{}}
-	l.slow.Store(int64(400 * time.Millisecond))
-	url := sidecar(t, l, "  in_progress_status: 503\n")
-	c := retryablehttp.NewClient()
-	c.Logger = nil
-	c.RetryWaitMin, c.RetryWaitMax, c.RetryMax = 100*time.Millisecond, 300*time.Millisecond, 10
-	call := func() (int, string, error) {
-		req, _ := retryablehttp.NewRequest(http.MethodPost, url+"/v1/charges", []byte(`{"amount":100}`))
-		req.Header.Set("Idempotency-Key", "concurrent")
+// stripeGo is stripe-go v82 with its default retries (3 here, as in its
+// docs' examples).
+func stripeGo(url string) call {
+	backend := func(timeout time.Duration) *stripe.Client {
+		cfg := &stripe.BackendConfig{
+			URL:               stripe.String(url),
+			MaxNetworkRetries: stripe.Int64(3),
+			LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
+		}
+		if timeout > 0 {
+			cfg.HTTPClient = &http.Client{Timeout: timeout}
+		}
+		return stripe.NewClient("sk_test_compat", stripe.WithBackends(stripe.NewBackendsWithConfig(cfg)))
+	}
+	return func(key string, amount int64, timeout time.Duration) string {
+		p := &stripe.ChargeCreateParams{Amount: stripe.Int64(amount), Currency: stripe.String("usd")}
+		p.SetIdempotencyKey(key)
+		p.Headers = http.Header{"X-Forwarded-User": {"merchant-1"}}
+		ch, err := backend(timeout).V1Charges.Create(context.Background(), p)
+		var se *stripe.Error
+		switch {
+		case errors.As(err, &se):
+			return "error " + string(se.Code)
+		case err != nil:
+			return "error " + err.Error()
+		}
+		return "charge " + ch.ID
+	}
+}
+
+// retryable is hashicorp/go-retryablehttp with its default policy
+// (retries connection errors, 429 and 5xx; honours Retry-After on 429 and
+// 503) and short waits.
+func retryable(url string) call {
+	return func(key string, amount int64, timeout time.Duration) string {
+		c := retryablehttp.NewClient()
+		c.Logger = nil
+		c.RetryWaitMin, c.RetryWaitMax, c.RetryMax = 100*time.Millisecond, 300*time.Millisecond, 4
+		c.HTTPClient.Timeout = timeout
+		req, _ := retryablehttp.NewRequest(http.MethodPost, url+"/v1/charges", []byte(fmt.Sprintf(`{"amount":%d}`, amount)))
+		req.Header.Set("Idempotency-Key", key)
 		req.Header.Set("X-Forwarded-User", "merchant-1")
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := c.Do(req)
 		if err != nil {
-			return 0, "", err
+			return "error " + errorWords(err)
 		}
 		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		var ch struct{ ID string }
-		json.Unmarshal(b, &ch)
-		return resp.StatusCode, ch.ID, nil
+		var body struct{ ID, Type string }
+		json.NewDecoder(resp.Body).Decode(&body)
+		if resp.StatusCode == http.StatusOK {
+			return "charge " + body.ID
+		}
+		return fmt.Sprintf("response %d %s", resp.StatusCode, body.Type[strings.LastIndexAny(body.Type, "/:")+1:])
 	}
-	var wg sync.WaitGroup
-	ids := make([]string, 2)
-	for i := range ids {
-		wg.Go(func() {
-			status, id, err := call()
-			if err != nil || status != http.StatusOK {
-				t.Errorf("call %d: %d %v, want the charge", i, status, err)
-			}
-			ids[i] = id
-		})
+}
+
+// errorWords keeps what a retrying library says when it gives up, without
+// the URL and attempt count.
+func errorWords(err error) string {
+	if strings.Contains(err.Error(), "giving up after") {
+		return "giving up"
 	}
-	wg.Wait()
-	if ids[0] == "" || ids[0] != ids[1] {
-		t.Errorf("concurrent calls got %q and %q, want one charge", ids[0], ids[1])
+	return err.Error()
+}
+
+// external runs a driver in another language (argv, then the sidecar's
+// URL) and reads its JSON lines.
+func external(t *testing.T, url string, argv ...string) calls {
+	t.Helper()
+	cmd := exec.Command(argv[0], append(argv[1:], url)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", strings.Join(argv, " "), err, stderr.String())
 	}
-	if n := l.total(); n != 1 {
-		t.Errorf("upstream executed %d times, want 1", n)
+	got := calls{}
+	for line := range strings.Lines(string(out)) {
+		var r struct {
+			Scenario string
+			Calls    []string
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("%s printed %q: %v", argv[0], line, err)
+		}
+		got[r.Scenario] = r.Calls
 	}
+	return got
+}
+
+// need skips when a client's runtime is not installed, or fails when
+// IDEMPROXY_REQUIRE_CLIENTS=1 (.ci/run sets it after installing them).
+func need(t *testing.T, what, missing string) {
+	t.Helper()
+	if os.Getenv("IDEMPROXY_REQUIRE_CLIENTS") == "1" {
+		t.Fatalf("%s is required (IDEMPROXY_REQUIRE_CLIENTS=1): %s", what, missing)
+	}
+	t.Skipf("SKIP: %s is not installed (%s); .ci/run installs it", what, missing)
+}
+
+// stripeBoth serves stripe-go and stripe-node on one route: a concurrent
+// retry waits for the first attempt (each library retries a different
+// in-progress status), and one that waited too long gets the 429
+// lock_timeout stripe-go retries.
+const stripeBoth = "  concurrent: wait\n  max_wait: 5s\n  in_progress_status: 429\n  problem_body: '" + stripeBody + "'\n"
+
+// stripeWant is what both Stripe clients hand the application with the
+// README's settings; they differ only on the upstream's 503 (busy).
+func stripeWant(busy ...string) calls {
+	return calls{
+		"plain": {"charge"}, "replay": {"charge"},
+		"reused":    {"error key-reused"},
+		"malformed": {"error key-malformed"},
+		// stripe-node retries the 502 (each retry a replay of it),
+		// stripe-go does not; both raise it.
+		"reset":      {"error outcome-unknown"},
+		"busy":       busy,
+		"concurrent": {"charge", "charge"},
+		"timeout":    {"charge"},
+	}
+}
+
+// TestStripeGo: stripe-go v82 with errors in Stripe's shape and the
+// in-progress answer a 429 lock_timeout (the only API error stripe-go
+// retries), or a route that waits.
+func TestStripeGo(t *testing.T) {
+	// stripe-go does not retry a 503 with a body in Stripe's shape: the
+	// application's own retry executes, once (the 503 released the key).
+	want := stripeWant("error upstream_busy", "charge")
+	t.Run("429", func(t *testing.T) {
+		l := newLedger()
+		url := sidecar(t, l, "  in_progress_status: 429\n  problem_body: '"+stripeBody+"'\n")
+		check(t, l, scenarios(stripeGo(url)), want)
+	})
+	t.Run("wait", func(t *testing.T) {
+		l := newLedger()
+		check(t, l, scenarios(stripeGo(sidecar(t, l, stripeBoth))), want)
+	})
+}
+
+// TestStripeNode: stripe-node 23 (compat/node) with errors in Stripe's
+// shape and the default in-progress 409, which stripe-node retries (it
+// retries 409 and 5xx, not a 429), or a route that waits.
+func TestStripeNode(t *testing.T) {
+	needNode(t)
+	want := stripeWant("charge") // it retries the 503 itself
+	t.Run("409", func(t *testing.T) {
+		l := newLedger()
+		check(t, l, external(t, sidecar(t, l, "  problem_body: '"+stripeBody+"'\n"), "node", "node/stripe.mjs"), want)
+	})
+	t.Run("wait", func(t *testing.T) {
+		l := newLedger()
+		check(t, l, external(t, sidecar(t, l, stripeBoth), "node", "node/stripe.mjs"), want)
+	})
+}
+
+// TestStripeNodeWithoutProblemBody is the issue's finding, kept measured:
+// with the default problem+json, stripe-node hands idemproxy's errors to
+// the application as results (no error member, so no exception).
+func TestStripeNodeWithoutProblemBody(t *testing.T) {
+	needNode(t)
+	l := newLedger()
+	got := external(t, sidecar(t, l, ""), "node", "node/stripe.mjs")
+	for _, scenario := range []string{"reused", "malformed", "reset"} {
+		if c := got[scenario]; len(c) != 1 || !strings.HasPrefix(c[0], "result without id") {
+			t.Errorf("%s with problem+json: stripe-node handed %q, want a result without id (no exception)", scenario, c)
+		}
+	}
+}
+
+// needNode skips or fails (need) unless node and stripe-node are installed.
+func needNode(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("node"); err != nil {
+		need(t, "node", err.Error())
+	}
+	if _, err := os.Stat("node/node_modules/stripe/package.json"); err != nil {
+		need(t, "stripe-node", "run: cd compat/node && npm ci")
+	}
+}
+
+// python finds an interpreter that has requests.
+func python(t *testing.T) string {
+	for _, p := range []string{"python3", "/usr/bin/python3"} {
+		if exec.Command(p, "-c", "import requests").Run() == nil {
+			return p
+		}
+	}
+	need(t, "Python requests", "apt-get install python3-requests")
+	return ""
+}
+
+// TestPythonRequests: requests with urllib3's Retry set for an idempotent
+// API (POST allowed, 409/429/503 retried, Retry-After honoured) and the
+// default settings: problem+json, in-progress 409.
+func TestPythonRequests(t *testing.T) {
+	py := python(t)
+	l := newLedger()
+	check(t, l, external(t, sidecar(t, l, ""), py, "python/requests_client.py"), calls{
+		"plain": {"charge"}, "replay": {"charge"},
+		"reused":     {"error key-reused"},
+		"malformed":  {"error key-malformed"},
+		"reset":      {"error outcome-unknown"},
+		"busy":       {"charge"},
+		"concurrent": {"charge", "charge"},
+		"timeout":    {"charge"},
+	})
+}
+
+// TestRetryableHTTP: hashicorp/go-retryablehttp (default policy: retries
+// 429 and 5xx, not 409) with in_progress_status 503.
+func TestRetryableHTTP(t *testing.T) {
+	l := newLedger()
+	url := sidecar(t, l, "  in_progress_status: 503\n")
+	check(t, l, scenarios(retryable(url)), calls{
+		"plain": {"charge"}, "replay": {"charge"},
+		// It raises on nothing but exhausted retries: the application
+		// reads the status.
+		"reused":    {"response 422 key-reused"},
+		"malformed": {"response 400 key-malformed"},
+		// It retries the 502 (every retry a replay) and then gives up.
+		"reset":      {"error giving up"},
+		"busy":       {"charge"},
+		"concurrent": {"charge", "charge"},
+		"timeout":    {"charge"},
+	})
 }
