@@ -129,6 +129,7 @@ func proxyRoutes(routes []config.Route) []proxy.Route {
 			QuotaNewKeys:       int64(s.Quota.NewKeys),
 			AdvertiseRetention: s.AdvertiseRetention,
 			InProgressStatus:   s.InProgressStatus,
+			MaxInFlight:        s.MaxInFlight,
 			KeyJSONPointer:     s.KeyJSONPointer,
 			Problems:           problemFormat(s),
 			QuotaWindow:        s.Quota.Window,

@@ -47,7 +47,15 @@ type proc struct {
 }
 
 func startProc(name, addr string, bin string, args ...string) (*proc, error) {
+	return startProcEnv(name, addr, nil, bin, args...)
+}
+
+// startProcEnv starts bin with env added to this process's environment.
+func startProcEnv(name, addr string, env []string, bin string, args ...string) (*proc, error) {
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stderr = io.Discard
 	if os.Getenv("BENCH_DEBUG") == "1" {
 		cmd.Stderr = os.Stderr

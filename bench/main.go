@@ -4,6 +4,8 @@
 //
 //	go run ./bench                       # every target, 0 ms and 5 ms upstream
 //	go run ./bench -duration 5s -c 64    # shorter, more concurrent
+//	go run ./bench overload              # 3× the upstream's capacity of first attempts
+//	go run ./bench soak -duration 30m    # resources over time at a steady rate
 //
 // Every server is its own process on 127.0.0.1, so CPU time and peak RSS
 // are read per process from /proc. The load generator runs in this process.
@@ -29,6 +31,12 @@ func main() {
 			return
 		case "reverseproxy":
 			exitOn(serveReverseProxy(os.Args[2:]))
+			return
+		case "soak":
+			exitOn(soak(os.Args[2:]))
+			return
+		case "overload":
+			exitOn(overload(os.Args[2:]))
 			return
 		}
 	}
@@ -86,16 +94,14 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	bin := filepath.Join(dir, "idemproxy")
-	build := exec.Command("go", "build", "-o", bin, "github.com/idemproxy/idemproxy")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("build idemproxy: %w", err)
+	bin, err := buildIdemproxy(dir)
+	if err != nil {
+		return err
 	}
 	// The in-app peer is its own module (bench/fiberpeer), so that the
 	// sidecar does not depend on Fiber; without it its targets are skipped.
 	fiberBin := filepath.Join(dir, "fiberpeer")
-	build = exec.Command("go", "build", "-o", fiberBin, ".")
+	build := exec.Command("go", "build", "-o", fiberBin, ".")
 	build.Dir = filepath.Join("bench", "fiberpeer")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -103,4 +109,15 @@ func run() error {
 		fiberBin = ""
 	}
 	return bench(o, dir, self, bin, fiberBin)
+}
+
+// buildIdemproxy builds the sidecar from this repository into dir.
+func buildIdemproxy(dir string) (string, error) {
+	bin := filepath.Join(dir, "idemproxy")
+	build := exec.Command("go", "build", "-o", bin, "github.com/idemproxy/idemproxy")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		return "", fmt.Errorf("build idemproxy: %w", err)
+	}
+	return bin, nil
 }

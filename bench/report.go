@@ -51,11 +51,6 @@ http {
 
 func report(o options, results []result, rttP50, rttP99 time.Duration) string {
 	var b strings.Builder
-	host, _ := os.Hostname()
-	cpu := "unknown CPU"
-	if out, err := exec.Command("sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").Output(); err == nil {
-		cpu = strings.TrimSpace(string(out))
-	}
 	mode := fmt.Sprintf("closed loop, concurrency %d", o.concurrency)
 	if o.rate > 0 {
 		mode = fmt.Sprintf("fixed rate %.0f/s over %d connections", o.rate, o.concurrency)
@@ -64,8 +59,8 @@ func report(o options, results []result, rttP50, rttP99 time.Duration) string {
 	if o.rounds > 1 {
 		rounds = fmt.Sprintf(" %d interleaved rounds: each row is the round with the median rps, with the range of all rounds;", o.rounds)
 	}
-	fmt.Fprintf(&b, "Machine: %s, %d cores (%s), %s. Load: %s, %s measured after %s warm-up per target;%s every server a separate process on 127.0.0.1; load generator in the harness process on the same cores.\n\n",
-		host, runtime.NumCPU(), cpu, runtime.Version(), mode, o.duration, o.warmup, rounds)
+	fmt.Fprintf(&b, "Machine: %s. Load: %s, %s measured after %s warm-up per target;%s every server a separate process on 127.0.0.1; load generator in the harness process on the same cores.\n\n",
+		machine(), mode, o.duration, o.warmup, rounds)
 	fmt.Fprintf(&b, "Redis round trip (PING, same run): p50 %s, p99 %s.\n", rttP50.Round(time.Microsecond), rttP99.Round(time.Microsecond))
 	for _, delay := range o.delays {
 		var base *result
@@ -151,4 +146,14 @@ func find(results []result, delay time.Duration, name string) *result {
 		}
 	}
 	return nil
+}
+
+// machine names the machine and the day for reports.
+func machine() string {
+	host, _ := os.Hostname()
+	cpu := "unknown CPU"
+	if out, err := exec.Command("sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").Output(); err == nil {
+		cpu = strings.TrimSpace(string(out))
+	}
+	return fmt.Sprintf("%s, %d cores (%s), %s, %s", host, runtime.NumCPU(), cpu, runtime.Version(), time.Now().UTC().Format("2006-01-02"))
 }

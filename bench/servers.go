@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -24,16 +25,38 @@ var response = []byte(`{"id":"ch_0000000001","object":"charge","amount":1250,"cu
 	strings.Repeat("x", 860) + `","metadata":{"order":"42"}}`)
 
 // serveUpstream is the benchmark's upstream: it reads the body, waits its
-// service time and answers ~1 KiB of JSON.
+// service time and answers ~1 KiB of JSON. With -limit it serves at most
+// that many POST /payments at once (the rest queue for a slot, as behind a
+// connection pool); other paths are not limited. It counts executions per
+// Idempotency-Key with -count and reports them at GET /_executions.
 func serveUpstream(args []string) error {
 	fs := flag.NewFlagSet("upstream", flag.ContinueOnError)
 	listen := fs.String("listen", "127.0.0.1:0", "")
 	delay := fs.Duration("delay", 0, "service time")
+	limit := fs.Int("limit", 0, "POST /payments served at once (0: no limit)")
+	count := fs.Bool("count", false, "count executions per Idempotency-Key (GET /_executions)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	var slots chan struct{}
+	if *limit > 0 {
+		slots = make(chan struct{}, *limit)
+	}
+	var execs executions
+	execs.per = map[string]int{}
 	srv := &http.Server{Addr: *listen, ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/_executions" {
+			execs.report(w)
+			return
+		}
 		io.Copy(io.Discard, r.Body)
+		if slots != nil && r.URL.Path == "/payments" {
+			slots <- struct{}{}
+			defer func() { <-slots }()
+		}
+		if key := r.Header.Get("Idempotency-Key"); *count && key != "" {
+			execs.add(key)
+		}
 		if *delay > 0 {
 			time.Sleep(*delay)
 		}
@@ -42,6 +65,28 @@ func serveUpstream(args []string) error {
 		w.Write(response)
 	})}
 	return srv.ListenAndServe()
+}
+
+// executions counts the upstream's executions per key.
+type executions struct {
+	mu         sync.Mutex
+	per        map[string]int
+	duplicates int
+}
+
+func (e *executions) add(key string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.per[key]++
+	if e.per[key] > 1 {
+		e.duplicates++
+	}
+}
+
+func (e *executions) report(w http.ResponseWriter) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	fmt.Fprintf(w, `{"keys":%d,"duplicates":%d}`, len(e.per), e.duplicates)
 }
 
 // serveReverseProxy is the baseline: httputil.ReverseProxy with a Transport

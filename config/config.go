@@ -432,6 +432,10 @@ type Settings struct {
 	// first attempt runs: 409 (the IETF draft's), or 429 or 503, which
 	// generic retrying clients retry; Retry-After either way.
 	InProgressStatus int `yaml:"in_progress_status"`
+	// MaxInFlight, when positive, bounds the first attempts of the route
+	// one process forwards at once; beyond it a new key is answered 503
+	// overloaded with Retry-After, its claim released, nothing forwarded.
+	MaxInFlight int `yaml:"max_in_flight"`
 	// KeyJSONPointer, when set, takes the key from this member of a JSON
 	// body (a string, or an integer in decimal) when the key header is
 	// absent; a request that has both must agree. It makes the route read

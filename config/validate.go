@@ -243,6 +243,9 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 	if s.InProgressStatus != http.StatusConflict && s.InProgressStatus != http.StatusTooManyRequests && s.InProgressStatus != http.StatusServiceUnavailable {
 		add(path+"in_progress_status", "must be 409, 429 or 503, got %d", s.InProgressStatus)
 	}
+	if s.MaxInFlight < 0 {
+		add(path+"max_in_flight", "must be 0 (no bound) or positive, got %d", s.MaxInFlight)
+	}
 	if s.KeyJSONPointer != "" {
 		if _, err := jsonpointer.Parse(s.KeyJSONPointer); err != nil {
 			add(path+"key_json_pointer", "%v", err)

@@ -144,6 +144,11 @@ type Route struct {
 	// InProgressStatus answers a retry while the first attempt runs: 409
 	// (zero), 429 or 503, with Retry-After.
 	InProgressStatus int
+	// MaxInFlight, when positive, bounds the first attempts of the route
+	// this process forwards at once: beyond it a new key's claim is
+	// released and the request answered 503 overloaded with Retry-After.
+	// Replays and in-progress answers never count.
+	MaxInFlight int
 	// KeyJSONPointer, when set, takes the key from this member of a JSON
 	// body when the key header is absent (a string, or an integer in
 	// decimal); the route then reads bodies before the key.

@@ -208,6 +208,11 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 			return
 		}
 		if res.Claimed {
+			if !x.h.forwarding.take(x.rt.name, x.rt.settings.MaxInFlight) {
+				x.shed(rec)
+				return
+			}
+			defer x.h.forwarding.give(x.rt.name)
 			x.own(rec, body)
 			return
 		}
@@ -242,6 +247,28 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 		x.answerExisting(existing, rec.Fingerprint, ttl)
 		return
 	}
+}
+
+// shed answers a request whose route forwards max_in_flight first attempts
+// already: its claim is released (nothing was forwarded, so a retry
+// really retries) and the client told when to come back.
+func (x *exchange) shed(rec *claim.Record) {
+	ctx, cancel := settleCtx()
+	defer cancel()
+	start := time.Now()
+	err := x.h.store.Release(ctx, x.hashedKey, rec.Token)
+	x.observeStore("release", start, err)
+	detail := "the route forwards max_in_flight requests already; nothing was forwarded and the key is free, retry later"
+	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
+		// Nothing was forwarded: the claim is one the next attempt may
+		// take as never forwarded, once its confirm window is over.
+		x.h.metrics.storeErrors.WithLabelValues("release").Inc()
+		detail = "the route forwards max_in_flight requests already; nothing was forwarded, retry later"
+	}
+	x.h.metrics.overloaded.WithLabelValues(x.rt.name).Inc()
+	p := probOverloaded.with(detail)
+	p.retryAfter = time.Second
+	x.reject(p)
 }
 
 // maxOrphanSettles bounds how often one request tries to settle an

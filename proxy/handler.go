@@ -126,6 +126,9 @@ type Handler struct {
 	problemBase, docsLink string
 	// buffers bounds the bytes held in body buffers (limits.max_buffered_bytes).
 	buffers budget
+	// forwarding counts first attempts forwarding now, per route
+	// (max_in_flight).
+	forwarding inFlight
 	// relied are the headers no request may nominate as hop-by-hop: the
 	// forwarding headers and the identity header (a route adds its key).
 	relied nameSet

@@ -58,6 +58,8 @@ type Metrics struct {
 	// many run now.
 	lateAnswers *prometheus.CounterVec
 	lateCalls   prometheus.Gauge
+	// overloaded counts first attempts refused for max_in_flight.
+	overloaded *prometheus.CounterVec
 	// lateRefused counts calls refused a late slot, by route and reason.
 	lateRefused *prometheus.CounterVec
 	// unknownOutcomes counts requests whose outcome was unknown, by the
@@ -144,6 +146,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}),
 		unconfirmed: newUnconfirmedCounter(),
+		overloaded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_overloaded_total",
+			Help: "First attempts answered 503 overloaded because their route forwarded max_in_flight requests already (claim released, nothing forwarded), by route.",
+		}, []string{"route"}),
 		lateRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_late_calls_refused_total",
 			Help: "Upstream calls cancelled at upstream.timeout for want of a late-call slot, by route and reason (process_cap: upstream.max_late_calls; principal_share: the principal's upstream.late_calls_principal_share).",
@@ -174,7 +180,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			})
 		}
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
-			m.lateAnswers, m.lateCalls, m.lateRefused, m.unknownOutcomes, m.unconfirmed, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.unknownOutcomes, m.unconfirmed, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
 				func(h *Handler) float64 { return h.owners.count() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",
@@ -199,6 +205,7 @@ func (m *Metrics) initRoutes(rt *router) {
 		for _, r := range []string{lateRefusedProcess, lateRefusedPrincipal} {
 			m.lateRefused.WithLabelValues(name, r)
 		}
+		m.overloaded.WithLabelValues(name)
 	}
 }
 

@@ -45,6 +45,7 @@ var (
 	probMismatch              = problem{Type: "key-reused", Status: http.StatusUnprocessableEntity, Title: "Idempotency key reused with a different request"}
 	probInProgress            = problem{Type: "request-in-progress", Status: http.StatusConflict, Title: "A request with this idempotency key is in progress"}
 	probNotReplayable         = problem{Type: "response-not-replayable", Status: http.StatusConflict, Title: "The original response was too large to store and cannot be replayed"}
+	probOverloaded            = problem{Type: "overloaded", Status: http.StatusServiceUnavailable, Title: "The route forwards as many requests as it may"}
 	probBuffersFull           = problem{Type: "buffers-full", Status: http.StatusServiceUnavailable, Title: "idemproxy holds as many request bytes as it may"}
 	probTooManyKeys           = problem{Type: "too-many-keys", Status: http.StatusTooManyRequests, Title: "Too many new idempotency keys"}
 	probTooManyBytes          = problem{Type: "too-many-bytes", Status: http.StatusTooManyRequests, Title: "This principal holds its whole share of request buffers"}
@@ -66,7 +67,7 @@ var (
 var problems = []problem{
 	probKeyMissing, probKeyMalformed, probIdentityMissing, probTokenInvalid, probIdentityInvalid,
 	probHopByHop, probPathNotCanonical, probBodyTooLarge, probBodyUnreadable, probMismatch,
-	probInProgress, probNotReplayable, probBuffersFull, probTooManyKeys, probTooManyBytes,
+	probInProgress, probNotReplayable, probOverloaded, probBuffersFull, probTooManyKeys, probTooManyBytes,
 	probStoreFull, probStoreUnavailable, probRecordCorrupt, probUpstreamDown, probUpstreamFailed,
 	probUpstreamTimeout, probReplayForbidden, probAuthorizerUnavailable, probOutcomeUnknown, probUpgradeRefused,
 }
