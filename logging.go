@@ -2,8 +2,108 @@ package main
 
 import (
 	"context"
+	"io"
 	"log/slog"
+	"sync"
+	"time"
 )
+
+// Routine log lines (a request's line, at info) are written in batches, so
+// that a request never waits for a write to stderr: they are held at most
+// logFlushEvery, or until logBufferSize bytes wait. A warning or an error
+// goes out at once, after every line before it, so that anomalies are never
+// held back. What a kill -9 loses: the routine lines of the last
+// logFlushEvery at most; a normal exit (SIGTERM, a start-up error) writes
+// everything.
+const (
+	logFlushEvery = 100 * time.Millisecond
+	logBufferSize = 64 << 10
+)
+
+// logBuffer holds lines for w and writes them out on a tick.
+type logBuffer struct {
+	mu   sync.Mutex // guards buf and writes to w, in order
+	w    io.Writer
+	buf  []byte
+	done chan struct{}
+	quit sync.WaitGroup
+}
+
+func newLogBuffer(w io.Writer) *logBuffer {
+	b := &logBuffer{w: w, buf: make([]byte, 0, logBufferSize), done: make(chan struct{})}
+	b.quit.Go(func() {
+		t := time.NewTicker(logFlushEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-b.done:
+				return
+			case <-t.C:
+				b.flush()
+			}
+		}
+	})
+	return b
+}
+
+// Write holds p (one whole line from the JSON handler).
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.buf)+len(p) > logBufferSize {
+		b.flushLocked()
+	}
+	if len(p) > logBufferSize {
+		return b.w.Write(p)
+	}
+	b.buf = append(b.buf, p...)
+	return len(p), nil
+}
+
+func (b *logBuffer) flush() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.flushLocked()
+}
+
+func (b *logBuffer) flushLocked() {
+	if len(b.buf) > 0 {
+		_, _ = b.w.Write(b.buf) // stderr: nowhere to report a failed write
+		b.buf = b.buf[:0]
+	}
+}
+
+// stop ends the tick and writes what is held.
+func (b *logBuffer) stop() {
+	close(b.done)
+	b.quit.Wait()
+	b.flush()
+}
+
+// flushing writes a warning or an error, and everything held before it,
+// at once.
+type flushing struct {
+	next  slog.Handler
+	lines *logBuffer
+}
+
+func (h flushing) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
+
+func (h flushing) Handle(ctx context.Context, r slog.Record) error {
+	err := h.next.Handle(ctx, r)
+	if r.Level >= slog.LevelWarn {
+		h.lines.flush()
+	}
+	return err
+}
+
+func (h flushing) WithAttrs(as []slog.Attr) slog.Handler {
+	return flushing{next: h.next.WithAttrs(as), lines: h.lines}
+}
+
+func (h flushing) WithGroup(name string) slog.Handler {
+	return flushing{next: h.next.WithGroup(name), lines: h.lines}
+}
 
 // leveled filters a handler by a level that a reload can change.
 type leveled struct {

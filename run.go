@@ -51,7 +51,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	// serve filters by log_level; the handler passes everything it is given.
-	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	// Routine lines are buffered off the requests' path; warnings and
+	// errors go out at once (logBuffer).
+	lines := newLogBuffer(stderr)
+	defer lines.stop()
+	logger := slog.New(flushing{next: slog.NewJSONHandler(lines, &slog.HandlerOptions{Level: slog.LevelDebug}), lines: lines})
 	return serve(ctx, cfg, *path, logger)
 }
 
