@@ -169,8 +169,11 @@ type idleBody struct {
 	rc   *http.ResponseController
 	idle time.Duration
 
-	mu      sync.Mutex // guards stopped and the deadline
+	mu      sync.Mutex // guards stopped, armed and the deadline
 	stopped bool
+	// armed is set while a deadline is on the connection: stop clears it
+	// only then (a body read to its end cleared it already).
+	armed bool
 }
 
 func (b *idleBody) Read(p []byte) (int, error) {
@@ -180,6 +183,7 @@ func (b *idleBody) Read(p []byte) (int, error) {
 		return 0, errBodyReturned
 	}
 	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle))
+	b.armed = true
 	b.mu.Unlock()
 	n, err := b.ReadCloser.Read(p)
 	if err == io.EOF {
@@ -193,8 +197,9 @@ func (b *idleBody) Read(p []byte) (int, error) {
 func (b *idleBody) clear() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.stopped {
+	if !b.stopped && b.armed {
 		_ = b.rc.SetReadDeadline(time.Time{})
+		b.armed = false
 	}
 }
 
@@ -203,8 +208,9 @@ func (b *idleBody) clear() {
 func (b *idleBody) stop() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.stopped {
+	if !b.stopped && b.armed {
 		_ = b.rc.SetReadDeadline(time.Time{})
-		b.stopped = true
+		b.armed = false
 	}
+	b.stopped = true
 }
