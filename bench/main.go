@@ -6,6 +6,7 @@
 //	go run ./bench -duration 5s -c 64    # shorter, more concurrent
 //	go run ./bench overload              # 3× the upstream's capacity of first attempts
 //	go run ./bench soak -duration 30m    # resources over time at a steady rate
+//	go run ./bench units                 # Redis cost per store operation, bytes per record
 //
 // Every server is its own process on 127.0.0.1, so CPU time and peak RSS
 // are read per process from /proc. The load generator runs in this process.
@@ -34,6 +35,9 @@ func main() {
 			return
 		case "soak":
 			exitOn(soak(os.Args[2:]))
+			return
+		case "units":
+			exitOn(units(os.Args[2:]))
 			return
 		case "overload":
 			exitOn(overload(os.Args[2:]))

@@ -1,0 +1,287 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// units measures what one store operation costs Redis (CPU from INFO cpu,
+// command time from INFO commandstats, network bytes from INFO stats),
+// serially and pipelined, and what one record holds in memory (MEMORY
+// USAGE) as a function of the stored response's size, sealed and not: the
+// unit costs behind docs/scaling.md's sizing model (internal/sizing).
+func units(args []string) error {
+	fs := flag.NewFlagSet("units", flag.ContinueOnError)
+	n := fs.Int("n", 20000, "operations of each kind per mode")
+	out := fs.String("out", "", "also write the markdown report to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "idemproxy-units-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	port := freePort()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	rp, err := startProc("redis", addr, "redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir)
+	if err != nil {
+		return err
+	}
+	defer rp.stop()
+	c, err := claim.NewClient(claim.ClientOptions{Addrs: []string{addr}})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "Unit costs: `go run ./bench units -n %d`; redis-server %s on 127.0.0.1, no persistence; %s.\n\n", *n, redisVersion(c), machine())
+	fmt.Fprintf(&b, "| operation | mode | Redis CPU µs/op | command µs/op | bytes in/op | bytes out/op |\n|---|---|---|---|---|---|\n")
+	for _, mode := range []struct {
+		name     string
+		pipeline bool
+		workers  int
+	}{{"serial (one at a time)", false, 1}, {"pipelined (32 at once)", true, 32}} {
+		s := claim.New(c, "units:"+strconv.FormatBool(mode.pipeline)+":", claim.WithPipeline(mode.pipeline))
+		if err := s.Preload(context.Background()); err != nil {
+			return err
+		}
+		for _, op := range unitOps(s, *n) {
+			cost, err := measureOp(c, *n, mode.workers, op)
+			if err != nil {
+				return fmt.Errorf("%s: %w", op.name, err)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.1f | %.1f | %.0f | %.0f |\n", op.name, mode.name, cost.cpu, cost.command, cost.in, cost.out)
+		}
+	}
+	if err := recordSizes(&b, c); err != nil {
+		return err
+	}
+	fmt.Print(b.String())
+	if *out != "" {
+		return os.WriteFile(*out, []byte(b.String()), 0o644)
+	}
+	return nil
+}
+
+// unitOp is one kind of operation: setup (untimed, may be nil) prepares
+// its keys, do(i) runs it on key i.
+type unitOp struct {
+	name  string
+	setup func() error
+	do    func(i int) error
+}
+
+// unitOps are the four operations of the model, each on its own keys: a
+// claim of a new key, the completion of a claimed key with a 1 KiB answer,
+// a replay read (a claim that finds the completed record), and a renewal.
+func unitOps(s *claim.Store, n int) []unitOp {
+	ctx := context.Background()
+	key := func(kind string, i int) string { return s.Key("units", kind, strconv.Itoa(i)) }
+	token := func(i int) claim.Token {
+		var t claim.Token
+		binary.LittleEndian.PutUint64(t[:], uint64(i)+1)
+		return t
+	}
+	inProgress := func(i int) *claim.Record {
+		return &claim.Record{State: claim.InProgress, Created: time.Now(), Token: token(i)}
+	}
+	claimed := func(kind string, i int) error {
+		res, err := s.Claim(ctx, key(kind, i), inProgress(i), 10*time.Second, claim.Quota{})
+		if err == nil && !res.Claimed {
+			err = fmt.Errorf("key %d: not claimed", i)
+		}
+		return err
+	}
+	complete := func(kind string, i int) error {
+		rec := unitRecord(1024)
+		rec.Token = token(i)
+		how, err := s.Complete(ctx, key(kind, i), rec, time.Hour)
+		if err == nil && how != claim.Stored {
+			err = fmt.Errorf("key %d: %v", i, how)
+		}
+		return err
+	}
+	// Keys for completion, replay and renewal are prepared untimed: the
+	// measured loop runs one kind of operation only.
+	prepare := func(kind string, then func(string, int) error) func() error {
+		return func() error {
+			for i := range n {
+				if err := claimed(kind, i); err != nil {
+					return err
+				}
+				if then != nil {
+					if err := then(kind, i); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		}
+	}
+	return []unitOp{
+		{"claim (new key)", nil, func(i int) error { return claimed("claim", i) }},
+		{"complete (1 KiB answer)", prepare("complete", nil), func(i int) error { return complete("complete", i) }},
+		{"replay read", prepare("replay", complete), func(i int) error {
+			res, err := s.Claim(ctx, key("replay", i), inProgress(n+i), 10*time.Second, claim.Quota{})
+			if err == nil && (res.Claimed || res.Existing == nil || res.Existing.State != claim.Completed) {
+				err = fmt.Errorf("key %d: not a replay", i)
+			}
+			return err
+		}},
+		{"renewal", prepare("renew", nil), func(i int) error {
+			return s.Renew(ctx, key("renew", i), inProgress(i), 10*time.Second)
+		}},
+	}
+}
+
+// unitRecord is a completed record with a 4-header answer of size bytes
+// and a 32-byte request id, as docs/scaling.md measures it.
+func unitRecord(size int) *claim.Record {
+	return &claim.Record{
+		State: claim.Completed, Created: time.Now(), Completed: time.Now(), RequestID: "0123456789abcdef0123456789abcdef",
+		Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Date": {"Tue, 01 Dec 2026 06:00:00 GMT"},
+			"Content-Length": {strconv.Itoa(size)}, "X-Request-Id": {"0123456789abcdef0123456789abcdef"}},
+		Body: []byte(strings.Repeat("x", size)),
+	}
+}
+
+type opCost struct{ cpu, command, in, out float64 }
+
+// measureOp runs op's setup, then op.do(0..n-1) over workers goroutines and divides Redis'
+// counters' growth by n.
+func measureOp(c redis.UniversalClient, n, workers int, op unitOp) (opCost, error) {
+	if op.setup != nil {
+		if err := op.setup(); err != nil {
+			return opCost{}, err
+		}
+	}
+	do := op.do
+	before, err := redisCounters(c)
+	if err != nil {
+		return opCost{}, err
+	}
+	var next atomic.Int64
+	var first error
+	var once sync.Once
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				if err := do(i); err != nil {
+					once.Do(func() { first = err })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if first != nil {
+		return opCost{}, first
+	}
+	after, err := redisCounters(c)
+	if err != nil {
+		return opCost{}, err
+	}
+	per := func(k string) float64 { return (after[k] - before[k]) / float64(n) }
+	return opCost{cpu: per("cpu") * 1e6, command: per("usec"), in: per("in"), out: per("out")}, nil
+}
+
+// redisCounters reads CPU seconds, total command µs (every command but
+// INFO) and network bytes from INFO.
+func redisCounters(c redis.UniversalClient) (map[string]float64, error) {
+	info, err := c.Info(context.Background(), "cpu", "commandstats", "stats").Result()
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]float64{}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch {
+		case k == "used_cpu_user" || k == "used_cpu_sys":
+			f, _ := strconv.ParseFloat(v, 64)
+			m["cpu"] += f
+		case k == "total_net_input_bytes":
+			m["in"], _ = strconv.ParseFloat(v, 64)
+		case k == "total_net_output_bytes":
+			m["out"], _ = strconv.ParseFloat(v, 64)
+		case strings.HasPrefix(k, "cmdstat_") && k != "cmdstat_info":
+			for f := range strings.SplitSeq(v, ",") {
+				if u, ok := strings.CutPrefix(f, "usec="); ok {
+					x, _ := strconv.ParseFloat(u, 64)
+					m["usec"] += x
+				}
+			}
+		}
+	}
+	return m, nil
+}
+
+// recordSizes stores completed records with answers of several sizes,
+// sealed and not, and reads their MEMORY USAGE (value, key and Redis'
+// per-key overhead).
+func recordSizes(b *strings.Builder, c redis.UniversalClient) error {
+	ctx := context.Background()
+	key := make([]byte, 32)
+	rand.Read(key)
+	sealing, err := claim.WithSealing([][]byte{key}, true, nil)
+	if err != nil {
+		return err
+	}
+	stores := map[string]*claim.Store{
+		"no":  claim.New(c, "size:plain:"),
+		"yes": claim.New(c, "size:sealed:", sealing),
+	}
+	fmt.Fprintf(b, "\nBytes per completed record (`MEMORY USAGE`, SAMPLES 0), 4 headers, 32-byte request id:\n\n| answer body | sealed | bytes |\n|---|---|---|\n")
+	for _, sealed := range []string{"no", "yes"} {
+		s := stores[sealed]
+		for i, size := range []int{0, 1024, 4096, 16384, 65536} {
+			k := s.Key("units", "size", strconv.Itoa(i))
+			rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
+			binary.LittleEndian.PutUint64(rec.Token[:], uint64(i)+1)
+			if _, err := s.Claim(ctx, k, rec, 10*time.Second, claim.Quota{}); err != nil {
+				return err
+			}
+			done := unitRecord(size)
+			done.Token = rec.Token
+			if _, err := s.Complete(ctx, k, done, time.Hour); err != nil {
+				return err
+			}
+			used, err := c.MemoryUsage(ctx, k, 0).Result()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(b, "| %d | %s | %d |\n", size, sealed, used)
+		}
+	}
+	return nil
+}
+
+func redisVersion(c redis.UniversalClient) string {
+	info, _ := c.Info(context.Background(), "server").Result()
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "redis_version:"); ok {
+			return v
+		}
+	}
+	return "?"
+}
