@@ -24,6 +24,8 @@ type metrics struct {
 	// storeUp is 1 per master that answered the store watcher's last
 	// look, 0 per master that did not.
 	storeUp *prometheus.GaugeVec
+	// storeKeys and storeBytes are each master's size, from the same look.
+	storeKeys, storeBytes *prometheus.GaugeVec
 	// batchOps observes how many operations each store pipeline carried
 	// (store.pipeline).
 	batchOps prometheus.Histogram
@@ -63,6 +65,14 @@ func newMetrics(waitReplicas bool) *metrics {
 		Name: "idemproxy_store_up",
 		Help: "1 when the Redis master answered the store watcher's last look (every second), 0 when not; one series per master (the address, or the Sentinel master name).",
 	}, []string{"master"})
+	m.storeKeys = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_store_keys",
+		Help: "Keys the Redis master holds (INFO keyspace, every database), read by the store watcher every second; one series per master. Records held should stay near new keys/s x retention (idemproxy:store_expected_records). On a Redis shared with other applications it counts theirs too.",
+	}, []string{"master"})
+	m.storeBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_store_used_bytes",
+		Help: "used_memory of the Redis master, read by the store watcher every second; one series per master.",
+	}, []string{"master"})
 	m.batchOps = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "idemproxy_store_pipeline_operations",
 		Help:    "Store operations coalesced into each pipeline sent to Redis (store.pipeline); 1 when nothing waited to go with it.",
@@ -73,7 +83,7 @@ func newMetrics(waitReplicas bool) *metrics {
 		m.waitShort.WithLabelValues("complete")
 	}
 	m.reloadOK.Set(1)
-	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.batchOps,
+	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.storeKeys, m.storeBytes, m.batchOps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -22,6 +22,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "keys" {
 		return runKeys(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "size" {
+		return runSize(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "config.yaml", "path of the YAML config file")

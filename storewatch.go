@@ -75,6 +75,7 @@ func (h *storeHealth) watch(ctx context.Context, store *claim.Store, limit float
 		h.masters, h.checked = masters, time.Now()
 		h.mu.Unlock()
 		up := h.up()
+		setStoreSize(m.storeKeys, m.storeBytes, known, masters)
 		setStoreUp(m.storeUp, known, masters)
 		switch {
 		case !up && wasUp:
@@ -144,6 +145,32 @@ func setStoreUp(g *prometheus.GaugeVec, known map[string]bool, masters []claim.M
 	}
 	if !seen[""] {
 		g.DeleteLabelValues("")
+	}
+}
+
+// setStoreSize sets each master's key count and memory from its last look;
+// a master that did not tell (down, or the embedded store), or is no longer
+// listed (known holds the masters of the look before), has no series, so
+// that sums never hold a stale size.
+func setStoreSize(keys, used *prometheus.GaugeVec, known map[string]bool, masters []claim.MasterHealth) {
+	listed := map[string]bool{}
+	for _, mh := range masters {
+		listed[mh.Master] = true
+	}
+	for name := range known {
+		if !listed[name] {
+			keys.DeleteLabelValues(name)
+			used.DeleteLabelValues(name)
+		}
+	}
+	for _, mh := range masters {
+		if !mh.Sized {
+			keys.DeleteLabelValues(mh.Master)
+			used.DeleteLabelValues(mh.Master)
+			continue
+		}
+		keys.WithLabelValues(mh.Master).Set(float64(mh.Keys))
+		used.WithLabelValues(mh.Master).Set(float64(mh.UsedBytes))
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -150,4 +152,49 @@ func TestStoreAndWaiterMetrics(t *testing.T) {
 	if strings.Contains(string(body), "idemproxy_store_pipeline_operations_count 0\n") {
 		t.Error("no store pipeline was counted for a claim and a completion")
 	}
+}
+
+// The store's size per master and each route's retention (issue 23): the
+// gauges behind the expected-size recording rule and IdemproxyStoreGrowing.
+// idemproxy_store_keys is the master's key count, read on the watcher's
+// tick; a route's retention is its setting in seconds.
+func TestStoreSizeMetrics(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	defer upstream.Close()
+	srv := redistest.Start(t)
+	cfg := lateConfig(srv, upstream.URL)
+	cfg.Routes[0].Settings.Retention = 2 * time.Hour
+	s, _ := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	for i := range 7 {
+		if status, _ := pay(t, s.clientAddr, fmt.Sprintf("size-%d", i)); status != http.StatusCreated {
+			t.Fatalf("first attempt %d: %d", i, status)
+		}
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	keys, err := rdb.DBSize(context.Background()).Result()
+	if err != nil || keys < 7 {
+		t.Fatalf("DBSIZE %d %v, want at least the 7 records", keys, err)
+	}
+	want := []string{
+		fmt.Sprintf("idemproxy_store_keys{master=%q} %d\n", srv.Addr, keys),
+		`idemproxy_route_retention_seconds{route="pay"} 7200` + "\n",
+		fmt.Sprintf("idemproxy_store_used_bytes{master=%q} ", srv.Addr),
+	}
+	var body string
+	poll.Until(t, "the store watcher's next look", func() bool {
+		resp, err := http.Get("http://" + s.adminAddr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		for _, w := range want {
+			if !strings.Contains(body, w) {
+				return false
+			}
+		}
+		return true
+	})
 }

@@ -19,13 +19,20 @@ type MasterHealth struct {
 	// MemoryRatio is used_memory over maxmemory; 0 without a maxmemory,
 	// or when the master did not answer.
 	MemoryRatio float64
+	// Sized is set when the master told its size: Keys (every database's
+	// keys, INFO keyspace) and UsedBytes (used_memory). On a Redis shared
+	// with other applications they count theirs too.
+	Sized     bool
+	Keys      int64
+	UsedBytes int64
 }
 
 // Up reports whether the master answered.
 func (h MasterHealth) Up() bool { return h.Err == nil }
 
-// Health asks every master for its memory (INFO memory, one round trip
-// each), which is also how it learns which are up. The embedded store
+// Health asks every master for its memory and key count (INFO memory
+// keyspace, one round trip each), which is also how it learns which are
+// up. The embedded store
 // answers as one master. It is what the store watcher calls every second.
 func (s *Store) Health(ctx context.Context) []MasterHealth {
 	var (
@@ -34,11 +41,12 @@ func (s *Store) Health(ctx context.Context) []MasterHealth {
 	)
 	read := func(ctx context.Context, name string, c redis.UniversalClient) {
 		h := MasterHealth{Master: name}
-		info, err := c.Info(ctx, "memory").Result()
+		info, err := c.Info(ctx, "memory", "keyspace").Result()
 		var refused redis.Error
 		switch {
 		case err == nil:
 			h.MemoryRatio = memoryRatio(info)
+			h.Sized, h.Keys, h.UsedBytes = true, keyCount(info), usedMemory(info)
 		case errors.As(err, &refused):
 			// It answered with an error: a refused login, or no INFO
 			// memory (the embedded store). PING tells which.

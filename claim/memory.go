@@ -55,3 +55,33 @@ func memoryRatio(info string) float64 {
 	}
 	return used / limit
 }
+
+// usedMemory reads used_memory from an INFO reply.
+func usedMemory(info string) int64 {
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// keyCount sums the keys of every database in an INFO keyspace reply
+// ("db0:keys=12,expires=12,avg_ttl=0").
+func keyCount(info string) int64 {
+	var total int64
+	for line := range strings.SplitSeq(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(k, "db") {
+			continue
+		}
+		for f := range strings.SplitSeq(v, ",") {
+			if n, ok := strings.CutPrefix(f, "keys="); ok {
+				x, _ := strconv.ParseInt(n, 10, 64)
+				total += x
+			}
+		}
+	}
+	return total
+}

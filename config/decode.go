@@ -434,3 +434,7 @@ func describe(v any) string {
 		return fmt.Sprintf("%v", t)
 	}
 }
+
+// ParseSize reads a size written as in the config (512KiB, 25GiB, or a
+// number of bytes), for the command line.
+func ParseSize(s string) (int64, error) { return parseSize(s) }

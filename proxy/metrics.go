@@ -58,6 +58,8 @@ type Metrics struct {
 	// many run now.
 	lateAnswers *prometheus.CounterVec
 	lateCalls   prometheus.Gauge
+	// retention is each route's retention, for the expected store size.
+	retention *prometheus.GaugeVec
 	// overloaded counts first attempts refused for max_in_flight.
 	overloaded *prometheus.CounterVec
 	// lateRefused counts calls refused a late slot, by route and reason.
@@ -146,6 +148,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}),
 		unconfirmed: newUnconfirmedCounter(),
+		retention: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemproxy_route_retention_seconds",
+			Help: "The route's retention: how long a settled answer is kept. new keys/s x this is the records the route holds in Redis (idemproxy:store_expected_records).",
+		}, []string{"route"}),
 		overloaded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_overloaded_total",
 			Help: "First attempts answered 503 overloaded because their route forwarded max_in_flight requests already (claim released, nothing forwarded), by route.",
@@ -180,7 +186,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			})
 		}
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
-			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.unknownOutcomes, m.unconfirmed, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
 				func(h *Handler) float64 { return h.owners.count() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",
@@ -195,6 +201,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 
 // initRoutes creates every route's outcome series at zero.
 func (m *Metrics) initRoutes(rt *router) {
+	m.retention.Reset() // a route removed by a reload holds nothing new
+	for name, d := range rt.retention {
+		m.retention.WithLabelValues(name).Set(d.Seconds())
+	}
 	for _, name := range rt.names {
 		for _, o := range outcomes {
 			m.requests.WithLabelValues(name, o)

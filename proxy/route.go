@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"path"
 	"strings"
+	"time"
 )
 
 // route is one protected endpoint, compiled from its config.
@@ -51,6 +52,8 @@ type router struct {
 	// scopes by name.
 	names  []string
 	scopes map[string]string
+	// retention is each route's, by name (idemproxy_route_retention_seconds).
+	retention map[string]time.Duration
 	// prefixes are, per method, the literal starts of the routes' paths
 	// (up to their first wildcard): a request whose method no route uses,
 	// or whose path starts with none of its method's prefixes (most
@@ -61,11 +64,12 @@ type router struct {
 }
 
 func newRouter(routes []Route) (*router, error) {
-	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string), scopes: make(map[string]string)}
+	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string), scopes: make(map[string]string), retention: make(map[string]time.Duration)}
 	for i, rc := range routes {
 		rt.names = append(rt.names, rc.Name)
 		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.SharedScope), settings: rc, keyHeader: http.CanonicalHeaderKey(rc.KeyHeader), keyNames: nameSet{rc.KeyHeader}}
 		rt.scopes[rc.Name] = r.scope
+		rt.retention[rc.Name] = rc.Retention
 		fp, err := newFingerprinter(rc.FingerprintHeaders, rc.IgnoreJSONFields)
 		if err != nil {
 			return nil, fmt.Errorf("routes[%d]: %w", i, err)

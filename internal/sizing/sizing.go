@@ -1,0 +1,273 @@
+// Package sizing is the capacity model of docs/scaling.md ("Sizing"):
+// records held, Redis memory and CPU, shards, sidecar CPU and network for
+// a given load, from unit costs measured on one machine. The docs' worked
+// table and `idemproxy size` both come from here (TestWorkedTableInDocs).
+package sizing
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// Measured are the unit costs, measured on a 2-core VM (Intel Xeon), Redis
+// 7.0.15, go1.26.8, on 2026-12-01:
+//
+//	go run ./bench units                  # Redis CPU, network bytes per operation; bytes per record
+//	go run ./bench -rounds 3 ...          # sidecar CPU per request (docs/benchmarks.md)
+//
+// Redis figures are pipelined (32 operations at once, store.pipeline: true,
+// the default); serial ones are 2–3× higher (docs/scaling.md).
+var Measured = Costs{
+	RedisClaimMicros:    6.7,
+	RedisCompleteMicros: 22.4,
+	RedisReplayMicros:   6.6,
+	RedisRenewMicros:    12.8,
+	// MEMORY USAGE of a completed record by stored answer size (body; 4
+	// headers and a 32-byte request id besides), in jemalloc's size
+	// classes: past 1 KiB a record takes 120 + 1.25 × the answer.
+	RecordBytes: []Point{{0, 376}, {1024, 1400}, {4096, 5240}, {16384, 20600}, {65536, 82040}},
+	SealedBytes: []Point{{0, 440}, {1024, 1656}, {4096, 5240}, {16384, 20600}, {65536, 82040}},
+	// An in-progress claim, held for the upstream call.
+	InProgressBytes: 300,
+	// Network bytes per operation besides the answer itself (INFO stats,
+	// in + out): a claim, a completion, a replay read.
+	NetClaimBytes:    216,
+	NetCompleteBytes: 456,
+	NetReplayBytes:   460,
+	// Sidecar CPU per request, all of the process (bench harness, c=32,
+	// 0 ms upstream, 1 KiB answers; docs/benchmarks.md, 2026-12-01).
+	SidecarFirstAttemptMicros: 163,
+	SidecarReplayMicros:       58,
+	SidecarPassThroughMicros:  79,
+}
+
+// Costs are the unit costs the model multiplies.
+type Costs struct {
+	RedisClaimMicros, RedisCompleteMicros, RedisReplayMicros, RedisRenewMicros float64
+	RecordBytes, SealedBytes                                                   []Point
+	InProgressBytes                                                            float64
+	NetClaimBytes, NetCompleteBytes, NetReplayBytes                            float64
+	SidecarFirstAttemptMicros, SidecarReplayMicros, SidecarPassThroughMicros   float64
+}
+
+// Point is one measurement of bytes per record at an answer size.
+type Point struct{ Size, Bytes float64 }
+
+// Load is what the model sizes for.
+type Load struct {
+	NewKeysPerSecond float64
+	Retention        time.Duration
+	// ResponseBytes is the stored answer's body (capped by the route's
+	// max_response_body: a larger answer is stored without it).
+	ResponseBytes int
+	// ReplayRatio is replays (and retries) per new key.
+	ReplayRatio float64
+	// PassThroughPerSecond is unprotected traffic through the sidecars.
+	PassThroughPerSecond float64
+	Sealed               bool
+	Lease                time.Duration
+	// UpstreamLatency is how long a first attempt holds its claim: a
+	// renewal every lease/3 of it.
+	UpstreamLatency time.Duration
+	// ShardMemoryBytes is one master's maxmemory; TargetFill the share of
+	// it the records may take (the rest: fragmentation, replication
+	// buffers, AOF rewrite); TargetCPU the share of a master's one core
+	// the commands may take.
+	ShardMemoryBytes      float64
+	TargetFill, TargetCPU float64
+}
+
+// Defaults fills what a Load leaves zero.
+func (l Load) withDefaults() Load {
+	if l.Lease == 0 {
+		l.Lease = 10 * time.Second
+	}
+	if l.UpstreamLatency == 0 {
+		l.UpstreamLatency = 100 * time.Millisecond
+	}
+	if l.ShardMemoryBytes == 0 {
+		l.ShardMemoryBytes = 25 << 30
+	}
+	if l.TargetFill == 0 {
+		l.TargetFill = 0.7
+	}
+	if l.TargetCPU == 0 {
+		l.TargetCPU = 0.5
+	}
+	return l
+}
+
+// Check refuses a load the model cannot size, naming the flag.
+func (l Load) Check() error {
+	var errs []error
+	if !(l.NewKeysPerSecond > 0) || math.IsInf(l.NewKeysPerSecond, 0) {
+		errs = append(errs, fmt.Errorf("--new-keys-per-second must be a positive number, got %v", l.NewKeysPerSecond))
+	}
+	if l.Retention < time.Second {
+		errs = append(errs, fmt.Errorf("--retention must be at least 1s, got %s", l.Retention))
+	}
+	if l.ResponseBytes < 0 || l.ResponseBytes > 64<<20 {
+		errs = append(errs, fmt.Errorf("--response-bytes must be between 0 and 64MiB, got %d", l.ResponseBytes))
+	}
+	if l.ReplayRatio < 0 || l.ReplayRatio > 1000 || math.IsNaN(l.ReplayRatio) {
+		errs = append(errs, fmt.Errorf("--replay-ratio must be between 0 and 1000 replays per new key, got %v", l.ReplayRatio))
+	}
+	if l.PassThroughPerSecond < 0 || math.IsNaN(l.PassThroughPerSecond) {
+		errs = append(errs, fmt.Errorf("--pass-through-per-second must not be negative, got %v", l.PassThroughPerSecond))
+	}
+	if l.Lease < 0 || l.UpstreamLatency < 0 {
+		errs = append(errs, errors.New("--lease and --upstream-latency must not be negative"))
+	}
+	if l.ShardMemoryBytes < 0 || l.TargetFill < 0 || l.TargetFill > 1 || l.TargetCPU < 0 || l.TargetCPU > 1 {
+		errs = append(errs, errors.New("--shard-memory must be positive, --fill and --cpu-target between 0 and 1"))
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// Estimate is what a Load needs.
+type Estimate struct {
+	Load Load
+	// Records are held at once: new keys/s × retention, plus claims in
+	// flight.
+	Records        float64
+	BytesPerRecord float64
+	// MemoryBytes is records × bytes per record ÷ the target fill.
+	MemoryBytes float64
+	// RedisOpsPerSecond and RedisCores: claims, completions, replay
+	// reads and renewals; CPU ÷ the target utilisation.
+	RedisOpsPerSecond, RedisCores float64
+	// Shards is the larger of what memory and CPU need; Binding says
+	// which.
+	ShardsForMemory, ShardsForCPU, Shards int
+	Binding                               string
+	// SidecarCores is the sidecars' CPU, all pods together.
+	SidecarCores float64
+	// NetworkBytesPerSecond is between the sidecars and Redis.
+	NetworkBytesPerSecond float64
+}
+
+// Size runs the model with the measured costs.
+func Size(l Load) Estimate { return Measured.Size(l) }
+
+// Size runs the model.
+func (c Costs) Size(l Load) Estimate {
+	l = l.withDefaults()
+	e := Estimate{Load: l}
+	points := c.RecordBytes
+	if l.Sealed {
+		points = c.SealedBytes
+	}
+	e.BytesPerRecord = interpolate(points, float64(l.ResponseBytes))
+	inFlight := l.NewKeysPerSecond * l.UpstreamLatency.Seconds()
+	e.Records = l.NewKeysPerSecond*l.Retention.Seconds() + inFlight
+	e.MemoryBytes = (l.NewKeysPerSecond*l.Retention.Seconds()*e.BytesPerRecord + inFlight*c.InProgressBytes) / l.TargetFill
+	renewals := l.NewKeysPerSecond * math.Floor(l.UpstreamLatency.Seconds()/(l.Lease.Seconds()/3))
+	replays := l.NewKeysPerSecond * l.ReplayRatio
+	e.RedisOpsPerSecond = 2*l.NewKeysPerSecond + replays + renewals
+	redisMicros := l.NewKeysPerSecond*(c.RedisClaimMicros+c.RedisCompleteMicros) + replays*c.RedisReplayMicros + renewals*c.RedisRenewMicros
+	e.RedisCores = redisMicros / 1e6 / l.TargetCPU
+	e.ShardsForMemory = max(1, int(math.Ceil(e.MemoryBytes/l.ShardMemoryBytes)))
+	e.ShardsForCPU = max(1, int(math.Ceil(e.RedisCores)))
+	e.Shards, e.Binding = e.ShardsForMemory, "memory"
+	if e.ShardsForCPU > e.ShardsForMemory {
+		e.Shards, e.Binding = e.ShardsForCPU, "Redis CPU"
+	}
+	e.SidecarCores = (l.NewKeysPerSecond*c.SidecarFirstAttemptMicros + replays*c.SidecarReplayMicros + l.PassThroughPerSecond*c.SidecarPassThroughMicros) / 1e6
+	answer := float64(l.ResponseBytes)
+	e.NetworkBytesPerSecond = l.NewKeysPerSecond*(c.NetClaimBytes+c.NetCompleteBytes+answer) + replays*(c.NetReplayBytes+answer)
+	return e
+}
+
+// interpolate reads bytes per record at size from the measured points:
+// linear between them, and past the last at its 1.25 bytes per byte
+// (jemalloc's size classes).
+func interpolate(points []Point, size float64) float64 {
+	for i := 1; i < len(points); i++ {
+		a, b := points[i-1], points[i]
+		if size <= b.Size {
+			return a.Bytes + (size-a.Size)*(b.Bytes-a.Bytes)/(b.Size-a.Size)
+		}
+	}
+	last := points[len(points)-1]
+	return last.Bytes + (size-last.Size)*1.25
+}
+
+// WorkedExamples are docs/scaling.md's table: 100 to 100,000 new keys/s,
+// 1 h and 24 h retention, 1 KiB and 16 KiB answers, replay ratio 0.1,
+// unsealed.
+func WorkedExamples() []Load {
+	var out []Load
+	for _, rate := range []float64{100, 1000, 10000, 100000} {
+		for _, retention := range []time.Duration{time.Hour, 24 * time.Hour} {
+			for _, size := range []int{1024, 16384} {
+				out = append(out, Load{NewKeysPerSecond: rate, Retention: retention, ResponseBytes: size, ReplayRatio: 0.1})
+			}
+		}
+	}
+	return out
+}
+
+// TableHeader heads Row's lines.
+const TableHeader = "| new keys/s | retention | answer | records held | bytes/record | Redis memory | Redis CPU | masters (memory / CPU) | binds first | sidecar CPU | network |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+
+// Row is an Estimate as a line of the table.
+func (e Estimate) Row() string {
+	return fmt.Sprintf("| %s | %s | %s | %s | %.0f | %s | %.2f cores | %d (%d / %d) | %s | %.2f cores | %s/s |\n",
+		count(e.Load.NewKeysPerSecond), duration(e.Load.Retention), bytes(float64(e.Load.ResponseBytes)), count(e.Records), e.BytesPerRecord,
+		bytes(e.MemoryBytes), e.RedisCores, e.Shards, e.ShardsForMemory, e.ShardsForCPU, e.Binding, e.SidecarCores, bytes(e.NetworkBytesPerSecond))
+}
+
+// Table is the worked table.
+func Table(loads []Load) string {
+	var b strings.Builder
+	b.WriteString(TableHeader)
+	for _, l := range loads {
+		b.WriteString(Size(l).Row())
+	}
+	return b.String()
+}
+
+func count(v float64) string {
+	switch {
+	case v >= 1e9:
+		return fmt.Sprintf("%.2f G", v/1e9)
+	case v >= 1e6:
+		return fmt.Sprintf("%.1f M", v/1e6)
+	}
+	digits := fmt.Sprintf("%.0f", v)
+	for i := len(digits) - 3; i > 0; i -= 3 {
+		digits = digits[:i] + "," + digits[i:]
+	}
+	return digits
+}
+
+func bytes(v float64) string {
+	switch {
+	case v >= 1<<40:
+		return fmt.Sprintf("%.1f TiB", v/(1<<40))
+	case v >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", v/(1<<30))
+	case v >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", v/(1<<20))
+	case v >= 1<<10:
+		return fmt.Sprintf("%.0f KiB", v/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B", v)
+}
+
+func duration(d time.Duration) string {
+	if d%time.Hour == 0 {
+		return fmt.Sprintf("%dh", d/time.Hour)
+	}
+	return d.String()
+}

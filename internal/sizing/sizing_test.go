@@ -1,0 +1,66 @@
+package sizing
+
+import (
+	"math"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The worked table in docs/scaling.md is this model's output: the docs
+// and `idemproxy size` share one source (issue 23).
+func TestWorkedTableInDocs(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/scaling.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := Table(WorkedExamples()); !strings.Contains(string(doc), want) {
+		t.Fatalf("docs/scaling.md does not hold the model's worked table; paste this under \"Worked examples\":\n%s", want)
+	}
+}
+
+// One row worked by hand: 1,000 new keys/s for 1 h with 1 KiB answers.
+func TestModelArithmetic(t *testing.T) {
+	e := Size(Load{NewKeysPerSecond: 1000, Retention: time.Hour, ResponseBytes: 1024, ReplayRatio: 0.5})
+	near := func(name string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > want*1e-9 {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
+	}
+	// 3.6 M settled records plus 100 ms of claims in flight.
+	near("records", e.Records, 3_600_000+100)
+	near("bytes per record", e.BytesPerRecord, 1400)
+	near("memory", e.MemoryBytes, (3_600_000*1400+100*300)/0.7)
+	// Claim + complete per key, half a replay, no renewal (100 ms < 10 s / 3).
+	near("Redis ops/s", e.RedisOpsPerSecond, 2500)
+	near("Redis cores", e.RedisCores, (1000*(6.7+22.4)+500*6.6)/1e6/0.5)
+	if e.Shards != 1 || e.Binding != "memory" {
+		t.Errorf("shards %d binding %s, want 1, memory", e.Shards, e.Binding)
+	}
+	// A slow upstream renews: 7 s with a 10 s lease is two renewals.
+	slow := Size(Load{NewKeysPerSecond: 1000, Retention: time.Hour, UpstreamLatency: 7 * time.Second})
+	near("Redis ops/s with renewals", slow.RedisOpsPerSecond, 2000+2000)
+	// Between measured sizes the model interpolates; past them, 1.25 B/B.
+	near("bytes at 2 KiB", interpolate(Measured.RecordBytes, 2048), 1400+1024*(5240-1400)/3072.0)
+	near("bytes at 128 KiB", interpolate(Measured.RecordBytes, 131072), 82040+65536*1.25)
+}
+
+func TestCheckRefusesNonsense(t *testing.T) {
+	ok := Load{NewKeysPerSecond: 1, Retention: time.Hour}
+	if err := ok.Check(); err != nil {
+		t.Fatal(err)
+	}
+	for name, l := range map[string]Load{
+		"--new-keys-per-second": {NewKeysPerSecond: 0, Retention: time.Hour},
+		"--retention":           {NewKeysPerSecond: 1, Retention: time.Millisecond},
+		"--response-bytes":      {NewKeysPerSecond: 1, Retention: time.Hour, ResponseBytes: -1},
+		"--replay-ratio":        {NewKeysPerSecond: 1, Retention: time.Hour, ReplayRatio: math.NaN()},
+		"--fill":                {NewKeysPerSecond: 1, Retention: time.Hour, TargetFill: 2},
+	} {
+		if err := l.Check(); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%+v: %v, want an error naming %s", l, err, name)
+		}
+	}
+}

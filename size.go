@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/sizing"
+)
+
+// runSize prints what a load needs of Redis and of the sidecars: the model
+// and measured costs of docs/scaling.md ("Sizing"), one row of its table.
+func runSize(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("idemproxy size", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var l sizing.Load
+	fs.Float64Var(&l.NewKeysPerSecond, "new-keys-per-second", 0, "first attempts per second, all routes and pods together (required)")
+	fs.DurationVar(&l.Retention, "retention", 24*time.Hour, "how long settled answers are kept (defaults.retention); with -config, its longest")
+	fs.IntVar(&l.ResponseBytes, "response-bytes", 1024, "typical stored answer body; with -config, capped by its largest max_response_body")
+	fs.Float64Var(&l.ReplayRatio, "replay-ratio", 0.1, "replays and retries per new key")
+	fs.Float64Var(&l.PassThroughPerSecond, "pass-through-per-second", 0, "unprotected requests per second through the sidecars")
+	fs.BoolVar(&l.Sealed, "sealed", false, "records sealed (store.encryption); with -config, whether it sets key_files")
+	fs.DurationVar(&l.Lease, "lease", 10*time.Second, "defaults.lease")
+	fs.DurationVar(&l.UpstreamLatency, "upstream-latency", 100*time.Millisecond, "how long a first attempt's upstream call takes (renewals every lease/3 of it)")
+	shard := fs.String("shard-memory", "25GiB", "one Redis master's maxmemory")
+	fs.Float64Var(&l.TargetFill, "fill", 0.7, "share of maxmemory the records may fill")
+	fs.Float64Var(&l.TargetCPU, "cpu-target", 0.5, "share of a master's core its commands may use")
+	path := fs.String("config", "", "read retention, lease, max_response_body and sealing from this config")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["new-keys-per-second"] {
+		return errors.New("size: --new-keys-per-second is required (first attempts per second, all routes and pods together)")
+	}
+	sb, err := config.ParseSize(*shard)
+	if err != nil || sb <= 0 {
+		return fmt.Errorf("size: --shard-memory: %q is not a size such as 25GiB", *shard)
+	}
+	l.ShardMemoryBytes = float64(sb)
+	if *path != "" {
+		cfg, err := config.Load(*path)
+		if err != nil {
+			return configError(*path, err)
+		}
+		fromConfig(&l, cfg, set)
+	}
+	if err := l.Check(); err != nil {
+		return fmt.Errorf("size: %w", err)
+	}
+	e := sizing.Size(l)
+	fmt.Fprint(stdout, sizing.TableHeader+e.Row())
+	fmt.Fprintf(stdout, "\nBinds first: %s. Masters of %s at %.0f%% fill: %d for memory, %d for CPU (%.0f%% of a core each).\n",
+		e.Binding, *shard, l.TargetFill*100, e.ShardsForMemory, e.ShardsForCPU, l.TargetCPU*100)
+	fmt.Fprintf(stdout, "Redis: %.0f operations/s. Unit costs measured on one 2-core VM (docs/scaling.md, \"Sizing\"); re-measure on yours with `go run ./bench units`.\n", e.RedisOpsPerSecond)
+	return nil
+}
+
+// fromConfig takes what a config says of the load, unless a flag said it:
+// the longest retention and lease of its routes, its largest
+// max_response_body as a cap on the answer, and sealing.
+func fromConfig(l *sizing.Load, cfg *config.Config, set map[string]bool) {
+	var retention, lease time.Duration
+	var maxBody int64
+	for _, r := range cfg.Routes {
+		retention = max(retention, r.Settings.Retention)
+		lease = max(lease, r.Settings.Lease)
+		maxBody = max(maxBody, r.Settings.MaxResponseBody)
+	}
+	if len(cfg.Routes) == 0 {
+		retention, lease, maxBody = cfg.Defaults.Retention, cfg.Defaults.Lease, cfg.Defaults.MaxResponseBody
+	}
+	if !set["retention"] {
+		l.Retention = retention
+	}
+	if !set["lease"] {
+		l.Lease = lease
+	}
+	if int64(l.ResponseBytes) > maxBody {
+		l.ResponseBytes = int(maxBody) // a larger answer is stored without its body
+	}
+	if !set["sealed"] {
+		l.Sealed = len(cfg.Store.Encryption.KeyFiles) > 0
+	}
+}

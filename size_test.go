@@ -1,0 +1,62 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"testing"
+)
+
+// `idemproxy size` prints a row of docs/scaling.md's worked table exactly,
+// and refuses nonsense with a message naming the flag (issue 23).
+func TestSizeReproducesTheDocsRow(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"size", "--new-keys-per-second", "10000", "--retention", "24h", "--response-bytes", "1024"}, &out, &errb)
+	if err != nil {
+		t.Fatal(err, errb.String())
+	}
+	lines := strings.Split(out.String(), "\n")
+	if len(lines) < 3 || !strings.HasPrefix(lines[2], "| 10,000 | 24h | 1 KiB |") {
+		t.Fatalf("size printed:\n%s", out.String())
+	}
+	doc, err := os.ReadFile("docs/scaling.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), "\n"+lines[2]+"\n") {
+		t.Fatalf("docs/scaling.md's worked table has no row\n%s", lines[2])
+	}
+	if !strings.Contains(out.String(), "Binds first: memory.") {
+		t.Errorf("size does not say what binds first:\n%s", out.String())
+	}
+}
+
+func TestSizeRefusesNonsense(t *testing.T) {
+	for args, want := range map[string]string{
+		"":                         "--new-keys-per-second is required",
+		"--new-keys-per-second -5": "--new-keys-per-second must be a positive number",
+		"--new-keys-per-second 10 --retention 1ms":            "--retention must be at least 1s",
+		"--new-keys-per-second 10 --shard-memory lots":        "--shard-memory",
+		"--new-keys-per-second 10 -config testdata/nope.yaml": "nope.yaml",
+	} {
+		var out, errb bytes.Buffer
+		err := run(context.Background(), append([]string{"size"}, strings.Fields(args)...), &out, &errb)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("size %s: %v, want an error containing %q", args, err, want)
+		}
+	}
+}
+
+// With -config, retention, lease, the answer cap and sealing come from the
+// file unless a flag says otherwise.
+func TestSizeReadsTheConfig(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"size", "--new-keys-per-second", "100", "--response-bytes", "4096", "-config", "config.example.yaml"}, &out, &errb)
+	if err != nil {
+		t.Fatal(err, errb.String())
+	}
+	if !strings.Contains(out.String(), "| 100 | 24h | 4 KiB |") {
+		t.Errorf("size with config.example.yaml:\n%s", out.String())
+	}
+}
