@@ -53,7 +53,7 @@ func observedEnv(t *testing.T) *env {
 // golden file. Set IDEMPROXY_UPDATE_GOLDEN=1 to rewrite it.
 func TestMetricsExposition(t *testing.T) {
 	e := observedEnv(t)
-	names := []string{"idemproxy_requests_total", "idemproxy_inflight_claims", "idemproxy_store_errors_total"}
+	names := []string{"idemproxy_requests_total", "idemproxy_inflight_claims", "idemproxy_store_errors_total", "idemproxy_route_retention_seconds", "idemproxy_overloaded_total"}
 	golden := "testdata/metrics.golden"
 	if os.Getenv("IDEMPROXY_UPDATE_GOLDEN") == "1" {
 		writeGolden(t, e, golden, names)

@@ -244,6 +244,9 @@ func count(v float64) string {
 	case v >= 1e6:
 		return fmt.Sprintf("%.1f M", v/1e6)
 	}
+	if v < 10 && v != math.Trunc(v) {
+		return fmt.Sprintf("%.2f", v)
+	}
 	digits := fmt.Sprintf("%.0f", v)
 	for i := len(digits) - 3; i > 0; i -= 3 {
 		digits = digits[:i] + "," + digits[i:]
