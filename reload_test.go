@@ -57,13 +57,19 @@ func status(t *testing.T, url string) int {
 
 func metric(t *testing.T, admin, line string) bool {
 	t.Helper()
+	return strings.Contains(scrape(t, admin), line)
+}
+
+// scrape returns admin's /metrics.
+func scrape(t *testing.T, admin string) string {
+	t.Helper()
 	resp, err := http.Get(admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return strings.Contains(string(b), line)
+	return string(b)
 }
 
 // TestReloadFollowsAConfigMapUpdate lays the file out as a Kubernetes

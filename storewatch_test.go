@@ -23,14 +23,8 @@ import (
 // series is there yet, and whether every master is up.
 func storeUp(t *testing.T, admin string) (seen, up bool) {
 	t.Helper()
-	resp, err := http.Get(admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
 	up = true
-	for line := range strings.SplitSeq(string(b), "\n") {
+	for line := range strings.SplitSeq(scrape(t, admin), "\n") {
 		if rest, ok := strings.CutPrefix(line, "idemproxy_store_up{"); ok {
 			seen = true
 			up = up && strings.HasSuffix(rest, "} 1")
@@ -138,18 +132,13 @@ func TestStoreAndWaiterMetrics(t *testing.T) {
 	if status, _ := pay(t, s.clientAddr, "k1"); status != http.StatusCreated {
 		t.Fatalf("first attempt: %d", status)
 	}
-	resp, err := http.Get("http://" + s.adminAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
+	body := scrape(t, "http://"+s.adminAddr)
 	for _, want := range []string{"idemproxy_waiting_retries 0", "idemproxy_store_pipeline_operations_count "} {
-		if !strings.Contains(string(body), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	if strings.Contains(string(body), "idemproxy_store_pipeline_operations_count 0\n") {
+	if strings.Contains(body, "idemproxy_store_pipeline_operations_count 0\n") {
 		t.Error("no store pipeline was counted for a claim and a completion")
 	}
 }
@@ -181,17 +170,9 @@ func TestStoreSizeMetrics(t *testing.T) {
 		`idemproxy_route_retention_seconds{route="pay"} 7200` + "\n",
 		fmt.Sprintf("idemproxy_store_used_bytes{master=%q} ", srv.Addr),
 	}
-	var body string
 	poll.Until(t, "the store watcher's next look", func() bool {
-		resp, err := http.Get("http://" + s.adminAddr + "/metrics")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		body = string(b)
 		for _, w := range want {
-			if !strings.Contains(body, w) {
+			if !metric(t, "http://"+s.adminAddr, w) {
 				return false
 			}
 		}

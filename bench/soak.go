@@ -45,7 +45,7 @@ func soak(args []string) error {
 	var (
 		mu     sync.Mutex
 		recent []string // the last first-attempt keys answered, for replays
-		done   calls
+		done   tally
 	)
 	stop := make(chan struct{})
 	start := time.Now()
@@ -72,7 +72,7 @@ func soak(args []string) error {
 				}
 				mu.Unlock()
 			}
-			done.add(call{class: class, at: at.Sub(start), status: status, lat: time.Since(at)})
+			done.add(class, status)
 		})
 	}()
 
@@ -80,14 +80,7 @@ func soak(args []string) error {
 	tick := time.NewTicker(*every)
 	for now := range tick.C {
 		keys, mem := s.redisKeys()
-		done.mu.Lock()
-		n, bad := len(done.all), 0
-		for _, c := range done.all {
-			if c.status != 201 {
-				bad++
-			}
-		}
-		done.mu.Unlock()
+		n, bad := done.counts()
 		samples = append(samples, sample{at: now.Sub(start), rss: s.idem.rss(), goroutines: s.gauge("go_goroutines"),
 			fds: s.idem.fds(), keys: keys, redisMemory: mem, requests: n, errors: bad})
 		fmt.Fprintf(os.Stderr, "soak %s: rss %.1f MiB, %0.f goroutines, %d fds, %d keys, %d requests, %d not 201\n",
@@ -112,7 +105,7 @@ func soak(args []string) error {
 	return nil
 }
 
-func soakReport(duration time.Duration, rate float64, retention, every time.Duration, samples []sample, done *calls, keys, dups int) string {
+func soakReport(duration time.Duration, rate float64, retention, every time.Duration, samples []sample, done *tally, keys, dups int) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Soak: %s at %.0f requests/s (60%% first attempts, 25%% replays of recent keys, 15%% pass-through), retention %s, sampled every %s; %s.\n\n",
 		duration, rate, retention, every, machine())
@@ -147,16 +140,9 @@ func soakReport(duration time.Duration, rate float64, retention, every time.Dura
 	fmt.Fprintf(&b, "- Redis keys: mean %.0f, slope %+.0f/h; first attempts/s × retention = %.0f\n", m, sl, expected)
 	m, sl = slope(func(x sample) float64 { return float64(x.redisMemory) / (1 << 20) })
 	fmt.Fprintf(&b, "- Redis used_memory: mean %.1f MiB, slope %+.2f MiB/h\n", m, sl)
-	byStatus := map[string]map[int]int{}
 	done.mu.Lock()
-	for _, c := range done.all {
-		if byStatus[c.class] == nil {
-			byStatus[c.class] = map[int]int{}
-		}
-		byStatus[c.class][c.status]++
-	}
+	fmt.Fprintf(&b, "\nAnswers by class and status (0: transport error): %v. Upstream: %d keys executed, %d duplicate executions.\n", done.by, keys, dups)
 	done.mu.Unlock()
-	fmt.Fprintf(&b, "\nAnswers by class and status (0: transport error): %v. Upstream: %d keys executed, %d duplicate executions.\n", byStatus, keys, dups)
 	return b.String()
 }
 
@@ -173,4 +159,35 @@ func fit(xs []sample, f func(sample) float64) (mean, perHour float64) {
 		perHour = (n*sty - st*sy) / d
 	}
 	return mean, perHour
+}
+
+// tally counts the soak's answers by class and status: a long soak keeps
+// no per-request record.
+type tally struct {
+	mu     sync.Mutex
+	by     map[string]map[int]int
+	n, bad int
+}
+
+func (t *tally) add(class string, status int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.by == nil {
+		t.by = map[string]map[int]int{}
+	}
+	if t.by[class] == nil {
+		t.by[class] = map[int]int{}
+	}
+	t.by[class][status]++
+	t.n++
+	if status != 201 {
+		t.bad++
+	}
+}
+
+// counts is how many answers came, and how many were not 201.
+func (t *tally) counts() (n, bad int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n, t.bad
 }

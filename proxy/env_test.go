@@ -223,6 +223,21 @@ type req struct {
 	header                        map[string]string
 }
 
+// probeFingerprint sends alice's {} to the route "pay" under the key
+// "probe" (one execution) and returns the fingerprint stored for it: that
+// of every such request, whatever its key.
+func (e *env) probeFingerprint() claim.Fingerprint {
+	e.t.Helper()
+	if first := e.do(req{user: "alice", key: "probe", body: `{}`}); first.status != http.StatusCreated {
+		e.t.Fatal(first.status)
+	}
+	probe, _, err := e.store.Get(context.Background(), e.store.Key("alice", proxy.KeyScope("pay", false), "probe"))
+	if err != nil || probe == nil {
+		e.t.Fatal(err)
+	}
+	return probe.Fingerprint
+}
+
 func (e *env) do(r req) resp {
 	e.t.Helper()
 	got, err := e.try(context.Background(), r)

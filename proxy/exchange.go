@@ -208,11 +208,12 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 			return
 		}
 		if res.Claimed {
-			if !x.h.forwarding.take(x.rt.name, x.rt.settings.MaxInFlight) {
+			slot := x.h.forwarding.take(x.rt.name, x.rt.settings.MaxInFlight)
+			if slot == nil {
 				x.shed(rec)
 				return
 			}
-			defer x.h.forwarding.give(x.rt.name)
+			defer slot.Add(-1)
 			x.own(rec, body)
 			return
 		}

@@ -479,16 +479,8 @@ func TestSidecarDeathAfterClaim(t *testing.T) {
 	// A sidecar that claims and dies leaves an in-progress record that no
 	// one renews: retries get 409 until the lease lapses, then execute.
 	e := newEnv(t, created, func(c *setup) { c.Routes[0].Lease = time.Second })
-	dead := &claim.Record{State: claim.InProgress, Created: time.Now()}
-	first := e.do(req{user: "alice", key: "probe", body: `{}`}) // learn the fingerprint
-	if first.status != http.StatusCreated {
-		t.Fatal(first.status)
-	}
-	probe, _, err := e.store.Get(context.Background(), e.store.Key("alice", proxy.KeyScope("pay", false), "probe"))
-	if err != nil || probe == nil {
-		t.Fatal(err)
-	}
-	dead.Fingerprint = probe.Fingerprint // same request body and path, another key
+	// The same request body and path as the probe's, another key.
+	dead := &claim.Record{State: claim.InProgress, Created: time.Now(), Fingerprint: e.probeFingerprint()}
 	key := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
 	if res, err := e.store.Claim(context.Background(), key, dead, time.Second, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("dead sidecar's claim: %+v %v", res, err)

@@ -21,14 +21,13 @@ func (f *inFlight) counter(route string) *atomic.Int64 {
 }
 
 // take counts one more call on route, unless limit (when positive) is
-// reached; every true is matched by a give.
-func (f *inFlight) take(route string, limit int) bool {
+// reached: then it returns nil. The caller gives the call back with
+// Add(-1) on what it returned.
+func (f *inFlight) take(route string, limit int) *atomic.Int64 {
 	c := f.counter(route)
 	if n := c.Add(1); limit > 0 && n > int64(limit) {
 		c.Add(-1)
-		return false
+		return nil
 	}
-	return true
+	return c
 }
-
-func (f *inFlight) give(route string) { f.counter(route).Add(-1) }

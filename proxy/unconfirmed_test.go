@@ -38,15 +38,7 @@ func TestClaimsThatNeverForwarded(t *testing.T) {
 				c.Routes[0].Lease = time.Second
 				c.Routes[0].Unknown = tc.unknown
 			})
-			first := e.do(req{user: "alice", key: "probe", body: `{}`}) // learn the fingerprint
-			if first.status != http.StatusCreated {
-				t.Fatal(first.status)
-			}
-			probe, _, err := e.store.Get(context.Background(), e.store.Key("alice", proxy.KeyScope("pay", false), "probe"))
-			if err != nil || probe == nil {
-				t.Fatal(err)
-			}
-			dead := &claim.Record{State: claim.InProgress, Created: time.Now(), Fingerprint: probe.Fingerprint, RequestID: "dead"}
+			dead := &claim.Record{State: claim.InProgress, Created: time.Now(), Fingerprint: e.probeFingerprint(), RequestID: "dead"}
 			if tc.late {
 				dead.Created = time.Now().Add(-3 * time.Second)
 			}

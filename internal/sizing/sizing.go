@@ -80,7 +80,7 @@ type Load struct {
 	TargetFill, TargetCPU float64
 }
 
-// Defaults fills what a Load leaves zero.
+// withDefaults fills what a Load leaves zero.
 func (l Load) withDefaults() Load {
 	if l.Lease == 0 {
 		l.Lease = 10 * time.Second
