@@ -68,7 +68,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // building without .git and with -buildvcs=false). Without a stamped
 // revision, the VCS stamp of the build info is used.
 var (
-	version  = "v0.4.0-dev"
+	version  = "v0.5.0-dev"
 	revision = ""
 )
 
