@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/faultlink"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -125,5 +126,104 @@ routes:
 				return false
 			})
 		})
+	}
+}
+
+// TestLateReplyNeverFreesAForwardedClaim (issue 30), through two real
+// sidecars on one real redis-server, each on its own link to it. Redis
+// stalls for 0.9s while sidecar A claims a key: the confirmation still
+// comes inside A's confirm window, so A forwards (the upstream takes 2s).
+// The client's retry reaches sidecar B, whose link delays one reply, the
+// one after B's claim finds A's record, by 0.85s: a retransmitted segment
+// or a slow command queued ahead of it. v0.4.0's B estimated when A's SET
+// ran from its own clock read after that reply, judged the claim never
+// forwarded, freed it and forwarded again: two executions, every run
+// (IDEMPROXY_TEST_BINARY=<v0.4.0 build> shows it). Now B reads when the
+// SET ran on Redis' clock, in one script: it answers 409, the retries
+// replay A's answer, and the upstream executes once.
+func TestLateReplyNeverFreesAForwardedClaim(t *testing.T) {
+	srv := redistest.Start(t)
+	linkA, err := faultlink.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer linkA.Close()
+	linkB, err := faultlink.Start(srv.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer linkB.Close()
+	var executed atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		n := executed.Add(1)
+		time.Sleep(2 * time.Second)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"charge":%d}`, n)
+	}))
+	defer upstream.Close()
+	config := func(addr string) string {
+		return fmt.Sprintf(`upstream:
+  url: %q
+store:
+  redis:
+    addrs: [%q]
+routes:
+  - name: pay
+    match: "POST /payments"
+`, upstream.URL, addr)
+	}
+	a, b := startBinary(t, config(linkA.Addr())), startBinary(t, config(linkB.Addr()))
+	for _, sc := range []*sidecar{a, b} {
+		if status, body := post(t, sc.client+"/payments", "warm-up-"+sc.client, `{}`); status != http.StatusCreated {
+			t.Fatalf("warm-up: %d %s", status, body)
+		}
+	}
+	time.Sleep(1500 * time.Millisecond) // both sidecars' store watchers have read Redis' clock
+	executed.Store(0)
+
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	first := make(chan int, 1)
+	go func() {
+		status, _ := post(t, a.client+"/payments", "k", `{"amount":1}`)
+		first <- status
+	}()
+	time.Sleep(900 * time.Millisecond) // inside A's 1s confirm window
+	srv.Resume()
+	resumed = true
+	poll.Until(t, "A forwarded", func() bool { return executed.Load() == 1 })
+
+	// B's claim finds A's record (a bulk reply, on time); the reply after
+	// it (B's read of the key's TTL: an integer or an array) comes 0.85s late.
+	late := linkB.DelayNextReply(func(b []byte) bool { return len(b) > 0 && (b[0] == ':' || b[0] == '*') }, 850*time.Millisecond)
+	status, body := post(t, b.client+"/payments", "k", `{"amount":1}`)
+	select {
+	case <-late:
+	default:
+		t.Errorf("no reply was delayed on B's link: the test did not exercise a late reply (B answered %d %s)", status, body)
+	}
+	if status != http.StatusConflict {
+		t.Errorf("the retry on B while A's request runs: %d %s, want 409", status, body)
+	}
+	if got := <-first; got != http.StatusCreated {
+		t.Errorf("the first attempt on A: %d, want 201", got)
+	}
+	var replay string
+	poll.Until(t, "the retry replays", func() bool {
+		status, replay = post(t, b.client+"/payments", "k", `{"amount":1}`)
+		return status == http.StatusCreated
+	})
+	time.Sleep(2500 * time.Millisecond) // a second execution, had B forwarded, would have ended by now
+	if n := executed.Load(); n != 1 {
+		t.Fatalf("upstream executed %d times, want 1 (a forwarded claim was freed by a late reply)", n)
+	}
+	if replay != `{"charge":1}` {
+		t.Errorf("replay %q, want the first attempt's answer", replay)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -39,6 +40,19 @@ type Result struct {
 // with GET; then the claim script does the same, and is used from then on.
 func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.Duration, q Quota) (Result, error) {
 	rec.Mark, rec.Lease = MarkClaimed, lease
+	if !s.markable(s.now()) {
+		rec.Mark = MarkNone // this clock is not known to be close to Redis' (clock.go)
+	}
+	before := s.sendState()
+	res, err := s.claimAny(ctx, key, rec, lease, q)
+	if err != nil && errors.Is(err, ErrUnavailable) {
+		err = s.notSent(before, err)
+	}
+	return res, err
+}
+
+// claimAny is Claim on whichever path fits.
+func (s *Store) claimAny(ctx context.Context, key string, rec *Record, lease time.Duration, q Quota) (Result, error) {
 	if s.full.Load() {
 		return s.claimWhenFull(ctx, key, rec, lease+rec.Tail)
 	}
@@ -85,22 +99,38 @@ func (s *Store) claim(ctx context.Context, key string, rec *Record, lease time.D
 }
 
 // found interprets the value a claim read under key; for a record in
-// progress it asks the key's PTTL, for Retry-After and to tell an orphaned
-// record. When PTTL fails, the whole lease is an upper bound; when the key
-// has just gone, a retry may come at once.
+// progress it asks the key's PTTL and Redis' clock in one script, for
+// Retry-After, to tell an orphaned record and to tell a claim that was
+// never forwarded. When that fails, the whole lease is an upper bound.
 func (s *Store) found(ctx context.Context, key string, rec *Record, raw string, lease time.Duration) (Result, error) {
-	res, err := s.existing(key, rec, raw, 0)
+	res, err := s.existing(key, rec, raw, 0, time.Time{})
 	if err != nil || res.Claimed || res.Existing.State != InProgress {
 		return res, err
 	}
-	pttl := redis.NewDurationCmd(ctx, time.Millisecond, "pttl", key)
 	ttl := lease
-	if s.exec(ctx, 0, pttl) == nil && pttl.Err() == nil {
-		ttl = pttl.Val()
-		res.Unforwarded = res.Existing.neverForwarded(ttl, time.Now())
+	if v, err := s.eval(ctx, ttlScript, key, 0).Slice(); err == nil {
+		if pttl, now, ok := ttlReply(v); ok {
+			ttl = pttl
+			res.Unforwarded = res.Existing.neverForwarded(pttl, now)
+		}
 	}
 	res.TTL = leaseLeft(res.Existing, max(ttl, time.Millisecond))
 	return res, nil
+}
+
+// ttlReply reads {pttl, seconds, microseconds}, the end of ttlScript's
+// and claimScript's replies.
+func ttlReply(v []any) (pttl time.Duration, now time.Time, ok bool) {
+	if len(v) != 3 {
+		return 0, time.Time{}, false
+	}
+	ms, ok1 := v[0].(int64)
+	sec, err1 := strconv.ParseInt(fmt.Sprint(v[1]), 10, 64)
+	usec, err2 := strconv.ParseInt(fmt.Sprint(v[2]), 10, 64)
+	if !ok1 || err1 != nil || err2 != nil {
+		return 0, time.Time{}, false
+	}
+	return time.Duration(ms) * time.Millisecond, time.Unix(sec, usec*1000), true
 }
 
 // leaseLeft is what is left of rec's lease when its key has ttl left: all
@@ -122,17 +152,18 @@ func (s *Store) claimByScript(ctx context.Context, key string, rec *Record, valu
 		s.checkWait("claim", wait)
 		return Result{Claimed: true}, nil
 	}
-	pair, ok := v.([]any)
-	if !ok || len(pair) != 2 {
+	reply, ok := v.([]any)
+	if !ok || len(reply) != 4 {
 		return Result{}, fmt.Errorf("unexpected reply %T: %w", v, ErrUnavailable)
 	}
-	raw, _ := pair[0].(string)
-	ttl, _ := pair[1].(int64)
-	return s.existing(key, rec, raw, time.Duration(ttl)*time.Millisecond)
+	raw, _ := reply[0].(string)
+	ttl, now, _ := ttlReply(reply[1:])
+	return s.existing(key, rec, raw, ttl, now)
 }
 
-// existing interprets the value a claim found under its key.
-func (s *Store) existing(key string, rec *Record, raw string, ttl time.Duration) (Result, error) {
+// existing interprets the value a claim found under its key, with the
+// key's PTTL and Redis' clock read with it (zero when not read).
+func (s *Store) existing(key string, rec *Record, raw string, ttl time.Duration, now time.Time) (Result, error) {
 	found, err := s.seal.open(key, []byte(raw))
 	if err != nil {
 		return Result{}, err
@@ -145,7 +176,7 @@ func (s *Store) existing(key string, rec *Record, raw string, ttl time.Duration)
 	if found.State != InProgress {
 		return Result{Existing: found}, nil
 	}
-	return Result{Existing: found, TTL: leaseLeft(found, ttl), Unforwarded: found.neverForwarded(ttl, time.Now())}, nil
+	return Result{Existing: found, TTL: leaseLeft(found, ttl), Unforwarded: found.neverForwarded(ttl, now)}, nil
 }
 
 // Get returns the record under key, or nil when there is none, and for an
@@ -224,7 +255,7 @@ func (s *Store) claimCounted(ctx context.Context, key string, rec *Record, lease
 	case redis.HasErrorPrefix(err, "syntax error"):
 		s.uncount(ctx, q, incr)
 		s.scriptClaim.Store(true) // Redis < 7.0
-		return s.Claim(ctx, key, rec, lease-rec.Tail, q)
+		return s.claimAny(ctx, key, rec, lease-rec.Tail, q)
 	case err != nil:
 		s.uncount(ctx, q, incr)
 		return Result{}, s.unavailable("claim", err)

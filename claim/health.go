@@ -25,6 +25,9 @@ type MasterHealth struct {
 	Sized     bool
 	Keys      int64
 	UsedBytes int64
+	// Clock is this process' clock against the master's (clock.go);
+	// nil when the master did not answer TIME.
+	Clock *ClockReading
 }
 
 // Up reports whether the master answered.
@@ -32,8 +35,9 @@ func (h MasterHealth) Up() bool { return h.Err == nil }
 
 // Health asks every master for its memory and key count (INFO memory
 // keyspace, one round trip each), which is also how it learns which are
-// up. The embedded store
-// answers as one master. It is what the store watcher calls every second.
+// up, and for its clock (TIME, one more), which is what keeps claims
+// marked (clock.go). The embedded store answers as one master. It is what
+// the store watcher calls every second.
 func (s *Store) Health(ctx context.Context) []MasterHealth {
 	var (
 		mu  sync.Mutex
@@ -56,6 +60,11 @@ func (s *Store) Health(ctx context.Context) []MasterHealth {
 		default:
 			h.Err = s.unavailable("info memory", err)
 		}
+		if h.Err == nil {
+			if r, err := readClock(ctx, c, s.now); err == nil {
+				h.Clock = &r
+			}
+		}
 		mu.Lock()
 		out = append(out, h)
 		mu.Unlock()
@@ -72,6 +81,16 @@ func (s *Store) Health(ctx context.Context) []MasterHealth {
 	default:
 		read(ctx, s.masterLabel(), s.client)
 	}
+	answered := len(out) > 0
+	readings := make([]ClockReading, 0, len(out))
+	for _, h := range out {
+		if h.Clock == nil {
+			answered = false
+			continue
+		}
+		readings = append(readings, *h.Clock)
+	}
+	s.noteClocks(readings, answered, s.now())
 	return out
 }
 

@@ -9,24 +9,32 @@ import "time"
 // (unused while in progress, and ignored there by every earlier version),
 // whether its key's TTL was set by the claim itself and with what lease;
 // an owner forwards only if its claim was confirmed within ConfirmWindow
-// of the record's Created time, on its own clock. So a record whose SET
-// ran later than that, by the TTL it still has, was never forwarded: the
-// next attempt may free it at once (Result.Unforwarded) instead of
-// answering 409 for a lease, or, under unknown_outcome: fail, settling it
-// as outcome-unknown.
+// of the record's Created time, on its own (monotonic) clock. So a record
+// whose SET ran later than that was never forwarded: the next attempt may
+// free it at once (Result.Unforwarded) instead of answering 409 for a
+// lease, or, under unknown_outcome: fail, settling it as outcome-unknown.
+//
+// When the SET ran is read on Redis' clock, in one script: TIME plus the
+// key's PTTL, less the PX the claim gave it. Nothing in that depends on
+// how late any reply arrives, nor on the reader's clock. The comparison
+// with Created (the owner's clock) holds because an owner marks its
+// claims only while its clock is known to be within MaxClockOffset of
+// Redis' (clock.go). docs/reliability.md has the whole argument.
 //
 // Layout of the in-progress status slot (big-endian uint16): the top two
 // bits are the Mark, the low 14 the lease in 100ms units, rounded up (a
-// lease too long to fit is written unmarked).
+// lease too long to fit is written unmarked). Rounding up only ever makes
+// a claim look earlier, never later.
 
 // Mark says what an in-progress record's TTL tells about its owner.
 type Mark uint8
 
 // Marks of an in-progress record.
 const (
-	// MarkNone: nothing is known (written by an earlier version, or a
-	// sealed record under store.record_format 1, whose header cannot
-	// change after the claim).
+	// MarkNone: nothing is known (written by an earlier version, by an
+	// owner whose clock was not known to be close to Redis', or a sealed
+	// record under store.record_format 1, whose header cannot change
+	// after the claim).
 	MarkNone Mark = 0
 	// MarkClaimed: the key's TTL was set by the claim itself, with
 	// Record.Lease.
@@ -41,10 +49,10 @@ const (
 	leaseUnit = 100 * time.Millisecond
 )
 
-// ClockSkew is how far apart the clocks of two sidecars may be: a record's
-// Created time is the claiming sidecar's, the TTL's end is read on the
-// settling one's. NTP keeps hosts within milliseconds.
-const ClockSkew = 500 * time.Millisecond
+// markMargin covers what the record's millisecond fields round away
+// (Created is truncated to the millisecond, PTTL and TIME are read in
+// whole units).
+const markMargin = 5 * time.Millisecond
 
 // maxConfirmWindow bounds how long after Created an owner may still act
 // on its claim's confirmation.
@@ -79,14 +87,15 @@ func (r *Record) setMarkSlot(v uint16) {
 }
 
 // neverForwarded reports whether r, found in progress with pttl left on
-// its key at now, is a claim its owner can never have forwarded: its TTL
-// was set by the claim, and the claim ran later than its owner would act
-// on it (ConfirmWindow after Created, plus ClockSkew). pttl <= 0 (not
-// known) never concludes.
-func (r *Record) neverForwarded(pttl time.Duration, now time.Time) bool {
-	if r.State != InProgress || r.Mark != MarkClaimed || r.Lease <= 0 || pttl <= 0 || r.Created.IsZero() {
+// its key when Redis' clock read redisNow (both in one script), is a claim
+// its owner can never have forwarded: its TTL was set by the claim, and
+// the claim ran later than its owner would act on it (ConfirmWindow after
+// Created, plus MaxClockOffset between the owner's clock and Redis').
+// pttl <= 0 or a zero redisNow (not known) never concludes.
+func (r *Record) neverForwarded(pttl time.Duration, redisNow time.Time) bool {
+	if r.State != InProgress || r.Mark != MarkClaimed || r.Lease <= 0 || pttl <= 0 || redisNow.IsZero() || r.Created.IsZero() {
 		return false
 	}
-	ran := now.Add(pttl - r.Lease - r.Tail) // when the claim's SET ran, on this clock
-	return ran.Sub(r.Created) > ConfirmWindow(r.Lease)+ClockSkew
+	ran := redisNow.Add(pttl - r.Lease - r.Tail) // when the claim's SET ran, on Redis' clock
+	return ran.Sub(r.Created) > ConfirmWindow(r.Lease)+MaxClockOffset+markMargin
 }

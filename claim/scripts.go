@@ -13,14 +13,26 @@ import "github.com/redis/go-redis/v9"
 // fallback for Redis < 7.0, which refuses SET with both NX and GET.
 //
 // KEYS[1] key; ARGV[1] encoded in-progress record; ARGV[2] lease ms.
-// Returns 1 when claimed, or {value, pttl}.
+// Returns 1 when claimed, or {value, pttl, TIME's seconds, TIME's
+// microseconds}.
 var claimScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  return {cur, redis.call('PTTL', KEYS[1])}
+  local t = redis.call('TIME')
+  return {cur, redis.call('PTTL', KEYS[1]), t[1], t[2]}
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
+`)
+
+// ttlScript reads a key's PTTL and Redis' clock at once, so that when the
+// key's TTL was set is known on Redis' clock whatever the reply's delay
+// (mark.go).
+//
+// KEYS[1] key. Returns {pttl, TIME's seconds, TIME's microseconds}.
+var ttlScript = redis.NewScript(`
+local t = redis.call('TIME')
+return {redis.call('PTTL', KEYS[1]), t[1], t[2]}
 `)
 
 // renewScript extends the lease, only while we still own the key and it is
@@ -119,7 +131,7 @@ redis.pcall(ARGV[5], KEYS[1], '')
 return 1
 `)
 
-var scripts = []*redis.Script{claimScript, renewScript, completeScript, releaseScript, orphanScript, forgetScript, releaseUnforwardedScript}
+var scripts = []*redis.Script{claimScript, ttlScript, renewScript, completeScript, releaseScript, orphanScript, forgetScript, releaseUnforwardedScript}
 
 // forgetScript deletes the key only while its record is in the given state,
 // so that an operator clearing a stuck claim never deletes an answer that

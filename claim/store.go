@@ -32,6 +32,10 @@ var (
 	ErrLeaseLost = errors.New("claim: lease lost to another owner")
 	// ErrUnavailable wraps every failure to reach or use Redis.
 	ErrUnavailable = errors.New("claim: store unavailable")
+	// ErrNotSent marks a failed Claim that provably wrote nothing: the
+	// client had no connection when it began and made none until it
+	// failed (sent.go).
+	ErrNotSent = errors.New("claim: nothing sent")
 )
 
 // Store keeps claims in Redis.
@@ -67,6 +71,14 @@ type Store struct {
 	// keyedWrites (store.record_format: 2) every record is written so.
 	fpMAC       []byte
 	keyedWrites bool
+
+	// clock is what the clock measurements said (clock.go); clockNow,
+	// when set, stands in for time.Now there (tests).
+	clock    clockState
+	clockNow func() time.Time
+
+	// dials counts the connections this store's client made (sent.go).
+	dials atomic.Uint64
 }
 
 // Option configures a Store.
@@ -134,6 +146,7 @@ func WithBatchObserver(observe func(ops int)) Option {
 // operation behind it in a batch.
 func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 	s := &Store{client: client, prefix: prefix, batch: &batcher{client: client}, watch: newWatcher(client)}
+	s.countDials()
 	for _, o := range opts {
 		o(s)
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,6 +86,9 @@ func TestContract(t *testing.T) {
 		{"FullRefusesOnlyNewClaims", testFullRefusesOnlyNewClaims},
 		{"Quota", testQuota},
 		{"UnforwardedClaims", testUnforwardedClaims},
+		{"UnforwardedWhateverTheReadersClock", testUnforwardedReadersClock},
+		{"UnmarkedWhileTheClockIsOff", testUnmarkedWhileClockOff},
+		{"UnforwardedByScript", testUnforwardedByScript},
 		{"KeyedFingerprints", testKeyedFingerprints},
 	}
 	for _, b := range backends {
@@ -705,6 +709,7 @@ func testQuota(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 // renewed since it was read is left alone.
 func testUnforwardedClaims(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 	ctx := context.Background()
+	s.CheckClocks(ctx) // what the store watcher does every second: claims are marked from now
 	lease := 10 * time.Second
 	keyFresh, keyGhost, keyRenewed, keyLost := s.Key("p", "s", "fresh"), s.Key("p", "s", "ghost"), s.Key("p", "s", "renewed"), s.Key("p", "s", "lost")
 	other := newRecord(t)
@@ -772,6 +777,95 @@ func testUnforwardedClaims(t *testing.T, _ redis.UniversalClient, s *claim.Store
 	}
 	if found, err := s.ReleaseUnconfirmed(ctx, keyLost, lost.Token); err != nil || found {
 		t.Fatalf("release unconfirmed again: %t %v, want not found", found, err)
+	}
+}
+
+// testUnforwardedReadersClock (issue 30): whether a claim was forwarded
+// is decided on Redis' clock, never on the reader's. A reader whose reply
+// arrives 2s late (its clock reads 2s on) still sees a claim that landed
+// at once as forwarded; a claim that landed 3s after it was sent is seen
+// as never forwarded by a reader whose clock is 2s behind. Before the fix
+// the first read took time.Now() after the reply and freed the claim.
+func testUnforwardedReadersClock(t *testing.T, c redis.UniversalClient, owner *claim.Store) {
+	ctx := context.Background()
+	lease := 10 * time.Second
+	owner.CheckClocks(ctx)
+	for _, tc := range []struct {
+		name   string
+		late   time.Duration // how long after Created the claim's SET runs
+		reader time.Duration // the reader's clock against the true time
+		want   bool
+	}{
+		{"on time, the reply 2s late", 0, 2 * time.Second, false},
+		{"on time, the reply 10s late", 0, 10 * time.Second, false},
+		{"ran 3s late, the reader 2s behind", 3 * time.Second, -2 * time.Second, true},
+		{"ran 1.2s late, within the window and the offset", 1200 * time.Millisecond, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := owner.Key("p", "clock", tc.name)
+			rec := newRecord(t)
+			rec.Created = time.Now().Add(-tc.late)
+			if res, err := owner.Claim(ctx, key, rec, lease, claim.Quota{}); err != nil || !res.Claimed {
+				t.Fatalf("claim: %+v %v", res, err)
+			}
+			reader := claim.New(c, "", claim.WithPipeline(false))
+			claim.SetClock(reader, func() time.Time { return time.Now().Add(tc.reader) })
+			other := newRecord(t)
+			other.Created = time.Now()
+			res, err := reader.Claim(ctx, key, other, lease, claim.Quota{})
+			if err != nil || res.Claimed || res.Unforwarded != tc.want {
+				t.Fatalf("read: %+v %v, want Unforwarded %t", res, err, tc.want)
+			}
+		})
+	}
+}
+
+// testUnmarkedWhileClockOff: an owner whose clock is 2s from Redis' writes
+// its claims unmarked, so that no reader can ever free them early (their
+// SET time cannot be compared with a Created time read on that clock);
+// once its clock is back, its claims are marked again.
+func testUnmarkedWhileClockOff(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
+	ctx := context.Background()
+	var off atomic.Int64
+	off.Store(int64(2 * time.Second))
+	s := claim.New(c, "test:clockoff:")
+	claim.SetClock(s, func() time.Time { return time.Now().Add(time.Duration(off.Load())) })
+	s.CheckClocks(ctx)
+	rec := newRecord(t)
+	rec.Created = time.Now()
+	key := s.Key("p", "s", "off")
+	if _, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := s.Get(ctx, key); got == nil || got.Mark != claim.MarkNone {
+		t.Fatalf("a claim made 2s off Redis' clock: %+v, want MarkNone", got)
+	}
+	off.Store(0)
+	s.CheckClocks(ctx)
+	key = s.Key("p", "s", "on")
+	if _, err := s.Claim(ctx, key, newRecord(t), 10*time.Second, claim.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := s.Get(ctx, key); got == nil || got.Mark != claim.MarkClaimed {
+		t.Fatalf("a claim made once the clock is back: %+v, want MarkClaimed", got)
+	}
+}
+
+// testUnforwardedByScript: the claim script (Redis < 7.0) reads Redis'
+// clock with the record, and concludes the same way.
+func testUnforwardedByScript(t *testing.T, c redis.UniversalClient, s *claim.Store) {
+	ctx := context.Background()
+	s.CheckClocks(ctx)
+	claim.ForceScriptClaim(s)
+	key := s.Key("p", "script", "ghost")
+	ghost := newRecord(t)
+	ghost.Created = time.Now().Add(-3 * time.Second)
+	if res, err := s.Claim(ctx, key, ghost, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	res, err := s.Claim(ctx, key, newRecord(t), 10*time.Second, claim.Quota{})
+	if err != nil || res.Claimed || !res.Unforwarded || res.TTL <= 0 {
+		t.Fatalf("by script: %+v %v, want Unforwarded with a TTL", res, err)
 	}
 }
 

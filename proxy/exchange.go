@@ -316,7 +316,10 @@ func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
 	if s.QuotaNewKeys > 0 {
 		q = claim.Quota{Key: x.h.store.QuotaKey(x.principal, x.rt.scope), Limit: s.QuotaNewKeys, Window: s.QuotaWindow}
 	}
-	ctx, cancel := context.WithDeadline(x.r.Context(), x.forwardBy)
+	// Not the request's context: a client that hangs up cannot unsend a
+	// SET already written, and cancelling it would only turn a claim
+	// into one to clean up, work a client could cause for free.
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(x.r.Context()), x.forwardBy)
 	defer cancel()
 	res, err := x.h.store.Claim(ctx, x.hashedKey, rec, s.Lease, q)
 	x.observeStore("claim", rec.Created, err)

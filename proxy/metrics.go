@@ -194,7 +194,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			gauge("idemproxy_buffered_bytes", "Bytes held in request and response body buffers now; limits.max_buffered_bytes bounds it.",
 				func(h *Handler) float64 { return float64(h.BufferedBytes()) }),
 			gauge("idemproxy_waiting_retries", "Retries waiting now for a first attempt's outcome (concurrent: wait).",
-				func(h *Handler) float64 { return float64(h.Waiting()) }))
+				func(h *Handler) float64 { return float64(h.Waiting()) }),
+			gauge("idemproxy_unconfirmed_claims_pending", "Claims whose reply never came that this process is still cleaning up (idemproxy_unconfirmed_claims_total counts how each ended).",
+				func(h *Handler) float64 { return float64(h.unconfirmed.count()) }))
 	}
 	return m
 }

@@ -79,6 +79,13 @@ func (u *unconfirmed) add(route, key string, token claim.Token, until time.Time)
 	}
 }
 
+// count is how many cleanups are pending.
+func (u *unconfirmed) count() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.pending)
+}
+
 // run works through the pending cleanups until none is left.
 func (u *unconfirmed) run() {
 	for {
@@ -166,9 +173,18 @@ func (u *unconfirmed) finish(p *pendingClaim, result string) {
 
 // mayHaveWritten reports whether a failed claim's SET may have reached
 // Redis: anything but a refusal decided before sending (store full, the
-// quota) or a record that could not be read.
+// quota), a record that could not be read, or a connection that could not
+// be had (refused, no route, the pool's wait ran out): with nothing
+// written there is nothing to clean up. go-redis may have written an
+// earlier attempt on a connection that broke before the dial that failed;
+// such a claim, if it landed, is found by the next attempt like any other
+// (freed as never forwarded when it landed late, else held as an orphan):
+// an outcome-unknown at worst, never a second execution.
 func mayHaveWritten(err error) bool {
-	return errors.Is(err, claim.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+	if !errors.Is(err, claim.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		return false
+	}
+	return !errors.Is(err, claim.ErrNotSent)
 }
 
 func newUnconfirmedCounter() *prometheus.CounterVec {
