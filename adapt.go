@@ -130,6 +130,7 @@ func proxyRoutes(routes []config.Route) []proxy.Route {
 			AdvertiseRetention: s.AdvertiseRetention,
 			InProgressStatus:   s.InProgressStatus,
 			MaxInFlight:        s.MaxInFlight,
+			MaxInFlightShare:   shareOf(s.MaxInFlight, s.MaxInFlightPrincipalShare),
 			KeyJSONPointer:     s.KeyJSONPointer,
 			Problems:           problemFormat(s),
 			QuotaWindow:        s.Quota.Window,
@@ -172,4 +173,12 @@ func storeOptions(st config.Store, sec *secrets, m *metrics) []claim.Option {
 	return append(opts, claim.WithPipeline(st.Pipeline), claim.WithBatchObserver(func(n int) {
 		m.batchOps.Observe(float64(n))
 	}))
+}
+
+// shareOf is share of n, rounded up, at least 1 (0 when n is).
+func shareOf(n int, share float64) int {
+	if n <= 0 {
+		return 0
+	}
+	return max(1, int(math.Ceil(float64(n)*share)))
 }

@@ -50,8 +50,12 @@ func TestEverySettingReachesTheProxy(t *testing.T) {
 			r := base
 			r.Settings = config.DefaultSettings()
 			wantHere := want
-			if p == "ProblemContentType" { // it goes with a problem_body
+			switch p {
+			case "ProblemContentType": // it goes with a problem_body
 				r.Settings.ProblemBody = `{"error":{{json .Code}}}`
+				wantHere = proxyRoutes([]config.Route{r})[0]
+			case "MaxInFlightPrincipalShare": // a share of a max_in_flight
+				r.Settings.MaxInFlight = 8
 				wantHere = proxyRoutes([]config.Route{r})[0]
 			}
 			changeLeaf(t, reflect.ValueOf(&r.Settings).Elem().FieldByIndex(fieldIndex(v, path, sf)), p)
@@ -101,6 +105,8 @@ func changeLeaf(t *testing.T, f reflect.Value, path string) {
 		*v++
 	case *int64:
 		*v++
+	case *float64:
+		*v /= 2
 	case *time.Duration:
 		*v += time.Second
 	case *[]int:

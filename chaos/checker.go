@@ -21,7 +21,7 @@ func hashBody(body string) string {
 // fault is one injected fault and when it was in force.
 type fault struct {
 	Kind   string    `json:"kind"`
-	Target int       `json:"target,omitempty"` // sidecar id for kill-sidecar
+	Target int       `json:"target"` // the sidecar (or its link) hit; -1 for all
 	Start  time.Time `json:"start"`
 	End    time.Time `json:"end"`
 }
@@ -42,8 +42,17 @@ const (
 	faultSidecarPause = "sidecar-pause"
 	// faultRedisStall SIGSTOPs Redis: claims are written, not answered.
 	faultRedisStall = "redis-stall"
-	// faultRedisPartition blackholes the sidecars' link to Redis.
+	// faultRedisPartition blackholes every sidecar's link to Redis.
 	faultRedisPartition = "redis-partition"
+	// faultStallUnderWindow and faultStallOverWindow SIGSTOP Redis for
+	// just less and just more than the 1s confirm window.
+	faultStallUnderWindow = "redis-stall-under-window"
+	faultStallOverWindow  = "redis-stall-over-window"
+	// faultLinkPartition blackholes one sidecar's link (Target).
+	faultLinkPartition = "sidecar-link-partition"
+	// faultReplyDelays makes single replies on one sidecar's link
+	// (Target) late.
+	faultReplyDelays = "sidecar-reply-delays"
 )
 
 // logLine is the part of a sidecar's per-request log line the checker

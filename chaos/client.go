@@ -99,12 +99,17 @@ func (w *workload) operation(op int) {
 		if n == 0 && rand.IntN(5) == 0 {
 			parallel = 2 + rand.IntN(2)
 		}
-		results := make([]attempt, parallel)
-		var wg sync.WaitGroup
-		for i := range parallel {
-			wg.Go(func() { results[i] = w.send(op, n, principal, key, path, body, false) })
+		var results []attempt
+		if parallel == 1 && rand.IntN(4) == 0 {
+			results = w.impatient(op, n, principal, key, path, body)
+		} else {
+			results = make([]attempt, parallel)
+			var wg sync.WaitGroup
+			for i := range parallel {
+				wg.Go(func() { results[i] = w.send(w.pick(), op, n, principal, key, path, body, false) })
+			}
+			wg.Wait()
 		}
-		wg.Wait()
 		done := false
 		wait := backoff
 		for _, a := range results {
@@ -116,7 +121,7 @@ func (w *workload) operation(op int) {
 		if done {
 			if rand.IntN(30) == 0 {
 				changed := fmt.Sprintf(`{"amount":%d,"currency":"EUR"}`, 20000+rand.IntN(100))
-				w.send(op, n+1, principal, key, path, changed, true)
+				w.send(w.pick(), op, n+1, principal, key, path, changed, true)
 			}
 			return
 		}
@@ -128,8 +133,27 @@ func (w *workload) operation(op int) {
 	w.mu.Unlock()
 }
 
-func (w *workload) send(op, n int, principal, key, path, body string, changed bool) attempt {
-	sc := w.sidecars[rand.IntN(len(w.sidecars))]
+// pick is a sidecar at random.
+func (w *workload) pick() *sidecar { return w.sidecars[rand.IntN(len(w.sidecars))] }
+
+// impatient is a client that sends its request to one sidecar and, when
+// no answer has come within about a second, sends the same request to
+// another while the first is still waiting: both attempts are kept.
+func (w *workload) impatient(op, n int, principal, key, path, body string) []attempt {
+	first := w.pick()
+	done := make(chan attempt, 1)
+	go func() { done <- w.send(first, op, n, principal, key, path, body, false) }()
+	select {
+	case a := <-done:
+		return []attempt{a}
+	case <-time.After(800*time.Millisecond + rand.N(400*time.Millisecond)):
+	}
+	other := w.sidecars[(first.id+1+rand.IntN(len(w.sidecars)-1))%len(w.sidecars)]
+	second := w.send(other, op, n, principal, key, path, body, false)
+	return []attempt{<-done, second}
+}
+
+func (w *workload) send(sc *sidecar, op, n int, principal, key, path, body string, changed bool) attempt {
 	a := attempt{
 		Op: op, N: n, Sidecar: sc.id, Principal: principal, Key: key, Path: path,
 		BodyHash: hashBody(body), Changed: changed,

@@ -1,11 +1,17 @@
 // Command chaos is idemproxy's fault-injection harness. It starts a real
-// redis-server (behind a latency proxy), a ledger upstream that records
-// every execution, three idemproxy processes sharing the Redis, and many
-// retrying clients; it injects faults on a schedule (kill -9 of a sidecar,
-// Redis restarts with and without its data, CLIENT PAUSE, Redis latency,
-// upstream hangs, resets and 503s), then checks the recorded history.
+// redis-server, a ledger upstream that records every execution, three
+// idemproxy processes sharing the Redis, each through its own fault link
+// (internal/faultlink), and many retrying clients, some impatient (they
+// send the same request to another sidecar when the first has not
+// answered within about a second); it injects faults on a schedule (kill
+// -9 and SIGSTOP of a sidecar, Redis restarts with and without its data,
+// CLIENT PAUSE, Redis stalls just shorter and just longer than the confirm
+// window, partitions and latency of every link or of one sidecar's, single
+// late replies on one sidecar's link, upstream hangs, resets and 503s),
+// then checks the recorded history.
 //
 //	go run ./chaos -short            # ~1 minute, what CI runs
+//	go run ./chaos -short -mixed     # sidecar 0 runs the previous release
 //	go run ./chaos -ops 10000        # the long mode behind docs/reliability.md
 //
 // Everything listens on 127.0.0.1; the run is bounded by -ops and
@@ -25,6 +31,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -32,6 +39,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/faultlink"
 	"github.com/idemproxy/idemproxy/internal/loopback"
 )
 
@@ -54,6 +62,8 @@ type options struct {
 	// strict is the default run (unknown_outcome: fail, the product's
 	// default); -keep runs v0.3.0's default, keep, for comparison.
 	strict bool
+	// mixed runs sidecar 0 on the previous release (PREVIOUS_RELEASE).
+	mixed bool
 }
 
 func run() error {
@@ -67,6 +77,7 @@ func run() error {
 	flag.DurationVar(&o.faultEvery, "fault-every", 2*time.Second, "mean time between injected faults")
 	flag.StringVar(&o.out, "out", "", "also write the report (markdown) to this file")
 	flag.BoolVar(&o.keepDir, "keep-dir", false, "keep the work directory (logs, history) for inspection")
+	flag.BoolVar(&o.mixed, "mixed", false, "run sidecar 0 on the previous release named in PREVIOUS_RELEASE (built from this clone's history), the others on this tree: a rolling upgrade")
 	keep := flag.Bool("keep", false, "run every route with unknown_outcome: keep (v0.3.0's default) instead of the default fail; duplicates after upstream resets are then expected")
 	retired := flag.Bool("strict", false, "retired: the default run is the strict one since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
 	flag.Parse()
@@ -99,6 +110,15 @@ func harness(o options, dir string) error {
 	if err := build.Run(); err != nil {
 		return fmt.Errorf("build idemproxy: %w", err)
 	}
+	bins := []string{bin}
+	versions := []string{"current"}
+	if o.mixed {
+		prev, version, err := buildPrevious(dir)
+		if err != nil {
+			return err
+		}
+		bins, versions = []string{prev, bin}, []string{version, "current"}
+	}
 
 	port, err := loopback.FreePort()
 	if err != nil {
@@ -110,11 +130,13 @@ func harness(o options, dir string) error {
 		return err
 	}
 	defer rdb.kill()
-	lat, err := newLatencyProxy(rdb.addr())
-	if err != nil {
-		return err
+	links := make([]*faultlink.Link, o.sidecars)
+	for i := range links {
+		if links[i], err = faultlink.Start(rdb.addr()); err != nil {
+			return err
+		}
+		defer links[i].Close()
 	}
-	defer lat.close()
 
 	led := &ledger{hangFor: 3 * time.Second, failRate: 0.02, transientRate: 0.02}
 	upLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -125,7 +147,7 @@ func harness(o options, dir string) error {
 	go up.Serve(upLn)
 	defer up.Close()
 
-	scs, err := startSidecars(o, dir, bin, "http://"+upLn.Addr().String(), lat.addr())
+	scs, err := startSidecars(o, dir, bins, versions, "http://"+upLn.Addr().String(), links)
 	for _, sc := range scs {
 		defer sc.kill()
 	}
@@ -140,12 +162,12 @@ func harness(o options, dir string) error {
 		sidecars: scs, principals: 5, maxOps: o.ops, deadline: time.Now().Add(o.duration),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
 	}
-	inj := &injector{redis: rdb, latency: lat, ledger: led, sidecars: scs}
+	inj := &injector{redis: rdb, links: links, ledger: led, sidecars: scs}
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { inj.run(ctx, o.faultEvery) })
 	start := time.Now()
-	fmt.Printf("load: %d operations at %.0f/s, %d workers, %d sidecars, a fault every ~%s\n", o.ops, o.rate, o.workers, o.sidecars, o.faultEvery)
+	fmt.Printf("load: %d operations at %.0f/s, %d workers, %d sidecars (%s), a fault every ~%s\n", o.ops, o.rate, o.workers, o.sidecars, describeVersions(scs), o.faultEvery)
 	w.run(o.workers)
 	stop()
 	wg.Wait()
@@ -155,16 +177,60 @@ func harness(o options, dir string) error {
 	return judge(o, dir, rdb, scs, w, led, inj, elapsed)
 }
 
-// startSidecars starts o.sidecars sidecars of bin in front of upstream,
-// on the Redis at redisAddr. It returns those it started, even on error,
-// for the caller to kill.
-func startSidecars(o options, dir, bin, upstream, redisAddr string) ([]*sidecar, error) {
+// describeVersions says which version each sidecar runs.
+func describeVersions(scs []*sidecar) string {
+	var parts []string
+	for _, sc := range scs {
+		parts = append(parts, fmt.Sprintf("%d: %s", sc.id, sc.version))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// buildPrevious builds the release PREVIOUS_RELEASE names, from git
+// archive of its commit (the checkout is untouched), into dir.
+func buildPrevious(dir string) (bin, version string, err error) {
+	root, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		return "", "", fmt.Errorf("-mixed needs a git checkout: %w", err)
+	}
+	top := strings.TrimSpace(string(root))
+	b, err := os.ReadFile(filepath.Join(top, "PREVIOUS_RELEASE"))
+	if err != nil {
+		return "", "", err
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return "", "", fmt.Errorf("PREVIOUS_RELEASE holds %q, want \"<version> <commit>\"", b)
+	}
+	version = f[0]
+	src := filepath.Join(dir, "previous")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		return "", "", err
+	}
+	extract := exec.Command("sh", "-c", `git -C "$1" archive --format=tar "$2" | tar -x -C "$3"`, "sh", top, f[1], src)
+	if out, err := extract.CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("git archive %s (%s): %v\n%s", version, f[1], err, out)
+	}
+	bin = filepath.Join(dir, "idemproxy-"+version)
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", "", fmt.Errorf("build %s: %v\n%s", version, err, out)
+	}
+	return bin, version, nil
+}
+
+// startSidecars starts o.sidecars sidecars in front of upstream, sidecar i
+// on bins[i] (the last for the rest) and on Redis through links[i]. It
+// returns those it started, even on error, for the caller to kill.
+func startSidecars(o options, dir string, bins, versions []string, upstream string, links []*faultlink.Link) ([]*sidecar, error) {
 	var scs []*sidecar
 	for i := range o.sidecars {
 		p1, _ := loopback.FreePort()
 		p2, _ := loopback.FreePort()
-		sc := &sidecar{id: i, bin: bin, port: p1, adminPort: p2, logDir: dir}
-		if err := sc.writeConfig(dir, upstream, redisAddr, o.strict); err != nil {
+		v := min(i, len(bins)-1)
+		sc := &sidecar{id: i, bin: bins[v], version: versions[v], port: p1, adminPort: p2, logDir: dir}
+		if err := sc.writeConfig(dir, upstream, links[i].Addr(), o.strict); err != nil {
 			return scs, err
 		}
 		if err := sc.start(); err != nil {
@@ -257,7 +323,7 @@ func countInProgress(addr string) (stuck, orphans int, err error) {
 // injector runs the fault schedule and logs what it did.
 type injector struct {
 	redis    *redisProc
-	latency  *latencyProxy
+	links    []*faultlink.Link // links[i] is sidecar i's link to Redis
 	ledger   *ledger
 	sidecars []*sidecar
 
@@ -282,6 +348,7 @@ func (in *injector) run(ctx context.Context, every time.Duration) {
 		faultKillSidecar, faultKillSidecar, faultRedisRestart, faultRedisLost, faultRedisPause,
 		faultRedisLatency, faultUpstreamHang, faultUpstreamReset, faultUpstream503, faultUpstreamSlow,
 		faultSidecarPause, faultRedisStall, faultRedisPartition,
+		faultStallUnderWindow, faultStallOverWindow, faultLinkPartition, faultReplyDelays, faultReplyDelays,
 	}
 	for {
 		select {
@@ -296,7 +363,7 @@ func (in *injector) run(ctx context.Context, every time.Duration) {
 // inject applies one fault and undoes it; it returns when the fault is
 // over.
 func (in *injector) inject(kind string) {
-	f := fault{Kind: kind, Start: time.Now()}
+	f := fault{Kind: kind, Start: time.Now(), Target: -1}
 	switch kind {
 	case faultKillSidecar:
 		sc := in.sidecars[rand.IntN(len(in.sidecars))]
@@ -329,22 +396,55 @@ func (in *injector) inject(kind string) {
 		sc.signal(syscall.SIGSTOP)
 		time.Sleep(3*time.Second + rand.N(3*time.Second))
 		sc.signal(syscall.SIGCONT)
-	case faultRedisStall:
-		// Redis itself stops (SIGSTOP) for 1.2-3s: claims written to it
-		// are not answered in time and run when it resumes.
+	case faultRedisStall, faultStallUnderWindow, faultStallOverWindow:
+		// Redis itself stops (SIGSTOP): claims written to it are not
+		// answered in time and run when it resumes. Just under the 1s
+		// confirm window, their owners still forward; just over, they
+		// do not; well over (1.2-3s), their leases run out too.
+		d := map[string]time.Duration{
+			faultRedisStall:       1200*time.Millisecond + rand.N(1800*time.Millisecond),
+			faultStallUnderWindow: 800*time.Millisecond + rand.N(150*time.Millisecond),
+			faultStallOverWindow:  1050*time.Millisecond + rand.N(200*time.Millisecond),
+		}[kind]
 		in.redis.signal(syscall.SIGSTOP)
-		time.Sleep(1200*time.Millisecond + rand.N(1800*time.Millisecond))
+		time.Sleep(d)
 		in.redis.signal(syscall.SIGCONT)
 	case faultRedisPartition:
-		// The sidecars' link to Redis carries nothing either way for
+		// Every sidecar's link to Redis carries nothing either way for
 		// 1-3s, then delivers what it held.
-		in.latency.blocked.Store(true)
+		for _, l := range in.links {
+			l.Partition(true)
+		}
 		time.Sleep(time.Second + rand.N(2*time.Second))
-		in.latency.blocked.Store(false)
+		for _, l := range in.links {
+			l.Partition(false)
+		}
+	case faultLinkPartition:
+		// One sidecar's link only: the others keep serving its clients'
+		// retries.
+		i := rand.IntN(len(in.links))
+		f.Target = i
+		in.links[i].Partition(true)
+		time.Sleep(time.Second + rand.N(2*time.Second))
+		in.links[i].Partition(false)
+	case faultReplyDelays:
+		// Single replies on one sidecar's link come 0.3-1.2s late, a
+		// quarter of them, for 3s: retransmitted segments, a slow command
+		// queued ahead, a throttled process.
+		i := rand.IntN(len(in.links))
+		f.Target = i
+		in.links[i].SetReplyJitter(0.25, 300*time.Millisecond, 1200*time.Millisecond)
+		time.Sleep(3 * time.Second)
+		in.links[i].SetReplyJitter(0, 0, 0)
 	case faultRedisLatency:
-		in.latency.delay.Store(int64(150*time.Millisecond + rand.N(300*time.Millisecond)))
+		d := 150*time.Millisecond + rand.N(300*time.Millisecond)
+		for _, l := range in.links {
+			l.SetDelay(d, 0)
+		}
 		time.Sleep(2 * time.Second)
-		in.latency.delay.Store(0)
+		for _, l := range in.links {
+			l.SetDelay(0, 0)
+		}
 	case faultUpstreamHang, faultUpstreamReset, faultUpstream503, faultUpstreamSlow:
 		mode := map[string]int32{faultUpstreamHang: modeHang, faultUpstreamReset: modeReset, faultUpstream503: mode503, faultUpstreamSlow: modeSlow}[kind]
 		in.ledger.mode.Store(mode)
@@ -361,6 +461,10 @@ func (in *injector) inject(kind string) {
 
 // heal ends every fault still in force.
 func (in *injector) heal() {
-	in.latency.delay.Store(0)
+	for _, l := range in.links {
+		l.SetDelay(0, 0)
+		l.SetReplyJitter(0, 0, 0)
+		l.Partition(false)
+	}
 	in.ledger.mode.Store(modeNormal)
 }

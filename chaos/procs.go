@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -87,103 +86,12 @@ func (r *redisProc) wipe() {
 	}
 }
 
-// latencyProxy sits between the sidecars and Redis and can delay traffic
-// towards Redis, as a slow network or an overloaded Redis would.
-type latencyProxy struct {
-	ln     net.Listener
-	target string
-	delay  atomic.Int64 // nanoseconds added before each chunk sent to Redis
-	// blocked holds every chunk, both ways, while set: a partition.
-	blocked atomic.Bool
-	wg      sync.WaitGroup
-}
-
-// hold waits while the link is partitioned.
-func (p *latencyProxy) hold() {
-	for p.blocked.Load() {
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func newLatencyProxy(target string) (*latencyProxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	p := &latencyProxy{ln: ln, target: target}
-	p.wg.Add(1)
-	go p.serve()
-	return p, nil
-}
-
-func (p *latencyProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *latencyProxy) serve() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		go p.pipe(c)
-	}
-}
-
-func (p *latencyProxy) pipe(client net.Conn) {
-	defer client.Close()
-	server, err := net.DialTimeout("tcp", p.target, time.Second)
-	if err != nil {
-		return
-	}
-	defer server.Close()
-	done := make(chan struct{}, 2)
-	go func() {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := client.Read(buf)
-			if n > 0 {
-				if d := p.delay.Load(); d > 0 {
-					time.Sleep(time.Duration(d))
-				}
-				p.hold()
-				if _, werr := server.Write(buf[:n]); werr != nil {
-					break
-				}
-			}
-			if err != nil {
-				break
-			}
-		}
-		done <- struct{}{}
-	}()
-	go func() {
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := server.Read(buf)
-			if n > 0 {
-				p.hold()
-				if _, werr := client.Write(buf[:n]); werr != nil {
-					break
-				}
-			}
-			if err != nil {
-				break
-			}
-		}
-		done <- struct{}{}
-	}()
-	<-done
-}
-
-func (p *latencyProxy) close() {
-	p.ln.Close()
-	p.wg.Wait()
-}
-
 // sidecar is one idemproxy process.
 type sidecar struct {
-	id         int
-	bin        string
+	id  int
+	bin string
+	// version is "current", or the previous release's version (-mixed).
+	version    string
 	config     string
 	port       int
 	adminPort  int

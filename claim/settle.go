@@ -115,8 +115,13 @@ func (s *Store) Release(ctx context.Context, key string, token Token) error {
 // for a claim whose reply never came (its SET may have run, or may run
 // yet). found reports whether it was there and is gone now; false with a
 // nil error when the key holds nothing of ours.
+//
+// It is sent at once on a connection of its own, never queued behind the
+// pipeline's batches: those may be waiting on the very replies that came
+// late, and every moment it waits is one in which a retry elsewhere may
+// find the claim's lease over and settle it as outcome-unknown.
 func (s *Store) ReleaseUnconfirmed(ctx context.Context, key string, token Token) (found bool, err error) {
-	n, err := s.eval(ctx, releaseScript, key, 0, token[:], s.watch.publishCommand()).Int64()
+	n, err := releaseScript.Run(ctx, s.client, []string{key}, token[:], s.watch.publishCommand()).Int64()
 	if err != nil {
 		return false, s.unavailable("release", err)
 	}

@@ -436,6 +436,10 @@ type Settings struct {
 	// one process forwards at once; beyond it a new key is answered 503
 	// overloaded with Retry-After, its claim released, nothing forwarded.
 	MaxInFlight int `yaml:"max_in_flight"`
+	// MaxInFlightPrincipalShare is the most of MaxInFlight one principal's
+	// first attempts hold at once (at least one); principals that hold
+	// some leave as many free for those that hold none.
+	MaxInFlightPrincipalShare float64 `yaml:"max_in_flight_principal_share"`
 	// KeyJSONPointer, when set, takes the key from this member of a JSON
 	// body (a string, or an integer in decimal) when the key header is
 	// absent; a request that has both must agree. It makes the route read
@@ -554,6 +558,8 @@ func DefaultSettings() Settings {
 		ResponseHeaders:  ResponseHeaders{Exclude: slices.Clone(DefaultResponseHeadersExclude)},
 		Quota:            Quota{Window: DefaultQuotaWindow},
 		InProgressStatus: http.StatusConflict,
+
+		MaxInFlightPrincipalShare: DefaultPrincipalShare,
 	}
 }
 

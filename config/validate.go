@@ -246,6 +246,9 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 	if s.MaxInFlight < 0 {
 		add(path+"max_in_flight", "must be 0 (no bound) or positive, got %d", s.MaxInFlight)
 	}
+	if s.MaxInFlightPrincipalShare <= 0 || s.MaxInFlightPrincipalShare > 1 {
+		add(path+"max_in_flight_principal_share", "must be more than 0%% and at most 100%%, got %g%%", s.MaxInFlightPrincipalShare*100)
+	}
 	if s.KeyJSONPointer != "" {
 		if _, err := jsonpointer.Parse(s.KeyJSONPointer); err != nil {
 			add(path+"key_json_pointer", "%v", err)

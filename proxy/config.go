@@ -149,6 +149,10 @@ type Route struct {
 	// released and the request answered 503 overloaded with Retry-After.
 	// Replays and in-progress answers never count.
 	MaxInFlight int
+	// MaxInFlightShare is the most of MaxInFlight one principal holds at
+	// once (zero: MaxInFlight); principals that hold some leave this many
+	// free for those that hold none.
+	MaxInFlightShare int
 	// KeyJSONPointer, when set, takes the key from this member of a JSON
 	// body when the key header is absent (a string, or an integer in
 	// decimal); the route then reads bodies before the key.

@@ -208,13 +208,13 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 			return
 		}
 		if res.Claimed {
-			slot := x.h.forwarding.take(x.rt.name, x.rt.settings.MaxInFlight)
+			slot, refused := x.h.forwarding.take(x.rt.name, x.principal, x.rt.settings.MaxInFlight, x.rt.settings.MaxInFlightShare)
 			if slot == nil {
-				x.shed(rec)
+				x.shed(rec, refused)
 				return
 			}
-			defer slot.Add(-1)
-			x.own(rec, body)
+			defer slot.give()
+			x.own(rec, body, slot)
 			return
 		}
 		if res.Unforwarded && attempt < maxOrphanSettles {
@@ -253,7 +253,7 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 // shed answers a request whose route forwards max_in_flight first attempts
 // already: its claim is released (nothing was forwarded, so a retry
 // really retries) and the client told when to come back.
-func (x *exchange) shed(rec *claim.Record) {
+func (x *exchange) shed(rec *claim.Record, refused string) {
 	ctx, cancel := settleCtx()
 	defer cancel()
 	start := time.Now()
@@ -266,7 +266,10 @@ func (x *exchange) shed(rec *claim.Record) {
 		x.h.metrics.storeErrors.WithLabelValues("release").Inc()
 		detail = "the route forwards max_in_flight requests already; nothing was forwarded, retry later"
 	}
-	x.h.metrics.overloaded.WithLabelValues(x.rt.name).Inc()
+	if refused != refusedCap {
+		detail = "this principal holds its share of the route's max_in_flight (the rest is kept for others); nothing was forwarded, retry later"
+	}
+	x.h.metrics.overloaded.WithLabelValues(x.rt.name, refused).Inc()
 	p := probOverloaded.with(detail)
 	p.retryAfter = time.Second
 	x.reject(p)

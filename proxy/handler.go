@@ -136,7 +136,7 @@ type Handler struct {
 	authClient *http.Client
 
 	lateWindow time.Duration
-	late       lateSlots
+	late       lateCalls
 	// waiting counts retries waiting for a first attempt (concurrent: wait).
 	waiting atomic.Int64
 	// abandoned is set by Abandon: upstream calls starting after it are
@@ -168,7 +168,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		lateWindow:      cfg.LateAnswerWindow,
 		problemBase:     cmp.Or(cfg.ProblemTypeBase, ProblemTypePrefix),
 		buffers:         budget{limit: cfg.MaxBufferedBytes, share: cfg.PrincipalShare},
-		late:            lateSlots{max: int64(cfg.MaxLateCalls), share: int64(cfg.LateCallsPrincipalShare)},
+		late:            lateCalls{max: int64(cfg.MaxLateCalls), share: int64(cfg.LateCallsPrincipalShare)},
 		log:             opts.Logger,
 		metrics:         opts.Metrics,
 		rand:            opts.Rand,

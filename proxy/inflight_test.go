@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/internal/poll"
 )
@@ -44,7 +45,7 @@ func TestMaxInFlight(t *testing.T) {
 	if r := e.do(req{user: "alice", key: "a", body: `{}`}); r.status != http.StatusConflict {
 		t.Errorf("a retry in progress while the route is full: %d, want 409", r.status)
 	}
-	if got := e.counter("idemproxy_overloaded_total", map[string]string{"route": "pay"}); got != 1 {
+	if got := e.counter("idemproxy_overloaded_total", map[string]string{"route": "pay", "reason": "process_cap"}); got != 1 {
 		t.Errorf("idemproxy_overloaded_total = %v, want 1", got)
 	}
 	free()
@@ -54,5 +55,53 @@ func TestMaxInFlight(t *testing.T) {
 	}
 	if n := e.ledger.Total(); n != 4 {
 		t.Fatalf("upstream executed %d times, want 4 (done, a, b, c once each)", n)
+	}
+}
+
+// TestMaxInFlightPrincipalShare (issue 30, item 5): one principal holds at
+// most its share of max_in_flight, so its slow calls cannot turn every
+// other principal's first attempt into 503 overloaded; and a call whose
+// client was answered 504 (a late call, bounded from then on by the
+// late-call pool) gives its slot back. Before, with max_in_flight 2,
+// mallory's two slow calls made alice's first attempt 503 for up to
+// upstream.timeout + late_answer_window (5.5 minutes by default).
+func TestMaxInFlightPrincipalShare(t *testing.T) {
+	up := newHeld()
+	e := newEnv(t, up.app(created), func(c *setup) {
+		c.UpstreamTimeout = 700 * time.Millisecond
+		c.Routes[0].MaxInFlight = 2
+		c.Routes[0].MaxInFlightShare = 1
+	})
+	var once sync.Once
+	release := func() { once.Do(func() { close(up.release) }) }
+	defer release()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	first := make(chan resp, 1)
+	wg.Go(func() { first <- e.do(req{user: "mallory", key: "slow-1", body: `{}`}) })
+	poll.Until(t, "mallory's first call upstream", func() bool { return e.ledger.Total() == 1 })
+	r := e.do(req{user: "mallory", key: "slow-2", body: `{}`})
+	if r.status != http.StatusServiceUnavailable || !strings.Contains(r.body, "overloaded") || !strings.Contains(r.body, "share") {
+		t.Fatalf("mallory's second slow call: %d %s, want 503 overloaded naming her share", r.status, r.body)
+	}
+	if got := e.counter("idemproxy_overloaded_total", map[string]string{"route": "pay", "reason": "principal_share"}); got != 1 {
+		t.Errorf("refusals for the share: %v, want 1", got)
+	}
+	// alice still gets the other slot while mallory's call runs.
+	alice := make(chan resp, 1)
+	wg.Go(func() { alice <- e.do(req{user: "alice", key: "a", body: `{}`}) })
+	poll.Until(t, "alice's call upstream", func() bool { return e.ledger.Total() == 2 })
+	// mallory's client is answered 504 at upstream.timeout: her call goes
+	// on as a late call, and her max_in_flight slot is free again.
+	if r := <-first; r.status != http.StatusGatewayTimeout {
+		t.Fatalf("mallory's first call: %d %s, want 504 (a late call)", r.status, r.body)
+	}
+	<-alice
+	second := make(chan resp, 1)
+	wg.Go(func() { second <- e.do(req{user: "mallory", key: "slow-2", body: `{}`}) })
+	poll.Until(t, "mallory's second call upstream while her first runs late", func() bool { return e.ledger.Total() == 3 })
+	release()
+	if r := <-second; r.status != http.StatusCreated && r.status != http.StatusGatewayTimeout {
+		t.Fatalf("mallory's second call once her first was a late call: %d %s, want it forwarded", r.status, r.body)
 	}
 }

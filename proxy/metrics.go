@@ -154,11 +154,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"route"}),
 		overloaded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_overloaded_total",
-			Help: "First attempts answered 503 overloaded because their route forwarded max_in_flight requests already (claim released, nothing forwarded), by route.",
-		}, []string{"route"}),
+			Help: "First attempts answered 503 overloaded (claim released, nothing forwarded), by route and reason: process_cap (the route forwards max_in_flight requests in this process already), principal_share (this principal holds its max_in_flight_principal_share), reserved (the last share is kept for principals that hold none).",
+		}, []string{"route", "reason"}),
 		lateRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_late_calls_refused_total",
-			Help: "Upstream calls cancelled at upstream.timeout for want of a late-call slot, by route and reason (process_cap: upstream.max_late_calls; principal_share: the principal's upstream.late_calls_principal_share).",
+			Help: "Upstream calls cancelled at upstream.timeout for want of a late-call slot, by route and reason (process_cap: upstream.max_late_calls; principal_share: the principal's upstream.late_calls_principal_share; reserved: the last share is kept for principals that hold none).",
 		}, []string{"route", "reason"}),
 		unknownOutcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_unknown_outcomes_total",
@@ -214,10 +214,10 @@ func (m *Metrics) initRoutes(rt *router) {
 		for _, r := range lateResults {
 			m.lateAnswers.WithLabelValues(name, r)
 		}
-		for _, r := range []string{lateRefusedProcess, lateRefusedPrincipal} {
+		for _, r := range []string{refusedCap, refusedShare, refusedReserved} {
 			m.lateRefused.WithLabelValues(name, r)
+			m.overloaded.WithLabelValues(name, r)
 		}
-		m.overloaded.WithLabelValues(name)
 	}
 }
 

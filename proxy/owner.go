@@ -28,6 +28,9 @@ type owner struct {
 	// gate carries the answer to the client; the late-answer timer may
 	// close it.
 	gate *gate
+	// forwarding is the request's max_in_flight slot, given back once the
+	// client is answered (a late call) or the call ends.
+	forwarding *slot
 	// cancel ends the upstream call with a cause: the late-call cap, or a
 	// drain that ran out of time.
 	cancel context.CancelCauseFunc
@@ -59,12 +62,12 @@ var (
 )
 
 // own forwards the request as the claim's owner and settles the claim.
-func (x *exchange) own(rec *claim.Record, body []byte) {
+func (x *exchange) own(rec *claim.Record, body []byte, forwarding *slot) {
 	h := x.h
 	g := newGate(x.w)
 	x.w = g // every answer of the owner goes through the gate
 	defer g.seal()
-	o := &owner{x: x, rec: rec, body: body, gate: g}
+	o := &owner{x: x, rec: rec, body: body, gate: g, forwarding: forwarding}
 	lease := x.rt.settings.Lease
 	o.renewer = time.AfterFunc(lease/3, o.renew)
 	defer o.settle(nil) // stops renewal if nothing settled (a panic)
@@ -136,7 +139,11 @@ func (o *owner) clientTimedOut() {
 	})
 	if !answered { // the answer is already on its way
 		h.late.give(x.principal)
+		return
 	}
+	// The client has its answer: from here the late-call pool bounds this
+	// call, and its max_in_flight slot is free for another first attempt.
+	o.forwarding.give()
 }
 
 // Results of a late call, the values of the result label of

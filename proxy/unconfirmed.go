@@ -31,8 +31,8 @@ const (
 	unconfirmedOnRetry   = "cleared_on_retry" // a later attempt found it never forwarded and freed it
 	maxUnconfirmed       = 10000              // pending cleanups held at once
 	unconfirmedRecheck   = 2 * time.Second    // how long after "not there" it is looked for again
-	unconfirmedFirstWait = 250 * time.Millisecond
-	unconfirmedMaxWait   = 5 * time.Second
+	unconfirmedFirstWait = 100 * time.Millisecond // after a failed try; the first is at once
+	unconfirmedMaxWait   = time.Second            // the claim's lease may be short: keep trying often
 	unconfirmedOpTimeout = time.Second
 )
 
