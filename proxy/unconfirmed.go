@@ -25,12 +25,12 @@ import (
 // Results of an unconfirmed claim, the values of the result label of
 // idemproxy_unconfirmed_claims_total.
 const (
-	unconfirmedReleased  = "released"         // it had landed; deleted
-	unconfirmedNotFound  = "not_found"        // it never landed (or someone else holds the key)
-	unconfirmedGaveUp    = "gave_up"          // Redis did not answer before the claim would lapse, or too many pending
-	unconfirmedOnRetry   = "cleared_on_retry" // a later attempt found it never forwarded and freed it
-	maxUnconfirmed       = 10000              // pending cleanups held at once
-	unconfirmedRecheck   = 2 * time.Second    // how long after "not there" it is looked for again
+	unconfirmedReleased  = "released"             // it had landed; deleted
+	unconfirmedNotFound  = "not_found"            // it never landed (or someone else holds the key)
+	unconfirmedGaveUp    = "gave_up"              // Redis did not answer before the claim would lapse, or too many pending
+	unconfirmedOnRetry   = "cleared_on_retry"     // a later attempt found it never forwarded and freed it
+	maxUnconfirmed       = 10000                  // pending cleanups held at once
+	unconfirmedRecheck   = 2 * time.Second        // how long after "not there" it is looked for again
 	unconfirmedFirstWait = 100 * time.Millisecond // after a failed try; the first is at once
 	unconfirmedMaxWait   = time.Second            // the claim's lease may be short: keep trying often
 	unconfirmedOpTimeout = time.Second
