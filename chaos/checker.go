@@ -63,15 +63,28 @@ type logLine struct {
 	RequestID string `json:"request_id"`
 	Route     string `json:"route"`
 	Status    int    `json:"status"`
+	// Result and OriginalRequestID are an "unconfirmed claim" line's: a
+	// request (RequestID) that freed the claim of another as never
+	// forwarded (cleared_on_retry).
+	Result            string `json:"result"`
+	OriginalRequestID string `json:"original_request_id"`
 }
 
-// readOutcomes maps request id to the sidecar's final outcome for it.
-func readOutcomes(r io.Reader, into map[string]string) {
+// readOutcomes maps request id to the sidecar's final outcome for it, and
+// into freed each request that freed a claim as never forwarded to that
+// claim's request.
+func readOutcomes(r io.Reader, into, freed map[string]string) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		var l logLine
-		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == "request" {
+		if json.Unmarshal(sc.Bytes(), &l) != nil {
+			continue
+		}
+		if l.Msg == "unconfirmed claim" && l.Result == "cleared_on_retry" && freed != nil {
+			freed[l.RequestID] = l.OriginalRequestID
+		}
+		if l.Msg == "request" {
 			into[l.RequestID] = l.Outcome
 		}
 	}
@@ -118,7 +131,10 @@ type opKey struct{ principal, key string }
 // logged outcomes; stuck is the number of in-progress records left after
 // the quiet period. strict is a run with unknown_outcome: fail, where only
 // Redis losing acknowledged data may explain a duplicate.
-func check(ops int, gaveUp int, history []attempt, execs []execution, faults []fault, outcomes map[string]string, stuck int, strict bool) *report {
+//
+// freed maps each request that freed a claim as never forwarded to that
+// claim's request; attempts say which version their sidecar ran (-mixed).
+func check(ops int, gaveUp int, history []attempt, execs []execution, faults []fault, outcomes map[string]string, stuck int, strict bool, freed map[string]string) *report {
 	r := &report{
 		Ops: ops, Attempts: len(history), GaveUp: gaveUp, Executions: len(execs), Stuck: stuck,
 		Explained: map[string]int{}, Faults: map[string]int{}, FinalStatus: map[string]int{}, AttemptStatus: map[string]int{},
@@ -134,11 +150,20 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 	}
 	r.KeysExecuted = len(byKey)
 	sidecarOf := map[string]int{}
+	previous := map[string]string{} // request id → the previous release its sidecar ran
 	for _, a := range history {
 		sidecarOf[a.RequestID] = a.Sidecar
+		if a.Version != "" && a.Version != "current" {
+			previous[a.RequestID] = a.Version
+		}
 	}
 
-	r.duplicates(byKey, faults, outcomes, sidecarOf, strict)
+	r.duplicates(byKey, faults, outcomes, sidecarOf, strict, func(prev, next execution) string {
+		if v, ok := previous[next.RequestID]; ok && freed[next.RequestID] == prev.RequestID {
+			return "the previous release (" + v + ") freed a forwarded claim as never forwarded: a late reply (fixed since: issue 30)"
+		}
+		return ""
+	})
 	r.neverForwarded(history, byKey, faults)
 	final := map[int]attempt{}
 	for _, a := range history {
@@ -171,12 +196,15 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 
 // duplicates counts every execution of a key after its first, each with
 // its cause or as unexplained.
-func (r *report) duplicates(byKey map[opKey][]execution, faults []fault, outcomes map[string]string, sidecarOf map[string]int, strict bool) {
+func (r *report) duplicates(byKey map[opKey][]execution, faults []fault, outcomes map[string]string, sidecarOf map[string]int, strict bool, byPrevious func(prev, next execution) string) {
 	for k, list := range byKey {
 		sort.Slice(list, func(i, j int) bool { return list[i].Start.Before(list[j].Start) })
 		for i := 1; i < len(list); i++ {
 			r.Duplicates++
-			cause := explain(list[i-1], list[i], faults, outcomes, sidecarOf, strict)
+			cause := byPrevious(list[i-1], list[i])
+			if cause == "" {
+				cause = explain(list[i-1], list[i], faults, outcomes, sidecarOf, strict)
+			}
 			if cause == "" {
 				r.Unexplained = append(r.Unexplained, fmt.Sprintf("%s/%s: executions by %s then %s (first logged as %q)",
 					k.principal, k.key, list[i-1].RequestID, list[i].RequestID, outcomes[list[i-1].RequestID]))
@@ -213,9 +241,16 @@ func (r *report) neverForwarded(history []attempt, byKey map[opKey][]execution, 
 		cause := ""
 		if ok {
 			for _, f := range faults {
-				if (f.Kind == faultKillSidecar || f.Kind == faultSidecarPause) && f.Target == owner.Sidecar &&
-					!f.End.Before(owner.Start) && !f.Start.After(owner.End) {
+				during := !f.End.Before(owner.Start) && !f.Start.After(owner.End)
+				switch {
+				case (f.Kind == faultKillSidecar || f.Kind == faultSidecarPause) && f.Target == owner.Sidecar && during:
 					cause = "owner " + f.Kind + " between its confirmed claim and forwarding (documented)"
+				case (f.Kind == faultRedisPartition || (f.Kind == faultLinkPartition && f.Target == owner.Sidecar)) && during &&
+					owner.Status != http.StatusCreated && f.End.Sub(owner.Start) > leaseOf(owner):
+					// The claim landed in time and its reply did not come
+					// back; the owner knew it had not forwarded, and could
+					// not free the claim before its lease ran out.
+					cause = "owner's link to Redis cut from its claim's reply until past the lease (documented)"
 				}
 			}
 		}
@@ -390,3 +425,7 @@ func sortedKeys(m map[string]int) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// leaseOf is the lease of the route a attempted (chaos runs every route
+// with lease: 2s).
+func leaseOf(attempt) time.Duration { return 2 * time.Second }

@@ -26,7 +26,7 @@ const alice2 = `{"principal":"alice","key":"k","execution":2}`
 func TestCheckerFindsDefects(t *testing.T) {
 	execs := []execution{exec1("alice", "k", "r1", 0, alice1)}
 	clean := []attempt{answer("alice", "k", "r1", 0, 201, false, alice1), answer("alice", "k", "r2", 1, 201, true, alice1)}
-	if r := check(1, 0, clean, execs, nil, map[string]string{"r1": "stored"}, 0, false); r.failed() {
+	if r := check(1, 0, clean, execs, nil, map[string]string{"r1": "stored"}, 0, false, nil); r.failed() {
 		t.Fatalf("a clean history failed: %+v", r)
 	}
 	tests := []struct {
@@ -54,7 +54,7 @@ func TestCheckerFindsDefects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := check(1, 0, tt.history, tt.execs, tt.faults, map[string]string{"r1": "stored"}, tt.stuck, false)
+			r := check(1, 0, tt.history, tt.execs, tt.faults, map[string]string{"r1": "stored"}, tt.stuck, false, nil)
 			if tt.field(r) != 1 || !r.failed() {
 				t.Fatalf("defect not reported: %+v", r)
 			}
@@ -93,7 +93,7 @@ func TestCheckerExplainsInjectedFaults(t *testing.T) {
 		{"strict: upstream reset", reset, map[string]string{"r1": "claimed"}, nil, true, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			r := check(1, 0, history, tt.execs, tt.faults, tt.outcomes, 0, tt.strict)
+			r := check(1, 0, history, tt.execs, tt.faults, tt.outcomes, 0, tt.strict, nil)
 			if tt.cause == "" {
 				if len(r.Unexplained) != 1 || !r.failed() {
 					t.Fatalf("explained, want unexplained: %+v", r)
@@ -122,17 +122,71 @@ func TestCheckerCountsNeverForwardedOutcomeUnknown(t *testing.T) {
 	retry := answer("alice", "g", "retry", 0, 502, true, unknown)
 	retry.Op = 1
 	history := []attempt{owner, retry}
-	r := check(1, 0, history, nil, nil, nil, 0, true)
+	r := check(1, 0, history, nil, nil, nil, 0, true, nil)
 	if r.NeverForwarded != 1 || len(r.NeverForwardedUnexplained) != 1 || !r.failed() {
 		t.Fatalf("unexplained wrong outcome-unknown not reported: %+v", r)
 	}
 	paused := []fault{{Kind: faultSidecarPause, Target: 2, Start: at(0), End: at(4)}}
-	r = check(1, 0, history, nil, paused, nil, 0, true)
+	r = check(1, 0, history, nil, paused, nil, 0, true, nil)
 	if r.NeverForwarded != 1 || len(r.NeverForwardedUnexplained) != 0 || r.failed() {
 		t.Fatalf("owner paused while holding the claim: %+v, want explained", r)
 	}
 	executed := []execution{exec1("alice", "g", "owner", 0, `{"principal":"alice","key":"g"}`)}
-	if r = check(1, 0, history, executed, nil, nil, 0, true); r.NeverForwarded != 0 {
+	if r = check(1, 0, history, executed, nil, nil, 0, true, nil); r.NeverForwarded != 0 {
 		t.Fatalf("an outcome-unknown for a key that executed counted as wrong: %+v", r)
+	}
+}
+
+// A never-forwarded outcome-unknown is explained by a cut link only when
+// the owner's own link (or every link) was cut from its attempt until past
+// the lease: a shorter cut, or another sidecar's link, explains nothing.
+func TestCheckerExplainsCutLinks(t *testing.T) {
+	unknown := `{"type":"urn:idemproxy:problem:outcome-unknown","status":502,"request_id":"owner"}`
+	owner := answer("alice", "g", "owner", 2, 503, false, "store-unavailable")
+	owner.Op = 1
+	retry := answer("alice", "g", "retry", 0, 502, true, unknown)
+	retry.Op = 1
+	history := []attempt{owner, retry}
+	for _, tc := range []struct {
+		name      string
+		f         fault
+		explained bool
+	}{
+		{"owner's link, 3s", fault{Kind: faultLinkPartition, Target: 2, Start: at(0), End: at(3)}, true},
+		{"every link, 3s", fault{Kind: faultRedisPartition, Target: -1, Start: at(0), End: at(3)}, true},
+		{"owner's link, 1s", fault{Kind: faultLinkPartition, Target: 2, Start: at(0), End: at(1)}, false},
+		{"another sidecar's link", fault{Kind: faultLinkPartition, Target: 1, Start: at(0), End: at(3)}, false},
+	} {
+		r := check(1, 0, history, nil, []fault{tc.f}, nil, 0, true, nil)
+		if got := len(r.NeverForwardedUnexplained) == 0; got != tc.explained {
+			t.Errorf("%s: explained %t, want %t (%+v)", tc.name, got, tc.explained, r.NeverForwardedCauses)
+		}
+	}
+}
+
+// A duplicate in a mixed run is explained by the previous release only
+// when a sidecar running it freed the first execution's claim (its
+// cleared_on_retry line names that request); one freed by this version is
+// a bug.
+func TestCheckerExplainsThePreviousRelease(t *testing.T) {
+	execs := []execution{exec1("alice", "k", "r1", 0, alice1), exec1("alice", "k", "r2", 1, alice2)}
+	first := answer("alice", "k", "r1", 1, 201, false, alice1)
+	second := answer("alice", "k", "r2", 0, 201, false, alice2)
+	for _, tc := range []struct {
+		name      string
+		version   string
+		freed     map[string]string
+		explained bool
+	}{
+		{"previous release freed it", "v0.4.0", map[string]string{"r2": "r1"}, true},
+		{"this version freed it", "current", map[string]string{"r2": "r1"}, false},
+		{"previous release, freed nothing", "v0.4.0", nil, false},
+	} {
+		s := second
+		s.Version = tc.version
+		r := check(1, 0, []attempt{first, s}, execs, nil, map[string]string{"r1": "stored", "r2": "stored"}, 0, true, tc.freed)
+		if got := len(r.Unexplained) == 0; got != tc.explained || r.Duplicates != 1 {
+			t.Errorf("%s: explained %t, want %t (%+v)", tc.name, got, tc.explained, r.Explained)
+		}
 	}
 }

@@ -18,6 +18,7 @@ type attempt struct {
 	Op        int       `json:"op"`
 	N         int       `json:"n"`
 	Sidecar   int       `json:"sidecar"`
+	Version   string    `json:"version"` // the sidecar's: "current" or the previous release
 	Principal string    `json:"principal"`
 	Key       string    `json:"key"`
 	Path      string    `json:"path"`
@@ -155,7 +156,7 @@ func (w *workload) impatient(op, n int, principal, key, path, body string) []att
 
 func (w *workload) send(sc *sidecar, op, n int, principal, key, path, body string, changed bool) attempt {
 	a := attempt{
-		Op: op, N: n, Sidecar: sc.id, Principal: principal, Key: key, Path: path,
+		Op: op, N: n, Sidecar: sc.id, Version: sc.version, Principal: principal, Key: key, Path: path,
 		BodyHash: hashBody(body), Changed: changed,
 		RequestID: "rq-" + strconv.FormatInt(w.reqSeq.Add(1), 10), Start: time.Now(),
 	}

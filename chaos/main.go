@@ -255,16 +255,16 @@ func judge(o options, dir string, rdb *redisProc, scs []*sidecar, w *workload, l
 	for _, sc := range scs {
 		sc.kill()
 	}
-	outcomes := map[string]string{}
+	outcomes, freed := map[string]string{}, map[string]string{}
 	logs, _ := filepath.Glob(filepath.Join(dir, "sidecar-*.log"))
 	for _, l := range logs {
 		if f, err := os.Open(l); err == nil {
-			readOutcomes(f, outcomes)
+			readOutcomes(f, outcomes, freed)
 			f.Close()
 		}
 	}
 	ops := min(int(w.next.Load()), o.ops)
-	rep := check(ops, w.gaveUp, w.history, led.executions(), inj.log(), outcomes, stuck, o.strict)
+	rep := check(ops, w.gaveUp, w.history, led.executions(), inj.log(), outcomes, stuck, o.strict, freed)
 	rep.Orphans = orphans
 	mode := "-keep (unknown_outcome: keep, v0.3.0's default)"
 	if o.strict {
