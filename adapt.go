@@ -42,6 +42,10 @@ func proxyConfig(cfg *config.Config) (proxy.Config, error) {
 			StripFromUntrusted: slices.Clone(cfg.Identity.StripFromUntrusted),
 		},
 		Routes: proxyRoutes(cfg.Routes),
+		// Both were parsed, validated and documented and never handed over
+		// before v0.5.0: every Upgrade was refused, WebSocket included.
+		PassThroughUpgrades: slices.Clone(cfg.PassThroughUpgrades),
+		Problems:            problemFormat(cfg.Defaults),
 	}, nil
 }
 

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"net/netip"
+	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -115,5 +118,151 @@ func changeLeaf(t *testing.T, f reflect.Value, path string) {
 		*v = append(*v, "/x")
 	default:
 		t.Fatalf("changeLeaf: no change for %s (%T); add one", path, v)
+	}
+}
+
+// consumers names, for every top-level configuration key that proxyConfig
+// does not carry to the proxy, the file that reads it and what it reads
+// there (checked to be in that file), so that a key added to the config
+// and wired nowhere fails TestEveryKeyIsConsumed.
+var consumers = map[string]struct{ file, reads string }{
+	"listen":                             {"server.go", "s.cfg.Listen"},
+	"admin_listen":                       {"server.go", "s.cfg.AdminListen"},
+	"admin_pprof_listen":                 {"server.go", "s.cfg.AdminPprofListen"},
+	"log_level":                          {"server.go", "cfg.SlogLevel()"},
+	"client.read_header_timeout":         {"server.go", "s.cfg.Client.ReadHeaderTimeout"},
+	"limits.principal_share":             {"adapt.go", "cfg.Limits.PrincipalShare"}, // a share of the buffer budget: zero without one
+	"tracing.enabled":                    {"tracing.go", "cfg.Enabled"},
+	"tracing.trust_incoming":             {"adapt.go", "t.TrustIncoming"}, // proxy.Options.TraceTrust
+	"admin.token_file":                   {"secrets.go", "cfg.Admin.TokenFile"},
+	"admin.readiness_requires_store":     {"storewatch.go", "s.cfg.Admin.ReadinessRequiresStore"},
+	"store.redis.addrs":                  {"adapt.go", "slices.Clone(r.Addrs)"},
+	"store.redis.master_name":            {"adapt.go", "r.MasterName"},
+	"store.redis.username":               {"adapt.go", "r.Username"},
+	"store.redis.password":               {"adapt.go", "r.Password"},
+	"store.redis.password_file":          {"secrets.go", "r.PasswordFile"},
+	"store.redis.sentinel_username":      {"adapt.go", "r.SentinelUsername"},
+	"store.redis.sentinel_password":      {"adapt.go", "r.SentinelPassword"},
+	"store.redis.sentinel_password_file": {"secrets.go", "r.SentinelPasswordFile"},
+	"store.redis.tls":                    {"adapt.go", "r.TLS"},
+	"store.redis.tls_ca_file":            {"adapt.go", "r.TLSCAFile"},
+	"store.redis.tls_server_name":        {"adapt.go", "r.TLSServerName"},
+	"store.record_format":                {"adapt.go", "st.RecordFormat"},
+	"store.key_prefix":                   {"server.go", "s.cfg.Store.KeyPrefix"},
+	"store.pipeline":                     {"adapt.go", "st.Pipeline"},
+	"store.wait_replicas":                {"adapt.go", "st.WaitReplicas"},
+	"store.wait_timeout":                 {"adapt.go", "st.WaitTimeout"},
+	"store.claim_memory_limit":           {"server.go", "cfg.Store.ClaimMemoryLimit"},
+	"store.encryption.key_files":         {"secrets.go", "st.Encryption.KeyFiles"},
+	"store.encryption.required":          {"secrets.go", "st.Encryption.Required"},
+	"store.key_secret_file":              {"secrets.go", "st.KeySecretFile"},
+	"drain.delay":                        {"server.go", "s.cfg.Drain.Delay"},
+	"drain.timeout":                      {"server.go", "s.cfg.Grace()"},
+}
+
+// TestEveryKeyIsConsumed (issue 31): every leaf of config.Config outside
+// routes, changed alone, either changes the proxy.Config it compiles to or
+// is named in consumers with the file that reads it. Before v0.5.0
+// pass_through_upgrades and the top-level defaults.problem_body were
+// parsed, validated and documented and reached nothing.
+func TestEveryKeyIsConsumed(t *testing.T) {
+	base := config.Default()
+	base.Routes = []config.Route{{Name: "pay", Match: "POST /payments", Settings: base.Defaults}}
+	want, err := proxyConfig(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	var walk func(typ reflect.Type, index []int, path string)
+	walk = func(typ reflect.Type, index []int, path string) {
+		for i := range typ.NumField() {
+			sf := typ.Field(i)
+			name, _, _ := strings.Cut(sf.Tag.Get("yaml"), ",")
+			if name == "-" || !sf.IsExported() {
+				continue
+			}
+			p := strings.TrimPrefix(path+"."+name, ".")
+			idx := append(slices.Clone(index), i)
+			if sf.Type.Kind() == reflect.Struct && sf.Type != reflect.TypeFor[time.Duration]() {
+				walk(sf.Type, idx, p)
+				continue
+			}
+			if strings.HasPrefix(p, "defaults.") && p != "defaults.problem_body" && p != "defaults.problem_content_type" {
+				continue // per-route settings: TestEverySettingReachesTheProxy
+			}
+			seen[p] = true
+			cfg := config.Default()
+			cfg.Routes = base.Routes
+			if p == "defaults.problem_content_type" {
+				cfg.Defaults.ProblemBody = `{"error":{{json .Code}}}`
+			}
+			wantHere := want
+			if p == "defaults.problem_content_type" {
+				wantHere, _ = proxyConfig(cfg)
+			}
+			f := reflect.ValueOf(cfg).Elem().FieldByIndex(idx)
+			changeConfigLeaf(t, f, p)
+			got, err := proxyConfig(cfg)
+			if err != nil {
+				t.Fatalf("%s changed: %v", p, err)
+			}
+			reaches := !reflect.DeepEqual(got, wantHere)
+			c, named := consumers[p]
+			switch {
+			case reaches && named:
+				t.Errorf("%s reaches the proxy and is also named in consumers (%s): drop it there", p, c.file)
+			case !reaches && !named:
+				t.Errorf("%s reaches neither the proxy nor any named consumer: wire it, or name the file that reads it in consumers", p)
+			case named:
+				b, err := os.ReadFile(c.file)
+				if err != nil || !strings.Contains(string(b), c.reads) {
+					t.Errorf("%s: %s does not read %q", p, c.file, c.reads)
+				}
+			}
+		}
+	}
+	walk(reflect.TypeFor[config.Config](), nil, "")
+	for p := range consumers {
+		if !seen[p] {
+			t.Errorf("consumers names %s, which is no key", p)
+		}
+	}
+}
+
+// changeConfigLeaf sets f to a valid value other than its default.
+func changeConfigLeaf(t *testing.T, f reflect.Value, path string) {
+	t.Helper()
+	switch v := f.Addr().Interface().(type) {
+	case *string:
+		*v = map[string]string{
+			"upstream.url": "http://127.0.0.1:3001", "identity.source": config.IdentityFromXFCC,
+			"tracing.trust_incoming": config.TraceTrustAll, "problems.type_base_url": "https://errors.example/",
+			"problems.docs_url": "https://docs.example/errors", "identity.header": "X-Other-User",
+			"identity.jwt.jwks_url": "https://issuer.example/jwks", "identity.jwt.issuer": "https://issuer.example",
+			"identity.jwt.claim": "email", "log_level": "debug",
+			"defaults.problem_body":         `{"error":{"code":{{json .Code}}}}`,
+			"defaults.problem_content_type": "application/vnd.api+json",
+		}[path]
+		if *v == "" {
+			*v = "changed" // names, files, addresses: read as they are
+		}
+	case *bool:
+		*v = !*v
+	case *int:
+		*v += 2
+	case *int64:
+		*v += 1 << 20
+	case *float64:
+		*v = *v/2 + 0.01
+	case *time.Duration:
+		*v += time.Second
+	case *[]string:
+		*v = append(*v, "x")
+	case *[]int:
+		*v = append(*v, 500)
+	case *[]netip.Prefix:
+		*v = append(*v, netip.MustParsePrefix("10.0.0.0/8"))
+	default:
+		t.Fatalf("changeConfigLeaf: no change for %s (%T); add one", path, v)
 	}
 }
