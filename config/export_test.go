@@ -4,3 +4,13 @@ package config
 
 // Reference renders the README's config reference table (reference).
 var Reference = reference
+
+// Leaves returns every key of c (not routes) by its YAML path, with its
+// value.
+func Leaves(c *Config) map[string]any {
+	out := map[string]any{}
+	for _, k := range keysOf(c, "") {
+		out[k.path] = k.field.Interface()
+	}
+	return out
+}
