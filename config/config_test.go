@@ -111,6 +111,9 @@ func TestInvalidFixtures(t *testing.T) {
 			`store.redis.password_file: set either store.redis.password or store.redis.password_file, not both`,
 			`store.wait_timeout: must be positive when store.wait_replicas is set, got 0s`,
 		},
+		"record_format_without_secret": {
+			`store.record_format: 2 keys fingerprints with store.key_secret_file (never a sealing key, which rotates), which is not set: set it, or keep 1`,
+		},
 		"routes_not_list": {
 			`routes: must be a list of routes, got a mapping`,
 		},

@@ -115,6 +115,9 @@ func (c *Config) validateStore(add problemf) {
 	if st.RecordFormat != 1 && st.RecordFormat != 2 {
 		add("store.record_format", "must be 1 or 2, got %d", st.RecordFormat)
 	}
+	if st.RecordFormat >= 2 && st.KeySecretFile == "" {
+		add("store.record_format", "2 keys fingerprints with store.key_secret_file (never a sealing key, which rotates), which is not set: set it, or keep 1")
+	}
 	if st.KeyPrefix == "" {
 		add("store.key_prefix", "must not be empty: it keeps idemproxy's keys apart from other data")
 	}
@@ -408,8 +411,6 @@ func (c *Config) Warnings() []string {
 	switch {
 	case c.Store.KeySecretFile != "" && c.Store.RecordFormat < 2:
 		w = append(w, "store.record_format: 1: fingerprints are stored as plain SHA-256, which someone who reads Redis can check guessed request bodies against; set 2 (keyed with store.key_secret_file) once every replica runs v0.4.0 or later (CHANGELOG.md)")
-	case c.Store.KeySecretFile == "" && c.Store.RecordFormat >= 2:
-		w = append(w, "store.record_format: 2 keys fingerprints only with store.key_secret_file (never a sealing key, which rotates): without it they stay plain SHA-256")
 	}
 	if c.Tracing.TrustIncoming == TraceTrustAll {
 		w = append(w, "tracing.trust_incoming: all: any client's traceparent parents idemproxy's spans and can force them sampled (and exported); trusted_peers keeps that to the proxies in identity.trusted_proxies")

@@ -200,3 +200,48 @@ func loadRendered(t *testing.T, cm *corev1.ConfigMap) *config.Config {
 	}
 	return cfg
 }
+
+// TestChartRecordFormat (issue 31): a chart install with a key secret
+// writes keyed fingerprints (store.record_format: 2), unless
+// encryption.recordFormat holds 1 while older pods still run; and a config
+// asking for format 2 without a key secret is refused at render time, as
+// idemproxy itself refuses it. Before, the chart never set the format:
+// sealed installs kept plain SHA-256 fingerprints.
+func TestChartRecordFormat(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	base := filepath.Join(chartDir, "ci", "standalone-values.yaml")
+	format := func(b built) int {
+		return loadRendered(t, get[*corev1.ConfigMap](t, b, "ConfigMap/payments-idemproxy-config")).Store.RecordFormat
+	}
+	if got := format(renderChart(t, base)); got != 2 {
+		t.Errorf("sealed install with a key secret: record_format %d, want 2", got)
+	}
+	if got := format(renderChart(t, base, write("hold.yaml", "encryption:\n  recordFormat: 1\n"))); got != 1 {
+		t.Errorf("encryption.recordFormat: 1: record_format %d, want 1 (held during an upgrade)", got)
+	}
+	if got := format(renderChart(t, filepath.Join(chartDir, "ci", "minimal-values.yaml"))); got != 1 {
+		t.Errorf("no key secret: record_format %d, want 1", got)
+	}
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := chartutil.ReadValuesFile(write("bad.yaml", "config:\n  store:\n    record_format: 2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := chartutil.ToRenderValues(chrt, vals, chartutil.ReleaseOptions{Name: "payments", Namespace: "payments", IsInstall: true}, chartutil.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := engine.Render(chrt, rv); err == nil || !strings.Contains(err.Error(), "record_format 2") {
+		t.Errorf("record_format 2 without a key secret rendered: %v, want it refused", err)
+	}
+}

@@ -110,7 +110,13 @@ Redis deployment and the mounted key files filled in.
 {{- $_ := set $store "encryption" (dict "key_files" $files "required" $v.encryption.required) -}}
 {{- if $v.encryption.keySecretKey -}}
 {{- $_ := set $store "key_secret_file" (printf "/var/run/secrets/idemproxy-keys/%s" $v.encryption.keySecretKey) -}}
+{{- if not (hasKey $store "record_format") -}}
+{{- $_ := set $store "record_format" (int $v.encryption.recordFormat) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and (ge (int (get $store "record_format" | default 1)) 2) (not (hasKey $store "key_secret_file")) -}}
+{{- fail "store.record_format 2 keys fingerprints with a key secret: set encryption.existingSecret and encryption.keySecretKey, or encryption.recordFormat: 1" -}}
 {{- end -}}
 {{- $_ := set $cfg "store" $store -}}
 {{- if $v.adminToken.existingSecret -}}
