@@ -222,5 +222,21 @@ func (s *jwtSource) get() (*jose.JSONWebKeySet, error) {
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&set); err != nil {
 		return nil, fmt.Errorf("fetch the key set: %w", err)
 	}
+	// A 200 with null, {} or no key that can verify a signature is a
+	// failed fetch, not an empty set: replacing the cached keys with it
+	// would answer every valid token 401, and anyone can make the fetch
+	// happen by naming an unknown kid. The last good set stays.
+	usable := 0
+	for _, k := range set.Keys {
+		if k.Valid() && k.IsPublic() && (k.Use == "" || k.Use == "sig") {
+			usable++
+		}
+	}
+	if usable == 0 {
+		return nil, fmt.Errorf("fetch the key set: %w", errKeySetEmpty)
+	}
 	return &set, nil
 }
+
+// errKeySetEmpty is a key set without a public signing key.
+var errKeySetEmpty = errors.New("the key set has no public signing key")

@@ -309,3 +309,55 @@ func TestJWKSFetchIsBackground(t *testing.T) {
 		t.Errorf("%d of 10 valid requests with the rotated key succeeded under a flood of unknown key ids, want 10", ok)
 	}
 }
+
+// TestJWKSEmptyAnswerKeepsTheKeys (issue 31): an issuer answering 200 with
+// null, {}, {"keys":[]} or only keys that cannot verify a signature is a
+// failed fetch: the last good key set stays, and valid tokens keep
+// verifying. Before, such an answer replaced the cached keys, and since
+// anyone can trigger the fetch with an unknown kid, every valid token then
+// got 401.
+func TestJWKSEmptyAnswerKeepsTheKeys(t *testing.T) {
+	for _, body := range []string{`null`, `{}`, `{"keys":[]}`, `{"keys":[{"kty":"oct","k":"c2VjcmV0","kid":"hmac"}]}`} {
+		t.Run(body, func(t *testing.T) {
+			is := &issuer{}
+			is.add(t, "k1")
+			is.serve("k1")
+			var broken sync.Mutex
+			bad := false
+			jwks := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				broken.Lock()
+				b := bad
+				broken.Unlock()
+				if b {
+					w.Header().Set("Content-Type", "application/json")
+					fmt.Fprint(w, body)
+					return
+				}
+				is.ServeHTTP(w, r)
+			}))
+			defer jwks.Close()
+			e := newEnv(t, created, func(c *setup) {
+				c.Identity.Source = proxy.SourceJWT
+				c.Identity.JWT = proxy.JWTConfig{JWKSURL: jwks.URL, Issuer: "https://issuer.example", Audience: []string{"payments"}}
+			})
+			aud, soon := []string{"payments"}, time.Now().Add(time.Hour)
+			as := func(tok, key string) resp {
+				return e.do(req{key: key, body: `{}`, header: map[string]string{"Authorization": "Bearer " + tok}})
+			}
+			if r := as(is.token(t, "k1", "alice", aud, soon), "before"); r.status != http.StatusCreated {
+				t.Fatalf("before: %d %s", r.status, r.body)
+			}
+			broken.Lock()
+			bad = true
+			broken.Unlock()
+			time.Sleep(1100 * time.Millisecond) // past the refetch rate limit
+			is.add(t, "unknown")
+			if r := as(is.token(t, "unknown", "mallory", aud, soon), "trigger"); r.status != http.StatusUnauthorized {
+				t.Fatalf("an unknown kid: %d %s, want 401", r.status, r.body)
+			}
+			if r := as(is.token(t, "k1", "alice", aud, soon), "after"); r.status != http.StatusCreated {
+				t.Fatalf("a valid token after the issuer answered %s: %d %s, want 201 (the last good key set)", body, r.status, r.body)
+			}
+		})
+	}
+}
