@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"text/template"
 )
@@ -72,7 +73,95 @@ func Parse(body, contentType string) (*Format, error) {
 	if isJSON(contentType) && !json.Valid(out) {
 		return nil, fmt.Errorf("renders invalid JSON for %s on a sample problem: %s", contentType, out)
 	}
+	if isJSON(contentType) {
+		if err := f.checkHostile(out); err != nil {
+			return nil, err
+		}
+	}
 	return f, nil
+}
+
+// hostile are values a client can put into a problem's strings (its
+// X-Request-Id becomes RequestID; details quote what it sent): each breaks
+// out of a JSON string written without the json function.
+var hostile = []string{
+	`x","code":"ok","y":"`,
+	`x\`,
+	"x\u0000\n\t\u001f",
+	`x"}]},{"a":"`,
+}
+
+// checkHostile renders the template with each hostile value in each
+// string field and requires valid JSON of the same shape as the sample's
+// (benign is its rendering), with the value inside one string: so a
+// client's value can never add, remove or replace a member. Strings reach
+// the body safely through the json function ({{json .RequestID}}).
+func (f *Format) checkHostile(benign []byte) error {
+	var want any
+	if err := json.Unmarshal(benign, &want); err != nil {
+		return err
+	}
+	fields := []struct {
+		name string
+		set  func(*Data, string)
+	}{
+		{"Type", func(d *Data, v string) { d.Type = v }},
+		{"Code", func(d *Data, v string) { d.Code = v }},
+		{"Title", func(d *Data, v string) { d.Title = v }},
+		{"Detail", func(d *Data, v string) { d.Detail = v }},
+		{"RequestID", func(d *Data, v string) { d.RequestID = v }},
+	}
+	for _, fl := range fields {
+		for _, h := range hostile {
+			d := sample
+			fl.set(&d, h)
+			out, err := f.Render(d)
+			if err != nil {
+				return err
+			}
+			var got any
+			if err := json.Unmarshal(out, &got); err != nil || shape(got) != shape(want) {
+				return fmt.Errorf("a client's value in .%s changes the JSON it renders (%s): write strings through the json function, e.g. {{json .%s}}", fl.name, out, fl.name)
+			}
+		}
+	}
+	return nil
+}
+
+// shape is v's structure: its members' names and nesting, without values.
+func shape(v any) string {
+	switch v := v.(type) {
+	case map[string]any:
+		var b strings.Builder
+		b.WriteString("{")
+		for _, k := range sortedKeys(v) {
+			fmt.Fprintf(&b, "%q:%s,", k, shape(v[k]))
+		}
+		return b.String() + "}"
+	case []any:
+		var b strings.Builder
+		b.WriteString("[")
+		for _, e := range v {
+			b.WriteString(shape(e) + ",")
+		}
+		return b.String() + "]"
+	case string:
+		return "s"
+	case float64:
+		return "n"
+	case bool:
+		return "b"
+	}
+	return "null"
+}
+
+func sortedKeys(m map[string]any) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }
 
 // Render executes the template for d.
