@@ -126,6 +126,9 @@ func (x *exchange) admit() (key string, ok bool) {
 		return "", false
 	}
 	x.principal = p
+	if x.h.id.replace && p != "" {
+		x.r.Header.Set(x.h.id.header, p) // what the key is scoped to is what the upstream reads
+	}
 	switch {
 	case x.principal == "":
 		x.reject(probIdentityMissing.with("this route needs " + x.h.id.src.missing()))

@@ -33,6 +33,12 @@ type identity struct {
 	untrustedHeaders nameSet
 	// src reads the principal of a protected request.
 	src source
+	// replace is set when the principal comes from something else than
+	// the identity header (xfcc, jwt): the header is then removed from
+	// every request, under every spelling, and a protected request carries
+	// the principal idemproxy used in it, so that the upstream never reads
+	// another one next to a key scoped to this one.
+	replace bool
 }
 
 // source is where principals come from: one per identity.source. Adding
@@ -57,9 +63,9 @@ func newIdentity(cfg Identity, client *http.Client) identity {
 	id.read = id.header
 	switch cfg.Source {
 	case SourceXFCC:
-		id.src, id.read = xfccSource{}, XFCCHeader
+		id.src, id.read, id.replace = xfccSource{}, XFCCHeader, true
 	case SourceJWT:
-		id.src = newJWTSource(cfg.JWT, client)
+		id.src, id.replace = newJWTSource(cfg.JWT, client), true
 	default:
 		id.src = headerSource{header: id.header}
 	}
@@ -77,6 +83,8 @@ func (id *identity) admit(r *http.Request) (trusted bool, err error) {
 		switch {
 		case !trusted && id.untrustedHeaders.has(name):
 			delete(r.Header, name)
+		case id.replace && sameName(name, id.header):
+			delete(r.Header, name) // a protected request gets the principal used (exchange.admit)
 		case trusted && sameName(name, read) && name != read:
 			err = errIdentitySpelling
 		case trusted && name == read && len(vs) > 1:

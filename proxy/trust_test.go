@@ -381,3 +381,31 @@ func TestXFCCIdentity(t *testing.T) {
 		t.Fatalf("upstream executed %d times, want 2", n)
 	}
 }
+
+// TestIdentityHeaderIsThePrincipalUsed (issue 31): in xfcc and jwt modes
+// the principal comes from the certificate or the token; the identity
+// header a trusted peer relays (in a mesh: the local Envoy, passing on the
+// client's) is not it. The upstream must never read another principal next
+// to a key scoped to this one: a protected request carries the principal
+// idemproxy used in the identity header (under one spelling), and an
+// unprotected one carries none. Before, the header reached the upstream
+// as sent: the key was scoped to checkout, the upstream read "bob".
+func TestIdentityHeaderIsThePrincipalUsed(t *testing.T) {
+	e := newEnv(t, created, func(c *setup) { c.Identity.Source = proxy.SourceXFCC })
+	const checkout = "spiffe://cluster.local/ns/shop/sa/checkout"
+	xfcc := `Hash=aaaa;URI=` + checkout
+	r := e.do(req{key: "k", body: `{}`, user: "bob", header: map[string]string{"X-Forwarded-Client-Cert": xfcc, "X-Forwarded_User": "carol"}})
+	if r.status != http.StatusCreated {
+		t.Fatalf("protected request: %d %s", r.status, r.body)
+	}
+	seen := e.ledger.Last()
+	if got := seen.Values("X-Forwarded-User"); len(got) != 1 || got[0] != checkout {
+		t.Errorf("the upstream read X-Forwarded-User %q, want only the principal idemproxy used, %s", got, checkout)
+	}
+	if got := seen.Get("X-Forwarded_User"); got != "" {
+		t.Errorf("another spelling of the identity header reached the upstream: %q", got)
+	}
+	if r := e.do(req{method: http.MethodGet, path: "/catalog", user: "bob"}); r.status >= 300 || e.ledger.Last().Get("X-Forwarded-User") != "" {
+		t.Errorf("an unprotected request in xfcc mode: %d, the upstream read X-Forwarded-User %q, want none", r.status, e.ledger.Last().Get("X-Forwarded-User"))
+	}
+}
