@@ -15,16 +15,28 @@ import (
 // integer (written as its decimal form), under the same rules as the
 // header; a body that is not JSON, or lacks the member, has no key.
 
-var errBodyKeyType = errors.New("the idempotency key in the body must be a string or an integer")
+var (
+	errBodyKeyType     = errors.New("the idempotency key in the body must be a string or an integer")
+	errBodyKeyDup      = errors.New("the JSON body has a member more than once: which value is the key is ambiguous (parsers disagree)")
+	errBodyKeyTrailing = errors.New("the JSON body has data after its end")
+)
 
 // bodyKey returns the key at pointer in a JSON body; found is false when
-// the body is not JSON or has no such member.
+// the body is not JSON or has no such member. A body the fingerprint
+// would not read as one JSON document (a duplicated member, data after
+// the document) is an error: the key must be read as strictly as the
+// body is fingerprinted, or one request could name two keys.
 func bodyKey(body []byte, pointer []string) (key string, found bool, err error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
-	var doc any
-	if dec.Decode(&doc) != nil {
-		return "", false, nil
+	doc, err := decodeStrict(dec)
+	switch {
+	case errors.Is(err, errDuplicateKey):
+		return "", false, errBodyKeyDup
+	case err != nil:
+		return "", false, nil // not JSON: no key
+	case len(bytes.TrimSpace(body[dec.InputOffset():])) != 0:
+		return "", false, errBodyKeyTrailing
 	}
 	for _, tok := range pointer {
 		switch v := doc.(type) {

@@ -133,6 +133,19 @@ func TestKeyFromBody(t *testing.T) {
 	if r := e.do(req{user: "alice", body: `{"request_id":1.5}`}); r.status != http.StatusBadRequest || !strings.Contains(r.body, "key-malformed") {
 		t.Errorf("a fractional id: %d %s, want 400 key-malformed", r.status, r.body)
 	}
+	// The key is read as strictly as the body is fingerprinted (issue 31):
+	// a duplicated member (parsers disagree on which value wins) or data
+	// after the document is 400, not the last value or the first document.
+	// Before, both were read loosely and forwarded under req_81 and req_99.
+	for name, b := range map[string]string{
+		"a duplicated member":    `{"request_id":"req_99","request_id":"req_81","amount":5}`,
+		"a duplicated elsewhere": `{"request_id":"req_99","meta":{"a":1,"a":2}}`,
+		"trailing data":          `{"request_id":"req_99"}{"request_id":"req_81"}`,
+	} {
+		if r := e.do(req{user: "alice", body: b}); r.status != http.StatusBadRequest || !strings.Contains(r.body, "key-malformed") {
+			t.Errorf("%s: %d %s, want 400 key-malformed", name, r.status, r.body)
+		}
+	}
 	if n := e.ledger.Total(); n != 2 {
 		t.Fatalf("upstream executed %d times, want 2", n)
 	}
