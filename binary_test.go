@@ -287,21 +287,29 @@ func TestStartupFailures(t *testing.T) {
 		// check is whether -check must report it too (address problems
 		// are found only by binding)
 		check bool
+		// path, when set, is the config file as it is (yaml is unused).
+		path string
 	}{
-		{"listen in use", fmt.Sprintf("listen: %q\nadmin_listen: %q\n", busy, free()), []string{"listen", busy, "address already in use"}, false},
-		{"admin_listen in use", fmt.Sprintf("listen: %q\nadmin_listen: %q\n", free(), busy), []string{"admin_listen", busy}, false},
-		{"admin_pprof_listen in use", fmt.Sprintf("listen: %q\nadmin_listen: %q\nadmin_pprof_listen: %q\n", free(), free(), busy), []string{"admin_pprof_listen", busy}, false},
-		{"missing token file", "admin:\n  token_file: " + filepath.Join(dir, "nope") + "\n", []string{"admin.token_file", "no such file"}, true},
-		{"short token file", "admin:\n  token_file: " + short + "\n", []string{"admin.token_file", "at least 16"}, true},
-		{"missing sealing key", "store:\n  encryption:\n    key_files: [" + filepath.Join(dir, "nokey") + "]\n", []string{"store.encryption.key_files[0]", "no such file"}, true},
-		{"key secret not base64", "store:\n  key_secret_file: " + notBase64 + "\n", []string{"store.key_secret_file", "not base64"}, true},
-		{"missing password file", "store:\n  redis:\n    addrs: [\"127.0.0.1:1\"]\n    password_file: " + filepath.Join(dir, "nopw") + "\n", []string{"store.redis.password_file", "no such file"}, true},
-		{"bad TLS CA file", "store:\n  redis:\n    addrs: [\"127.0.0.1:1\"]\n    tls: true\n    tls_ca_file: " + badCA + "\n", []string{"store.redis.tls_ca_file"}, true},
-		{"missing config file", "", []string{"missing.yaml", "no such file"}, true},
+		{"listen in use", fmt.Sprintf("listen: %q\nadmin_listen: %q\n", busy, free()), []string{"listen", busy, "address already in use"}, false, ""},
+		{"admin_listen in use", fmt.Sprintf("listen: %q\nadmin_listen: %q\n", free(), busy), []string{"admin_listen", busy}, false, ""},
+		{"admin_pprof_listen in use", fmt.Sprintf("listen: %q\nadmin_listen: %q\nadmin_pprof_listen: %q\n", free(), free(), busy), []string{"admin_pprof_listen", busy}, false, ""},
+		{"missing token file", "admin:\n  token_file: " + filepath.Join(dir, "nope") + "\n", []string{"admin.token_file", "no such file"}, true, ""},
+		{"short token file", "admin:\n  token_file: " + short + "\n", []string{"admin.token_file", "at least 16"}, true, ""},
+		{"missing sealing key", "store:\n  encryption:\n    key_files: [" + filepath.Join(dir, "nokey") + "]\n", []string{"store.encryption.key_files[0]", "no such file"}, true, ""},
+		{"key secret not base64", "store:\n  key_secret_file: " + notBase64 + "\n", []string{"store.key_secret_file", "not base64"}, true, ""},
+		{"missing password file", "store:\n  redis:\n    addrs: [\"127.0.0.1:1\"]\n    password_file: " + filepath.Join(dir, "nopw") + "\n", []string{"store.redis.password_file", "no such file"}, true, ""},
+		{"bad TLS CA file", "store:\n  redis:\n    addrs: [\"127.0.0.1:1\"]\n    tls: true\n    tls_ca_file: " + badCA + "\n", []string{"store.redis.tls_ca_file"}, true, ""},
+		{"missing config file", "", []string{"missing.yaml", "no such file"}, true, ""},
+		// A config path to a device without end (issue 31: idemproxy size
+		// -config /dev/zero grew to 23 GB): one line, at once.
+		{"config file without end", "", []string{"/dev/zero", "larger than the 4 MiB"}, true, "/dev/zero"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(dir, "missing.yaml")
+			if tc.path != "" {
+				path = tc.path
+			}
 			if tc.yaml != "" {
 				y := tc.yaml
 				if !strings.Contains(y, "listen:") {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -53,12 +54,29 @@ type keysAPI struct {
 	token []byte
 }
 
-func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// bearerOK reports whether r carries token as its bearer token; a nil
+// token admits nobody.
+func bearerOK(r *http.Request, token []byte) bool {
 	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	// Digests compared, not the tokens: ConstantTimeCompare returns at
 	// once when the lengths differ, which tells the token's length.
-	gotSum, wantSum := sha256.Sum256([]byte(got)), sha256.Sum256(a.token)
-	if !ok || subtle.ConstantTimeCompare(gotSum[:], wantSum[:]) != 1 {
+	gotSum, wantSum := sha256.Sum256([]byte(got)), sha256.Sum256(token)
+	return ok && token != nil && subtle.ConstantTimeCompare(gotSum[:], wantSum[:]) == 1
+}
+
+// principalDigest names principal in an audit line: keyed by the admin
+// token (a subkey of it), so that a line's reader cannot confirm a guessed
+// principal, while lines about one principal still match each other.
+func principalDigest(token []byte, principal string) string {
+	sub := hmac.New(sha256.New, token)
+	sub.Write([]byte("idemproxy audit principal"))
+	mac := hmac.New(sha256.New, sub.Sum(nil))
+	mac.Write([]byte(principal))
+	return hex.EncodeToString(mac.Sum(nil)[:8])
+}
+
+func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !bearerOK(r, a.token) {
 		a.log.Warn("admin key API: refused, bad or missing token", "method", r.Method, "remote", r.RemoteAddr)
 		http.Error(w, "a bearer token (admin.token_file) is required", http.StatusUnauthorized)
 		return
@@ -77,9 +95,8 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	result, status, recState, bodyRead := "", http.StatusOK, "", false
 	defer func() {
-		principalSum := sha256.Sum256([]byte(principal))
 		a.log.Warn("admin key API", "method", r.Method, "route", routeName, "key", redisKey,
-			"principal_hash", hex.EncodeToString(principalSum[:8]), "state", recState, "body_read", bodyRead,
+			"principal_hash", principalDigest(a.token, principal), "state", recState, "body_read", bodyRead,
 			"force", q.Get("force") == "true", "result", result, "remote", r.RemoteAddr)
 	}()
 	switch r.Method {

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"log/slog"
 	"net/http"
@@ -97,6 +99,38 @@ func TestKeysAPI(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), `"alice"`) {
 		t.Errorf("an audit line carries the raw principal:\n%s", logs.String())
+	}
+	// The digest is keyed (issue 31): a reader of the audit log cannot
+	// confirm a guessed principal by hashing it.
+	plain := sha256.Sum256([]byte("alice"))
+	if strings.Contains(logs.String(), hex.EncodeToString(plain[:8])) {
+		t.Errorf("an audit line names alice by her plain SHA-256:\n%s", logs.String())
+	}
+	if !strings.Contains(logs.String(), `"principal_hash":"`+principalDigest([]byte(token), "alice")+`"`) {
+		t.Errorf("audit lines do not name alice by her keyed digest:\n%s", logs.String())
+	}
+	// /readyz?verbose names the masters (addresses, errors) only to a
+	// caller with the admin token; anyone else who reaches the admin port
+	// learns whether the store is up.
+	time.Sleep(1100 * time.Millisecond) // the store watcher has looked
+	readyz := func(token string) string {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+s.adminAddr+"/readyz?verbose", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if body := readyz(""); strings.Contains(body, srv.Addr) || !strings.Contains(body, "store: up=true") {
+		t.Errorf("/readyz?verbose without the token: %q, want up=true and no Redis address", body)
+	}
+	if body := readyz(token); !strings.Contains(body, srv.Addr) {
+		t.Errorf("/readyz?verbose with the token: %q, want the master's address", body)
 	}
 	if audit := strings.Count(logs.String(), `"msg":"admin key API"`); audit != 8 || strings.Count(logs.String(), "refused, bad or missing token") != 2 || strings.Contains(logs.String(), "k1\"") {
 		t.Errorf("%d audit lines, want one per authorized call (8), two refusals, and never the raw key:\n%s", audit, logs.String())

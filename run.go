@@ -44,11 +44,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *check {
 		// The files it names are part of the config: a missing or short
 		// token, key or password file fails the start, so it fails here.
-		if _, err := readSecrets(cfg); err != nil {
+		sec, err := readSecrets(cfg)
+		if err != nil {
 			return configError(*path, err)
 		}
 		fmt.Fprintf(stdout, "%s: valid, %d routes\n", *path, len(cfg.Routes))
-		for _, w := range cfg.Warnings() {
+		for _, w := range append(cfg.Warnings(), sec.warnings...) {
 			fmt.Fprintf(stdout, "warning: %s\n", w)
 		}
 		return nil

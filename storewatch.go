@@ -216,6 +216,12 @@ func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fmt.Fprintf(w, "store: up=%t (looked %s ago)\n", storeUp, time.Since(checked).Round(time.Millisecond))
+	if !bearerOK(r, s.adminToken) {
+		// The masters' addresses and errors are for operators: anyone
+		// who reaches the admin port (a probe, a scraper) sees only up.
+		fmt.Fprintln(w, "  (each master's address and error: send the admin token, admin.token_file, as a bearer token)")
+		return
+	}
 	for _, line := range describe(masters) {
 		fmt.Fprintln(w, "  master "+line)
 	}

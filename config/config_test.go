@@ -320,3 +320,18 @@ func TestSealingRequiredByDefaultWithKeyFiles(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigFileSizeLimit (issue 31): a config path to something without
+// end, or far larger than any config, fails with a message instead of
+// filling memory.
+func TestConfigFileSizeLimit(t *testing.T) {
+	big := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(big, []byte("# "+strings.Repeat("x", config.MaxFileSize)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{big, "/dev/zero"} {
+		if _, err := config.Load(path); err == nil || !strings.Contains(err.Error(), "larger than the 4 MiB") {
+			t.Errorf("%s: %v, want refused as too large", path, err)
+		}
+	}
+}

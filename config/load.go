@@ -1,8 +1,11 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 
 	"github.com/spf13/viper"
@@ -10,6 +13,11 @@ import (
 
 // EnvPrefix is the prefix of every environment override.
 const EnvPrefix = "IDEMPROXY"
+
+// MaxFileSize bounds the config file: the largest real one is a few
+// hundred routes, a few tens of KiB; a path to a device or a runaway file
+// must fail with a message, not fill memory.
+const MaxFileSize = 4 << 20
 
 // Load reads the YAML file at path, applies IDEMPROXY_* environment
 // overrides and validates the result. The returned error lists every problem
@@ -23,7 +31,19 @@ func Load(path string) (*Config, error) {
 	for _, k := range configKeyPaths {
 		_ = v.BindEnv(k) // only fails without a key name
 	}
-	if err := v.ReadInConfig(); err != nil {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	f.Close()
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	case len(b) > MaxFileSize:
+		return nil, fmt.Errorf("read %s: larger than the %d MiB a config file may be", path, MaxFileSize>>20)
+	}
+	if err := v.ReadConfig(bytes.NewReader(b)); err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 
