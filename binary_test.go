@@ -362,3 +362,49 @@ func TestStartupFailures(t *testing.T) {
 		})
 	}
 }
+
+// TestCommandLine (issue 32), through the binary: -h lists every
+// subcommand and exits 0, each subcommand's -h exits 0, and an argument
+// nobody reads is refused with one line naming it (v0.4.0 exited 1 on -h
+// without naming demo, keys or size, and ignored a stray argument).
+func TestCommandLine(t *testing.T) {
+	bin := buildBinary(t)
+	runBin := func(args ...string) (int, string) {
+		cmd := exec.Command(bin, args...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		done := make(chan error, 1)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill() // by the PID this test started
+			<-done
+			t.Fatalf("%v did not exit", args)
+		}
+		return cmd.ProcessState.ExitCode(), out.String()
+	}
+	code, out := runBin("-h")
+	if code != 0 {
+		t.Errorf("-h: exit %d, want 0", code)
+	}
+	for _, sub := range []string{"demo", "keys", "size", "-check", "-version"} {
+		if !strings.Contains(out, sub) {
+			t.Errorf("-h does not mention %s:\n%s", sub, out)
+		}
+	}
+	for _, args := range [][]string{{"demo", "-h"}, {"keys", "-h"}, {"keys", "get", "-h"}, {"size", "-h"}} {
+		if code, out := runBin(args...); code != 0 {
+			t.Errorf("%v: exit %d, want 0\n%s", args, code, out)
+		}
+	}
+	for _, args := range [][]string{{"-config", "config.example.yaml", "-check", "stray"}, {"serve"}, {"size", "-new-keys-per-second", "10", "extra"}} {
+		code, out := runBin(args...)
+		if code != 1 || !strings.Contains(out, "unexpected argument") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+			t.Errorf("%v: exit %d %q, want 1 and one line naming the argument", args, code, out)
+		}
+	}
+}

@@ -30,7 +30,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.SetOutput(stderr)
 	once := fs.Bool("once", false, "exit after the scripted show")
 	verbose := fs.Bool("v", false, "print the sidecar's JSON logs")
-	if err := fs.Parse(args); err != nil {
+	if help, err := parseFlags(fs, args, "demo takes only flags"); help || err != nil {
 		return err
 	}
 

@@ -169,8 +169,13 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // runKeys is "idemproxy keys get|delete": the key API from the command
 // line, against a running sidecar's admin port.
 func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	const keysUsage = "usage: idemproxy keys get|delete -route R -principal P -key K [-state in_progress|completed] [-body] [-admin URL] [-token-file F]"
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fmt.Fprintln(stderr, keysUsage)
+		return nil
+	}
 	if len(args) == 0 || (args[0] != "get" && args[0] != "delete") {
-		return errors.New("usage: idemproxy keys get|delete -route R -principal P -key K [-state in_progress|completed] [-body] [-admin URL] [-token-file F]")
+		return errors.New(keysUsage)
 	}
 	fs := flag.NewFlagSet("idemproxy keys "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -182,7 +187,7 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	state := fs.String("state", "", "delete only: in_progress or completed")
 	force := fs.Bool("force", false, "delete only: release a live in-progress claim (its owner is gone)")
 	body := fs.Bool("body", false, "get only: include the stored body")
-	if err := fs.Parse(args[1:]); err != nil {
+	if help, err := parseFlags(fs, args[1:], "every value is a flag"); help || err != nil {
 		return err
 	}
 	token, err := os.ReadFile(*tokenFile)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -30,7 +31,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	path := fs.String("config", "config.yaml", "path of the YAML config file")
 	check := fs.Bool("check", false, "validate the config file and exit")
 	version := fs.Bool("version", false, "print build information and exit")
-	if err := fs.Parse(args); err != nil {
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+	}
+	if help, err := parseFlags(fs, args, "the subcommands are demo, keys and size, and they come first"); help || err != nil {
 		return err
 	}
 	if *version {
@@ -62,6 +67,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	logger := slog.New(flushing{next: slog.NewJSONHandler(lines, &slog.HandlerOptions{Level: slog.LevelDebug}), lines: lines})
 	return serve(ctx, cfg, *path, logger)
 }
+
+// parseFlags parses args into fs. help is true when -h asked for the
+// usage (printed; that is success); an argument left over is an error
+// naming it, never ignored. hint says where such an argument belongs.
+func parseFlags(fs *flag.FlagSet, args []string, hint string) (help bool, err error) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return true, nil
+		}
+		return false, err
+	}
+	if fs.NArg() > 0 {
+		return false, fmt.Errorf("unexpected argument %q: %s (%s -h)", fs.Arg(0), hint, fs.Name())
+	}
+	return false, nil
+}
+
+// usage is what -h prints before the flags.
+const usage = `idemproxy: a sidecar that makes retries of unsafe HTTP requests safe.
+
+Usage:
+  idemproxy [-config config.yaml]          serve
+  idemproxy -config config.yaml -check     validate the config (and the files it names) and exit
+  idemproxy -version                       print build information and exit
+  idemproxy demo                           the sidecar, an embedded store and a sample upstream, with a scripted show
+  idemproxy keys get|delete ...            look up or clear one idempotency key on a running sidecar (idemproxy keys -h)
+  idemproxy size ...                       the Redis memory a traffic profile needs (idemproxy size -h)
+
+Flags:
+`
 
 // version is this tree's release (CHANGELOG.md: the version in progress,
 // with -dev, or the one released); a build may stamp another with -ldflags

@@ -30,7 +30,7 @@ func runSize(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&l.TargetFill, "fill", 0.7, "share of maxmemory the records may fill")
 	fs.Float64Var(&l.TargetCPU, "cpu-target", 0.5, "share of a master's core its commands may use")
 	path := fs.String("config", "", "read retention, lease, max_response_body and sealing from this config")
-	if err := fs.Parse(args); err != nil {
+	if help, err := parseFlags(fs, args, "size takes only flags"); help || err != nil {
 		return err
 	}
 	set := map[string]bool{}
