@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -406,5 +407,25 @@ func TestCommandLine(t *testing.T) {
 		if code != 1 || !strings.Contains(out, "unexpected argument") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
 			t.Errorf("%v: exit %d %q, want 1 and one line naming the argument", args, code, out)
 		}
+	}
+}
+
+// TestBuildInfoMetric (issue 32): the running binary says which build it
+// is on /metrics: idemproxy_build_info{version,revision,goversion} 1, the
+// version being CHANGELOG.md's (TestVersionMatchesChangelog ties them).
+func TestBuildInfoMetric(t *testing.T) {
+	sc := startBinary(t, "routes:\n  - name: pay\n    match: \"POST /payments\"\n")
+	text := scrape(t, sc.admin)
+	var line string
+	for l := range strings.SplitSeq(text, "\n") {
+		if strings.HasPrefix(l, "idemproxy_build_info{") {
+			line = l
+		}
+	}
+	if os.Getenv("IDEMPROXY_TEST_BINARY") == "" && (!strings.Contains(line, `version="`+version+`"`) || !strings.Contains(line, `goversion="`+runtime.Version()+`"`) || !strings.HasSuffix(line, " 1")) {
+		t.Errorf("idemproxy_build_info: %q, want version %s and goversion %s, value 1", line, version, runtime.Version())
+	}
+	if !strings.Contains(line, `revision="`) {
+		t.Errorf("idemproxy_build_info has no revision label: %q", line)
 	}
 }

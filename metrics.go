@@ -83,6 +83,13 @@ func newMetrics(waitReplicas bool) *metrics {
 		m.waitShort.WithLabelValues("complete")
 	}
 	m.reloadOK.Set(1)
+	v, rev, gov := buildLabels()
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_build_info",
+		Help: "Always 1; its labels say which build runs: version (CHANGELOG.md's, or the -X main.version stamp), revision (the VCS commit) and goversion.",
+	}, []string{"version", "revision", "goversion"})
+	build.WithLabelValues(v, rev, gov).Set(1)
+	m.reg.MustRegister(build)
 	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.storeKeys, m.storeBytes, m.batchOps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"runtime/debug"
 	"strings"
 
@@ -127,6 +128,30 @@ func serviceVersion() string {
 		}
 	}
 	return "devel"
+}
+
+// buildLabels are idemproxy_build_info's labels: the version, the VCS
+// revision (stamped, or from the build's VCS information; "unknown"
+// without either) and the Go version.
+func buildLabels() (version, revision, goVersion string) {
+	version, revision, goVersion = serviceVersion(), revisionStamp(), runtime.Version()
+	return version, revision, goVersion
+}
+
+// revisionStamp is the -X main.revision stamp, else the build's
+// vcs.revision, else "unknown".
+func revisionStamp() string {
+	if revision != "" {
+		return revision
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, kv := range bi.Settings {
+			if kv.Key == "vcs.revision" {
+				return kv.Value
+			}
+		}
+	}
+	return "unknown"
 }
 
 // buildInfo is what -version prints: the version, the Go version and the
