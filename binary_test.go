@@ -402,6 +402,16 @@ func TestCommandLine(t *testing.T) {
 			t.Errorf("%v: exit %d, want 0\n%s", args, code, out)
 		}
 	}
+	// -check reads the files the config names; -skip-files (CI, outside
+	// the pod, where the Secrets are not mounted) does not, and says so.
+	missing := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(missing, []byte("admin:\n  token_file: /nonexistent/token\nroutes:\n  - name: pay\n    match: \"POST /payments\"\n"), 0o600)
+	if code, out := runBin("-config", missing, "-check"); code != 1 || !strings.Contains(out, "admin.token_file") {
+		t.Errorf("-check with a missing token file: exit %d %q, want 1 naming admin.token_file", code, out)
+	}
+	if code, out := runBin("-config", missing, "-check", "-skip-files"); code != 0 || !strings.Contains(out, "were not read") {
+		t.Errorf("-check -skip-files with a missing token file: exit %d %q, want 0 saying the files were not read", code, out)
+	}
 	for _, args := range [][]string{{"-config", "config.example.yaml", "-check", "stray"}, {"serve"}, {"size", "-new-keys-per-second", "10", "extra"}} {
 		code, out := runBin(args...)
 		if code != 1 || !strings.Contains(out, "unexpected argument") || strings.Count(strings.TrimSpace(out), "\n") != 0 {

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
-	"syscall"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/config"
@@ -25,8 +23,6 @@ type secrets struct {
 	keySecret []byte
 	// adminToken enables the key API when not nil.
 	adminToken []byte
-	// warnings are about the files themselves: who else can read them.
-	warnings []string
 }
 
 // minAdminToken is the shortest admin.token_file accepted.
@@ -67,48 +63,7 @@ func readSecrets(cfg *config.Config) (*secrets, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	sec.warnings = exposedSecrets(cfg, os.Getgroups)
 	return sec, nil
-}
-
-// exposedSecrets warns about each secret file that users other than this
-// process can read: readable by everyone, or by a group this process is
-// not in. A Kubernetes Secret mounted with defaultMode 0440 and the pod's
-// fsGroup is readable by that group, which this process is in: no
-// warning. (Secret mounts are symlinks; Stat follows them to the file.)
-func exposedSecrets(cfg *config.Config, groups func() ([]int, error)) []string {
-	files := []struct{ key, path string }{
-		{"store.redis.password_file", cfg.Store.Redis.PasswordFile},
-		{"store.redis.sentinel_password_file", cfg.Store.Redis.SentinelPasswordFile},
-		{"store.key_secret_file", cfg.Store.KeySecretFile},
-		{"admin.token_file", cfg.Admin.TokenFile},
-	}
-	for i, f := range cfg.Store.Encryption.KeyFiles {
-		files = append(files, struct{ key, path string }{fmt.Sprintf("store.encryption.key_files[%d]", i), f})
-	}
-	mine, _ := groups()
-	var out []string
-	for _, f := range files {
-		if f.path == "" {
-			continue
-		}
-		fi, err := os.Stat(f.path)
-		if err != nil {
-			continue // readSecrets reported it
-		}
-		mode := fi.Mode().Perm()
-		var gid = -1
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			gid = int(st.Gid)
-		}
-		switch {
-		case mode&0o004 != 0:
-			out = append(out, fmt.Sprintf("%s: %s is readable by every user on the host (mode %04o): chmod 0400, or defaultMode: 0440 with the pod's fsGroup", f.key, f.path, mode))
-		case mode&0o040 != 0 && gid != os.Getgid() && !slices.Contains(mine, gid):
-			out = append(out, fmt.Sprintf("%s: %s is readable by group %d, which this process is not in (mode %04o): chmod 0400, or give it this process' group", f.key, f.path, gid, mode))
-		}
-	}
-	return out
 }
 
 // sealingOptions reads the encryption key files and the key derivation

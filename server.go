@@ -98,7 +98,7 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 		return err
 	}
 	s.adminToken = sec.adminToken
-	for _, w := range append(cfg.Warnings(), sec.warnings...) {
+	for _, w := range cfg.Warnings() {
 		s.log.Warn(w)
 	}
 	s.metrics = newMetrics(cfg.Store.WaitReplicas > 0)

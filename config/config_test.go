@@ -114,6 +114,11 @@ func TestInvalidFixtures(t *testing.T) {
 		"record_format_without_secret": {
 			`store.record_format: 2 keys fingerprints with store.key_secret_file (never a sealing key, which rotates), which is not set: set it, or keep 1`,
 		},
+		"bad_addresses": {
+			`listen: must be host:port (e.g. :8080, 127.0.0.1:8080, redis:6379), got "8080"`,
+			`admin_listen: must be host:port with a port from 0 to 65535, got "localhost:http"`,
+			`store.redis.addrs[1]: must be host:port (e.g. :8080, 127.0.0.1:8080, redis:6379), got "redis"`,
+		},
 		"routes_not_list": {
 			`routes: must be a list of routes, got a mapping`,
 		},
@@ -201,8 +206,23 @@ func TestEnvironmentOverrides(t *testing.T) {
 		t.Errorf("trusted proxies = %v", c.Identity.TrustedProxies)
 	}
 	t.Setenv("IDEMPROXY_DEFAULTS_LEASE", "soon")
-	if _, err := config.Load("testdata/valid_minimal.yaml"); err == nil || !strings.Contains(err.Error(), `defaults.lease: must be a duration`) {
-		t.Errorf("bad env value: %v, want it named by its key", err)
+	if _, err := config.Load("testdata/valid_minimal.yaml"); err == nil || !strings.Contains(err.Error(), `defaults.lease (from IDEMPROXY_DEFAULTS_LEASE): must be a duration`) {
+		t.Errorf("bad env value: %v, want it named by its key and its variable (issue 32)", err)
+	}
+	// A value that decodes but does not validate names its variable too,
+	// and so does a list element.
+	t.Setenv("IDEMPROXY_DEFAULTS_LEASE", "")
+	os.Unsetenv("IDEMPROXY_DEFAULTS_LEASE")
+	t.Setenv("IDEMPROXY_LISTEN", "8080")
+	t.Setenv("IDEMPROXY_STORE_REDIS_ADDRS", "redis:6379,redis")
+	_, err = config.Load("testdata/valid_minimal.yaml")
+	for _, want := range []string{
+		`listen (from IDEMPROXY_LISTEN): must be host:port (e.g. :8080, 127.0.0.1:8080, redis:6379), got "8080"`,
+		`store.redis.addrs[1] (from IDEMPROXY_STORE_REDIS_ADDRS): must be host:port`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("bad env value: %v, want %q", err, want)
+		}
 	}
 }
 
@@ -233,14 +253,16 @@ func TestWarnings(t *testing.T) {
 	production := func() *config.Config {
 		c := config.Default()
 		c.Store.Redis.Addrs = []string{"redis:6379"}
+		c.Defaults.Quota.NewKeys = 1000
+		c.Routes = []config.Route{{Name: "pay", Match: "POST /payments", Settings: c.Defaults}}
 		return c
 	}
 	c := production()
 	if w := c.Warnings(); len(w) != 0 {
 		t.Errorf("defaults with a Redis warn: %q", w)
 	}
-	if w := config.Default().Warnings(); len(w) != 1 || !strings.HasPrefix(w[0], "store.redis.addrs: empty: the embedded in-memory store") {
-		t.Errorf("no store configured: warnings = %q, want one naming store.redis.addrs", w)
+	if w := config.Default().Warnings(); len(w) != 2 || !strings.HasPrefix(w[0], "routes: none: every request is forwarded unprotected") || !strings.HasPrefix(w[1], "store.redis.addrs: empty: the embedded in-memory store") {
+		t.Errorf("nothing configured: warnings = %q, want one naming routes (issue 32: a config without routes protects nothing) and one naming store.redis.addrs", w)
 	}
 	c.Identity.TrustedProxies = append(c.Identity.TrustedProxies, netip.MustParsePrefix("0.0.0.0/0"))
 	w := c.Warnings()

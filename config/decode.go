@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"sort"
 	"strconv"
@@ -154,7 +155,25 @@ func (d *decoder) errorf(path, format string, args ...any) {
 		d.failed = map[string]bool{}
 	}
 	d.failed[path] = true
-	d.errs = append(d.errs, fmt.Errorf("%s: "+format, append([]any{path}, args...)...))
+	d.errs = append(d.errs, fmt.Errorf("%s: "+format, append([]any{path + fromEnv(path)}, args...)...))
+}
+
+// fromEnv is " (from IDEMPROXY_X)" when the environment variable that
+// overrides the key at path is set, so that a problem with its value names
+// where the value came from; "" otherwise (and for routes, which come from
+// the file only).
+func fromEnv(path string) string {
+	if strings.HasPrefix(path, "routes") {
+		return ""
+	}
+	if i := strings.IndexByte(path, '['); i >= 0 {
+		path = path[:i] // a list element: the list's variable
+	}
+	name := EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(path, ".", "_"))
+	if _, set := os.LookupEnv(name); set {
+		return " (from " + name + ")"
+	}
+	return ""
 }
 
 func (d *decoder) err() error { return errors.Join(d.errs...) }

@@ -14,3 +14,8 @@ func Leaves(c *Config) map[string]any {
 	}
 	return out
 }
+
+// ExposedSecrets is c.exposedSecrets.
+func ExposedSecrets(c *Config, groups func() ([]int, error)) []string {
+	return c.exposedSecrets(groups)
+}

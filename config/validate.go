@@ -10,7 +10,9 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/jsonpointer"
@@ -30,7 +32,7 @@ func (c *Config) validate(failed map[string]bool) error {
 		if failed[path] {
 			return
 		}
-		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{path}, args...)...))
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{path + fromEnv(path)}, args...)...))
 	}
 	c.validateListeners(add)
 	oneOf("log_level", c.LogLevel, add, "debug", "info", "warn", "error")
@@ -43,15 +45,30 @@ func (c *Config) validate(failed map[string]bool) error {
 	return errors.Join(errs...)
 }
 
+// hostPort checks that addr is host:port with a numeric port, as a
+// listener or a Redis address needs: "8080" alone parses as a YAML number
+// and fails only when the listener is bound, or never, for Redis.
+func hostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("must be host:port (e.g. :8080, 127.0.0.1:8080, redis:6379), got %q", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("must be host:port with a port from 0 to 65535, got %q", addr)
+	}
+	return nil
+}
+
 // problemf records one problem at a YAML path.
 type problemf = func(path, format string, args ...any)
 
 func (c *Config) validateListeners(add problemf) {
-	if c.Listen == "" {
-		add("listen", "must not be empty")
-	}
-	if c.AdminListen == "" {
-		add("admin_listen", "must not be empty")
+	for _, l := range []struct{ key, addr string }{{"listen", c.Listen}, {"admin_listen", c.AdminListen}} {
+		if l.addr == "" {
+			add(l.key, "must not be empty")
+		} else if err := hostPort(l.addr); err != nil {
+			add(l.key, "%v", err)
+		}
 	}
 	if c.Listen != "" && c.Listen == c.AdminListen && !strings.HasSuffix(c.Listen, ":0") {
 		add("admin_listen", "must differ from listen: the admin port is never exposed to clients")
@@ -133,6 +150,11 @@ func (c *Config) validateStore(add problemf) {
 		}
 	} else if r.SentinelPassword != "" && r.SentinelPasswordFile != "" {
 		add("store.redis.sentinel_password_file", "set either store.redis.sentinel_password or store.redis.sentinel_password_file, not both")
+	}
+	for i, a := range r.Addrs {
+		if err := hostPort(a); err != nil {
+			add(fmt.Sprintf("store.redis.addrs[%d]", i), "%v", err)
+		}
 	}
 	if r.MasterName != "" && len(r.Addrs) == 0 {
 		add("store.redis.addrs", "must list the sentinels when store.redis.master_name is set")
@@ -395,6 +417,9 @@ func CanonicalPattern(match string) string {
 // every start: each names its key.
 func (c *Config) Warnings() []string {
 	var w []string
+	if len(c.Routes) == 0 {
+		w = append(w, "routes: none: every request is forwarded unprotected; list the endpoints to protect under routes:")
+	}
 	for i, p := range c.Identity.TrustedProxies {
 		if p.Bits() == 0 {
 			w = append(w, fmt.Sprintf("identity.trusted_proxies[%d]: %s trusts every peer: any client can send %s and be any principal, and read another principal's replays; list only the auth proxy or mesh in the pod", i, p, c.Identity.Header))
@@ -433,11 +458,7 @@ func (c *Config) Warnings() []string {
 	if len(c.Store.Redis.Addrs) == 0 {
 		w = append(w, "store.redis.addrs: empty: the embedded in-memory store is in use: single instance, not durable, no authentication, lost on every restart (a retry after a restart executes again); development only, set store.redis.addrs in production")
 	}
-	for _, f := range []struct{ key, path string }{{"store.redis.password_file", c.Store.Redis.PasswordFile}, {"store.redis.sentinel_password_file", c.Store.Redis.SentinelPasswordFile}} {
-		if fi, err := os.Stat(f.path); f.path != "" && err == nil && fi.Mode().Perm()&0o004 != 0 {
-			w = append(w, fmt.Sprintf("%s: %s is readable by every user on this host (mode %s); make it 0400 or 0440 (a Kubernetes Secret volume: defaultMode: 0400)", f.key, f.path, fi.Mode().Perm()))
-		}
-	}
+	w = append(w, c.exposedSecrets(os.Getgroups)...)
 	if need := c.Upstream.Budget(); c.Drain.Timeout > 0 && c.Drain.Timeout < need {
 		w = append(w, fmt.Sprintf("drain.timeout: %s is shorter than upstream.timeout + upstream.late_answer_window (%s): a rollout can cut off a request still upstream after the upstream acted; its key is then settled by unknown_outcome (keep: a retry may execute again once the lease lapses; fail: retries get 502 outcome-unknown) instead of its answer being stored; 0 waits %s", c.Drain.Timeout, need, need+DrainExtra))
 	}
@@ -515,4 +536,44 @@ func ownListener(u *url.URL, listen, admin string) (key, addr string) {
 		}
 	}
 	return "", ""
+}
+
+// exposedSecrets warns about each secret file that users other than this
+// process can read: readable by everyone, or by a group this process is
+// not in (groups lists its supplementary groups). A Kubernetes Secret
+// mounted with defaultMode 0440 and the pod's fsGroup is readable by that
+// group, which the process is in: no warning. Secret mounts are symlinks:
+// Stat judges the file they lead to.
+func (c *Config) exposedSecrets(groups func() ([]int, error)) []string {
+	files := []struct{ key, path string }{
+		{"store.redis.password_file", c.Store.Redis.PasswordFile},
+		{"store.redis.sentinel_password_file", c.Store.Redis.SentinelPasswordFile},
+		{"store.key_secret_file", c.Store.KeySecretFile},
+		{"admin.token_file", c.Admin.TokenFile},
+	}
+	for i, f := range c.Store.Encryption.KeyFiles {
+		files = append(files, struct{ key, path string }{fmt.Sprintf("store.encryption.key_files[%d]", i), f})
+	}
+	mine, _ := groups()
+	var out []string
+	for _, f := range files {
+		if f.path == "" {
+			continue
+		}
+		fi, err := os.Stat(f.path)
+		if err != nil {
+			continue // reading it reports that
+		}
+		mode, gid := fi.Mode().Perm(), -1
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			gid = int(st.Gid)
+		}
+		switch {
+		case mode&0o004 != 0:
+			out = append(out, fmt.Sprintf("%s: %s is readable by every user on this host (mode %s): make it 0400, or 0440 with the pod's fsGroup (a Kubernetes Secret volume: defaultMode: 0440)", f.key, f.path, mode))
+		case mode&0o040 != 0 && gid != os.Getgid() && !slices.Contains(mine, gid):
+			out = append(out, fmt.Sprintf("%s: %s is readable by group %d, which this process is not in (mode %s): make it 0400, or give it this process' group", f.key, f.path, gid, mode))
+		}
+	}
+	return out
 }
