@@ -158,6 +158,7 @@ var consumers = map[string]struct{ file, reads string }{
 	"store.key_secret_file":              {"secrets.go", "st.KeySecretFile"},
 	"drain.delay":                        {"server.go", "s.cfg.Drain.Delay"},
 	"drain.timeout":                      {"server.go", "s.cfg.Grace()"},
+	"upstream.health_path":               {"server.go", "cfg.Upstream.HealthPath"},
 }
 
 // TestEveryKeyIsConsumed (issue 31): every leaf of config.Config outside

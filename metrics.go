@@ -24,6 +24,9 @@ type metrics struct {
 	// storeUp is 1 per master that answered the store watcher's last
 	// look, 0 per master that did not.
 	storeUp *prometheus.GaugeVec
+	// upstreamUp is the app's health (apphealth.go), registered only with
+	// upstream.health_path.
+	upstreamUp prometheus.Gauge
 	// storeKeys and storeBytes are each master's size, from the same look.
 	storeKeys, storeBytes *prometheus.GaugeVec
 	// batchOps observes how many operations each store pipeline carried
@@ -60,6 +63,10 @@ func newMetrics(waitReplicas bool) *metrics {
 	m.storeFull = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "idemproxy_store_full",
 		Help: "1 while new claims are refused (503 store-full) because Redis is above store.claim_memory_limit.",
+	})
+	m.upstreamUp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_upstream_up",
+		Help: "1 when the app answered its health path (upstream.health_path) with 2xx or 3xx at the last probe (every 5s, and every /app/readyz), 0 when not; absent without a health path.",
 	})
 	m.storeUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "idemproxy_store_up",

@@ -54,6 +54,8 @@ type server struct {
 	storeAddr string
 	// health is what the store watcher last saw of Redis.
 	health storeHealth
+	// app probes the app's health path (/app/readyz).
+	app *appHealth
 	// errc receives the first listener that stops serving.
 	errc     chan error
 	draining atomic.Bool
@@ -126,6 +128,10 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 	if pcfg.MaxBufferedBytes > 0 {
 		s.log.Info("body buffers bounded", "max_buffered_bytes", pcfg.MaxBufferedBytes)
 	}
+	s.app = newAppHealth(cfg.Upstream.URL, cfg.Upstream.HealthPath, s.metrics.upstreamUp)
+	if cfg.Upstream.HealthPath != "" {
+		s.metrics.reg.MustRegister(s.metrics.upstreamUp)
+	}
 	if err := s.listen(); err != nil {
 		return err
 	}
@@ -136,6 +142,7 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 		go watchEviction(wctx, s.store, s.log, s.metrics.evictionSafe)
 	}
 	go s.health.watch(wctx, s.store, cfg.Store.ClaimMemoryLimit, s.log, s.metrics)
+	go s.app.watch(wctx)
 	if path != "" {
 		rl := newReloader(path, cfg, s.handler, s.level, s.log, s.metrics)
 		go rl.run(wctx)
@@ -195,6 +202,7 @@ func (s *server) adminMux() *http.ServeMux {
 	}
 	admin.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	admin.HandleFunc("GET /readyz", s.readyz)
+	admin.Handle("GET /app/readyz", s.app)
 	return admin
 }
 

@@ -258,6 +258,12 @@ type Upstream struct {
 	// calls may hold; beyond it, that principal's call is the one cancelled
 	// at Timeout. Zero: no share of its own.
 	LateCallsPrincipalShare float64 `yaml:"late_calls_principal_share"`
+	// HealthPath, when set, is the app's own health endpoint (e.g.
+	// /healthz), which idemproxy probes on the upstream and serves on its
+	// admin port as /app/readyz, for the app container's readiness probe:
+	// the app listens on localhost only, where a kubelet probe cannot
+	// reach it. Empty: /app/readyz answers 404.
+	HealthPath string `yaml:"health_path"`
 }
 
 // Budget is the longest a protected request may run upstream: Timeout

@@ -125,6 +125,9 @@ func (c *Config) validateUpstream(add problemf) {
 	if c.Upstream.MaxLateCalls < 0 {
 		add("upstream.max_late_calls", "must not be negative, got %d", c.Upstream.MaxLateCalls)
 	}
+	if p := c.Upstream.HealthPath; p != "" && (!strings.HasPrefix(p, "/") || strings.ContainsAny(p, "# \t")) {
+		add("upstream.health_path", "must be a path on the upstream starting with / (e.g. /healthz), got %q", p)
+	}
 }
 
 func (c *Config) validateStore(add problemf) {

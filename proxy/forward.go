@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"go.opentelemetry.io/otel/trace"
 	"io"
 	"net/http"
 	"net/http/httputil"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -127,7 +129,7 @@ type statusWriter struct {
 }
 
 func (w *statusWriter) WriteHeader(code int) {
-	if w.status == 0 {
+	if w.status == 0 || w.status < 200 { // a 1xx may precede the final status
 		w.status = code
 	}
 	w.ResponseWriter.WriteHeader(code)
@@ -153,12 +155,33 @@ type readCloser struct {
 // declares a body and stalls would otherwise hold an upstream connection,
 // and on a sync-worker upstream a worker, for as long as it likes.
 func (h *Handler) passThrough(w http.ResponseWriter, r *http.Request, trusted bool) {
+	sw := &statusWriter{ResponseWriter: w}
+	if h.tracing != nil {
+		var sp trace.Span
+		r, sp = h.tracing.serverSpan(r, trusted, time.Now(), r.Method, nil)
+		defer func() { endServerSpan(sp, sw.code()) }()
+	}
+	defer func() { h.metrics.passThrough.WithLabelValues(statusClass(sw.code())).Inc() }()
 	if r.Body != nil && r.Body != http.NoBody {
 		b := &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: h.bodyTimeout}
 		r.Body = b
 		defer b.stop()
 	}
-	h.forwarder(trusted).direct.ServeHTTP(w, r)
+	h.forwarder(trusted).direct.ServeHTTP(sw, r)
+}
+
+// code is the status answered; 0 (no answer: the client went away first)
+// counts as 499, nginx's "client closed request".
+func (w *statusWriter) code() int {
+	if w.status == 0 {
+		return 499
+	}
+	return w.status
+}
+
+// statusClass is the label of a status: 1xx to 5xx.
+func statusClass(code int) string {
+	return strconv.Itoa(code/100) + "xx"
 }
 
 // idleBody moves the client connection's read deadline forward before each

@@ -74,6 +74,9 @@ type Metrics struct {
 	// unconfirmed counts claims whose reply never came, by how they were
 	// cleaned up (unconfirmed.go).
 	unconfirmed *prometheus.CounterVec
+	// passThrough counts unprotected requests by the class of their
+	// answer.
+	passThrough *prometheus.CounterVec
 	// quotaRefusals counts claims refused for quota.new_keys, by route.
 	quotaRefusals *prometheus.CounterVec
 	// recordErrors counts stored records that could not be read, by
@@ -148,6 +151,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}),
 		unconfirmed: newUnconfirmedCounter(),
+		passThrough: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_passthrough_requests_total",
+			Help: "Requests no route protects, forwarded as they are, by the class of their answer (1xx to 5xx; 4xx includes 499: the client went away before an answer). With the app down, 5xx.",
+		}, []string{"class"}),
 		retention: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemproxy_route_retention_seconds",
 			Help: "The route's retention: how long a settled answer is kept. new keys/s x this is the records the route holds in Redis (idemproxy:store_expected_records).",
@@ -176,6 +183,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range unconfirmedResults {
 		m.unconfirmed.WithLabelValues(r)
 	}
+	for _, c := range []string{"1xx", "2xx", "3xx", "4xx", "5xx"} {
+		m.passThrough.WithLabelValues(c)
+	}
 	if reg != nil {
 		gauge := func(name, help string, read func(h *Handler) float64) prometheus.Collector {
 			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
@@ -186,7 +196,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			})
 		}
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
-			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
 				func(h *Handler) float64 { return h.owners.count() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",

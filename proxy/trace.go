@@ -98,49 +98,67 @@ var storeCommands = map[string]string{
 // trace, and carries it in x.r's context. It is named and attributed by
 // the HTTP semantic conventions: "{method} {http.route}".
 func (x *exchange) startTrace() {
-	t := x.h.tracing
-	ctx := x.r.Context()
+	attrs := []attribute.KeyValue{
+		attribute.String("http.route", x.rt.httpRoute),
+		attribute.String("url.path", x.path),
+		attribute.String("idemproxy.route", x.rt.name),
+	}
+	x.r, x.span = x.h.tracing.serverSpan(x.r, x.trusted, x.start, x.r.Method+" "+x.rt.httpRoute, attrs)
+}
+
+// serverSpan starts a server span for r, continuing the client's trace
+// when its peer is trusted (tracing.trust_incoming), and returns r
+// carrying it. From an untrusted peer the trace context is at most a link:
+// it starts no trace of ours, forces no sampling, and its tracestate and
+// baggage go no further.
+func (t *tracing) serverSpan(r *http.Request, trusted bool, start time.Time, name string, attrs []attribute.KeyValue) (*http.Request, trace.Span) {
+	ctx := r.Context()
 	var opts []trace.SpanStartOption
-	if t.trusts(x.trusted) {
-		ctx = t.propagator.Extract(ctx, propagation.HeaderCarrier(x.r.Header))
+	if t.trusts(trusted) {
+		ctx = t.propagator.Extract(ctx, propagation.HeaderCarrier(r.Header))
 	} else {
-		// An untrusted peer's trace context is at most a link: it starts
-		// no trace of ours, forces no sampling, and its tracestate and
-		// baggage go no further.
-		remote := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, propagation.HeaderCarrier(x.r.Header)))
+		remote := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, propagation.HeaderCarrier(r.Header)))
 		opts = append(opts, trace.WithNewRoot())
 		if remote.IsValid() {
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: remote.WithTraceFlags(0), Attributes: []attribute.KeyValue{attribute.String("idemproxy.link", "untrusted_parent")}}))
 		}
 		for _, h := range []string{"Traceparent", "Tracestate", "Baggage"} {
-			x.r.Header.Del(h)
+			r.Header.Del(h)
 		}
 	}
 	scheme := "http"
-	if x.r.TLS != nil {
+	if r.TLS != nil {
 		scheme = "https"
 	}
 	defaultPort := "80"
 	if scheme == "https" {
 		defaultPort = "443"
 	}
-	attrs := []attribute.KeyValue{
-		attribute.String("http.request.method", x.r.Method),
-		attribute.String("http.route", x.rt.httpRoute),
-		attribute.String("url.path", x.path),
+	attrs = append(attrs,
+		attribute.String("http.request.method", r.Method),
 		attribute.String("url.scheme", scheme),
-		attribute.String("idemproxy.route", x.rt.name),
-	}
-	attrs = append(attrs, hostPort(x.r.Host, defaultPort)...)
-	if host, _, err := net.SplitHostPort(x.r.RemoteAddr); err == nil {
+	)
+	attrs = append(attrs, hostPort(r.Host, defaultPort)...)
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		attrs = append(attrs, attribute.String("client.address", host))
 	}
-	if ua := x.r.UserAgent(); ua != "" {
+	if ua := r.UserAgent(); ua != "" {
 		attrs = append(attrs, attribute.String("user_agent.original", ua))
 	}
-	opts = append(opts, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(x.start), trace.WithAttributes(attrs...))
-	ctx, x.span = t.tracer.Start(ctx, x.r.Method+" "+x.rt.httpRoute, opts...)
-	x.r = x.r.WithContext(ctx)
+	opts = append(opts, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	ctx, sp := t.tracer.Start(ctx, name, opts...)
+	return r.WithContext(ctx), sp
+}
+
+// endServerSpan ends a pass-through request's span with its status: an
+// error, with error.type, from 500 on (the HTTP conventions).
+func endServerSpan(sp trace.Span, status int) {
+	sp.SetAttributes(attribute.Int("http.response.status_code", status))
+	if status >= 500 {
+		sp.SetAttributes(attribute.String("error.type", strconv.Itoa(status)))
+		sp.SetStatus(codes.Error, http.StatusText(status))
+	}
+	sp.End()
 }
 
 // endTrace ends the server span with the exchange's outcome.

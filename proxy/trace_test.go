@@ -201,3 +201,51 @@ func TestUntrustedTraceContextIsNotAParent(t *testing.T) {
 		t.Errorf("an untrusted client's sampled traceparent got %d spans recorded (a rejected request's spans reached the exporter)", n)
 	}
 }
+
+// TestPassThroughIsCountedAndTraced (issue 32): a request no route
+// protects (most of an app's traffic) is counted by the class of its
+// answer and is a server span named by its method, with the status, and
+// error.type from 500 on. Before, pass-through requests had neither: with
+// the app down, nothing but a WARN line said so.
+func TestPassThroughIsCountedAndTraced(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/broken" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}, func(c *setup) { c.TracerProvider = tp })
+	e.do(req{method: http.MethodGet, path: "/catalog"})
+	e.do(req{method: http.MethodGet, path: "/catalog"})
+	e.do(req{method: http.MethodGet, path: "/broken"})
+	e.quiesce()
+	for class, want := range map[string]float64{"2xx": 2, "5xx": 1, "4xx": 0} {
+		if got := e.counter("idemproxy_passthrough_requests_total", map[string]string{"class": class}); got != want {
+			t.Errorf("idemproxy_passthrough_requests_total{class=%q} = %v, want %v", class, got, want)
+		}
+	}
+	var ok, failed int
+	for _, s := range spans.Ended() {
+		if s.Name() != "GET" || s.SpanKind() != trace.SpanKindServer {
+			continue
+		}
+		attrs := map[attribute.Key]attribute.Value{}
+		for _, a := range s.Attributes() {
+			attrs[a.Key] = a.Value
+		}
+		switch attrs["http.response.status_code"].AsInt64() {
+		case 200:
+			ok++
+		case 503:
+			if attrs["error.type"].AsString() != "503" {
+				t.Errorf("a 503 pass-through span has error.type %q, want 503", attrs["error.type"].AsString())
+			}
+			failed++
+		}
+	}
+	if ok != 2 || failed != 1 {
+		t.Errorf("pass-through spans: %d with 200, %d with 503; want 2 and 1", ok, failed)
+	}
+}

@@ -141,6 +141,7 @@ func TestHelmChart(t *testing.T) {
 				return
 			}
 			checkPod(t, dep.Spec.Template.Spec, cfg)
+			checkAppProbe(t, dep.Spec.Template.Spec, cfg.Upstream.HealthPath != "")
 		})
 	}
 }

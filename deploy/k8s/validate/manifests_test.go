@@ -155,6 +155,7 @@ func TestManifests(t *testing.T) {
 			t.Errorf("app container %s declares ports: it must listen on localhost only, behind the sidecar", c.Name)
 		}
 	}
+	checkAppProbe(t, pod, true)
 	grace := int64(30)
 	if pod.TerminationGracePeriodSeconds != nil {
 		grace = *pod.TerminationGracePeriodSeconds
@@ -183,6 +184,9 @@ func TestManifests(t *testing.T) {
 	}
 	if cfg.Listen != ":8080" || cfg.AdminListen != ":9090" {
 		t.Errorf("config listens on %s/%s, the pod declares :8080/:9090", cfg.Listen, cfg.AdminListen)
+	}
+	if cfg.Upstream.HealthPath == "" {
+		t.Error("the config sets no upstream.health_path: the app's readiness probe (/app/readyz) would answer 404")
 	}
 	// After drain.timeout, the calls still running are cancelled and
 	// settled, which takes up to 10s more.
@@ -317,4 +321,26 @@ func TestAlertsAndDashboardUseRealMetrics(t *testing.T) {
 			checkExpr(t, "panel "+p.Title, tg.Expr, known)
 		}
 	}
+}
+
+// checkAppProbe (issue 32): the app container's readiness is the app's
+// health seen through the sidecar, /app/readyz on the admin port (9090);
+// without it a pod whose app is down stays Ready and answers 502s. want
+// says whether the config sets upstream.health_path.
+func checkAppProbe(t *testing.T, pod corev1.PodSpec, want bool) {
+	t.Helper()
+	for _, c := range pod.Containers {
+		if c.Name != "app" {
+			continue
+		}
+		p := c.ReadinessProbe
+		switch {
+		case !want && p != nil:
+			t.Errorf("the app has a readiness probe without upstream.health_path: %+v", p)
+		case want && (p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/app/readyz" || p.HTTPGet.Port.IntValue() != 9090):
+			t.Errorf("the app's readiness probe must GET /app/readyz on the sidecar's admin port 9090, got %+v", p)
+		}
+		return
+	}
+	t.Error("no app container")
 }
