@@ -84,7 +84,9 @@ func readOutcomes(r io.Reader, into, freed map[string]string) {
 		if l.Msg == "unconfirmed claim" && l.Result == "cleared_on_retry" && freed != nil {
 			freed[l.RequestID] = l.OriginalRequestID
 		}
-		if l.Msg == "request" {
+		// A late call's request line says upstream_timeout (its client got
+		// 504); its "late answer" line, later, says how it settled.
+		if l.Msg == "request" && (l.Outcome != "upstream_timeout" || into[l.RequestID] == "") || l.Msg == "late answer" {
 			into[l.RequestID] = l.Outcome
 		}
 	}

@@ -190,3 +190,19 @@ func TestCheckerExplainsThePreviousRelease(t *testing.T) {
 		}
 	}
 }
+
+// A late call's request line says upstream_timeout (its client got 504);
+// its late answer line says how it settled, which is what explains a
+// duplicate (store_error, fence_lost): whichever line comes first.
+func TestReadOutcomesOfLateCalls(t *testing.T) {
+	for _, logs := range []string{
+		`{"msg":"request","outcome":"upstream_timeout","request_id":"r1"}` + "\n" + `{"msg":"late answer","outcome":"store_error","request_id":"r1"}`,
+		`{"msg":"late answer","outcome":"store_error","request_id":"r1"}` + "\n" + `{"msg":"request","outcome":"upstream_timeout","request_id":"r1"}`,
+	} {
+		got := map[string]string{}
+		readOutcomes(strings.NewReader(logs), got, nil)
+		if got["r1"] != "store_error" {
+			t.Errorf("outcome of a late call: %q, want store_error\n%s", got["r1"], logs)
+		}
+	}
+}

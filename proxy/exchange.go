@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -43,6 +44,9 @@ type exchange struct {
 	// late is set when the client was answered 504 while the upstream
 	// call went on past upstream.timeout.
 	late bool
+	// timedOut is set once the client's 504 was counted, logged and
+	// traced (answeredTimeout): finish then has nothing left to record.
+	timedOut atomic.Bool
 	// span is the request's server span; nil when tracing is off.
 	span trace.Span
 	// forwardBy is when the current claim stops being one its owner may
@@ -567,6 +571,9 @@ func (x *exchange) problem(p problem) {
 
 // finish counts and logs the request once.
 func (x *exchange) finish() {
+	if x.timedOut.Load() {
+		return // recorded when the client was answered (answeredTimeout)
+	}
 	if x.outcome == "" {
 		x.outcome = outcomeRejected // aborted before an answer was chosen
 	}

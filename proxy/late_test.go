@@ -2,6 +2,9 @@ package proxy_test
 
 import (
 	"context"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"net/http"
 	"strings"
 	"sync"
@@ -96,11 +99,71 @@ func TestLateAnswerIsStoredAndReplayed(t *testing.T) {
 	if got := e.counter("idemproxy_late_answers_total", map[string]string{"route": "pay", "result": "stored"}); got != 1 {
 		t.Errorf("late_answers_total{result=stored} = %v, want 1", got)
 	}
-	if got := e.outcomes(); got["stored"] != 1 || got["conflict"] < 1 {
-		t.Errorf("outcomes = %v, want the late request counted once, as stored", got)
+	// The request is counted and logged once, when its client is answered
+	// 504 (issue 32: before, only when the late answer settled, minutes
+	// later, and as stored); the settlement is a second event, its own
+	// line and idemproxy_late_answers_total.
+	if got := e.outcomes(); got["upstream_timeout"] != 1 || got["stored"] != 0 || got["conflict"] < 1 {
+		t.Errorf("outcomes = %v, want the late request counted once, as upstream_timeout", got)
 	}
-	if !strings.Contains(e.logs.String(), `"msg":"late answer"`) || !strings.Contains(e.logs.String(), `"late":true`) {
-		t.Errorf("no late answer log line:\n%s", e.logs.String())
+	logs := e.logs.String()
+	if !strings.Contains(logs, `"outcome":"upstream_timeout","status":504`) || !strings.Contains(logs, `"msg":"late answer"`) || !strings.Contains(logs, `"result":"stored"`) {
+		t.Errorf("want a request line (upstream_timeout, 504) and a late answer line (stored):\n%s", logs)
+	}
+}
+
+// TestTimedOutClientIsRecordedWhenAnswered (issue 32): the 504 is logged,
+// counted and traced when the client gets it, while the upstream call is
+// still running; before, nothing was recorded until the late-answer
+// window ended (330 s later by default), and then as stored.
+func TestTimedOutClientIsRecordedWhenAnswered(t *testing.T) {
+	up := newHeld()
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	e := newEnv(t, up.app(created), func(c *setup) {
+		c.UpstreamTimeout = 500 * time.Millisecond
+		c.TracerProvider = tp
+	})
+	var once sync.Once
+	release := func() { once.Do(func() { close(up.release) }) }
+	defer release()
+	if r := e.do(req{user: "alice", key: "k", body: `{}`}); r.status != http.StatusGatewayTimeout {
+		t.Fatalf("first attempt: %d, want 504", r.status)
+	}
+	poll.Until(t, "the 504 is counted while the call runs", func() bool {
+		return e.counter("idemproxy_requests_total", map[string]string{"route": "pay", "outcome": "upstream_timeout"}) == 1
+	})
+	if up.answered.Load() {
+		t.Fatal("the upstream answered already: the test did not hold it")
+	}
+	var server trace.SpanContext
+	for _, s := range spans.Ended() {
+		if s.SpanKind() == trace.SpanKindServer {
+			server = s.SpanContext()
+		}
+	}
+	if !server.IsValid() {
+		t.Fatal("the request's span did not end when its client was answered")
+	}
+	release()
+	poll.Until(t, "the late answer is recorded", func() bool {
+		return e.counter("idemproxy_late_answers_total", map[string]string{"route": "pay", "result": "stored"}) == 1
+	})
+	e.quiesce()
+	if got := e.outcomes(); got["upstream_timeout"] != 1 || got["stored"] != 0 {
+		t.Errorf("outcomes = %v, want the request counted once, as upstream_timeout", got)
+	}
+	linked := false
+	for _, s := range spans.Ended() {
+		if s.Name() != "late answer" {
+			continue
+		}
+		for _, l := range s.Links() {
+			linked = linked || l.SpanContext.SpanID() == server.SpanID()
+		}
+	}
+	if !linked {
+		t.Error("no late answer span linked to the request's span")
 	}
 }
 

@@ -30,13 +30,17 @@ const (
 	outcomeRecordUnreadable = "record_unreadable"
 	outcomeFenceLost        = "fence_lost" // forwarded, but another owner held the key at completion
 	outcomeRejected         = "rejected"   // bad key, identity or size; nothing forwarded
+	// outcomeUpstreamTimeout: the client was answered 504 at
+	// upstream.timeout while the upstream call went on; how that late
+	// call ended is idemproxy_late_answers_total's, a second event.
+	outcomeUpstreamTimeout = "upstream_timeout"
 )
 
 // outcomes lists every outcome, to create each series at zero.
 var outcomes = []string{
 	outcomeClaimed, outcomeReplayed, outcomeConflict, outcomeMismatch, outcomeReleased,
 	outcomeStored, outcomeBypassed, outcomeStoreError, outcomeFenceLost, outcomeRejected,
-	outcomeStoreUnavailable, outcomeRecordUnreadable,
+	outcomeStoreUnavailable, outcomeRecordUnreadable, outcomeUpstreamTimeout,
 }
 
 // storeOps are the values of the op label.

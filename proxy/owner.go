@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"log/slog"
 	"net/http"
 	"net/http/httptrace"
@@ -141,6 +144,7 @@ func (o *owner) clientTimedOut() {
 		h.late.give(x.principal)
 		return
 	}
+	x.answeredTimeout(p.Detail)
 	// The client has its answer: from here the late-call pool bounds this
 	// call, and its max_in_flight slot is free for another first attempt.
 	o.forwarding.give()
@@ -177,6 +181,23 @@ func (o *owner) lateSettled() {
 	}
 	x.h.log.Log(context.Background(), level, "late answer", "route", x.rt.name, "result", result,
 		"key", x.hashedKey, "request_id", x.requestID, "upstream", time.Since(o.sent), "outcome", x.outcome)
+	if x.span != nil && x.h.tracing != nil {
+		// A second event, linked to the request's span, which ended when
+		// its client was answered 504.
+		_, sp := x.h.tracing.tracer.Start(context.Background(), "late answer",
+			trace.WithLinks(trace.Link{SpanContext: x.span.SpanContext(), Attributes: []attribute.KeyValue{attribute.String("idemproxy.link", "timed_out_request")}}),
+			trace.WithTimestamp(o.sent),
+			trace.WithAttributes(
+				attribute.String("idemproxy.route", x.rt.name),
+				attribute.String("idemproxy.late_result", result),
+				attribute.String("idemproxy.outcome", x.outcome),
+				attribute.String("idemproxy.key", x.hashedKey),
+			))
+		if result != lateStored && result != lateReleased {
+			sp.SetStatus(codes.Error, result)
+		}
+		sp.End()
+	}
 }
 
 // renew extends the lease every lease/3 while the upstream runs.
@@ -208,4 +229,37 @@ func (o *owner) renew() {
 		x.h.log.Warn("lease renewal failed", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
 	}
 	o.renewer.Reset(lease / 3)
+}
+
+// answeredTimeout records the request when its client is answered 504 at
+// upstream.timeout, while the upstream call goes on (a late call): counted
+// as upstream_timeout, logged and its span ended now, not when the late
+// answer settles minutes later; the settlement is its own event
+// (owner.lateSettled: a "late answer" line, idemproxy_late_answers_total
+// and a span linked to this one). It runs on the timer's goroutine beside
+// the handler's, so it reads only what is fixed once the request was
+// forwarded.
+func (x *exchange) answeredTimeout(detail string) {
+	total := time.Since(x.start)
+	x.h.metrics.requests.WithLabelValues(x.rt.name, outcomeUpstreamTimeout).Inc()
+	x.h.log.LogAttrs(context.Background(), slog.LevelInfo, "request",
+		slog.String("route", x.rt.name),
+		slog.String("outcome", outcomeUpstreamTimeout),
+		slog.Int("status", http.StatusGatewayTimeout),
+		slog.String("request_id", x.requestID),
+		slog.Duration("duration", total),
+		slog.String("key", x.hashedKey),
+		slog.String("detail", detail),
+	)
+	if x.span != nil {
+		x.span.SetAttributes(
+			attribute.String("idemproxy.outcome", outcomeUpstreamTimeout),
+			attribute.Int("http.response.status_code", http.StatusGatewayTimeout),
+			attribute.String("error.type", "504"),
+			attribute.String("idemproxy.key", x.hashedKey),
+		)
+		x.span.SetStatus(codes.Error, outcomeUpstreamTimeout)
+		x.span.End()
+	}
+	x.timedOut.Store(true)
 }
