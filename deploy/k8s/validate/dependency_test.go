@@ -69,8 +69,8 @@ func TestHelmChartAsDependency(t *testing.T) {
 		}
 	}
 	sidecar := pod.Spec.InitContainers[0]
-	if !strings.HasSuffix(sidecar.Image, ":v0.1.0") {
-		t.Errorf("sidecar image %s: want idemproxy's appVersion v0.1.0, not the parent's", sidecar.Image)
+	if want := ":" + chartAppVersion(t); !strings.HasSuffix(sidecar.Image, want) {
+		t.Errorf("sidecar image %s: want idemproxy's appVersion %s, not the parent's", sidecar.Image, want[1:])
 	}
 	if sc := sidecar.SecurityContext; sc == nil || sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 		t.Error("the sidecar container has no seccompProfile of its own; the parent's pod sets none")

@@ -1,0 +1,161 @@
+package validate
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+// releaseVersion is the version CHANGELOG.md is at: the Unreleased
+// section's "toward vX", else the latest released heading.
+func releaseVersion(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("../../../CHANGELOG.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
+	if m := regexp.MustCompile(`(?s)## \[Unreleased\].*?toward (v\d+\.\d+\.\d+)`).FindStringSubmatch(text); m != nil {
+		return m[1]
+	}
+	m := regexp.MustCompile(`(?m)^## \[(v\d+\.\d+\.\d+)\]`).FindStringSubmatch(text)
+	if m == nil {
+		t.Fatal("CHANGELOG.md names no version")
+	}
+	return m[1]
+}
+
+// chartAppVersion is the chart's appVersion.
+func chartAppVersion(t *testing.T) string {
+	t.Helper()
+	c, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.Metadata.AppVersion
+}
+
+// TestManifestsFollowTheRelease (issue 32): the image the kustomize
+// example pins, and the chart's appVersion and version, are the release
+// CHANGELOG.md is at. The manifests use keys only this release reads
+// (upstream.health_path, store.record_format): with an older image (they
+// pinned v0.1.0) the pod crash-loops on an unknown key.
+func TestManifestsFollowTheRelease(t *testing.T) {
+	want := releaseVersion(t)
+	c, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Metadata.AppVersion != want || c.Metadata.Version != strings.TrimPrefix(want, "v") {
+		t.Errorf("Chart.yaml: version %s, appVersion %s; want %s and %s (CHANGELOG.md)", c.Metadata.Version, c.Metadata.AppVersion, strings.TrimPrefix(want, "v"), want)
+	}
+	b := build(t)
+	dep := get[*appsv1.Deployment](t, b, "Deployment/payments")
+	for _, ctr := range dep.Spec.Template.Spec.InitContainers {
+		if ctr.Name == "idemproxy" && !strings.HasSuffix(ctr.Image, ":"+want) {
+			t.Errorf("deploy/k8s pins %s, want the release %s (CHANGELOG.md)", ctr.Image, want)
+		}
+	}
+	parent, err := loader.Load("testdata/parent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range parent.Metadata.Dependencies {
+		if d.Name == "idemproxy" && d.Version != c.Metadata.Version {
+			t.Errorf("testdata/parent depends on idemproxy %s, the chart is %s", d.Version, c.Metadata.Version)
+		}
+	}
+}
+
+// previousChart extracts the chart of the release PREVIOUS_RELEASE names
+// from this clone's history; it skips when the commit is not here, unless
+// IDEMPROXY_REQUIRE_PREVIOUS=1.
+func previousChart(t *testing.T) (dir, version string) {
+	t.Helper()
+	b, err := os.ReadFile("../../../PREVIOUS_RELEASE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		t.Fatalf("PREVIOUS_RELEASE holds %q", b)
+	}
+	version, commit := f[0], f[1]
+	if err := exec.Command("git", "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
+		if os.Getenv("IDEMPROXY_REQUIRE_PREVIOUS") == "1" {
+			t.Fatalf("the previous release %s (%s) is not in this clone", version, commit)
+		}
+		t.Skipf("the previous release %s (%s) is not in this clone (shallow?)", version, commit)
+	}
+	dir = t.TempDir()
+	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	extract := exec.Command("sh", "-c", `git -C "$1" archive --format=tar "$2" deploy/helm/idemproxy | tar -x -C "$3"`, "sh", strings.TrimSpace(string(top)), commit, dir)
+	if out, err := extract.CombinedOutput(); err != nil {
+		t.Fatalf("extract the %s chart: %v\n%s", version, err, out)
+	}
+	return filepath.Join(dir, "deploy/helm/idemproxy"), version
+}
+
+// TestUpgradeKeepsEndpoints (issue 32): rendered from the previous
+// release's chart and from this one with the same values, as helm upgrade
+// does, the Deployment's selector is unchanged (it is immutable: helm
+// upgrade would fail) and during the roll every Service and the PDB, old
+// and new, select both the old pods and the new ones: no Service is left
+// without endpoints until a new pod is Ready. (v0.4.0's chart moved them
+// to a label v0.3.0's pods lacked.)
+func TestUpgradeKeepsEndpoints(t *testing.T) {
+	oldDir, oldVersion := previousChart(t)
+	values := filepath.Join(chartDir, "ci", "standalone-values.yaml")
+	vals, err := chartutil.ReadValuesFile(values)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renderAt := func(dir string) built {
+		c, err := loader.Load(dir)
+		if err != nil {
+			t.Fatalf("load %s: %v", dir, err)
+		}
+		return render(t, c, vals, "payments")
+	}
+	older, newer := renderAt(oldDir), renderAt(chartDir)
+	oldDep := get[*appsv1.Deployment](t, older, "Deployment/payments-idemproxy")
+	newDep := get[*appsv1.Deployment](t, newer, "Deployment/payments-idemproxy")
+	if labels.Set(oldDep.Spec.Selector.MatchLabels).String() != labels.Set(newDep.Spec.Selector.MatchLabels).String() {
+		t.Errorf("the Deployment's selector changed from %s (%v) to %v: it is immutable, helm upgrade fails", oldVersion, oldDep.Spec.Selector.MatchLabels, newDep.Spec.Selector.MatchLabels)
+	}
+	pods := map[string]labels.Set{oldVersion + " pods": oldDep.Spec.Template.Labels, "new pods": newDep.Spec.Template.Labels}
+	for _, side := range []struct {
+		name string
+		b    built
+	}{{oldVersion + " chart", older}, {"this chart", newer}} {
+		for _, name := range []string{"Service/payments-idemproxy", "Service/payments-idemproxy-metrics"} {
+			svc := get[*corev1.Service](t, side.b, name)
+			for podName, pl := range pods {
+				if !labels.SelectorFromSet(svc.Spec.Selector).Matches(pl) {
+					t.Errorf("%s of the %s does not select the %s (%v vs %v): no endpoints during the roll", name, side.name, podName, svc.Spec.Selector, pl)
+				}
+			}
+		}
+		if obj, ok := side.b["PodDisruptionBudget/payments-idemproxy"]; ok {
+			pdb := obj.(*policyv1.PodDisruptionBudget)
+			for podName, pl := range pods {
+				if !labels.SelectorFromSet(pdb.Spec.Selector.MatchLabels).Matches(pl) {
+					t.Errorf("the PDB of the %s does not select the %s", side.name, podName)
+				}
+			}
+		}
+	}
+}
