@@ -154,6 +154,7 @@ func checkPod(t *testing.T, pod corev1.PodSpec, cfg *config.Config) {
 		t.Fatal("idemproxy is not the init container")
 	}
 	sidecar := pod.InitContainers[0]
+	checkMemLimit(t, sidecar)
 	if sidecar.RestartPolicy == nil || *sidecar.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 		t.Error("the sidecar needs restartPolicy: Always")
 	}

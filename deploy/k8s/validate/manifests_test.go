@@ -156,6 +156,7 @@ func TestManifests(t *testing.T) {
 		}
 	}
 	checkAppProbe(t, pod, true)
+	checkMemLimit(t, *sidecar)
 	grace := int64(30)
 	if pod.TerminationGracePeriodSeconds != nil {
 		grace = *pod.TerminationGracePeriodSeconds

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -158,4 +159,27 @@ func TestUpgradeKeepsEndpoints(t *testing.T) {
 			}
 		}
 	}
+}
+
+// checkMemLimit (issue 32): GOMEMLIMIT is 90% of the sidecar's memory
+// limit, the rest for what the Go heap does not count. It was 100%: the
+// GC let the heap grow to the very limit, and the container was killed.
+func checkMemLimit(t *testing.T, c corev1.Container) {
+	t.Helper()
+	limit := c.Resources.Limits.Memory().Value()
+	for _, e := range c.Env {
+		if e.Name != "GOMEMLIMIT" {
+			continue
+		}
+		got, err := strconv.ParseInt(e.Value, 10, 64)
+		if err != nil || e.ValueFrom != nil {
+			t.Errorf("GOMEMLIMIT %q (%v): want bytes, 90%% of the limit", e.Value, e.ValueFrom)
+			return
+		}
+		if want := limit * 9 / 10; got != want {
+			t.Errorf("GOMEMLIMIT %d, want %d: 90%% of limits.memory %d", got, want, limit)
+		}
+		return
+	}
+	t.Error("no GOMEMLIMIT on the sidecar")
 }
