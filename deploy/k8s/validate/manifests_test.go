@@ -320,7 +320,35 @@ func TestAlertsAndDashboardUseRealMetrics(t *testing.T) {
 		}
 		for _, tg := range p.Targets {
 			checkExpr(t, "panel "+p.Title, tg.Expr, known)
+			// Issue 32: every idemproxy series is narrowed to the chosen
+			// namespaces and pods (one Grafana, many deployments).
+			for _, sel := range regexp.MustCompile(`idemproxy_[a-z_]+(\{[^}]*\})?`).FindAllStringSubmatch(tg.Expr, -1) {
+				if !strings.Contains(sel[1], `namespace=~"$namespace"`) || !strings.Contains(sel[1], `pod=~"$pod"`) {
+					t.Errorf("panel %q: %s is not narrowed to $namespace and $pod", p.Title, sel[0])
+				}
+			}
 		}
+	}
+	vars := map[string]bool{}
+	var tmpl struct {
+		Templating struct {
+			List []struct {
+				Name string `json:"name"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	json.Unmarshal([]byte(cm.Data["idemproxy-dashboard.json"]), &tmpl)
+	for _, v := range tmpl.Templating.List {
+		vars[v.Name] = true
+	}
+	if !vars["namespace"] || !vars["pod"] {
+		t.Errorf("dashboard variables %v: want namespace and pod", vars)
+	}
+
+	// The chart ships the same dashboard.
+	chart := get[*corev1.ConfigMap](t, renderChart(t, filepath.Join(chartDir, "ci", "standalone-values.yaml")), "ConfigMap/payments-idemproxy-dashboard")
+	if chart.Labels["grafana_dashboard"] != "1" || chart.Data["idemproxy-dashboard.json"] != strings.TrimSuffix(cm.Data["idemproxy-dashboard.json"], "\n") {
+		t.Error("the chart's dashboard ConfigMap differs from deploy/k8s's (copy grafana-dashboard.json to deploy/helm/idemproxy/dashboards/idemproxy.json)")
 	}
 }
 
