@@ -120,6 +120,7 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 	if tp != nil {
 		opts.TracerProvider, opts.Propagator, opts.TraceTrust = tp, propagator, traceTrust(cfg.Tracing)
 		opts.StoreAddress = s.storeAddr
+		opts.Version = serviceVersion()
 	}
 	s.handler, err = proxy.New(pcfg, s.store, opts)
 	if err != nil {

@@ -188,6 +188,7 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions,
 		Metrics:        proxy.NewMetrics(e.reg),
 		WaitSafetyPoll: cfg.WaitSafetyPoll,
 		TracerProvider: cfg.TracerProvider,
+		Version:        "v9.9.9-test",
 	})
 	if err != nil {
 		t.Fatal(err)

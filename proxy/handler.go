@@ -89,6 +89,9 @@ type Options struct {
 	// server.address and server.port (the first configured address); empty
 	// leaves them out.
 	StoreAddress string
+	// Version is the instrumentation scope version of the spans: the
+	// build's version. Empty leaves it unset.
+	Version string
 }
 
 // DefaultWaitSafetyPoll is how often, at least, a waiting retry looks at
@@ -174,7 +177,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		rand:            opts.Rand,
 		bodyTimeout:     cfg.BodyReadTimeout,
 		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, DefaultWaitSafetyPoll),
-		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.StoreAddress, opts.TraceTrust),
+		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.StoreAddress, opts.TraceTrust, opts.Version),
 		owners:          claimAges{started: map[*owner]time.Time{}, now: time.Now},
 		passUpgrades:    slices.Clone(cfg.PassThroughUpgrades),
 		problems:        cfg.Problems,

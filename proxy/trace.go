@@ -53,15 +53,21 @@ func (t *tracing) trusts(trustedPeer bool) bool {
 	return t.trust == TraceTrustAll || t.trust == TraceTrustTrustedPeers && trustedPeer
 }
 
-func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, storeAddr string, trust TraceTrust) *tracing {
+func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, storeAddr string, trust TraceTrust, version string) *tracing {
 	if tp == nil {
 		return nil
 	}
 	if prop == nil {
 		prop = propagation.TraceContext{}
 	}
-	t := &tracing{tracer: tp.Tracer(tracerName), propagator: prop, trust: trust}
-	t.storeAttrs = append(t.storeAttrs, attribute.String("db.system.name", "redis"))
+	var scope []trace.TracerOption
+	if version != "" {
+		scope = append(scope, trace.WithInstrumentationVersion(version))
+	}
+	t := &tracing{tracer: tp.Tracer(tracerName, scope...), propagator: prop, trust: trust}
+	// db.namespace: idemproxy's keys live in database 0, the only one a
+	// Cluster has (the database semantic conventions name it by index).
+	t.storeAttrs = append(t.storeAttrs, attribute.String("db.system.name", "redis"), attribute.String("db.namespace", "0"))
 	t.storeAttrs = append(t.storeAttrs, hostPort(storeAddr, "")...)
 	return t
 }
@@ -179,6 +185,13 @@ func (x *exchange) endTrace() {
 	}
 	x.span.SetAttributes(attrs...)
 	if x.status >= 500 || x.outcome == outcomeStoreError || x.outcome == outcomeFenceLost || x.outcome == outcomeStoreUnavailable || x.outcome == outcomeRecordUnreadable {
+		// error.type (the HTTP conventions): the status from 500 on, else
+		// the outcome that made it an error.
+		errType := x.outcome
+		if x.status >= 500 {
+			errType = strconv.Itoa(x.status)
+		}
+		x.span.SetAttributes(attribute.String("error.type", errType))
 		x.span.SetStatus(codes.Error, x.outcome)
 	}
 	x.span.End()

@@ -249,3 +249,44 @@ func TestPassThroughIsCountedAndTraced(t *testing.T) {
 		t.Errorf("pass-through spans: %d with 200, %d with 503; want 2 and 1", ok, failed)
 	}
 }
+
+// TestSpanConventions (issue 32): the gaps the OpenTelemetry conventions
+// left, closed: a server span answering 5xx carries error.type (the
+// status), store spans carry db.namespace (Redis database 0), and every
+// span names idemproxy's version as its instrumentation scope's.
+func TestSpanConventions(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusInternalServerError)
+	}, func(c *setup) { c.TracerProvider = tp })
+	if r := e.do(req{user: "alice", key: "k", body: `{}`}); r.status != http.StatusInternalServerError {
+		t.Fatalf("first attempt: %d", r.status)
+	}
+	e.quiesce()
+	var server, store bool
+	for _, s := range spans.Ended() {
+		if v := s.InstrumentationScope().Version; v != "v9.9.9-test" {
+			t.Errorf("span %q: instrumentation version %q, want the build's", s.Name(), v)
+		}
+		attrs := map[attribute.Key]attribute.Value{}
+		for _, a := range s.Attributes() {
+			attrs[a.Key] = a.Value
+		}
+		switch {
+		case s.SpanKind() == trace.SpanKindServer:
+			server = true
+			if attrs["error.type"].AsString() != "500" {
+				t.Errorf("a 500 server span: error.type %q, want 500", attrs["error.type"].AsString())
+			}
+		case attrs["db.system.name"].AsString() == "redis":
+			store = true
+			if attrs["db.namespace"].AsString() != "0" {
+				t.Errorf("store span %q: db.namespace %q, want 0", s.Name(), attrs["db.namespace"].AsString())
+			}
+		}
+	}
+	if !server || !store {
+		t.Fatalf("spans seen: server %t, store %t", server, store)
+	}
+}
