@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"fmt"
 	"math"
 	"net/url"
@@ -135,6 +136,8 @@ func proxyRoutes(routes []config.Route) []proxy.Route {
 			InProgressStatus:   s.InProgressStatus,
 			MaxInFlight:        s.MaxInFlight,
 			MaxInFlightShare:   shareOf(s.MaxInFlight, s.MaxInFlightPrincipalShare),
+			FirstSent:          firstSentSources(s.FirstSent),
+			FirstSentSkew:      s.FirstSentSkew,
 			KeyJSONPointer:     s.KeyJSONPointer,
 			Problems:           problemFormat(s),
 			QuotaWindow:        s.Quota.Window,
@@ -161,8 +164,17 @@ func clientOptions(r config.Redis) claim.ClientOptions {
 
 // storeOptions are the claim.Store's options: sealing and key derivation
 // (read by readSecrets), WAIT and pipelining, with their metrics.
-func storeOptions(st config.Store, sec *secrets, m *metrics) []claim.Option {
+func storeOptions(st config.Store, sec *secrets, m *metrics, log *slog.Logger) []claim.Option {
 	opts := slices.Clone(sec.store)
+	opts = append(opts, claim.WithEpochObserver(func(e claim.Epoch) {
+		lost := m.dataLost.WithLabelValues(e.Master) // exists at 0 from the first look, so that increase() sees the first loss
+		if e.Lost {
+			// Anomaly lines stay synchronous (the chaos checker reads them).
+			lost.Inc()
+			log.Error("the store lost its data: the epoch marker is gone; a new epoch began, and requests first sent before it are refused 412 record-lost instead of executed again",
+				"master", e.Master, "epoch_start", e.Start.UTC())
+		}
+	}))
 	if st.WaitReplicas > 0 {
 		opts = append(opts, claim.WithWait(st.WaitReplicas, st.WaitTimeout, func(op string) {
 			m.waitShort.WithLabelValues(op).Inc()
@@ -185,4 +197,18 @@ func shareOf(n int, share float64) int {
 		return 0
 	}
 	return max(1, int(math.Ceil(float64(n)*share)))
+}
+
+// firstSentSources is defaults.first_sent for the proxy.
+func firstSentSources(names []string) []proxy.FirstSentSource {
+	out := make([]proxy.FirstSentSource, 0, len(names))
+	for _, n := range names {
+		switch n {
+		case config.FirstSentHeader:
+			out = append(out, proxy.FirstSentHeader)
+		case config.FirstSentUUIDv7:
+			out = append(out, proxy.FirstSentUUIDv7)
+		}
+	}
+	return out
 }

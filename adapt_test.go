@@ -60,6 +60,12 @@ func TestEverySettingReachesTheProxy(t *testing.T) {
 			case "MaxInFlightPrincipalShare": // a share of a max_in_flight
 				r.Settings.MaxInFlight = 8
 				wantHere = proxyRoutes([]config.Route{r})[0]
+			case "FirstSent": // a list of known sources: add the other one
+				r.Settings.FirstSent = []string{config.FirstSentHeader, config.FirstSentUUIDv7}
+				if got := proxyRoutes([]config.Route{r})[0]; reflect.DeepEqual(got, wantHere) {
+					t.Errorf("config.Settings.%s does not reach proxy.Route", p)
+				}
+				continue
 			}
 			changeLeaf(t, reflect.ValueOf(&r.Settings).Elem().FieldByIndex(fieldIndex(v, path, sf)), p)
 			if got := proxyRoutes([]config.Route{r})[0]; reflect.DeepEqual(got, wantHere) {

@@ -27,6 +27,8 @@ type metrics struct {
 	// upstreamUp is the app's health (apphealth.go), registered only with
 	// upstream.health_path.
 	upstreamUp prometheus.Gauge
+	// dataLost counts epoch markers found gone, by master.
+	dataLost *prometheus.CounterVec
 	// storeKeys and storeBytes are each master's size, from the same look.
 	storeKeys, storeBytes *prometheus.GaugeVec
 	// batchOps observes how many operations each store pipeline carried
@@ -68,6 +70,10 @@ func newMetrics(waitReplicas bool) *metrics {
 		Name: "idemproxy_upstream_up",
 		Help: "1 when the app answered its health path (upstream.health_path) with 2xx or 3xx at the last probe (every 5s, and every /app/readyz), 0 when not; absent without a health path.",
 	})
+	m.dataLost = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemproxy_store_data_lost_total",
+		Help: "Times this process found a Redis master's epoch marker gone after it had seen it: the store lost its data (a restart without persistence, a flush); a new epoch began, and requests first sent before it are refused 412 record-lost.",
+	}, []string{"master"})
 	m.storeUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "idemproxy_store_up",
 		Help: "1 when the Redis master answered the store watcher's last look (every second), 0 when not; one series per master (the address, or the Sentinel master name).",
@@ -97,6 +103,7 @@ func newMetrics(waitReplicas bool) *metrics {
 	}, []string{"version", "revision", "goversion"})
 	build.WithLabelValues(v, rev, gov).Set(1)
 	m.reg.MustRegister(build)
+	m.reg.MustRegister(m.dataLost)
 	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.storeKeys, m.storeBytes, m.batchOps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

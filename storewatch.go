@@ -68,6 +68,9 @@ func (h *storeHealth) watch(ctx context.Context, store *claim.Store, limit float
 		rctx, cancel := context.WithTimeout(ctx, time.Second)
 		masters := store.Health(rctx)
 		cancel()
+		ectx, cancel := context.WithTimeout(ctx, time.Second)
+		_, _ = store.CheckEpochs(ectx) // a loss is counted and logged by the store's observer
+		cancel()
 		if ctx.Err() != nil {
 			return
 		}

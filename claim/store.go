@@ -79,6 +79,8 @@ type Store struct {
 
 	// dials counts the connections this store's client made (sent.go).
 	dials atomic.Uint64
+	// epochs are the masters' epochs (epoch.go).
+	epochs epochState
 }
 
 // Option configures a Store.

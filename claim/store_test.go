@@ -89,6 +89,7 @@ func TestContract(t *testing.T) {
 		{"UnforwardedWhateverTheReadersClock", testUnforwardedReadersClock},
 		{"UnmarkedWhileTheClockIsOff", testUnmarkedWhileClockOff},
 		{"UnforwardedByScript", testUnforwardedByScript},
+		{"EpochMarkers", testEpochMarkers},
 		{"KeyedFingerprints", testKeyedFingerprints},
 	}
 	for _, b := range backends {
@@ -866,6 +867,78 @@ func testUnforwardedByScript(t *testing.T, c redis.UniversalClient, s *claim.Sto
 	res, err := s.Claim(ctx, key, newRecord(t), 10*time.Second, claim.Quota{})
 	if err != nil || res.Claimed || !res.Unforwarded || res.TTL <= 0 {
 		t.Fatalf("by script: %+v %v, want Unforwarded with a TTL", res, err)
+	}
+}
+
+// testEpochMarkers (issue 33): the first look creates each master's
+// epoch marker (no TTL) from Redis' clock, a new store's epoch, which
+// refuses nothing (EpochStart zero); the next looks find the same epoch;
+// once the marker is gone (the store lost its data), the next look begins
+// an epoch after a loss, later than the first, reported Lost once, whose
+// start EpochStart returns.
+func testEpochMarkers(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
+	ctx := context.Background()
+	prefix := fmt.Sprintf("test:epoch:%d:", time.Now().UnixNano())
+	var mu sync.Mutex
+	var seen []claim.Epoch
+	s := claim.New(c, prefix, claim.WithEpochObserver(func(e claim.Epoch) { mu.Lock(); seen = append(seen, e); mu.Unlock() }))
+	first, err := s.CheckEpochs(ctx)
+	if err != nil || len(first) == 0 {
+		t.Fatalf("first look: %v %v", first, err)
+	}
+	key := s.Key("p", "s", "k")
+	if start, err := s.EpochStart(ctx, key); err != nil || !start.IsZero() || first[0].AfterLoss {
+		t.Fatalf("a new store's epoch: start %v %v (%+v), want zero: nothing was lost", start, err, first[0])
+	}
+	again, _ := s.CheckEpochs(ctx)
+	for i := range again {
+		if again[i].Lost || !again[i].Start.Equal(first[i].Start) {
+			t.Fatalf("a second look: %+v, want the same epoch %+v, not lost", again[i], first[i])
+		}
+	}
+	time.Sleep(5 * time.Millisecond)
+	// The store loses its data: every marker under the prefix goes.
+	var cursorKeys []string
+	scan := func(ctx context.Context, cl *redis.Client) error {
+		keys, _, err := cl.Scan(ctx, 0, prefix+"epoch*", 1000).Result()
+		mu.Lock()
+		cursorKeys = append(cursorKeys, keys...)
+		mu.Unlock()
+		for _, k := range keys {
+			cl.Del(ctx, k)
+		}
+		return err
+	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		if err := cc.ForEachMaster(ctx, scan); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := scan(ctx, c.(*redis.Client)); err != nil {
+		t.Fatal(err)
+	}
+	if len(cursorKeys) != len(first) {
+		t.Fatalf("%d markers in Redis for %d masters: want one per master", len(cursorKeys), len(first))
+	}
+	after, err := s.CheckEpochs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range after {
+		if !after[i].Lost || !after[i].AfterLoss || !after[i].Start.After(first[i].Start) {
+			t.Errorf("after the loss: %+v, want Lost, AfterLoss and a later start than %v", after[i], first[i].Start)
+		}
+	}
+	if latest, _ := s.EpochStart(ctx, key); latest.IsZero() || time.Since(latest) > time.Minute {
+		t.Errorf("EpochStart after the loss: %v, want about now", latest)
+	}
+	// Another process, which never saw the old marker, reads the same
+	// epoch after the loss.
+	other := claim.New(c, prefix)
+	if got, _ := other.EpochStart(ctx, key); got.IsZero() {
+		t.Error("a process that starts after the loss does not see the epoch after it")
+	}
+	if later, _ := s.CheckEpochs(ctx); len(later) > 0 && later[0].Lost {
+		t.Error("the same loss reported twice")
 	}
 }
 

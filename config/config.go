@@ -50,6 +50,8 @@ const (
 	DefaultClaimMemoryLimit = 0.9
 	DefaultQuotaWindow      = time.Hour
 	DefaultPrincipalShare   = 0.25
+	// DefaultFirstSentSkew is defaults.first_sent_skew.
+	DefaultFirstSentSkew = 2 * time.Second
 
 	// MinLease is the shortest lease accepted. A shorter lease would expire
 	// between two renewals on a loaded machine and hand the key to a retry
@@ -75,6 +77,12 @@ var DefaultReleaseOn = []int{429, 503}
 // DefaultFingerprintHeaders are the request headers that take part in the
 // fingerprint unless configured otherwise.
 var DefaultFingerprintHeaders = []string{"Content-Type"}
+
+// First-sent sources (defaults.first_sent).
+const (
+	FirstSentHeader = "header"
+	FirstSentUUIDv7 = "uuidv7"
+)
 
 // Identity sources: how the identity header carries the principal.
 const (
@@ -446,6 +454,16 @@ type Settings struct {
 	// first attempts hold at once (at least one); principals that hold
 	// some leave as many free for those that hold none.
 	MaxInFlightPrincipalShare float64 `yaml:"max_in_flight_principal_share"`
+	// FirstSent says where a request's first-sent time comes from, in
+	// order: header (Repeatability-First-Sent, an HTTP date) and uuidv7
+	// (the key is a UUIDv7: its timestamp). A new claim for a request
+	// first sent longer ago than the retention, or before the store lost
+	// its data, is refused 412 instead of executed. Empty: never.
+	FirstSent []string `yaml:"first_sent"`
+	// FirstSentSkew is how far behind a client's clock may be: a request
+	// first sent within it of the retention's edge or of the epoch's
+	// start still executes.
+	FirstSentSkew time.Duration `yaml:"first_sent_skew"`
 	// KeyJSONPointer, when set, takes the key from this member of a JSON
 	// body (a string, or an integer in decimal) when the key header is
 	// absent; a request that has both must agree. It makes the route read
@@ -566,6 +584,8 @@ func DefaultSettings() Settings {
 		InProgressStatus: http.StatusConflict,
 
 		MaxInFlightPrincipalShare: DefaultPrincipalShare,
+		FirstSent:                 []string{FirstSentHeader},
+		FirstSentSkew:             DefaultFirstSentSkew,
 	}
 }
 

@@ -274,6 +274,12 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 	if s.MaxInFlight < 0 {
 		add(path+"max_in_flight", "must be 0 (no bound) or positive, got %d", s.MaxInFlight)
 	}
+	for i, src := range s.FirstSent {
+		oneOf(fmt.Sprintf("%sfirst_sent[%d]", path, i), src, add, FirstSentHeader, FirstSentUUIDv7)
+	}
+	if s.FirstSentSkew < 0 || s.FirstSentSkew > time.Hour {
+		add(path+"first_sent_skew", "must be between 0s and 1h, got %s", s.FirstSentSkew)
+	}
 	if s.MaxInFlightPrincipalShare <= 0 || s.MaxInFlightPrincipalShare > 1 {
 		add(path+"max_in_flight_principal_share", "must be more than 0%% and at most 100%%, got %g%%", s.MaxInFlightPrincipalShare*100)
 	}

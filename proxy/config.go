@@ -153,6 +153,11 @@ type Route struct {
 	// once (zero: MaxInFlight); principals that hold some leave this many
 	// free for those that hold none.
 	MaxInFlightShare int
+	// FirstSent are where a request's first-sent time comes from, in
+	// order (firstsent.go); empty: never. FirstSentSkew is how far behind
+	// a client's clock may be.
+	FirstSent     []FirstSentSource
+	FirstSentSkew time.Duration
 	// KeyJSONPointer, when set, takes the key from this member of a JSON
 	// body when the key header is absent (a string, or an integer in
 	// decimal); the route then reads bodies before the key.

@@ -49,6 +49,10 @@ type exchange struct {
 	timedOut atomic.Bool
 	// span is the request's server span; nil when tracing is off.
 	span trace.Span
+	// firstSent is when the request was first sent, when hasFirstSent
+	// (firstsent.go).
+	firstSent    time.Time
+	hasFirstSent bool
 	// forwardBy is when the current claim stops being one its owner may
 	// act on (claim.ConfirmWindow after it was sent): nothing is forwarded
 	// after it.
@@ -81,6 +85,14 @@ func (x *exchange) serve() {
 		if key, ok = x.keyInBody(key, body); !ok {
 			return
 		}
+	}
+	if s := x.rt.settings.FirstSent; len(s) > 0 {
+		t, ok, err := firstSent(s, x.r.Header, key)
+		if err != nil {
+			x.reject(probFirstSentInvalid.with(err.Error()))
+			return
+		}
+		x.firstSent, x.hasFirstSent = t, ok
 	}
 	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, body)
 	x.hashedKey = x.h.store.Key(x.principal, x.rt.scope, key)
@@ -215,6 +227,9 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 			return
 		}
 		if res.Claimed {
+			if x.refuseUnrecorded(rec) {
+				return
+			}
 			slot, refused := x.h.forwarding.take(x.rt.name, x.principal, x.rt.settings.MaxInFlight, x.rt.settings.MaxInFlightShare)
 			if slot == nil {
 				x.shed(rec, refused)

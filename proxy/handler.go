@@ -39,6 +39,7 @@ type Store interface {
 	ReleaseUnforwarded(ctx context.Context, key string, ghost *claim.Record) error
 	SameRequest(rec *claim.Record, fp claim.Fingerprint) bool
 	Watch(ctx context.Context, key string) *claim.Watch
+	EpochStart(ctx context.Context, key string) (time.Time, error)
 }
 
 var _ Store = (*claim.Store)(nil)

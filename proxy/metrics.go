@@ -81,6 +81,8 @@ type Metrics struct {
 	// passThrough counts unprotected requests by the class of their
 	// answer.
 	passThrough *prometheus.CounterVec
+	// firstSentRefused counts 412s by route and reason (firstsent.go).
+	firstSentRefused *prometheus.CounterVec
 	// quotaRefusals counts claims refused for quota.new_keys, by route.
 	quotaRefusals *prometheus.CounterVec
 	// recordErrors counts stored records that could not be read, by
@@ -155,6 +157,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}),
 		unconfirmed: newUnconfirmedCounter(),
+		firstSentRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_first_sent_refused_total",
+			Help: "New claims refused 412 (nothing forwarded) because the request was first sent longer ago than the retention (key-expired) or before the store lost its data (record-lost), by route and reason.",
+		}, []string{"route", "reason"}),
 		passThrough: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_passthrough_requests_total",
 			Help: "Requests no route protects, forwarded as they are, by the class of their answer (1xx to 5xx; 4xx includes 499: the client went away before an answer). With the app down, 5xx.",
@@ -200,7 +206,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			})
 		}
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
-			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
 				func(h *Handler) float64 { return h.owners.count() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",
@@ -227,6 +233,9 @@ func (m *Metrics) initRoutes(rt *router) {
 		}
 		for _, r := range lateResults {
 			m.lateAnswers.WithLabelValues(name, r)
+		}
+		for _, r := range []string{refusedKeyExpired, refusedRecordLost} {
+			m.firstSentRefused.WithLabelValues(name, r)
 		}
 		for _, r := range []string{refusedCap, refusedShare, refusedReserved} {
 			m.lateRefused.WithLabelValues(name, r)

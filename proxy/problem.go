@@ -58,6 +58,9 @@ var (
 	probReplayForbidden       = problem{Type: "replay-forbidden", Status: http.StatusForbidden, Title: "Not authorized to see the stored response"}
 	probAuthorizerUnavailable = problem{Type: "authorizer-unavailable", Status: http.StatusServiceUnavailable, Title: "The replay authorizer is unavailable"}
 	probUpgradeRefused        = problem{Type: "upgrade-refused", Status: http.StatusBadRequest, Title: "Protocol upgrade refused"}
+	probFirstSentInvalid      = problem{Type: "first-sent-invalid", Status: http.StatusBadRequest, Title: "Malformed first-sent time"}
+	probKeyExpired            = problem{Type: "key-expired", Status: http.StatusPreconditionFailed, Title: "The request was first sent longer ago than its record is kept"}
+	probRecordLost            = problem{Type: "record-lost", Status: http.StatusPreconditionFailed, Title: "The request was first sent before the store lost its records"}
 	probOutcomeUnknown        = problem{Type: "outcome-unknown", Status: http.StatusBadGateway, Title: "The outcome of the request sent with this idempotency key is unknown"}
 )
 

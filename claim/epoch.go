@@ -1,0 +1,260 @@
+package claim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Data loss, detected. Every master holds an epoch marker under the key
+// prefix, without a TTL: "<prefix>epoch" (on a Cluster one per master,
+// "<prefix>epoch:{<tag>}" with a tag that hashes into one of its slots).
+// Its value is when the epoch began, on Redis' clock, and how. A Redis
+// that restarted without its data or was flushed has no marker: the first
+// look creates a new one (SET NX: once for every sidecar). When the
+// process that creates it had seen the previous marker, the store lost
+// its data: the epoch is a "lost" one, and every claim whose request was
+// first sent before it began may have had a record that is gone, so the
+// proxy refuses it (412 record-lost) instead of executing it again. When
+// it had not (a new store; or this process started after a loss it cannot
+// tell from one), the epoch is a "new" one and refuses nothing: a fresh
+// install or an upgrade from a release without markers must not turn the
+// retries of its first seconds into 412s.
+//
+// The marker is looked at before any claim that follows a new connection
+// (a restarted Redis breaks every connection, so a claim cannot reach it
+// before the look), and by the store watcher every second.
+//
+// What it cannot see: a failover to a replica that missed the last writes,
+// or a restore from an older snapshot, keeps a marker (the epoch goes on);
+// and a loss while no sidecar that had seen the marker was running is
+// taken for a new store.
+
+// Epoch is what is known of one master's epoch.
+type Epoch struct {
+	// Master names the master, as Health does.
+	Master string
+	// Start is when the epoch began, on Redis' clock.
+	Start time.Time
+	// AfterLoss says the epoch began because the store lost its data
+	// (its marker was created by a process that had seen the previous
+	// one); requests first sent before Start are refused. A new store's
+	// first epoch refuses nothing.
+	AfterLoss bool
+	// Lost is set when this look found the marker gone on a master whose
+	// epoch this process had seen before: the store lost its data.
+	Lost bool
+}
+
+// epochState is the epochs this process knows, by master.
+type epochState struct {
+	// mu guards known, checkedDials and running.
+	mu           sync.Mutex
+	known        map[string]Epoch
+	checkedDials uint64
+	checked      bool
+	// onLoss, when set, is called for each master found without its
+	// marker after its epoch was known (the store lost its data).
+	onLoss func(e Epoch)
+}
+
+// WithEpochObserver has observe called for every epoch a look finds:
+// Lost says the store lost its data (a marker this process had seen is
+// gone). Call it before the store is used.
+func WithEpochObserver(observe func(Epoch)) Option {
+	return func(s *Store) { s.epochs.onLoss = observe }
+}
+
+// epochScript returns the master's epoch marker, creating it from Redis'
+// clock when it is missing, marked ":lost" when the caller says the
+// previous one was seen.
+//
+// KEYS[1] the marker; ARGV[1] "lost" or "new". Returns {created (0/1),
+// its value: microseconds, then ":lost" for an epoch after a loss}.
+var epochScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then return {0, v} end
+local t = redis.call('TIME')
+v = t[1] .. string.format('%06d', tonumber(t[2]))
+if ARGV[1] == 'lost' then v = v .. ':lost' end
+redis.call('SET', KEYS[1], v, 'NX')
+return {1, redis.call('GET', KEYS[1])}
+`)
+
+// epochKey is the marker's key on a master one of whose slots is slot
+// (-1: not a Cluster).
+func (s *Store) epochKey(slot int) string {
+	if slot < 0 {
+		return s.prefix + "epoch"
+	}
+	return s.prefix + "epoch:{" + slotTag(slot) + "}"
+}
+
+// CheckEpochs looks at every master's marker (creating missing ones) and
+// returns what it found; the store watcher calls it every second, and a
+// claim after a new connection calls it first.
+func (s *Store) CheckEpochs(ctx context.Context) ([]Epoch, error) {
+	dials := s.dials.Load()
+	var (
+		mu   sync.Mutex
+		out  []Epoch
+		errs []error
+	)
+	look := func(ctx context.Context, name string, c redis.Scripter, slot int) {
+		e, err := s.lookEpoch(ctx, name, c, slot)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		out = append(out, e)
+	}
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		slots, err := c.ClusterSlots(ctx).Result()
+		if err != nil {
+			return nil, s.unavailable("epoch", err)
+		}
+		// The lowest range of each master holds its marker, whatever order
+		// Redis lists them in.
+		slices.SortFunc(slots, func(a, b redis.ClusterSlot) int { return a.Start - b.Start })
+		seen := map[string]bool{}
+		for _, r := range slots {
+			if len(r.Nodes) == 0 || seen[r.Nodes[0].Addr] {
+				continue // one marker per master, in its first range
+			}
+			addr := r.Nodes[0].Addr
+			seen[addr] = true
+			node, err := c.MasterForKey(ctx, s.epochKey(r.Start))
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			look(ctx, addr, node, r.Start)
+		}
+	default:
+		look(ctx, s.masterLabel(), s.client, -1)
+	}
+	if len(errs) == 0 {
+		s.epochs.mu.Lock()
+		s.epochs.checkedDials, s.epochs.checked = dials, true
+		s.epochs.mu.Unlock()
+	}
+	if len(errs) > 0 {
+		return out, s.unavailable("epoch", errors.Join(errs...))
+	}
+	return out, nil
+}
+
+// lookEpoch reads (or creates) one master's marker and records it.
+func (s *Store) lookEpoch(ctx context.Context, name string, c redis.Scripter, slot int) (Epoch, error) {
+	s.epochs.mu.Lock()
+	_, seen := s.epochs.known[name]
+	s.epochs.mu.Unlock()
+	kind := "new"
+	if seen {
+		kind = "lost"
+	}
+	v, err := epochScript.Run(ctx, c, []string{s.epochKey(slot)}, kind).Slice()
+	if err != nil {
+		return Epoch{}, err
+	}
+	if len(v) != 2 {
+		return Epoch{}, fmt.Errorf("epoch: unexpected reply %v", v)
+	}
+	raw, afterLoss := strings.CutSuffix(strings.TrimSpace(fmt.Sprint(v[1])), ":lost")
+	us, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil {
+		return Epoch{}, fmt.Errorf("epoch marker %q: %w", v[1], err)
+	}
+	e := Epoch{Master: name, Start: time.UnixMicro(us), AfterLoss: afterLoss}
+	s.epochs.mu.Lock()
+	if s.epochs.known == nil {
+		s.epochs.known = map[string]Epoch{}
+	}
+	prev, seen := s.epochs.known[name]
+	// Lost: this process knew an older epoch of this master, which is
+	// gone. (A marker another sidecar created first counts too.)
+	e.Lost = seen && e.Start.After(prev.Start)
+	s.epochs.known[name] = e
+	observe := s.epochs.onLoss
+	s.epochs.mu.Unlock()
+	if observe != nil {
+		observe(e)
+	}
+	return e, nil
+}
+
+// EpochStart is when the epoch of key's master began after the store lost
+// its data: requests first sent before it may have lost their records.
+// It is zero when the epoch is a new store's (nothing lost). Before it is
+// known, or after a new connection, it looks.
+func (s *Store) EpochStart(ctx context.Context, key string) (time.Time, error) {
+	s.epochs.mu.Lock()
+	fresh := s.epochs.checked && s.epochs.checkedDials == s.dials.Load()
+	s.epochs.mu.Unlock()
+	if !fresh {
+		if _, err := s.CheckEpochs(ctx); err != nil {
+			return time.Time{}, err
+		}
+	}
+	name := s.masterLabel()
+	if c, ok := s.client.(*redis.ClusterClient); ok {
+		node, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return time.Time{}, s.unavailable("epoch", err)
+		}
+		name = node.Options().Addr
+	}
+	s.epochs.mu.Lock()
+	defer s.epochs.mu.Unlock()
+	if e := s.epochs.known[name]; e.AfterLoss {
+		return e.Start, nil
+	}
+	return time.Time{}, nil
+}
+
+// slotTag is a string whose CRC16 hash slot (Redis Cluster's) is slot,
+// found once for every slot.
+func slotTag(slot int) string {
+	slotTagsOnce.Do(func() {
+		found := 0
+		for i := 0; found < len(slotTags); i++ {
+			t := strconv.Itoa(i)
+			if sl := int(crc16([]byte(t)) % 16384); slotTags[sl] == "" {
+				slotTags[sl] = t
+				found++
+			}
+		}
+	})
+	return slotTags[slot]
+}
+
+var (
+	slotTagsOnce sync.Once
+	slotTags     [16384]string
+)
+
+// crc16 is CRC-16/XMODEM, Redis Cluster's key hash.
+func crc16(b []byte) uint16 {
+	var crc uint16
+	for _, c := range b {
+		crc ^= uint16(c) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}

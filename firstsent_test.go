@@ -1,0 +1,85 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/poll"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// TestRecordLostThroughTheBinary (issue 33): a payment executes; Redis
+// restarts without its data (no persistence); the client's retry, which
+// says when it first sent the request (Repeatability-First-Sent), finds no
+// record and is refused 412 record-lost, the upstream never sees it again,
+// and the loss is counted (idemproxy_store_data_lost_total) and logged. A
+// request first sent after the restart executes as before. v0.4.0
+// executed the retry a second time (IDEMPROXY_TEST_BINARY shows it).
+func TestRecordLostThroughTheBinary(t *testing.T) {
+	srv := redistest.Start(t)
+	var executed atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		n := executed.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"charge":%d}`, n)
+	}))
+	defer upstream.Close()
+	sc := startBinary(t, fmt.Sprintf(`upstream:
+  url: %q
+store:
+  redis:
+    addrs: [%q]
+routes:
+  - name: pay
+    match: "POST /payments"
+`, upstream.URL, srv.Addr))
+	pay := func(key string, firstSent time.Time) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, sc.client+"/payments", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("X-Forwarded-User", "alice")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Repeatability-First-Sent", firstSent.UTC().Format(http.TimeFormat))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	sent := time.Now().Add(-5 * time.Second) // the client's clock read it a while ago
+	if status, body := pay("charge-1", sent); status != http.StatusCreated {
+		t.Fatalf("first attempt: %d %s", status, body)
+	}
+	time.Sleep(1500 * time.Millisecond) // the store watcher has looked at the epoch
+
+	srv.Restart() // Redis comes back empty: the record is gone
+	var status int
+	var body string
+	poll.Until(t, "the retry is answered (not 503 while Redis comes back)", func() bool {
+		status, body = pay("charge-1", sent)
+		return status != http.StatusServiceUnavailable
+	})
+	if status != http.StatusPreconditionFailed || !strings.Contains(body, "record-lost") {
+		t.Errorf("the retry after the store lost its data: %d %s, want 412 record-lost", status, body)
+	}
+	if n := executed.Load(); n != 1 {
+		t.Errorf("upstream executed %d times, want 1", n)
+	}
+	if status, body := pay("charge-2", time.Now()); status != http.StatusCreated {
+		t.Errorf("a request first sent after the restart: %d %s, want 201", status, body)
+	}
+	poll.Until(t, "the loss is counted", func() bool {
+		return strings.Contains(scrape(t, sc.admin), `idemproxy_store_data_lost_total{master="`+srv.Addr+`"} 1`)
+	})
+	if !strings.Contains(sc.stderr.String(), "the store lost its data") {
+		t.Errorf("no log line says the store lost its data:\n%s", sc.stderr.String())
+	}
+}

@@ -1,0 +1,144 @@
+package proxy
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// First-sent times. Every idempotency system executes a retry again once
+// its record is gone: the retention ran out, or the store lost its data.
+// A client that says when it first sent a request lets the proxy tell: a
+// new claim (no record) for a request first sent longer ago than the
+// route's retention, or before the store's current epoch began (it lost
+// its data then: claim/epoch.go), cannot be told from one whose record is
+// gone, so it is refused 412 and nothing is forwarded. The client then
+// reconciles (looks the resource up) instead of paying twice.
+//
+// Sources: the OASIS Repeatable Requests header Repeatability-First-Sent
+// (an HTTP date), and a UUIDv7 key's own timestamp (RFC 9562).
+
+// FirstSentSource is where a request's first-sent time comes from.
+type FirstSentSource int
+
+// First-sent sources.
+const (
+	// FirstSentHeader reads Repeatability-First-Sent, an HTTP date.
+	FirstSentHeader FirstSentSource = iota + 1
+	// FirstSentUUIDv7 reads the key's timestamp when the key is a UUIDv7.
+	FirstSentUUIDv7
+)
+
+// FirstSentHeaderName is the OASIS Repeatable Requests header.
+const FirstSentHeaderName = "Repeatability-First-Sent"
+
+// Reasons of a 412, the values of idemproxy_first_sent_refused_total's
+// reason label.
+const (
+	refusedKeyExpired = "key-expired"
+	refusedRecordLost = "record-lost"
+)
+
+var errFirstSentTwice = errors.New(FirstSentHeaderName + " appears more than once")
+
+// firstSent is when the request was first sent, from the route's sources
+// in order: ok is false when none says; an error is a malformed value.
+func firstSent(sources []FirstSentSource, h http.Header, key string) (t time.Time, ok bool, err error) {
+	for _, src := range sources {
+		switch src {
+		case FirstSentHeader:
+			vs := h.Values(FirstSentHeaderName)
+			if len(vs) == 0 {
+				continue
+			}
+			if len(vs) > 1 {
+				return time.Time{}, false, errFirstSentTwice
+			}
+			t, err := http.ParseTime(strings.TrimSpace(vs[0]))
+			if err != nil {
+				return time.Time{}, false, errors.New(FirstSentHeaderName + " must be an HTTP date, like Tue, 01 Dec 2026 15:04:05 GMT")
+			}
+			return t, true, nil
+		case FirstSentUUIDv7:
+			if t, ok := uuidv7Time(key); ok {
+				return t, true, nil
+			}
+		}
+	}
+	return time.Time{}, false, nil
+}
+
+// uuidv7Time is a UUIDv7's timestamp: its first 48 bits, milliseconds
+// since the Unix epoch. ok is false for anything else.
+func uuidv7Time(s string) (time.Time, bool) {
+	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
+		return time.Time{}, false
+	}
+	b, err := hex.DecodeString(s[0:8] + s[9:13] + s[14:18] + s[19:23] + s[24:36])
+	if err != nil || b[6]>>4 != 7 || b[8]>>6 != 2 { // version 7, RFC 9562 variant
+		return time.Time{}, false
+	}
+	var ms int64
+	for _, c := range b[:6] {
+		ms = ms<<8 | int64(c)
+	}
+	return time.UnixMilli(ms), true
+}
+
+// refuseUnrecorded decides, for a request that just claimed its key (no
+// record was there), whether its first-sent time says a record should
+// have been: first sent longer ago than the retention (key-expired), or
+// before the store's epoch began (record-lost). Then the claim is
+// released, the request answered 412 and nothing forwarded; it reports
+// true when it answered.
+func (x *exchange) refuseUnrecorded(rec *claim.Record) bool {
+	if !x.hasFirstSent {
+		return false
+	}
+	s := &x.rt.settings
+	reason := ""
+	switch {
+	case time.Since(x.firstSent) > s.Retention+s.FirstSentSkew:
+		reason = refusedKeyExpired
+	default:
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), time.Second)
+		epoch, err := x.h.store.EpochStart(ctx, x.hashedKey)
+		cancel()
+		if err != nil {
+			// Whether the store lost this key's record cannot be told:
+			// nothing is forwarded, the claim is released.
+			x.releaseClaim(rec)
+			x.storeFailed("epoch", err, nil)
+			return true
+		}
+		if !epoch.IsZero() && x.firstSent.Before(epoch.Add(-s.FirstSentSkew)) {
+			reason = refusedRecordLost
+		}
+	}
+	if reason == "" {
+		return false
+	}
+	x.releaseClaim(rec)
+	x.h.metrics.firstSentRefused.WithLabelValues(x.rt.name, reason).Inc()
+	x.outcome = outcomeRejected
+	if reason == refusedKeyExpired {
+		x.problem(probKeyExpired.with("the request was first sent at " + x.firstSent.UTC().Format(time.RFC3339) + ", longer ago than this route keeps records (" + s.Retention.String() + "): it may have executed and its record expired; nothing was forwarded. Look the resource up; send a new request with a new key"))
+	} else {
+		x.problem(probRecordLost.with("the request was first sent at " + x.firstSent.UTC().Format(time.RFC3339) + ", before the idempotency store lost its records: it may have executed; nothing was forwarded. Look the resource up; send a new request with a new key"))
+	}
+	return true
+}
+
+// releaseClaim frees rec's claim (fenced): nothing was forwarded.
+func (x *exchange) releaseClaim(rec *claim.Record) {
+	ctx, cancel := settleCtx()
+	defer cancel()
+	start := time.Now()
+	err := x.h.store.Release(ctx, x.hashedKey, rec.Token)
+	x.observeStore("release", start, err)
+}
