@@ -1,8 +1,8 @@
 package main
 
 import (
-	"log/slog"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/url"
 	"runtime/debug"
