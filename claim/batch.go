@@ -2,6 +2,7 @@ package claim
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -90,9 +91,10 @@ func (b *batcher) do(ctx context.Context, size int, cmds ...redis.Cmder) error {
 			return ctx.Err()
 		}
 		b.mu.Unlock()
-		// Already sent: the batch will signal p.done, which nobody reads;
-		// p is not reused, so that signal cannot reach another caller.
-		return ctx.Err()
+		// Already sent: the batch will signal p.done when go-redis is done
+		// with it, resends included; p is not reused, so that signal
+		// reaches only whoever waits on the error's channel.
+		return &sendingError{err: ctx.Err(), done: p.done}
 	}
 }
 
@@ -162,4 +164,28 @@ func batchContext(batch []*pending) (context.Context, context.CancelFunc) {
 		}
 	}
 	return context.WithDeadline(context.Background(), latest)
+}
+
+// sendingError is a caller's context ending while its commands are still
+// on their way: go-redis may yet send them, or send them again after a
+// broken connection, until done receives.
+type sendingError struct {
+	err  error
+	done <-chan struct{}
+}
+
+func (e *sendingError) Error() string { return e.err.Error() }
+func (e *sendingError) Unwrap() error { return e.err }
+
+// StillSending returns, for an error of a store operation whose commands
+// may still be sent (its context ended while they were in a pipeline on
+// its way), a channel that receives once they no longer can; nil
+// otherwise. A claim's cleanup waits for it: deleting a claim whose SET
+// go-redis then resends would leave a claim nobody owns.
+func StillSending(err error) <-chan struct{} {
+	var se *sendingError
+	if errors.As(err, &se) {
+		return se.done
+	}
+	return nil
 }

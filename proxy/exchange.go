@@ -349,7 +349,7 @@ func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
 	res, err := x.h.store.Claim(ctx, x.hashedKey, rec, s.Lease, q)
 	x.observeStore("claim", rec.Created, err)
 	if err != nil && mayHaveWritten(err) {
-		x.h.unconfirmed.add(x.rt.name, x.hashedKey, rec.Token, rec.Created.Add(s.Lease+rec.Tail))
+		x.h.unconfirmed.add(x.rt.name, x.hashedKey, rec.Token, rec.Created.Add(s.Lease+rec.Tail), claim.StillSending(err))
 	}
 	return res, err
 }

@@ -34,6 +34,11 @@ const (
 	unconfirmedFirstWait = 100 * time.Millisecond // after a failed try; the first is at once
 	unconfirmedMaxWait   = time.Second            // the claim's lease may be short: keep trying often
 	unconfirmedOpTimeout = time.Second
+	// unconfirmedSendingWait bounds the wait for a claim's commands to be
+	// done with (claim.StillSending); unconfirmedSendingPoll is how often
+	// it looks.
+	unconfirmedSendingWait = 10 * time.Second
+	unconfirmedSendingPoll = 20 * time.Millisecond
 )
 
 var unconfirmedResults = []string{unconfirmedReleased, unconfirmedNotFound, unconfirmedGaveUp, unconfirmedOnRetry}
@@ -49,6 +54,12 @@ type pendingClaim struct {
 	// first said the claim was not there.
 	next, absentSince time.Time
 	wait              time.Duration
+	// sending, when not nil, receives once the claim's commands can no
+	// longer be sent (claim.StillSending): no try before, or a resent SET
+	// could recreate the claim after it was deleted.
+	sending <-chan struct{}
+	// sendingUntil bounds the wait for sending.
+	sendingUntil time.Time
 }
 
 // unconfirmed holds the pending cleanups of one Handler. Its worker runs
@@ -59,12 +70,16 @@ type unconfirmed struct {
 	mu      sync.Mutex
 	pending []*pendingClaim
 	running bool
+	// kick wakes the worker when a cleanup is added, so that the first
+	// try is at once, not after the worker's sleep.
+	kick chan struct{}
 	// now is the clock; tests may set it.
 	now func() time.Time
 }
 
-// add remembers a claim whose reply never came.
-func (u *unconfirmed) add(route, key string, token claim.Token, until time.Time) {
+// add remembers a claim whose reply never came; sending is
+// claim.StillSending of its error.
+func (u *unconfirmed) add(route, key string, token claim.Token, until time.Time, sending <-chan struct{}) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if len(u.pending) >= maxUnconfirmed {
@@ -72,10 +87,20 @@ func (u *unconfirmed) add(route, key string, token claim.Token, until time.Time)
 		u.h.log.Error("unconfirmed claim not cleaned up: too many pending; a retry frees it once it is seen never forwarded, or it lapses", "route", route, "key", key)
 		return
 	}
-	u.pending = append(u.pending, &pendingClaim{key: key, route: route, token: token, until: until, next: u.now(), wait: unconfirmedFirstWait})
+	now := u.now()
+	u.pending = append(u.pending, &pendingClaim{key: key, route: route, token: token, until: until, next: now, wait: unconfirmedFirstWait,
+		sending: sending, sendingUntil: now.Add(unconfirmedSendingWait)})
+	if u.kick == nil {
+		u.kick = make(chan struct{}, 1)
+	}
 	if !u.running {
 		u.running = true
 		go u.run()
+		return
+	}
+	select {
+	case u.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -101,9 +126,15 @@ func (u *unconfirmed) run() {
 				due = p.next
 			}
 		}
+		kick := u.kick
 		u.mu.Unlock()
 		if d := due.Sub(u.now()); d > 0 {
-			time.Sleep(min(d, unconfirmedMaxWait))
+			t := time.NewTimer(min(d, unconfirmedMaxWait))
+			select {
+			case <-t.C:
+			case <-kick: // a new cleanup: its first try is now
+			}
+			t.Stop()
 		}
 		u.pass()
 	}
@@ -132,6 +163,18 @@ func (u *unconfirmed) try(p *pendingClaim) (result string, done bool) {
 	now := u.now()
 	if now.After(p.until) {
 		return unconfirmedGaveUp, true
+	}
+	if p.sending != nil {
+		select {
+		case <-p.sending:
+			p.sending = nil
+		default:
+			if now.Before(p.sendingUntil) {
+				p.next = now.Add(unconfirmedSendingPoll)
+				return "", false
+			}
+			p.sending = nil // the client's timeouts end every send long before this
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), unconfirmedOpTimeout)
 	defer cancel()
