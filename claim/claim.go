@@ -80,7 +80,7 @@ func (s *Store) claim(ctx context.Context, key string, rec *Record, lease time.D
 		return s.claimByScript(ctx, key, rec, value, lease)
 	}
 	set := setNXGet(ctx, key, value, lease)
-	wait, err := s.write(ctx, key, len(value), set)
+	wait, err := s.write(ctx, key, len(value), noRetry{set})
 	if err != nil {
 		return Result{}, s.unavailable("claim", err)
 	}
@@ -209,6 +209,17 @@ func setNXGet(ctx context.Context, key string, value []byte, ttl time.Duration) 
 	return redis.NewStringCmd(ctx, "set", key, value, "px", ttl.Milliseconds(), "nx", "get")
 }
 
+// noRetry is a command go-redis must not send again once it was written
+// (it still retries one that never left: a dial that failed). A claim's
+// SET resent after a broken connection could land after its owner gave up
+// and cleaned it up (proxy's unconfirmed claims), inside the confirm
+// window: a claim nobody owns, which no retry could tell from a forwarded
+// one. A pipeline holding one is not resent either.
+type noRetry struct{ *redis.StringCmd }
+
+// NoRetry tells go-redis not to resend the command.
+func (noRetry) NoRetry() bool { return true }
+
 // ErrQuota means the principal has claimed as many new keys on this route
 // as its quota allows within the window. Errors matching it are QuotaErrors.
 var ErrQuota = errors.New("claim: new-key quota reached")
@@ -244,7 +255,7 @@ func (s *Store) claimCounted(ctx context.Context, key string, rec *Record, lease
 	set := setNXGet(ctx, key, value, lease)
 	incr := redis.NewIntCmd(ctx, "incr", q.Key)
 	expire := redis.NewCmd(ctx, "pexpire", q.Key, q.Window.Milliseconds(), "nx")
-	if err := s.exec(ctx, len(value), set, incr, expire); err != nil {
+	if err := s.exec(ctx, len(value), noRetry{set}, incr, expire); err != nil {
 		return Result{}, s.unavailable("claim", err)
 	}
 	s.windowFallback(ctx, q, incr, expire)

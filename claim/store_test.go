@@ -900,14 +900,14 @@ func testEpochMarkers(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 	// The store loses its data: every marker under the prefix goes.
 	var cursorKeys []string
 	scan := func(ctx context.Context, cl *redis.Client) error {
-		keys, _, err := cl.Scan(ctx, 0, prefix+"epoch*", 1000).Result()
-		mu.Lock()
-		cursorKeys = append(cursorKeys, keys...)
-		mu.Unlock()
-		for _, k := range keys {
-			cl.Del(ctx, k)
+		iter := cl.Scan(ctx, 0, prefix+"epoch*", 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			cursorKeys = append(cursorKeys, iter.Val())
+			mu.Unlock()
+			cl.Del(ctx, iter.Val())
 		}
-		return err
+		return iter.Err()
 	}
 	if cc, ok := c.(*redis.ClusterClient); ok {
 		if err := cc.ForEachMaster(ctx, scan); err != nil {
