@@ -160,12 +160,16 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 		}
 	}
 
+	sentFirst := map[string]bool{}
+	for _, a := range history {
+		sentFirst[a.RequestID] = a.FirstSent
+	}
 	r.duplicates(byKey, faults, outcomes, sidecarOf, strict, func(prev, next execution) string {
 		if v, ok := previous[next.RequestID]; ok && freed[next.RequestID] == prev.RequestID {
 			return "the previous release (" + v + ") freed a forwarded claim as never forwarded: a late reply (fixed since: issue 30)"
 		}
 		return ""
-	})
+	}, sentFirst)
 	r.neverForwarded(history, byKey, faults)
 	final := map[int]attempt{}
 	for _, a := range history {
@@ -198,14 +202,14 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 
 // duplicates counts every execution of a key after its first, each with
 // its cause or as unexplained.
-func (r *report) duplicates(byKey map[opKey][]execution, faults []fault, outcomes map[string]string, sidecarOf map[string]int, strict bool, byPrevious func(prev, next execution) string) {
+func (r *report) duplicates(byKey map[opKey][]execution, faults []fault, outcomes map[string]string, sidecarOf map[string]int, strict bool, byPrevious func(prev, next execution) string, sentFirst map[string]bool) {
 	for k, list := range byKey {
 		sort.Slice(list, func(i, j int) bool { return list[i].Start.Before(list[j].Start) })
 		for i := 1; i < len(list); i++ {
 			r.Duplicates++
 			cause := byPrevious(list[i-1], list[i])
 			if cause == "" {
-				cause = explain(list[i-1], list[i], faults, outcomes, sidecarOf, strict)
+				cause = explain(list[i-1], list[i], faults, outcomes, sidecarOf, strict, sentFirst[list[i].RequestID])
 			}
 			if cause == "" {
 				r.Unexplained = append(r.Unexplained, fmt.Sprintf("%s/%s: executions by %s then %s (first logged as %q)",
@@ -321,7 +325,11 @@ func statusLabel(a attempt) string {
 // owner that failed to store, lost its lease or was killed leaves a claim
 // the next attempt settles as outcome-unknown, and an upstream that never
 // answered gets a stored outcome-unknown.
-func explain(prev, next execution, faults []fault, outcomes map[string]string, sidecarOf map[string]int, strict bool) string {
+//
+// firstSent says the second execution's request said when its operation
+// was first sent: then a Redis that lost its data explains nothing (the
+// retry must have been refused 412 record-lost).
+func explain(prev, next execution, faults []fault, outcomes map[string]string, sidecarOf map[string]int, strict, firstSent bool) string {
 	overlaps := func(kinds ...string) bool {
 		for _, f := range faults {
 			for _, k := range kinds {
@@ -337,8 +345,8 @@ func explain(prev, next execution, faults []fault, outcomes map[string]string, s
 	}
 	outcome, logged := outcomes[prev.RequestID]
 	switch {
-	case overlaps(faultRedisLost):
-		return "Redis lost acknowledged data: restart without persistence"
+	case overlaps(faultRedisLost) && !firstSent:
+		return "Redis lost acknowledged data: restart without persistence (the client sent no first-sent time)"
 	case overlaps(faultRedisRestart):
 		return "Redis lost acknowledged data: killed, AOF everysec lost the last second"
 	case strict:

@@ -206,3 +206,20 @@ func TestReadOutcomesOfLateCalls(t *testing.T) {
 		}
 	}
 }
+
+// A duplicate after Redis lost its data is explained only for a client
+// that sent no first-sent time: one that did must have been refused 412
+// record-lost (issue 33).
+func TestCheckerRedisLossAndFirstSent(t *testing.T) {
+	execs := []execution{exec1("alice", "k", "r1", 0, alice1), exec1("alice", "k", "r2", 5, alice2)}
+	lost := []fault{{Kind: faultRedisLost, Start: at(3), End: at(3)}}
+	for _, sent := range []bool{false, true} {
+		first := answer("alice", "k", "r1", 0, 201, false, alice1)
+		second := answer("alice", "k", "r2", 1, 201, false, alice2)
+		first.FirstSent, second.FirstSent = sent, sent
+		r := check(1, 0, []attempt{first, second}, execs, lost, map[string]string{"r1": "stored", "r2": "stored"}, 0, true, nil)
+		if explained := len(r.Unexplained) == 0; explained == sent {
+			t.Errorf("first-sent %t: explained %t, want %t (%v)", sent, explained, !sent, r.Explained)
+		}
+	}
+}

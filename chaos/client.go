@@ -24,6 +24,9 @@ type attempt struct {
 	Path      string    `json:"path"`
 	BodyHash  string    `json:"body_hash"`
 	Changed   bool      `json:"changed"` // a deliberately different body for the same key
+	// FirstSent is set when the attempt said when its operation was
+	// first sent (Repeatability-First-Sent).
+	FirstSent bool `json:"first_sent"`
 	RequestID string    `json:"request_id"`
 	Start     time.Time `json:"start"`
 	End       time.Time `json:"end"`
@@ -37,7 +40,8 @@ type attempt struct {
 // the outcome, or (unknown_outcome: fail) word that it is unknown.
 func settled(a attempt) bool {
 	return a.Status == http.StatusCreated || a.Status == http.StatusInternalServerError ||
-		a.Status == http.StatusUnprocessableEntity || outcomeUnknown(a)
+		a.Status == http.StatusUnprocessableEntity || outcomeUnknown(a) ||
+		a.Status == http.StatusPreconditionFailed // key-expired, record-lost: reconcile, new key
 }
 
 // outcomeUnknown reports a 502 outcome-unknown: the key is settled, and
@@ -93,6 +97,12 @@ func (w *workload) operation(op int) {
 		path = "/payments-wait"
 	}
 	body := fmt.Sprintf(`{"amount":%d,"currency":"EUR"}`, 100+rand.IntN(10000))
+	// Three operations in four say when they were first sent: their
+	// retries must never execute again, even after Redis lost its data.
+	var firstSent time.Time
+	if rand.IntN(4) != 0 {
+		firstSent = time.Now()
+	}
 	opDeadline := time.Now().Add(20 * time.Second)
 	backoff := 50 * time.Millisecond
 	for n := 0; n < 14 && time.Now().Before(opDeadline); n++ {
@@ -102,12 +112,12 @@ func (w *workload) operation(op int) {
 		}
 		var results []attempt
 		if parallel == 1 && rand.IntN(4) == 0 {
-			results = w.impatient(op, n, principal, key, path, body)
+			results = w.impatient(op, n, principal, key, path, body, firstSent)
 		} else {
 			results = make([]attempt, parallel)
 			var wg sync.WaitGroup
 			for i := range parallel {
-				wg.Go(func() { results[i] = w.send(w.pick(), op, n, principal, key, path, body, false) })
+				wg.Go(func() { results[i] = w.send(w.pick(), op, n, principal, key, path, body, false, firstSent) })
 			}
 			wg.Wait()
 		}
@@ -122,7 +132,7 @@ func (w *workload) operation(op int) {
 		if done {
 			if rand.IntN(30) == 0 {
 				changed := fmt.Sprintf(`{"amount":%d,"currency":"EUR"}`, 20000+rand.IntN(100))
-				w.send(w.pick(), op, n+1, principal, key, path, changed, true)
+				w.send(w.pick(), op, n+1, principal, key, path, changed, true, firstSent)
 			}
 			return
 		}
@@ -140,21 +150,21 @@ func (w *workload) pick() *sidecar { return w.sidecars[rand.IntN(len(w.sidecars)
 // impatient is a client that sends its request to one sidecar and, when
 // no answer has come within about a second, sends the same request to
 // another while the first is still waiting: both attempts are kept.
-func (w *workload) impatient(op, n int, principal, key, path, body string) []attempt {
+func (w *workload) impatient(op, n int, principal, key, path, body string, firstSent time.Time) []attempt {
 	first := w.pick()
 	done := make(chan attempt, 1)
-	go func() { done <- w.send(first, op, n, principal, key, path, body, false) }()
+	go func() { done <- w.send(first, op, n, principal, key, path, body, false, firstSent) }()
 	select {
 	case a := <-done:
 		return []attempt{a}
 	case <-time.After(800*time.Millisecond + rand.N(400*time.Millisecond)):
 	}
 	other := w.sidecars[(first.id+1+rand.IntN(len(w.sidecars)-1))%len(w.sidecars)]
-	second := w.send(other, op, n, principal, key, path, body, false)
+	second := w.send(other, op, n, principal, key, path, body, false, firstSent)
 	return []attempt{<-done, second}
 }
 
-func (w *workload) send(sc *sidecar, op, n int, principal, key, path, body string, changed bool) attempt {
+func (w *workload) send(sc *sidecar, op, n int, principal, key, path, body string, changed bool, firstSent time.Time) attempt {
 	a := attempt{
 		Op: op, N: n, Sidecar: sc.id, Version: sc.version, Principal: principal, Key: key, Path: path,
 		BodyHash: hashBody(body), Changed: changed,
@@ -173,6 +183,10 @@ func (w *workload) send(sc *sidecar, op, n int, principal, key, path, body strin
 	req.Header.Set("X-Forwarded-User", principal)
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("X-Request-Id", a.RequestID)
+	if !firstSent.IsZero() {
+		req.Header.Set("Repeatability-First-Sent", firstSent.UTC().Format(http.TimeFormat))
+		a.FirstSent = true
+	}
 	resp, err := w.client.Do(req)
 	if err == nil {
 		b, rerr := io.ReadAll(resp.Body)

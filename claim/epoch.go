@@ -184,14 +184,35 @@ func (s *Store) lookEpoch(ctx context.Context, name string, c redis.Scripter, sl
 	// Lost: this process knew an older epoch of this master, which is
 	// gone. (A marker another sidecar created first counts too.)
 	e.Lost = seen && e.Start.After(prev.Start)
+	// This process saw the epoch before it go: whoever created the new
+	// marker (a process started since, which could not tell), it follows
+	// a loss; and it stays one.
+	markedLost := e.AfterLoss
+	e.AfterLoss = e.AfterLoss || e.Lost || (seen && prev.Start.Equal(e.Start) && prev.AfterLoss)
 	s.epochs.known[name] = e
 	observe := s.epochs.onLoss
 	s.epochs.mu.Unlock()
+	if e.AfterLoss && !markedLost {
+		// Tell every process: a sidecar that starts now must not take
+		// this epoch for a new store's.
+		_ = epochLostScript.Run(ctx, c, []string{s.epochKey(slot)}, raw).Err()
+	}
 	if observe != nil {
 		observe(e)
 	}
 	return e, nil
 }
+
+// epochLostScript marks an epoch marker as following a loss, if it is
+// still the one the caller read.
+//
+// KEYS[1] the marker; ARGV[1] its value as read (without ":lost").
+var epochLostScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1] .. ':lost')
+end
+return 1
+`)
 
 // EpochStart is when the epoch of key's master began after the store lost
 // its data: requests first sent before it may have lost their records.

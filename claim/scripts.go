@@ -131,7 +131,7 @@ redis.pcall(ARGV[5], KEYS[1], '')
 return 1
 `)
 
-var scripts = []*redis.Script{claimScript, ttlScript, epochScript, renewScript, completeScript, releaseScript, orphanScript, forgetScript, releaseUnforwardedScript}
+var scripts = []*redis.Script{claimScript, ttlScript, epochScript, epochLostScript, renewScript, completeScript, releaseScript, orphanScript, forgetScript, releaseUnforwardedScript}
 
 // forgetScript deletes the key only while its record is in the given state,
 // so that an operator clearing a stuck claim never deletes an answer that

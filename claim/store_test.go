@@ -931,6 +931,27 @@ func testEpochMarkers(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 	if latest, _ := s.EpochStart(ctx, key); latest.IsZero() || time.Since(latest) > time.Minute {
 		t.Errorf("EpochStart after the loss: %v, want about now", latest)
 	}
+	// A marker recreated by a process that never saw the old one says
+	// "new store"; this process knew better and marks it, so that a
+	// process that starts now takes it for an epoch after a loss too.
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		cc.ForEachMaster(ctx, scan)
+	} else {
+		scan(ctx, c.(*redis.Client))
+	}
+	ignorant := claim.New(c, prefix)
+	if _, err := ignorant.CheckEpochs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := ignorant.EpochStart(ctx, key); !got.IsZero() {
+		t.Fatalf("a process that never saw a marker takes a missing one for a new store's: got %v", got)
+	}
+	if again, _ := s.CheckEpochs(ctx); len(again) == 0 || !again[0].Lost || !again[0].AfterLoss {
+		t.Fatalf("the process that knew the old epoch: %+v, want Lost and AfterLoss", again)
+	}
+	if got, _ := claim.New(c, prefix).EpochStart(ctx, key); got.IsZero() {
+		t.Error("after the marker was marked, a new process does not see the epoch after a loss")
+	}
 	// Another process, which never saw the old marker, reads the same
 	// epoch after the loss.
 	other := claim.New(c, prefix)

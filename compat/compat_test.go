@@ -458,3 +458,81 @@ func TestRetryableHTTP(t *testing.T) {
 		"timeout":    {"charge"},
 	})
 }
+
+// TestRetryableHTTPFirstSent (issue 33): go-retryablehttp clones a
+// request's headers onto every retry, so an application that sets
+// Repeatability-First-Sent once, before the first attempt, sends the same
+// value on every retry. Through the real binary on a real redis-server:
+// the charge executes; Redis restarts without its data; the application's
+// retry of the same call (same key, same first-sent time) gets 412
+// record-lost instead of a second charge, and a new call executes.
+func TestRetryableHTTPFirstSent(t *testing.T) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("IDEMPROXY_REQUIRE_REDIS") == "1" {
+			t.Fatal("redis-server is required (IDEMPROXY_REQUIRE_REDIS=1)")
+		}
+		t.Skip("SKIP: redis-server is not installed")
+	}
+	port := freePort(t)
+	var redis *exec.Cmd
+	startRedis := func() {
+		redis = exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+		if err := redis.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for range 200 {
+			if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+				c.Close()
+				return
+			}
+			time.Sleep(25 * time.Millisecond)
+		}
+		t.Fatal("redis-server did not come up")
+	}
+	startRedis()
+	t.Cleanup(func() { redis.Process.Kill(); redis.Wait() }) // by the PID this test started
+	l := newLedger()
+	url := sidecar(t, l, fmt.Sprintf("  in_progress_status: 503\nstore:\n  redis:\n    addrs: [\"127.0.0.1:%d\"]\n", port))
+
+	first := time.Now().UTC().Format(http.TimeFormat) // read once, before the first attempt
+	charge := func(key string, sent string) string {
+		c := retryablehttp.NewClient()
+		c.Logger = nil
+		c.RetryWaitMin, c.RetryWaitMax, c.RetryMax = 100*time.Millisecond, 300*time.Millisecond, 10
+		req, _ := retryablehttp.NewRequest(http.MethodPost, url+"/v1/charges", []byte(`{"amount":700}`))
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Repeatability-First-Sent", sent)
+		req.Header.Set("X-Forwarded-User", "merchant-1")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := c.Do(req)
+		if err != nil {
+			return "error " + errorWords(err)
+		}
+		defer resp.Body.Close()
+		var body struct{ ID, Type string }
+		json.NewDecoder(resp.Body).Decode(&body)
+		if resp.StatusCode == http.StatusOK {
+			return "charge"
+		}
+		return fmt.Sprintf("response %d %s", resp.StatusCode, body.Type[strings.LastIndexAny(body.Type, "/:")+1:])
+	}
+	if got := charge("order-77", first); got != "charge" {
+		t.Fatalf("the first call: %s", got)
+	}
+	time.Sleep(1500 * time.Millisecond) // the sidecar's store watcher has read the epoch
+	redis.Process.Kill()                // Redis restarts without its data
+	redis.Wait()
+	startRedis()
+	// The library retries the 503s while the sidecar reconnects, then
+	// hands the application the 412.
+	if got := charge("order-77", first); got != "response 412 record-lost" {
+		t.Errorf("the application's retry after Redis lost its data: %s, want response 412 record-lost", got)
+	}
+	if n := l.executions()["order-77"]; n != 1 {
+		t.Errorf("order-77 executed %d times, want 1", n)
+	}
+	if got := charge("order-78", time.Now().UTC().Format(http.TimeFormat)); got != "charge" {
+		t.Errorf("a new call after the loss: %s, want a charge", got)
+	}
+}
