@@ -15,18 +15,18 @@ import (
 
 // attempt is one HTTP request a client made for a logical operation.
 type attempt struct {
-	Op        int       `json:"op"`
-	N         int       `json:"n"`
-	Sidecar   int       `json:"sidecar"`
-	Version   string    `json:"version"` // the sidecar's: "current" or the previous release
-	Principal string    `json:"principal"`
-	Key       string    `json:"key"`
-	Path      string    `json:"path"`
-	BodyHash  string    `json:"body_hash"`
-	Changed   bool      `json:"changed"` // a deliberately different body for the same key
+	Op        int    `json:"op"`
+	N         int    `json:"n"`
+	Sidecar   int    `json:"sidecar"`
+	Version   string `json:"version"` // the sidecar's: "current" or the previous release
+	Principal string `json:"principal"`
+	Key       string `json:"key"`
+	Path      string `json:"path"`
+	BodyHash  string `json:"body_hash"`
+	Changed   bool   `json:"changed"` // a deliberately different body for the same key
 	// FirstSent is set when the attempt said when its operation was
 	// first sent (Repeatability-First-Sent).
-	FirstSent bool `json:"first_sent"`
+	FirstSent bool      `json:"first_sent"`
 	RequestID string    `json:"request_id"`
 	Start     time.Time `json:"start"`
 	End       time.Time `json:"end"`
