@@ -263,13 +263,20 @@ func stripeGo(url string) call {
 // retryable is hashicorp/go-retryablehttp with its default policy
 // (retries connection errors, 429 and 5xx; honours Retry-After on 429 and
 // 503) and short waits.
-func retryable(url string) call {
+func retryable(url string) call { return retryableWith(url, nil, 4) }
+
+// retryableWith is retryable setting header on the request (go-retryablehttp
+// clones it onto every retry) and retrying up to max times.
+func retryableWith(url string, header http.Header, max int) call {
 	return func(key string, amount int64, timeout time.Duration) string {
 		c := retryablehttp.NewClient()
 		c.Logger = nil
-		c.RetryWaitMin, c.RetryWaitMax, c.RetryMax = 100*time.Millisecond, 300*time.Millisecond, 4
+		c.RetryWaitMin, c.RetryWaitMax, c.RetryMax = 100*time.Millisecond, 300*time.Millisecond, max
 		c.HTTPClient.Timeout = timeout
 		req, _ := retryablehttp.NewRequest(http.MethodPost, url+"/v1/charges", []byte(fmt.Sprintf(`{"amount":%d}`, amount)))
+		for name, vs := range header {
+			req.Header[name] = vs
+		}
 		req.Header.Set("Idempotency-Key", key)
 		req.Header.Set("X-Forwarded-User", "merchant-1")
 		req.Header.Set("Content-Type", "application/json")
@@ -497,25 +504,11 @@ func TestRetryableHTTPFirstSent(t *testing.T) {
 
 	first := time.Now().UTC().Format(http.TimeFormat) // read once, before the first attempt
 	charge := func(key string, sent string) string {
-		c := retryablehttp.NewClient()
-		c.Logger = nil
-		c.RetryWaitMin, c.RetryWaitMax, c.RetryMax = 100*time.Millisecond, 300*time.Millisecond, 10
-		req, _ := retryablehttp.NewRequest(http.MethodPost, url+"/v1/charges", []byte(`{"amount":700}`))
-		req.Header.Set("Idempotency-Key", key)
-		req.Header.Set("Repeatability-First-Sent", sent)
-		req.Header.Set("X-Forwarded-User", "merchant-1")
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := c.Do(req)
-		if err != nil {
-			return "error " + errorWords(err)
-		}
-		defer resp.Body.Close()
-		var body struct{ ID, Type string }
-		json.NewDecoder(resp.Body).Decode(&body)
-		if resp.StatusCode == http.StatusOK {
+		got := retryableWith(url, http.Header{"Repeatability-First-Sent": {sent}}, 10)(key, 700, 0)
+		if strings.HasPrefix(got, "charge ") {
 			return "charge"
 		}
-		return fmt.Sprintf("response %d %s", resp.StatusCode, body.Type[strings.LastIndexAny(body.Type, "/:")+1:])
+		return got
 	}
 	if got := charge("order-77", first); got != "charge" {
 		t.Fatalf("the first call: %s", got)
