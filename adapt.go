@@ -137,6 +137,7 @@ func proxyRoutes(routes []config.Route) []proxy.Route {
 			MaxInFlight:        s.MaxInFlight,
 			MaxInFlightShare:   shareOf(s.MaxInFlight, s.MaxInFlightPrincipalShare),
 			FirstSent:          firstSentSources(s.FirstSent),
+			Webhook:            webhookOf(r.Webhook),
 			FirstSentSkew:      s.FirstSentSkew,
 			KeyJSONPointer:     s.KeyJSONPointer,
 			Problems:           problemFormat(s),
@@ -211,4 +212,13 @@ func firstSentSources(names []string) []proxy.FirstSentSource {
 		}
 	}
 	return out
+}
+
+// webhookOf is a route's webhook block for the proxy; nil without a
+// provider. Its secrets were read by readWebhookSecrets.
+func webhookOf(w config.Webhook) *proxy.Webhook {
+	if w.Provider == "" {
+		return nil
+	}
+	return &proxy.Webhook{Provider: w.Provider, Secrets: slices.Clone(w.Secrets), Tolerance: w.Tolerance}
 }

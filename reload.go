@@ -114,6 +114,9 @@ func (r *reloader) reload(trigger string, force bool) {
 	}
 	cfg, err := config.Load(r.path)
 	if err == nil {
+		err = readWebhookSecrets(cfg) // a rotated webhook secret reloads with its route
+	}
+	if err == nil {
 		err = r.handler.Reload(proxyRoutes(cfg.Routes))
 	}
 	if err != nil {

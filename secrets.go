@@ -60,6 +60,9 @@ func readSecrets(cfg *config.Config) (*secrets, error) {
 			sec.adminToken = []byte(strings.TrimSpace(string(b)))
 		}
 	}
+	if err := readWebhookSecrets(cfg); err != nil {
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -135,6 +138,30 @@ func readPasswords(r *config.Redis) error {
 			continue
 		}
 		*secret.dst = strings.TrimSpace(string(b))
+	}
+	return errors.Join(errs...)
+}
+
+// readWebhookSecrets reads every webhook route's secret files into the
+// route (config.Webhook.Secrets): at start, by -check and at a reload.
+// Each problem names the file's YAML path.
+func readWebhookSecrets(cfg *config.Config) error {
+	var errs []error
+	for i := range cfg.Routes {
+		w := &cfg.Routes[i].Webhook
+		w.Secrets = nil
+		for j, f := range w.SecretFiles {
+			b, err := os.ReadFile(f)
+			s := strings.TrimSpace(string(b))
+			switch {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("routes[%d].webhook.secret_files[%d]: %w", i, j, err))
+			case len(s) < 8:
+				errs = append(errs, fmt.Errorf("routes[%d].webhook.secret_files[%d]: %s holds %d characters, want the provider's signing secret", i, j, f, len(s)))
+			default:
+				w.Secrets = append(w.Secrets, []byte(s))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }

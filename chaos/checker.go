@@ -347,6 +347,10 @@ func explain(prev, next execution, faults []fault, outcomes map[string]string, s
 	switch {
 	case overlaps(faultRedisLost) && !firstSent:
 		return "Redis lost acknowledged data: restart without persistence (the client sent no first-sent time)"
+	case overlaps(faultRedisLost) && lostSoonAfter(prev, faults):
+		// A first-sent time (an HTTP date: whole seconds) within
+		// first_sent_skew (2 s) of the loss still executes, by design.
+		return "Redis lost acknowledged data within first_sent_skew of the request's first send (documented)"
 	case overlaps(faultRedisRestart):
 		return "Redis lost acknowledged data: killed, AOF everysec lost the last second"
 	case strict:
@@ -439,3 +443,15 @@ func sortedKeys(m map[string]int) []string {
 // leaseOf is the lease of the route a attempted (chaos runs every route
 // with lease: 2s).
 func leaseOf(attempt) time.Duration { return 2 * time.Second }
+
+// lostSoonAfter reports whether Redis lost its data less than 3 s (the
+// 2 s first_sent_skew, plus the second an HTTP date truncates) after
+// prev's execution began, its request's first-sent time at the latest.
+func lostSoonAfter(prev execution, faults []fault) bool {
+	for _, f := range faults {
+		if f.Kind == faultRedisLost && !f.Start.Before(prev.Start) && f.Start.Sub(prev.Start) < 3*time.Second {
+			return true
+		}
+	}
+	return false
+}

@@ -21,6 +21,7 @@ import (
 
 	retryablehttp "github.com/hashicorp/go-retryablehttp"
 	stripe "github.com/stripe/stripe-go/v82"
+	"github.com/stripe/stripe-go/v82/webhook"
 )
 
 // stripeBody is the problem_body the README recommends for clients that
@@ -125,6 +126,12 @@ func (l *ledger) executions() map[string]int {
 // sidecar runs the binary in front of l with route settings extra.
 func sidecar(t *testing.T, l *ledger, extra string) string {
 	t.Helper()
+	return sidecarRoutes(t, l, extra, "  - name: charges\n    match: \"POST /v1/charges\"\n")
+}
+
+// sidecarRoutes is sidecar with routes of its own.
+func sidecarRoutes(t *testing.T, l *ledger, extra, routes string) string {
+	t.Helper()
 	up := httptest.NewServer(l)
 	t.Cleanup(up.Close)
 	port, admin := freePort(t), freePort(t)
@@ -136,9 +143,7 @@ upstream:
 defaults:
   lease: 2s
 %sroutes:
-  - name: charges
-    match: "POST /v1/charges"
-`, port, admin, up.URL, extra)), 0o600)
+%s`, port, admin, up.URL, extra, routes)), 0o600)
 	cmd := exec.Command(binary(t), "-config", path)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -513,7 +518,10 @@ func TestRetryableHTTPFirstSent(t *testing.T) {
 	if got := charge("order-77", first); got != "charge" {
 		t.Fatalf("the first call: %s", got)
 	}
-	time.Sleep(1500 * time.Millisecond) // the sidecar's store watcher has read the epoch
+	// The sidecar's store watcher has read the epoch, and the loss comes
+	// well after the first-sent time (which HTTP dates truncate to the
+	// second) plus the 2 s first_sent_skew.
+	time.Sleep(3500 * time.Millisecond)
 	redis.Process.Kill()                // Redis restarts without its data
 	redis.Wait()
 	startRedis()
@@ -527,5 +535,51 @@ func TestRetryableHTTPFirstSent(t *testing.T) {
 	}
 	if got := charge("order-78", time.Now().UTC().Format(http.TimeFormat)); got != "charge" {
 		t.Errorf("a new call after the loss: %s, want a charge", got)
+	}
+}
+
+// TestStripeWebhook (issue 34): deliveries signed by stripe-go's own
+// helper (webhook.GenerateTestSignedPayload), through the real binary: the
+// event executes the legacy handler once, Stripe's redelivery (signed
+// anew, later) gets the first answer replayed, a delivery signed with
+// another secret or an old timestamp is 401 and never reaches the handler.
+func TestStripeWebhook(t *testing.T) {
+	l := newLedger()
+	secret := "whsec_" + strings.Repeat("c0ffee", 6)
+	path := filepath.Join(t.TempDir(), "whsec")
+	os.WriteFile(path, []byte(secret), 0o400)
+	url := sidecarRoutes(t, l, "", fmt.Sprintf("  - name: stripe-events\n    match: \"POST /v1/charges\"\n    webhook:\n      provider: stripe\n      secret_files: [%q]\n", path))
+	deliver := func(payload []byte, signed *webhook.SignedPayload) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, url+"/v1/charges", bytes.NewReader(payload))
+		req.Header.Set("Stripe-Signature", signed.Header)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Idempotent-Replayed") + " " + string(b)
+	}
+	event := []byte(`{"id":"evt_1NG8Du2eZvKYlo2CUI79vXWy","object":"event","type":"payment_intent.succeeded","data":{"object":{"amount":2000}}}`)
+	sign := func(secret string, at time.Time) *webhook.SignedPayload {
+		return webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: event, Secret: secret, Timestamp: at})
+	}
+	status, first := deliver(event, sign(secret, time.Now()))
+	if status != http.StatusOK {
+		t.Fatalf("the event: %d %s", status, first)
+	}
+	status, again := deliver(event, sign(secret, time.Now().Add(time.Minute)))
+	if status != http.StatusOK || again != "true"+first { // first is " <body>": not replayed
+		t.Errorf("Stripe's redelivery: %d %q, want the first answer replayed", status, again)
+	}
+	if status, b := deliver(event, sign("whsec_"+strings.Repeat("bad", 8), time.Now())); status != http.StatusUnauthorized || !strings.Contains(b, "signature-invalid") {
+		t.Errorf("signed with another secret: %d %s, want 401", status, b)
+	}
+	if status, b := deliver(event, sign(secret, time.Now().Add(-time.Hour))); status != http.StatusUnauthorized {
+		t.Errorf("signed an hour ago: %d %s, want 401 (outside the tolerance)", status, b)
+	}
+	if n := l.executions()["evt_1NG8Du2eZvKYlo2CUI79vXWy"]; n != 1 {
+		t.Errorf("the event executed %d times, want 1", n)
 	}
 }

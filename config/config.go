@@ -531,11 +531,41 @@ type Route struct {
 	Match string `yaml:"match"`
 	// Settings are the route's own, each defaulting to defaults:'s.
 	Settings Settings `yaml:",inline"`
+	// Webhook, when its provider is set, makes the route a webhook
+	// receiver: deliveries are verified by the provider's signature, the
+	// principal is the provider and the key its delivery id.
+	Webhook Webhook `yaml:"webhook"`
 
 	// set holds the setting keys the route's YAML gave, so a bad value it
 	// inherited is reported once, at defaults:, not again for every route.
 	// Nil (a Route built in code) validates every setting.
 	set map[string]bool
+}
+
+// Webhook providers (routes[].webhook.provider).
+const (
+	WebhookStripe   = "stripe"
+	WebhookGitHub   = "github"
+	WebhookShopify  = "shopify"
+	WebhookStandard = "standard" // Standard Webhooks (standardwebhooks.com)
+)
+
+// DefaultWebhookTolerance is routes[].webhook.tolerance.
+const DefaultWebhookTolerance = 5 * time.Minute
+
+// Webhook is a route's webhook block.
+type Webhook struct {
+	// Provider is stripe, github, shopify or standard; empty: not a
+	// webhook route.
+	Provider string `yaml:"provider"`
+	// SecretFiles hold the signing secrets; any one verifies (rotation).
+	SecretFiles []string `yaml:"secret_files"`
+	// Tolerance is how far a signed timestamp (stripe, standard) may be
+	// from now.
+	Tolerance time.Duration `yaml:"tolerance"`
+	// Secrets are the files' contents, read at start, by -check and at a
+	// reload (main's readWebhookSecrets); nil until then.
+	Secrets [][]byte `yaml:"-"`
 }
 
 // Default returns a configuration holding every default and no routes.

@@ -119,6 +119,12 @@ func TestInvalidFixtures(t *testing.T) {
 			`admin_listen: must be host:port with a port from 0 to 65535, got "localhost:http"`,
 			`store.redis.addrs[1]: must be host:port (e.g. :8080, 127.0.0.1:8080, redis:6379), got "redis"`,
 		},
+		"bad_webhook": {
+			`routes[0].webhook.secret_files: must name at least one file holding the provider's signing secret`,
+			`routes[0].webhook.tolerance: must be between 1s and 1h (a signed timestamp further off is refused: replay protection), got 2h0m0s`,
+			`routes[1].webhook.provider: must be one of stripe, github, shopify, standard, got "paypal"`,
+			`routes[2].webhook.provider: must be set with secret_files: stripe, github, shopify or standard`,
+		},
 		"routes_not_list": {
 			`routes: must be a list of routes, got a mapping`,
 		},

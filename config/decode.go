@@ -203,7 +203,7 @@ var removedKeys = map[string]string{
 }
 
 func (d *decoder) route(m map[string]any, path string, defaults Settings) Route {
-	r := Route{Settings: clone(defaults), set: map[string]bool{}}
+	r := Route{Settings: clone(defaults), set: map[string]bool{}, Webhook: Webhook{Tolerance: DefaultWebhookTolerance}}
 	known := map[string]bool{}
 	for _, k := range routeKeyPaths {
 		known[k] = true

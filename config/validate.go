@@ -231,6 +231,7 @@ func (c *Config) validateRoutes(add problemf) {
 		if err := checkPattern(mux, CanonicalPattern(r.Match)); err != nil {
 			add(path+".match", "%v", err)
 		}
+		r.Webhook.validate(path+".webhook.", add)
 		r.Settings.validate(path+".", func(p, format string, args ...any) {
 			k := settingKey(strings.TrimPrefix(p, path+"."))
 			if r.set == nil || r.set[k] || k == "retention" && r.set["lease"] {
@@ -563,6 +564,11 @@ func (c *Config) exposedSecrets(groups func() ([]int, error)) []string {
 	for i, f := range c.Store.Encryption.KeyFiles {
 		files = append(files, struct{ key, path string }{fmt.Sprintf("store.encryption.key_files[%d]", i), f})
 	}
+	for i, r := range c.Routes {
+		for j, f := range r.Webhook.SecretFiles {
+			files = append(files, struct{ key, path string }{fmt.Sprintf("routes[%d].webhook.secret_files[%d]", i, j), f})
+		}
+	}
 	mine, _ := groups()
 	var out []string
 	for _, f := range files {
@@ -585,4 +591,20 @@ func (c *Config) exposedSecrets(groups func() ([]int, error)) []string {
 		}
 	}
 	return out
+}
+
+func (w Webhook) validate(path string, add problemf) {
+	if w.Provider == "" {
+		if len(w.SecretFiles) > 0 {
+			add(path+"provider", "must be set with secret_files: stripe, github, shopify or standard")
+		}
+		return
+	}
+	oneOf(path+"provider", w.Provider, add, WebhookStripe, WebhookGitHub, WebhookShopify, WebhookStandard)
+	if len(w.SecretFiles) == 0 {
+		add(path+"secret_files", "must name at least one file holding the provider's signing secret")
+	}
+	if w.Tolerance <= 0 || w.Tolerance > time.Hour {
+		add(path+"tolerance", "must be between 1s and 1h (a signed timestamp further off is refused: replay protection), got %s", w.Tolerance)
+	}
 }

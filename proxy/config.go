@@ -158,6 +158,8 @@ type Route struct {
 	// a client's clock may be.
 	FirstSent     []FirstSentSource
 	FirstSentSkew time.Duration
+	// Webhook, when set, makes the route a webhook receiver (webhook.go).
+	Webhook *Webhook
 	// KeyJSONPointer, when set, takes the key from this member of a JSON
 	// body when the key header is absent (a string, or an integer in
 	// decimal); the route then reads bodies before the key.

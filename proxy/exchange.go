@@ -49,6 +49,9 @@ type exchange struct {
 	timedOut atomic.Bool
 	// span is the request's server span; nil when tracing is off.
 	span trace.Span
+	// webhookResult, when set, is the delivery's result label (webhook.go)
+	// where the outcome does not say it.
+	webhookResult string
 	// firstSent is when the request was first sent, when hasFirstSent
 	// (firstsent.go).
 	firstSent    time.Time
@@ -73,6 +76,10 @@ type exchange struct {
 // admit the request, read its body, then claim the key and either own
 // the request or answer from the record already there.
 func (x *exchange) serve() {
+	if x.rt.settings.Webhook != nil {
+		x.serveWebhook()
+		return
+	}
 	key, ok := x.admit()
 	if !ok {
 		return
@@ -595,6 +602,9 @@ func (x *exchange) finish() {
 	defer x.endTrace()
 	total := time.Since(x.start)
 	x.h.metrics.requests.WithLabelValues(x.rt.name, x.outcome).Inc()
+	if x.rt.settings.Webhook != nil {
+		x.h.metrics.webhooks.WithLabelValues(x.rt.name, x.webhookOutcome()).Inc()
+	}
 	x.h.metrics.added.WithLabelValues(x.rt.name).Observe((total - x.upstream).Seconds())
 	level := slog.LevelInfo
 	switch x.outcome {

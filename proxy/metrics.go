@@ -83,6 +83,8 @@ type Metrics struct {
 	passThrough *prometheus.CounterVec
 	// firstSentRefused counts 412s by route and reason (firstsent.go).
 	firstSentRefused *prometheus.CounterVec
+	// webhooks counts webhook deliveries by route and result.
+	webhooks *prometheus.CounterVec
 	// quotaRefusals counts claims refused for quota.new_keys, by route.
 	quotaRefusals *prometheus.CounterVec
 	// recordErrors counts stored records that could not be read, by
@@ -157,6 +159,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
 		}),
 		unconfirmed: newUnconfirmedCounter(),
+		webhooks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_webhook_deliveries_total",
+			Help: "Webhook deliveries on routes with a webhook block, by route and result: executed (the first delivery, forwarded), replayed (a redelivery answered from the record), in_progress, signature_invalid (missing, wrong or stale: nothing claimed or forwarded), refused.",
+		}, []string{"route", "result"}),
 		firstSentRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_first_sent_refused_total",
 			Help: "New claims refused 412 (nothing forwarded) because the request was first sent longer ago than the retention (key-expired) or before the store lost its data (record-lost), by route and reason.",
@@ -206,7 +212,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			})
 		}
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
-			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.webhooks, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
 				func(h *Handler) float64 { return h.owners.count() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",

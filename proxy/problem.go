@@ -58,6 +58,7 @@ var (
 	probReplayForbidden       = problem{Type: "replay-forbidden", Status: http.StatusForbidden, Title: "Not authorized to see the stored response"}
 	probAuthorizerUnavailable = problem{Type: "authorizer-unavailable", Status: http.StatusServiceUnavailable, Title: "The replay authorizer is unavailable"}
 	probUpgradeRefused        = problem{Type: "upgrade-refused", Status: http.StatusBadRequest, Title: "Protocol upgrade refused"}
+	probSignatureInvalid      = problem{Type: "signature-invalid", Status: http.StatusUnauthorized, Title: "Webhook signature missing, wrong or outside the tolerance"}
 	probFirstSentInvalid      = problem{Type: "first-sent-invalid", Status: http.StatusBadRequest, Title: "Malformed first-sent time"}
 	probKeyExpired            = problem{Type: "key-expired", Status: http.StatusPreconditionFailed, Title: "The request was first sent longer ago than its record is kept"}
 	probRecordLost            = problem{Type: "record-lost", Status: http.StatusPreconditionFailed, Title: "The request was first sent before the store lost its records"}

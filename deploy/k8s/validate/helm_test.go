@@ -170,6 +170,9 @@ func checkPod(t *testing.T, pod corev1.PodSpec, cfg *config.Config) {
 		mounted = append(mounted, m.MountPath)
 	}
 	files := append([]string{cfg.Store.Redis.PasswordFile, cfg.Store.Redis.SentinelPasswordFile, cfg.Store.KeySecretFile, cfg.Admin.TokenFile}, cfg.Store.Encryption.KeyFiles...)
+	for _, r := range cfg.Routes {
+		files = append(files, r.Webhook.SecretFiles...)
+	}
 	for _, f := range files {
 		if f != "" && !slices.ContainsFunc(mounted, func(dir string) bool { return strings.HasPrefix(f, dir+"/") }) {
 			t.Errorf("the config names %s, which no volume mount provides", f)

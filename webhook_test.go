@@ -1,0 +1,164 @@
+package main
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// signer signs a delivery as one provider does: the headers for body.
+type signer func(secret, id, body string, at time.Time) http.Header
+
+func hmacHex(key, msg string) string {
+	m := hmac.New(sha256.New, []byte(key))
+	m.Write([]byte(msg))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func hmacB64(key []byte, msg string) string {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(msg))
+	return base64.StdEncoding.EncodeToString(m.Sum(nil))
+}
+
+// The providers' published formats (stripe-go's own helper signs in
+// compat/, TestStripeWebhook).
+var signers = map[string]signer{
+	"stripe": func(secret, _, body string, at time.Time) http.Header {
+		t := strconv.FormatInt(at.Unix(), 10)
+		return http.Header{"Stripe-Signature": {"t=" + t + ",v1=" + hmacHex(secret, t+"."+body)}}
+	},
+	"github": func(secret, id, body string, _ time.Time) http.Header {
+		return http.Header{"X-Hub-Signature-256": {"sha256=" + hmacHex(secret, body)}, "X-Github-Delivery": {id}, "X-Github-Event": {"push"}}
+	},
+	"shopify": func(secret, id, body string, _ time.Time) http.Header {
+		return http.Header{"X-Shopify-Hmac-Sha256": {hmacB64([]byte(secret), body)}, "X-Shopify-Webhook-Id": {id}}
+	},
+	"standard": func(secret, id, body string, at time.Time) http.Header {
+		key, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+		t := strconv.FormatInt(at.Unix(), 10)
+		return http.Header{"Webhook-Id": {id}, "Webhook-Timestamp": {t}, "Webhook-Signature": {"v1," + hmacB64(key, id+"."+t+"."+body)}}
+	},
+}
+
+// TestWebhooksThroughTheBinary (issue 34): for each provider, through the
+// real binary, from a peer that is not trusted and sends no identity: a
+// signed delivery executes the handler once; a redelivery (signed anew)
+// gets the first answer, replayed; five concurrent redeliveries execute
+// nothing more; a forged first delivery of a new id is 401 and does not
+// poison the id (the real one executes after); a stale timestamp is 401
+// (stripe, standard); the second secret of a rotation verifies too.
+func TestWebhooksThroughTheBinary(t *testing.T) {
+	var mu sync.Mutex
+	executed := map[string]int{}
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		key := r.URL.Path + " " + r.Header.Get("Idempotency-Key")
+		mu.Lock()
+		executed[key]++
+		n := executed[key]
+		mu.Unlock()
+		if r.Header.Get("X-Forwarded-User") != "" {
+			http.Error(w, "an untrusted peer's identity reached the app", http.StatusTeapot)
+			return
+		}
+		fmt.Fprintf(w, `{"booked":%q,"n":%d}`, string(b), n)
+	}))
+	defer upstream.Close()
+	dir := t.TempDir()
+	secrets := map[string][2]string{
+		"stripe":   {"whsec_old_0123456789abcdef", "whsec_new_0123456789abcdef"},
+		"github":   {"gh-old-secret-0123", "gh-new-secret-0123"},
+		"shopify":  {"shp-old-secret-0123", "shp-new-secret-0123"},
+		"standard": {"whsec_" + base64.StdEncoding.EncodeToString([]byte("standard-old-key-0123456789")), "whsec_" + base64.StdEncoding.EncodeToString([]byte("standard-new-key-0123456789"))},
+	}
+	var routes strings.Builder
+	for _, p := range []string{"stripe", "github", "shopify", "standard"} {
+		var files []string
+		for i, s := range secrets[p] {
+			f := filepath.Join(dir, fmt.Sprintf("%s-%d", p, i))
+			os.WriteFile(f, []byte(s+"\n"), 0o400)
+			files = append(files, strconv.Quote(f))
+		}
+		fmt.Fprintf(&routes, "  - name: %s-events\n    match: \"POST /webhooks/%s\"\n    webhook:\n      provider: %s\n      secret_files: [%s]\n      tolerance: 5m\n", p, p, p, strings.Join(files, ", "))
+	}
+	sc := startBinary(t, fmt.Sprintf("upstream:\n  url: %q\nidentity:\n  trusted_proxies: [\"192.0.2.0/24\"]\nroutes:\n%s", upstream.URL, routes.String()))
+
+	deliver := func(provider, secret, id, body string, at time.Time) (int, string, http.Header) {
+		req, _ := http.NewRequest(http.MethodPost, sc.client+"/webhooks/"+provider, strings.NewReader(body))
+		for k, vs := range signers[provider](secret, id, body, at) {
+			req.Header[k] = vs
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Forwarded-User", "mallory") // from an untrusted peer: stripped
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header
+	}
+	for _, p := range []string{"stripe", "github", "shopify", "standard"} {
+		t.Run(p, func(t *testing.T) {
+			old, cur := secrets[p][0], secrets[p][1]
+			body := func(id string) string { return fmt.Sprintf(`{"id":%q,"type":"payment.succeeded","amount":4200}`, id) }
+			now := time.Now()
+			status, first, _ := deliver(p, cur, "evt_1", body("evt_1"), now)
+			if status != http.StatusOK || !strings.Contains(first, `"n":1`) {
+				t.Fatalf("first delivery: %d %s", status, first)
+			}
+			status, again, h := deliver(p, old, "evt_1", body("evt_1"), now.Add(30*time.Second)) // re-signed, with the older secret
+			if status != http.StatusOK || again != first || h.Get("Idempotent-Replayed") != "true" {
+				t.Errorf("redelivery: %d %s replayed=%q, want the first answer replayed", status, again, h.Get("Idempotent-Replayed"))
+			}
+			var wg sync.WaitGroup
+			for range 5 {
+				wg.Go(func() { deliver(p, cur, "evt_1", body("evt_1"), time.Now()) })
+			}
+			wg.Wait()
+			if status, b, _ := deliver(p, "not-the-secret-0123", "evt_2", body("evt_2"), now); status != http.StatusUnauthorized || !strings.Contains(b, "signature-invalid") {
+				t.Errorf("a forged first delivery: %d %s, want 401 signature-invalid", status, b)
+			}
+			if status, b, _ := deliver(p, cur, "evt_2", body("evt_2"), now); status != http.StatusOK || !strings.Contains(b, `"n":1`) {
+				t.Errorf("the real delivery after a forged one: %d %s, want it executed", status, b)
+			}
+			if p == "stripe" || p == "standard" {
+				if status, b, _ := deliver(p, cur, "evt_3", body("evt_3"), now.Add(-10*time.Minute)); status != http.StatusUnauthorized || !strings.Contains(b, "tolerance") {
+					t.Errorf("a stale timestamp: %d %s, want 401 naming the tolerance", status, b)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, id := range []string{"evt_1", "evt_2"} {
+				if n := executed["/webhooks/"+p+" "+id]; n != 1 {
+					t.Errorf("%s executed %d times, want 1", id, n)
+				}
+			}
+			if n := executed["/webhooks/"+p+" evt_3"]; n != 0 {
+				t.Errorf("a stale delivery executed %d times", n)
+			}
+		})
+	}
+	text := scrape(t, sc.admin)
+	for _, want := range []string{
+		`idemproxy_webhook_deliveries_total{result="executed",route="github-events"} 2`,
+		`idemproxy_webhook_deliveries_total{result="signature_invalid",route="stripe-events"} 2`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
