@@ -522,7 +522,7 @@ func TestRetryableHTTPFirstSent(t *testing.T) {
 	// well after the first-sent time (which HTTP dates truncate to the
 	// second) plus the 2 s first_sent_skew.
 	time.Sleep(3500 * time.Millisecond)
-	redis.Process.Kill()                // Redis restarts without its data
+	redis.Process.Kill() // Redis restarts without its data
 	redis.Wait()
 	startRedis()
 	// The library retries the 503s while the sidecar reconnects, then
