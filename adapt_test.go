@@ -156,6 +156,7 @@ var consumers = map[string]struct{ file, reads string }{
 	"store.record_format":                {"adapt.go", "st.RecordFormat"},
 	"store.key_prefix":                   {"server.go", "s.cfg.Store.KeyPrefix"},
 	"store.pipeline":                     {"adapt.go", "st.Pipeline"},
+	"store.compression":                  {"adapt.go", "st.Compression"},
 	"store.wait_replicas":                {"adapt.go", "st.WaitReplicas"},
 	"store.wait_timeout":                 {"adapt.go", "st.WaitTimeout"},
 	"store.claim_memory_limit":           {"server.go", "cfg.Store.ClaimMemoryLimit"},

@@ -273,7 +273,63 @@ func recordSizes(b *strings.Builder, c redis.UniversalClient) error {
 			fmt.Fprintf(b, "| %d | %s | %d |\n", size, sealed, used)
 		}
 	}
+	return jsonRecordSizes(b, c)
+}
+
+// jsonRecordSizes is recordSizes for realistic JSON answers (a payment
+// object of about 3 KB, and 1 KiB and 16 KiB lists of them, every id,
+// amount and time its own), stored as they come and zstd-compressed
+// (store.compression under store.record_format 3).
+func jsonRecordSizes(b *strings.Builder, c redis.UniversalClient) error {
+	ctx := context.Background()
+	stores := map[string]*claim.Store{
+		"none": claim.New(c, "size:json:plain:"),
+		"zstd": claim.New(c, "size:json:zstd:", claim.WithCompression()),
+	}
+	fmt.Fprintf(b, "\nBytes per completed record with a JSON answer (`MEMORY USAGE`, SAMPLES 0), 4 headers, 32-byte request id:\n\n| answer body | compression none | compression zstd | ratio |\n|---|---|---|---|\n")
+	for i, size := range []int{1024, 3 * 1024, 16 * 1024} {
+		body := jsonBody(size, int64(i))
+		var used [2]int64
+		for j, name := range []string{"none", "zstd"} {
+			s := stores[name]
+			k := s.Key("units", "json", strconv.Itoa(i))
+			rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
+			binary.LittleEndian.PutUint64(rec.Token[:], uint64(i)+1)
+			if _, err := s.Claim(ctx, k, rec, 10*time.Second, claim.Quota{}); err != nil {
+				return err
+			}
+			done := unitRecord(0)
+			done.Body, done.Token = body, rec.Token
+			done.Header.Set("Content-Length", strconv.Itoa(len(body)))
+			if _, err := s.Complete(ctx, k, done, time.Hour); err != nil {
+				return err
+			}
+			if used[j], _ = c.MemoryUsage(ctx, k, 0).Result(); used[j] == 0 {
+				return fmt.Errorf("no MEMORY USAGE for %s", k)
+			}
+		}
+		fmt.Fprintf(b, "| %d B JSON | %d | %d | %.2f |\n", len(body), used[0], used[1], float64(used[1])/float64(used[0]))
+	}
 	return nil
+}
+
+// jsonBody is about size bytes of payment objects as a legacy API
+// answers them: the same members, every value its own.
+func jsonBody(size int, seed int64) []byte {
+	var b strings.Builder
+	b.WriteString(`{"object":"list","data":[`)
+	for i := 0; b.Len() < size-2; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		r := make([]byte, 12)
+		rand.Read(r)
+		id := fmt.Sprintf("%x", r)
+		fmt.Fprintf(&b, `{"id":"pi_%s","object":"payment_intent","amount":%d,"amount_received":%d,"currency":"eur","status":"succeeded","created":%d,"customer":"cus_%s","description":"Order #%d","metadata":{"order_id":"%d","channel":"web"},"payment_method_types":["card"],"latest_charge":"ch_%s","receipt_email":"buyer%d@example.com"}`,
+			id, 1000+i*37+int(seed), 1000+i*37+int(seed), 1764566400+i*61, id[:14], 10000+i, 10000+i, id[4:20], i)
+	}
+	b.WriteString(`]}`)
+	return []byte(b.String())
 }
 
 func redisVersion(c redis.UniversalClient) string {

@@ -164,7 +164,7 @@ func (s *Store) claimByScript(ctx context.Context, key string, rec *Record, valu
 // existing interprets the value a claim found under its key, with the
 // key's PTTL and Redis' clock read with it (zero when not read).
 func (s *Store) existing(key string, rec *Record, raw string, ttl time.Duration, now time.Time) (Result, error) {
-	found, err := s.seal.open(key, []byte(raw))
+	found, err := s.open(key, []byte(raw))
 	if err != nil {
 		return Result{}, err
 	}
@@ -194,7 +194,7 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, er
 	if err != nil {
 		return nil, 0, s.unavailable("get", err)
 	}
-	rec, err := s.seal.open(key, raw)
+	rec, err := s.open(key, raw)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -72,7 +72,7 @@ const (
 	// subkey of the key secret (store.record_format: 2): v0.3.0 refuses
 	// the flag, so it is written only once every replica reads it.
 	flagKeyedFingerprint = 16
-	knownFlags           = flagBodyOmitted | flagTail | flagSealed | flagTrace | flagKeyedFingerprint
+	knownFlags           = flagBodyOmitted | flagTail | flagSealed | flagTrace | flagKeyedFingerprint | flagCompressed
 )
 
 // ErrCorrupt means a stored value could not be decoded: another program
@@ -110,6 +110,9 @@ type Record struct {
 	// KeyedFingerprint reports that Fingerprint is the keyed form (an
 	// HMAC of the request's SHA-256): compare with Store.SameRequest.
 	KeyedFingerprint bool
+	// BodyCompressed reports that Body is zstd-compressed (compress.go);
+	// a Store's reads decompress it, Decode leaves it as stored.
+	BodyCompressed bool
 	// Mark and Lease, in progress only, say whether the key's TTL was set
 	// by the claim, with that lease, or by a renewal since (mark.go).
 	// Claim writes MarkClaimed with the lease it was given; MarkNone is
@@ -155,6 +158,9 @@ func (r *Record) encodeInto(buf []byte) []byte {
 	}
 	if r.KeyedFingerprint {
 		b[offFlags] |= flagKeyedFingerprint
+	}
+	if r.BodyCompressed {
+		b[offFlags] |= flagCompressed
 	}
 	copy(b[offToken:], r.Token[:])
 	copy(b[offFingerprint:], r.Fingerprint[:])
@@ -225,6 +231,7 @@ func decode(b []byte) (*Record, error) {
 		State:            State(b[offState]),
 		BodyOmitted:      b[offFlags]&flagBodyOmitted != 0,
 		KeyedFingerprint: b[offFlags]&flagKeyedFingerprint != 0,
+		BodyCompressed:   b[offFlags]&flagCompressed != 0,
 		Created:          fromMilli(int64(binary.BigEndian.Uint64(b[offCreated:]))),
 		Completed:        fromMilli(int64(binary.BigEndian.Uint64(b[offCompleted:]))),
 		Status:           int(binary.BigEndian.Uint16(b[offStatus:])),
@@ -269,7 +276,7 @@ func decode(b []byte) (*Record, error) {
 	if d.bad || len(d.b) != 0 {
 		return nil, ErrCorrupt
 	}
-	if r.State == Completed && (r.Status < 100 || r.Status > 999) {
+	if r.State == Completed && (r.Status < 100 || r.Status > 999) || r.BodyCompressed && (r.State != Completed || len(r.Body) == 0) {
 		return nil, ErrCorrupt
 	}
 	return r, nil

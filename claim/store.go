@@ -81,6 +81,8 @@ type Store struct {
 	dials atomic.Uint64
 	// epochs are the masters' epochs (epoch.go).
 	epochs epochState
+	// compress stores completed bodies zstd-compressed (compress.go).
+	compress bool
 }
 
 // Option configures a Store.
@@ -223,6 +225,7 @@ func (s *Store) keyFingerprint(fp Fingerprint) Fingerprint {
 // stored is rec as this store writes it: with a keyed fingerprint when
 // it writes keyed ones.
 func (s *Store) stored(rec *Record) *Record {
+	rec = s.compressed(rec)
 	if !s.keyedWrites || s.fpMAC == nil || rec.KeyedFingerprint {
 		return rec
 	}

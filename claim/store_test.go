@@ -90,6 +90,7 @@ func TestContract(t *testing.T) {
 		{"UnmarkedWhileTheClockIsOff", testUnmarkedWhileClockOff},
 		{"UnforwardedByScript", testUnforwardedByScript},
 		{"EpochMarkers", testEpochMarkers},
+		{"CompressedRecords", testCompressedRecords},
 		{"KeyedFingerprints", testKeyedFingerprints},
 	}
 	for _, b := range backends {
@@ -960,6 +961,61 @@ func testEpochMarkers(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 	}
 	if later, _ := s.CheckEpochs(ctx); len(later) > 0 && later[0].Lost {
 		t.Error("the same loss reported twice")
+	}
+}
+
+// testCompressedRecords (issue 35): a store that compresses writes a
+// JSON answer's body zstd-compressed (smaller in Redis, flagged), and it,
+// and a store that does not compress, read the same answer back byte for
+// byte; a small body, or one with a Content-Encoding, is stored as it is.
+func testCompressedRecords(t *testing.T, c redis.UniversalClient, plain *claim.Store) {
+	ctx := context.Background()
+	prefix := fmt.Sprintf("test:zstd:%d:", time.Now().UnixNano())
+	z := claim.New(c, prefix, claim.WithCompression())
+	reader := claim.New(c, prefix)
+	payment := []byte(`{"id":"pi_3MtwBwLkdIwHu7ix28a3tqPa","object":"payment_intent","amount":2000,"amount_capturable":0,"amount_received":0,"currency":"usd","status":"requires_payment_method","payment_method_types":["card"],"metadata":{"order_id":"6735"}}`)
+	body := bytes.Repeat(payment, 12) // about 3 KB of JSON
+	for _, tc := range []struct {
+		name     string
+		body     []byte
+		encoding string
+		shrinks  bool
+	}{
+		{"3 KB JSON", body, "", true},
+		{"small", payment[:100], "", false},
+		{"already gzip", body, "gzip", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := z.Key("p", "zstd", tc.name)
+			rec := newRecord(t)
+			if _, err := z.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
+				t.Fatal(err)
+			}
+			done := completed(rec, string(tc.body))
+			if tc.encoding != "" {
+				done.Header = http.Header{"Content-Encoding": {tc.encoding}}
+			}
+			if _, err := z.Complete(ctx, key, done, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			raw, err := c.Get(ctx, key).Bytes()
+			if err != nil {
+				t.Fatal(err)
+			}
+			stored, err := claim.Decode(raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stored.BodyCompressed != tc.shrinks || tc.shrinks && len(stored.Body) > len(tc.body)/3 {
+				t.Errorf("stored body: compressed %t, %d bytes of %d; want compressed %t (to a third at most)", stored.BodyCompressed, len(stored.Body), len(tc.body), tc.shrinks)
+			}
+			for name, s := range map[string]*claim.Store{"the compressing store": z, "a store that does not compress": reader} {
+				got, _, err := s.Get(ctx, key)
+				if err != nil || got == nil || !bytes.Equal(got.Body, tc.body) || got.BodyCompressed {
+					t.Errorf("%s reads: %v, body equal %t", name, err, got != nil && bytes.Equal(got.Body, tc.body))
+				}
+			}
+		})
 	}
 }
 

@@ -309,10 +309,14 @@ type Store struct {
 	// Redis says how to reach the deployment.
 	Redis Redis `yaml:"redis"`
 	// RecordFormat is the stored format written: 1 (what v0.3.0 reads,
-	// the default) or 2 (fingerprints keyed with KeySecretFile: turn it on
-	// once every replica runs v0.4.0 or later; every version since reads
-	// both).
+	// the default), 2 (fingerprints keyed with KeySecretFile: turn it on
+	// once every replica runs v0.4.0 or later) or 3 (2, plus compressed
+	// bodies with Compression: once every replica runs v0.5.0 or later).
+	// Every version reads the formats before it.
 	RecordFormat int `yaml:"record_format"`
+	// Compression is none or zstd: completed bodies from 256 bytes on
+	// stored zstd-compressed, written only under RecordFormat 3.
+	Compression string `yaml:"compression"`
 	// KeyPrefix is prepended to every Redis key.
 	KeyPrefix string `yaml:"key_prefix"`
 	// Pipeline coalesces concurrent store operations into pipelines
@@ -542,6 +546,12 @@ type Route struct {
 	set map[string]bool
 }
 
+// Record compressions (store.compression).
+const (
+	CompressionNone = "none"
+	CompressionZstd = "zstd"
+)
+
 // Webhook providers (routes[].webhook.provider).
 const (
 	WebhookStripe   = "stripe"
@@ -578,7 +588,7 @@ func Default() *Config {
 			URL: DefaultUpstreamURL, Timeout: DefaultUpstreamTimeout,
 			LateAnswerWindow: DefaultLateAnswerWindow, MaxLateCalls: DefaultMaxLateCalls, LateCallsPrincipalShare: DefaultPrincipalShare,
 		},
-		Store:               Store{RecordFormat: 1, KeyPrefix: DefaultKeyPrefix, Pipeline: true, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
+		Store:               Store{RecordFormat: 1, Compression: CompressionNone, KeyPrefix: DefaultKeyPrefix, Pipeline: true, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
 		Client:              Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
 		Limits:              Limits{PrincipalShare: DefaultPrincipalShare},
 		PassThroughUpgrades: []string{"websocket"},

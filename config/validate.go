@@ -132,10 +132,11 @@ func (c *Config) validateUpstream(add problemf) {
 
 func (c *Config) validateStore(add problemf) {
 	st := &c.Store
-	if st.RecordFormat != 1 && st.RecordFormat != 2 {
-		add("store.record_format", "must be 1 or 2, got %d", st.RecordFormat)
+	if st.RecordFormat < 1 || st.RecordFormat > 3 {
+		add("store.record_format", "must be 1, 2 or 3, got %d", st.RecordFormat)
 	}
-	if st.RecordFormat >= 2 && st.KeySecretFile == "" {
+	oneOf("store.compression", st.Compression, add, CompressionNone, CompressionZstd)
+	if st.RecordFormat == 2 && st.KeySecretFile == "" {
 		add("store.record_format", "2 keys fingerprints with store.key_secret_file (never a sealing key, which rotates), which is not set: set it, or keep 1")
 	}
 	if st.KeyPrefix == "" {
@@ -444,6 +445,8 @@ func (c *Config) Warnings() []string {
 		w = append(w, "store.encryption.key_files: several keys and no store.key_secret_file: Redis keys are derived from the first key file, so prepending a key moves every key; records stored before are no longer found and their retries execute again; set store.key_secret_file before rotating")
 	}
 	switch {
+	case c.Store.Compression == CompressionZstd && c.Store.RecordFormat < 3:
+		w = append(w, "store.compression: zstd is written only under store.record_format: 3 (releases before v0.5.0 cannot read compressed records): set 3 once every replica runs v0.5.0 or later")
 	case c.Store.KeySecretFile != "" && c.Store.RecordFormat < 2:
 		w = append(w, "store.record_format: 1: fingerprints are stored as plain SHA-256, which someone who reads Redis can check guessed request bodies against; set 2 (keyed with store.key_secret_file) once every replica runs v0.4.0 or later (CHANGELOG.md)")
 	}
