@@ -93,4 +93,3 @@ func (s *Store) open(key string, raw []byte) (*Record, error) {
 	}
 	return rec, nil
 }
-
