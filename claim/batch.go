@@ -180,8 +180,8 @@ func (e *sendingError) Unwrap() error { return e.err }
 // StillSending returns, for an error of a store operation whose commands
 // may still be sent (its context ended while they were in a pipeline on
 // its way), a channel that receives once they no longer can; nil
-// otherwise. A claim's cleanup waits for it: deleting a claim whose SET
-// go-redis then resends would leave a claim nobody owns.
+// otherwise. A claim's cleanup looks for the claim often until then: not
+// finding it yet does not mean it will not land.
 func StillSending(err error) <-chan struct{} {
 	var se *sendingError
 	if errors.As(err, &se) {

@@ -34,11 +34,11 @@ const (
 	unconfirmedFirstWait = 100 * time.Millisecond // after a failed try; the first is at once
 	unconfirmedMaxWait   = time.Second            // the claim's lease may be short: keep trying often
 	unconfirmedOpTimeout = time.Second
-	// unconfirmedSendingWait bounds the wait for a claim's commands to be
-	// done with (claim.StillSending); unconfirmedSendingPoll is how often
-	// it looks.
+	// unconfirmedSendingWait bounds how long a claim whose commands may
+	// still be sent (claim.StillSending) is looked for every
+	// unconfirmedSendingPoll.
 	unconfirmedSendingWait = 10 * time.Second
-	unconfirmedSendingPoll = 20 * time.Millisecond
+	unconfirmedSendingPoll = 50 * time.Millisecond
 )
 
 var unconfirmedResults = []string{unconfirmedReleased, unconfirmedNotFound, unconfirmedGaveUp, unconfirmedOnRetry}
@@ -55,8 +55,8 @@ type pendingClaim struct {
 	next, absentSince time.Time
 	wait              time.Duration
 	// sending, when not nil, receives once the claim's commands can no
-	// longer be sent (claim.StillSending): no try before, or a resent SET
-	// could recreate the claim after it was deleted.
+	// longer be sent (claim.StillSending): until then "not there" means
+	// "not yet", and the claim is looked for often.
 	sending <-chan struct{}
 	// sendingUntil bounds the wait for sending.
 	sendingUntil time.Time
@@ -164,16 +164,20 @@ func (u *unconfirmed) try(p *pendingClaim) (result string, done bool) {
 	if now.After(p.until) {
 		return unconfirmedGaveUp, true
 	}
+	// While the claim's commands may still be on their way (a pipeline
+	// waiting on late replies), it is deleted as soon as it is there:
+	// looked for often, not after a wait, because every moment it stays is
+	// one in which a retry elsewhere may find its lease over. (go-redis
+	// never sends a claim twice: claim.noRetry.)
+	stillSending := false
 	if p.sending != nil {
 		select {
 		case <-p.sending:
 			p.sending = nil
 		default:
-			if now.Before(p.sendingUntil) {
-				p.next = now.Add(unconfirmedSendingPoll)
-				return "", false
+			if stillSending = now.Before(p.sendingUntil); !stillSending {
+				p.sending = nil // the client's timeouts end every send long before this
 			}
-			p.sending = nil // the client's timeouts end every send long before this
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), unconfirmedOpTimeout)
@@ -185,6 +189,9 @@ func (u *unconfirmed) try(p *pendingClaim) (result string, done bool) {
 		return "", false
 	case found:
 		return unconfirmedReleased, true
+	case stillSending:
+		p.next = now.Add(unconfirmedSendingPoll) // not there yet: look again soon
+		return "", false
 	case p.absentSince.IsZero():
 		// Not there yet: a SET written before Redis stalled may still be
 		// in a socket buffer. Look again once everything sent before has
