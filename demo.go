@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -60,6 +63,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	cfg.Routes = []config.Route{
 		{Name: "create-payment", Match: "POST /payments", Settings: cfg.Defaults},
 		{Name: "create-order", Match: "POST /orders", Settings: wait},
+		{Name: "payment-events", Match: "POST /webhooks/payments", Settings: cfg.Defaults,
+			Webhook: config.Webhook{Provider: config.WebhookGitHub, Tolerance: config.DefaultWebhookTolerance, Secrets: [][]byte{[]byte(demoWebhookSecret)}}},
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -180,6 +185,29 @@ func (s *demoShow) burst(n int, path, user, key, body string) (string, error) {
 	return fmt.Sprintf("%s; %d distinct success body", strings.Join(parts, ", "), len(bodies)), firstErr
 }
 
+// demoWebhookSecret signs the demo's webhook deliveries (GitHub's format).
+const demoWebhookSecret = "demo-webhook-secret"
+
+// webhook delivers body as GitHub would, signed with secret.
+func (s *demoShow) webhook(id, body, secret string) (demoResult, error) {
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(body))
+	req, err := http.NewRequest(http.MethodPost, s.base+"/webhooks/payments", strings.NewReader(body))
+	if err != nil {
+		return demoResult{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-GitHub-Delivery", id)
+	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(m.Sum(nil)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return demoResult{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return demoResult{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", body: string(b)}, err
+}
+
 func (s *demoShow) row(step, result string) {
 	s.rows = append(s.rows, [4]string{fmt.Sprint(len(s.rows) + 1), step, result, fmt.Sprint(s.bank.charges())})
 }
@@ -235,6 +263,22 @@ func (s *demoShow) run() error {
 		return err
 	}
 	s.row("no Idempotency-Key on a required route", fmt.Sprintf("%d key-missing", r.status))
+
+	// A webhook: the provider redelivers; a forgery never reaches the app.
+	event := `{"action":"paid","amount":800}`
+	forged, err := s.webhook("dlv-1", event, "not-the-secret")
+	if err != nil {
+		return err
+	}
+	first, err := s.webhook("dlv-1", event, demoWebhookSecret)
+	if err != nil {
+		return err
+	}
+	again, err := s.webhook("dlv-1", event, demoWebhookSecret)
+	if err != nil {
+		return err
+	}
+	s.row("a forged webhook, the real one, its redelivery", fmt.Sprintf("%d signature-invalid, %d executed, %d replayed: %v", forged.status, first.status, again.status, again.replayed))
 
 	tw := tabwriter.NewWriter(s.out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "#\tscenario\tclient saw\tcharges made upstream so far")

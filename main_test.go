@@ -49,6 +49,7 @@ func TestDemoShowsTheGuarantees(t *testing.T) {
 		"503 released, retry 201 executed",
 		"1 x 201, 9 x 201 replayed; 1 distinct success body",
 		"400 key-missing",
+		"401 signature-invalid, 201 executed, 201 replayed: true",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, text)

@@ -149,6 +149,9 @@ func readWebhookSecrets(cfg *config.Config) error {
 	var errs []error
 	for i := range cfg.Routes {
 		w := &cfg.Routes[i].Webhook
+		if len(w.SecretFiles) == 0 {
+			continue // none to read (a route built in code carries its own)
+		}
 		w.Secrets = nil
 		for j, f := range w.SecretFiles {
 			b, err := os.ReadFile(f)
