@@ -1,7 +1,6 @@
 package claim
 
 import (
-	"errors"
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
@@ -64,8 +63,6 @@ func (s *Store) compressed(rec *Record) *Record {
 	c.Body, c.BodyCompressed = z, true
 	return &c
 }
-
-var errInflate = errors.New("compressed body does not decompress")
 
 // inflate decompresses rec's body in place when it is stored compressed.
 func inflate(rec *Record) error {

@@ -55,8 +55,6 @@ const (
 	webhookRefused    = "refused"           // anything else refused (no id, too large, store down)
 )
 
-var webhookResults = []string{webhookExecuted, webhookReplayed, webhookInProgress, webhookSigInvalid, webhookRefused}
-
 var (
 	errSigMissing = errors.New("no signature header")
 	errSigWrong   = errors.New("no signature matches any of the route's secrets")
