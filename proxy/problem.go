@@ -74,6 +74,7 @@ var problems = []problem{
 	probInProgress, probNotReplayable, probOverloaded, probBuffersFull, probTooManyKeys, probTooManyBytes,
 	probStoreFull, probStoreUnavailable, probRecordCorrupt, probUpstreamDown, probUpstreamFailed,
 	probUpstreamTimeout, probReplayForbidden, probAuthorizerUnavailable, probOutcomeUnknown, probUpgradeRefused,
+	probSignatureInvalid, probFirstSentInvalid, probKeyExpired, probRecordLost,
 }
 
 // problemContentType is the media type of every problem answer.
