@@ -225,7 +225,7 @@ func (r *report) duplicates(byKey map[opKey][]execution, faults []fault, outcome
 // key the upstream never executed, each once, with its cause: the claim's
 // owner (the request id in the stored problem) was killed or paused after
 // its claim was confirmed and before it forwarded, which the next attempt
-// cannot tell from a death after forwarding (documented in the README);
+// cannot tell from a death after forwarding (documented in docs/guarantee.md);
 // anything else is unexplained.
 func (r *report) neverForwarded(history []attempt, byKey map[opKey][]execution, faults []fault) {
 	byID := map[string]attempt{}

@@ -2,7 +2,7 @@
 //
 // Every key is declared once, as a tagged field of Config (see keys.go);
 // decoding, the environment overrides, the unknown-key check, the list of
-// keys that need a restart and the README's reference table come from
+// keys that need a restart and docs/configuration.md's reference table come from
 // those declarations. Every key outside routes: can be overridden from the
 // environment as IDEMPROXY_ followed by its upper-cased path with dots
 // replaced by underscores, for example IDEMPROXY_STORE_REDIS_PASSWORD or

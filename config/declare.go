@@ -14,7 +14,7 @@ import (
 // own name and a dot; ",inline" adds nothing), and `reload:"true"` marks
 // a key, or a whole section, that reloads; every other key needs a
 // restart. Decoding, the environment overrides, the unknown-key check, the
-// restart-only list and the README's reference table all come from these
+// restart-only list and docs/configuration.md's reference table all come from these
 // declarations. The Go type picks the decoder: string, bool, int,
 // time.Duration, int64 (a size: bytes or KiB/MiB/GiB), []string, []int
 // (HTTP statuses) and []netip.Prefix (CIDRs or addresses).
@@ -86,7 +86,7 @@ func RestartOnly(old, next *Config) []string {
 	return changed
 }
 
-// Reference is the README's table of every key with its default and
+// Reference is docs/configuration.md's table of every key with its default and
 // whether it reloads; meaning gives each key's prose, and routes' own
 // keys follow the rest. It reports the keys meaning has no text for.
 func reference(meaning map[string]string) (table string, undocumented []string) {

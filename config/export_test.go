@@ -2,7 +2,7 @@ package config
 
 // Test-only exports.
 
-// Reference renders the README's config reference table (reference).
+// Reference renders docs/configuration.md's config reference table (reference).
 var Reference = reference
 
 // Leaves returns every key of c (not routes) by its YAML path, with its

@@ -10,10 +10,10 @@ import (
 	"github.com/idemproxy/idemproxy/config"
 )
 
-var update = flag.Bool("update", false, "rewrite the README's config reference from the declarations")
+var update = flag.Bool("update", false, "rewrite docs/configuration.md's config reference from the declarations")
 
 const (
-	readme   = "../README.md"
+	readme   = "../docs/configuration.md"
 	refBegin = "<!-- reference: generated from the config declarations"
 	refEnd   = "<!-- end reference -->"
 )
@@ -21,7 +21,7 @@ const (
 // refRow is a row of the reference table: its key and, last, its meaning.
 var refRow = regexp.MustCompile("^\\| `([^`]+)` \\|.* \\| (.*) \\|$")
 
-// TestReadmeReference: the README's table of config keys is generated from
+// TestReadmeReference: docs/configuration.md's table of config keys is generated from
 // the declarations (every key, its default, whether it reloads); only the
 // meaning column is written by hand. A key added without a row, a renamed
 // key or a changed default fails here; -update rewrites the table.
@@ -45,7 +45,7 @@ func TestReadmeReference(t *testing.T) {
 	}
 	table, undocumented := config.Reference(meaning)
 	if len(undocumented) > 0 {
-		t.Errorf("keys without a meaning in the README's reference table (add a row, then run with -update): %s", strings.Join(undocumented, ", "))
+		t.Errorf("keys without a meaning in docs/configuration.md's reference table (add a row, then run with -update): %s", strings.Join(undocumented, ", "))
 	}
 	if text[start:end] == table {
 		return
@@ -56,7 +56,7 @@ func TestReadmeReference(t *testing.T) {
 		}
 		return
 	}
-	t.Errorf("the README's config reference differs from the declarations; run go test ./config -run TestReadmeReference -update\n--- README\n%s--- declared\n%s", text[start:end], table)
+	t.Errorf("docs/configuration.md's config reference differs from the declarations; run go test ./config -run TestReadmeReference -update\n--- docs/configuration.md\n%s--- declared\n%s", text[start:end], table)
 }
 
 // TestRestartOnly names each changed key that needs a restart, and none of

@@ -20,7 +20,7 @@ func JSONSchema() map[string]any {
 	route := objectSchema(reflect.TypeFor[Route]())
 	route["required"] = []any{"name", "match"}
 	root["properties"].(map[string]any)["routes"] = map[string]any{"type": "array", "items": route}
-	root["description"] = "idemproxy's own config (the README's reference), generated from its declarations; idemproxy -check validates the values"
+	root["description"] = "idemproxy's own config (docs/configuration.md), generated from its declarations; idemproxy -check validates the values"
 	return root
 }
 

@@ -464,7 +464,7 @@ func (c *Config) Warnings() []string {
 	if c.Defaults.Quota.NewKeys == 0 {
 		for i, r := range c.Routes {
 			if r.Settings.Quota.NewKeys == 0 {
-				w = append(w, fmt.Sprintf("routes[%d].quota.new_keys: 0 (%s): one principal can claim new keys without bound and fill the store for the whole retention (503 store-full for everyone); set defaults.quota.new_keys (README, Trust rules, sizes it)", i, r.Name))
+				w = append(w, fmt.Sprintf("routes[%d].quota.new_keys: 0 (%s): one principal can claim new keys without bound and fill the store for the whole retention (503 store-full for everyone); set defaults.quota.new_keys (docs/security.md, Trust rules, sizes it)", i, r.Name))
 			}
 		}
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 // ProblemTypePrefix starts the type URI of every problem idemproxy answers
-// with. The part after it is stable and listed in the README.
+// with. The part after it is stable and listed in docs/configuration.md.
 const ProblemTypePrefix = "urn:idemproxy:problem:"
 
 // problem is an RFC 9457 problem detail. Status and Type are always set;
@@ -65,7 +65,7 @@ var (
 	probOutcomeUnknown        = problem{Type: "outcome-unknown", Status: http.StatusBadGateway, Title: "The outcome of the request sent with this idempotency key is unknown"}
 )
 
-// problems lists every problem above: the README's table of problem types
+// problems lists every problem above: the docs/configuration.md's table of problem types
 // must name each (TestReadmeListsEveryProblemType). A new problem is
 // declared above and added here.
 var problems = []problem{

@@ -13,11 +13,11 @@ import (
 	"github.com/idemproxy/idemproxy/internal/problemfmt"
 )
 
-// TestReadmeListsEveryProblemType: the README's table of problem types
+// TestReadmeListsEveryProblemType: the docs/configuration.md's table of problem types
 // has a row for every problem the proxy can answer, with its status, as
 // config's reference test does for the config keys.
 func TestReadmeListsEveryProblemType(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,11 +38,11 @@ func TestReadmeListsEveryProblemType(t *testing.T) {
 	for _, p := range problems {
 		status, ok := rows[p.Type]
 		if !ok {
-			t.Errorf("README's Responses table has no row for problem type %s (%d)", p.Type, p.Status)
+			t.Errorf("docs/configuration.md's Responses table has no row for problem type %s (%d)", p.Type, p.Status)
 			continue
 		}
 		if !strings.Contains(status, strconv.Itoa(p.Status)) {
-			t.Errorf("README lists %s as %s, the proxy answers it %d", p.Type, status, p.Status)
+			t.Errorf("docs/configuration.md lists %s as %s, the proxy answers it %d", p.Type, status, p.Status)
 		}
 	}
 }

@@ -23,7 +23,7 @@ import (
 // under fail and keep. One confirmed in time whose owner died before
 // forwarding cannot be told from one that died after: under fail (the
 // default) the retries get 409 for the lease, then 502 outcome-unknown;
-// under keep they execute after the lease. Both as the README documents.
+// under keep they execute after the lease. Both as docs/guarantee.md documents.
 func TestClaimsThatNeverForwarded(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
