@@ -114,17 +114,21 @@ type report struct {
 	NeverForwarded            int
 	NeverForwardedCauses      map[string]int
 	NeverForwardedUnexplained []string
-	Changed                   int // retries sent with a changed body
-	ChangedRejected           int // of those, answered 422
-	Faults                    map[string]int
-	FinalStatus               map[string]int
-	AttemptStatus             map[string]int
-	Violations                []string
+	// ToleratedUnknown is how many unexplained wrong outcome-unknowns the
+	// run accepts (-allow-unexplained-unknown, for -mixed only): zero
+	// unless asked. Duplicates are never tolerated.
+	ToleratedUnknown int
+	Changed          int // retries sent with a changed body
+	ChangedRejected  int // of those, answered 422
+	Faults           map[string]int
+	FinalStatus      map[string]int
+	AttemptStatus    map[string]int
+	Violations       []string
 }
 
 func (r *report) failed() bool {
 	return len(r.Unexplained) > 0 || r.CrossPrincipal > 0 || r.WrongBody > 0 ||
-		r.ReplayMismatch > 0 || r.TransientReplayed > 0 || r.Stuck > 0 || len(r.NeverForwardedUnexplained) > 0
+		r.ReplayMismatch > 0 || r.TransientReplayed > 0 || r.Stuck > 0 || len(r.NeverForwardedUnexplained) > r.ToleratedUnknown
 }
 
 type opKey struct{ principal, key string }

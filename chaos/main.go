@@ -64,6 +64,9 @@ type options struct {
 	strict bool
 	// mixed runs sidecar 0 on the previous release (PREVIOUS_RELEASE).
 	mixed bool
+	// tolerateUnknown is how many unexplained wrong outcome-unknowns a
+	// -mixed run accepts.
+	tolerateUnknown int
 }
 
 func run() error {
@@ -77,6 +80,7 @@ func run() error {
 	flag.DurationVar(&o.faultEvery, "fault-every", 2*time.Second, "mean time between injected faults")
 	flag.StringVar(&o.out, "out", "", "also write the report (markdown) to this file")
 	flag.BoolVar(&o.keepDir, "keep-dir", false, "keep the work directory (logs, history) for inspection")
+	flag.IntVar(&o.tolerateUnknown, "allow-unexplained-unknown", 0, "with -mixed: accept up to this many operations answered a wrong outcome-unknown that no documented cause explains (an open finding of the v0.5.0 work, about 1 in 20,000 operations in mixed fleets: docs/reliability.md); duplicates are never accepted")
 	flag.BoolVar(&o.mixed, "mixed", false, "run sidecar 0 on the previous release named in PREVIOUS_RELEASE (built from this clone's history), the others on this tree: a rolling upgrade")
 	keep := flag.Bool("keep", false, "run every route with unknown_outcome: keep (v0.3.0's default) instead of the default fail; duplicates after upstream resets are then expected")
 	retired := flag.Bool("strict", false, "retired: the default run is the strict one since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
@@ -265,6 +269,9 @@ func judge(o options, dir string, rdb *redisProc, scs []*sidecar, w *workload, l
 	}
 	ops := min(int(w.next.Load()), o.ops)
 	rep := check(ops, w.gaveUp, w.history, led.executions(), inj.log(), outcomes, stuck, o.strict, freed)
+	if o.mixed {
+		rep.ToleratedUnknown = o.tolerateUnknown
+	}
 	rep.Orphans = orphans
 	mode := "-keep (unknown_outcome: keep, v0.3.0's default)"
 	if o.strict {
@@ -281,6 +288,9 @@ func judge(o options, dir string, rdb *redisProc, scs []*sidecar, w *workload, l
 		if err := os.WriteFile(o.out, []byte(text), 0o644); err != nil {
 			return err
 		}
+	}
+	if rep.failed() || rep.ToleratedUnknown > 0 && len(rep.NeverForwardedUnexplained) > 0 {
+		fmt.Printf("note: %d unexplained wrong outcome-unknown answers, %d accepted by -allow-unexplained-unknown\n", len(rep.NeverForwardedUnexplained), rep.ToleratedUnknown)
 	}
 	if rep.failed() {
 		return errors.New("a must-be-zero figure is not zero")
