@@ -39,6 +39,8 @@ const (
 	// unconfirmedSendingPoll.
 	unconfirmedSendingWait = 10 * time.Second
 	unconfirmedSendingPoll = 50 * time.Millisecond
+	// unconfirmedParallel bounds the cleanups tried at once.
+	unconfirmedParallel = 32
 )
 
 var unconfirmedResults = []string{unconfirmedReleased, unconfirmedNotFound, unconfirmedGaveUp, unconfirmedOnRetry}
@@ -151,11 +153,21 @@ func (u *unconfirmed) pass() {
 		}
 	}
 	u.mu.Unlock()
+	// At once, not one after the other: a try whose reply comes late (the
+	// very fault that made these claims) must not hold up the others
+	// while their leases run out.
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, unconfirmedParallel)
 	for _, p := range due {
-		if result, done := u.try(p); done {
-			u.finish(p, result)
-		}
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if result, done := u.try(p); done {
+				u.finish(p, result)
+			}
+		})
 	}
+	wg.Wait()
 }
 
 // try asks Redis to delete p's claim; done when p needs nothing more.
