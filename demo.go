@@ -135,6 +135,11 @@ func (s *demoShow) post(path, user, key, body string) (demoResult, error) {
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
+	return send(req)
+}
+
+// send sends req and reads what the client saw.
+func send(req *http.Request) (demoResult, error) {
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return demoResult{}, err
@@ -199,13 +204,7 @@ func (s *demoShow) webhook(id, body, secret string) (demoResult, error) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-GitHub-Delivery", id)
 	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(m.Sum(nil)))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return demoResult{}, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return demoResult{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", body: string(b)}, err
+	return send(req)
 }
 
 func (s *demoShow) row(step, result string) {

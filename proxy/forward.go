@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httputil"
-	"strconv"
 	"sync"
 	"time"
 )
@@ -161,7 +160,7 @@ func (h *Handler) passThrough(w http.ResponseWriter, r *http.Request, trusted bo
 		r, sp = h.tracing.serverSpan(r, trusted, time.Now(), r.Method, nil)
 		defer func() { endServerSpan(sp, sw.code()) }()
 	}
-	defer func() { h.metrics.passThrough.WithLabelValues(statusClass(sw.code())).Inc() }()
+	defer func() { h.metrics.passThroughClass[min(max(sw.code()/100, 1), 5)].Inc() }()
 	if r.Body != nil && r.Body != http.NoBody {
 		b := &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: h.bodyTimeout}
 		r.Body = b
@@ -177,11 +176,6 @@ func (w *statusWriter) code() int {
 		return 499
 	}
 	return w.status
-}
-
-// statusClass is the label of a status: 1xx to 5xx.
-func statusClass(code int) string {
-	return strconv.Itoa(code/100) + "xx"
 }
 
 // idleBody moves the client connection's read deadline forward before each

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,8 +80,10 @@ type Metrics struct {
 	// cleaned up (unconfirmed.go).
 	unconfirmed *prometheus.CounterVec
 	// passThrough counts unprotected requests by the class of their
-	// answer.
-	passThrough *prometheus.CounterVec
+	// answer; passThroughClass holds its series by status/100 (1 to 5),
+	// resolved once rather than per request.
+	passThrough      *prometheus.CounterVec
+	passThroughClass [6]prometheus.Counter
 	// firstSentRefused counts 412s by route and reason (firstsent.go).
 	firstSentRefused *prometheus.CounterVec
 	// webhooks counts webhook deliveries by route and result.
@@ -199,8 +202,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range unconfirmedResults {
 		m.unconfirmed.WithLabelValues(r)
 	}
-	for _, c := range []string{"1xx", "2xx", "3xx", "4xx", "5xx"} {
-		m.passThrough.WithLabelValues(c)
+	for c := 1; c <= 5; c++ {
+		m.passThroughClass[c] = m.passThrough.WithLabelValues(strconv.Itoa(c) + "xx")
 	}
 	if reg != nil {
 		gauge := func(name, help string, read func(h *Handler) float64) prometheus.Collector {
