@@ -187,8 +187,11 @@ func storeOptions(st config.Store, sec *secrets, m *metrics, log *slog.Logger) [
 	if sec.keySecret != nil {
 		opts = append(opts, claim.WithKeyedFingerprints(sec.keySecret, st.RecordFormat >= 2))
 	}
-	if st.Compression == config.CompressionZstd && st.RecordFormat >= 3 {
-		opts = append(opts, claim.WithCompression())
+	if st.RecordFormat >= 3 {
+		opts = append(opts, claim.WithCompactRecords())
+		if st.Compression == config.CompressionZstd {
+			opts = append(opts, claim.WithCompression())
+		}
 	}
 	return append(opts, claim.WithPipeline(st.Pipeline), claim.WithBatchObserver(func(n int) {
 		m.batchOps.Observe(float64(n))

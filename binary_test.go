@@ -128,6 +128,13 @@ func get(t *testing.T, url string) (int, string) {
 // post sends a protected-style POST as alice with key (none when empty).
 func post(t *testing.T, url, key, body string) (int, string) {
 	t.Helper()
+	resp, b := postAnswer(t, url, key, body)
+	return resp.StatusCode, b
+}
+
+// postAnswer is post, returning the whole answer (its body read).
+func postAnswer(t *testing.T, url, key, body string) (*http.Response, string) {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	req.Header.Set("X-Forwarded-User", "alice")
 	req.Header.Set("Content-Type", "application/json")
@@ -140,7 +147,7 @@ func post(t *testing.T, url, key, body string) (int, string) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp, string(b)
 }
 
 // outcome reads idemproxy_requests_total for route and outcome from admin.

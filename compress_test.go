@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -15,10 +16,11 @@ import (
 )
 
 // TestCompressionThroughTheBinary (issue 35): with store.record_format: 3
-// and store.compression: zstd the running binary stores a JSON answer's
-// body compressed (smaller, flagged, in Redis) and replays it byte for
-// byte; with the default record_format 1 the same setting writes nothing
-// compressed (-check warns), so v0.4.0 replicas can still read it.
+// the running binary stores completed records in the compact layout, and
+// with store.compression: zstd a JSON answer's body compressed (smaller,
+// flagged, in Redis), and replays the answer byte for byte, headers
+// included; with the default record_format 1 it writes neither (-check
+// warns), so v0.4.0 replicas can still read every record.
 func TestCompressionThroughTheBinary(t *testing.T) {
 	var body bytes.Buffer
 	body.WriteString(`{"object":"list","data":[`)
@@ -37,14 +39,17 @@ func TestCompressionThroughTheBinary(t *testing.T) {
 	}))
 	defer upstream.Close()
 	for _, tc := range []struct {
-		format     int
-		compressed bool
-	}{{3, true}, {1, false}} {
-		t.Run(fmt.Sprintf("record_format %d", tc.format), func(t *testing.T) {
+		format      int
+		compression string
+		compressed  bool
+		compact     bool
+	}{{3, "zstd", true, true}, {3, "none", false, true}, {1, "zstd", false, false}} {
+		t.Run(fmt.Sprintf("record_format %d compression %s", tc.format, tc.compression), func(t *testing.T) {
 			srv := redistest.Start(t)
-			sc := startBinary(t, fmt.Sprintf("upstream:\n  url: %q\nstore:\n  redis:\n    addrs: [%q]\n  record_format: %d\n  compression: zstd\nroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream.URL, srv.Addr, tc.format))
-			if status, b := post(t, sc.client+"/payments", "k", `{}`); status != http.StatusCreated || b != body.String() {
-				t.Fatalf("first attempt: %d, body equal %t", status, b == body.String())
+			sc := startBinary(t, fmt.Sprintf("upstream:\n  url: %q\nstore:\n  redis:\n    addrs: [%q]\n  record_format: %d\n  compression: %s\nroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream.URL, srv.Addr, tc.format, tc.compression))
+			first, b := postAnswer(t, sc.client+"/payments", "k", `{}`)
+			if first.StatusCode != http.StatusCreated || b != body.String() {
+				t.Fatalf("first attempt: %d, body equal %t", first.StatusCode, b == body.String())
 			}
 			key := claim.New(srv.Client(), "idem:").Key("alice", proxy.KeyScope("pay", false), "k")
 			raw, err := srv.Client().Get(context.Background(), key).Bytes()
@@ -55,11 +60,18 @@ func TestCompressionThroughTheBinary(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rec.BodyCompressed != tc.compressed || tc.compressed && len(raw) > body.Len()/2 {
-				t.Errorf("stored: compressed %t, %d bytes for a %d-byte answer; want compressed %t", rec.BodyCompressed, len(raw), body.Len(), tc.compressed)
+			if rec.BodyCompressed != tc.compressed || tc.compressed && len(raw) > body.Len()/2 || rec.Compact != tc.compact {
+				t.Errorf("stored: compressed %t, compact %t, %d bytes for a %d-byte answer; want compressed %t, compact %t",
+					rec.BodyCompressed, rec.Compact, len(raw), body.Len(), tc.compressed, tc.compact)
 			}
-			if status, b := post(t, sc.client+"/payments", "k", `{}`); status != http.StatusCreated || b != body.String() {
-				t.Errorf("the replay: %d, body equal %t", status, b == body.String())
+			replay, b := postAnswer(t, sc.client+"/payments", "k", `{}`)
+			if replay.StatusCode != http.StatusCreated || b != body.String() {
+				t.Errorf("the replay: %d, body equal %t", replay.StatusCode, b == body.String())
+			}
+			for _, h := range []string{"Content-Type", "Content-Length", "Date", "X-Request-Id"} {
+				if got, want := replay.Header.Values(h), first.Header.Values(h); !slices.Equal(got, want) {
+					t.Errorf("replayed %s: %q, first answer's %q", h, got, want)
+				}
 			}
 		})
 	}

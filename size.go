@@ -24,6 +24,9 @@ func runSize(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&l.ReplayRatio, "replay-ratio", 0.1, "replays and retries per new key")
 	fs.Float64Var(&l.PassThroughPerSecond, "pass-through-per-second", 0, "unprotected requests per second through the sidecars")
 	fs.BoolVar(&l.Sealed, "sealed", false, "records sealed (store.encryption); with -config, whether it sets key_files")
+	fs.IntVar(&l.Format, "record-format", 1, "store.record_format written (3: compact records); with -config, its own")
+	compression := fs.String("compression", "none", "store.compression: none or zstd (under --record-format 3); with -config, its own")
+	fs.Float64Var(&l.CompressionRatio, "compression-ratio", 0, "with zstd, compressed size / answer size for your answers (0: the ratios measured on JSON payment objects, docs/scaling.md)")
 	fs.DurationVar(&l.Lease, "lease", 10*time.Second, "defaults.lease")
 	fs.DurationVar(&l.UpstreamLatency, "upstream-latency", 100*time.Millisecond, "how long a first attempt's upstream call takes (renewals every lease/3 of it)")
 	shard := fs.String("shard-memory", "25GiB", "one Redis master's maxmemory")
@@ -43,6 +46,12 @@ func runSize(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("size: --shard-memory: %q is not a size such as 25GiB", *shard)
 	}
 	l.ShardMemoryBytes = float64(sb)
+	switch *compression {
+	case config.CompressionNone, config.CompressionZstd:
+		l.Compression = *compression == config.CompressionZstd
+	default:
+		return fmt.Errorf("size: --compression: %q is neither none nor zstd", *compression)
+	}
 	if *path != "" {
 		cfg, err := config.Load(*path)
 		if err != nil {
@@ -86,5 +95,11 @@ func fromConfig(l *sizing.Load, cfg *config.Config, set map[string]bool) {
 	}
 	if !set["sealed"] {
 		l.Sealed = len(cfg.Store.Encryption.KeyFiles) > 0
+	}
+	if !set["record-format"] {
+		l.Format = cfg.Store.RecordFormat
+	}
+	if !set["compression"] {
+		l.Compression = cfg.Store.Compression == config.CompressionZstd
 	}
 }

@@ -24,11 +24,24 @@ func TestSizeReproducesTheDocsRow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(doc), "\n"+lines[2]+"\n") {
+	i := strings.Index(string(doc), "\n"+lines[2]+" ")
+	if i < 0 {
 		t.Fatalf("docs/scaling.md's worked table has no row\n%s", lines[2])
 	}
 	if !strings.Contains(out.String(), "Binds first: memory.") {
 		t.Errorf("size does not say what binds first:\n%s", out.String())
+	}
+	// The docs row goes on with the same load's bytes per record and
+	// masters under record_format 3 and zstd: what size says for them.
+	docRow, _, _ := strings.Cut(string(doc)[i+1:], "\n")
+	out.Reset()
+	if err := run(context.Background(), []string{"size", "--new-keys-per-second", "10000", "--retention", "24h", "--response-bytes", "1024", "--record-format", "3", "--compression", "zstd"}, &out, &errb); err != nil {
+		t.Fatal(err, errb.String())
+	}
+	cells := strings.Split(strings.Split(out.String(), "\n")[2], " | ")
+	docCells := strings.Split(docRow, " | ")
+	if len(cells) < 8 || len(docCells) < 13 || docCells[11] != cells[4] || docCells[12] != strings.Fields(cells[7])[0]+" |" {
+		t.Errorf("size with record_format 3 and zstd:\n%s\ndocs' row:\n%s", out.String(), docRow)
 	}
 }
 
@@ -38,6 +51,9 @@ func TestSizeRefusesNonsense(t *testing.T) {
 		"--new-keys-per-second -5": "--new-keys-per-second must be a positive number",
 		"--new-keys-per-second 10 --retention 1ms":            "--retention must be at least 1s",
 		"--new-keys-per-second 10 --shard-memory lots":        "--shard-memory",
+		"--new-keys-per-second 10 --compression lz4":          "--compression",
+		"--new-keys-per-second 10 --compression-ratio 2":      "--compression-ratio must be between 0 and 1",
+		"--new-keys-per-second 10 --record-format 7":          "--record-format must be 1, 2 or 3",
 		"--new-keys-per-second 10 -config testdata/nope.yaml": "nope.yaml",
 	} {
 		var out, errb bytes.Buffer

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/sizing"
 )
 
 // units measures what one store operation costs Redis (CPU from INFO cpu,
@@ -28,6 +30,7 @@ func units(args []string) error {
 	fs := flag.NewFlagSet("units", flag.ContinueOnError)
 	n := fs.Int("n", 20000, "operations of each kind per mode")
 	out := fs.String("out", "", "also write the markdown report to this file")
+	records := fs.Int("records", 12000, "records stored per row of the sizing model's check against used_memory")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -71,6 +74,9 @@ func units(args []string) error {
 		}
 	}
 	if err := recordSizes(&b, c); err != nil {
+		return err
+	}
+	if err := modelCheck(&b, c, *records); err != nil {
 		return err
 	}
 	fmt.Print(b.String())
@@ -154,9 +160,10 @@ func unitOps(s *claim.Store, n int) []unitOp {
 // unitRecord is a completed record with a 4-header answer of size bytes
 // and a 32-byte request id, as docs/scaling.md measures it.
 func unitRecord(size int) *claim.Record {
+	now := time.Now()
 	return &claim.Record{
-		State: claim.Completed, Created: time.Now(), Completed: time.Now(), RequestID: "0123456789abcdef0123456789abcdef",
-		Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Date": {"Tue, 01 Dec 2026 06:00:00 GMT"},
+		State: claim.Completed, Created: now, Completed: now, RequestID: "0123456789abcdef0123456789abcdef",
+		Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Date": {now.UTC().Format(http.TimeFormat)},
 			"Content-Length": {strconv.Itoa(size)}, "X-Request-Id": {"0123456789abcdef0123456789abcdef"}},
 		Body: []byte(strings.Repeat("x", size)),
 	}
@@ -236,79 +243,82 @@ func redisCounters(c redis.UniversalClient) (map[string]float64, error) {
 	return m, nil
 }
 
-// recordSizes stores completed records with answers of several sizes,
-// sealed and not, and reads their MEMORY USAGE (value, key and Redis'
-// per-key overhead).
+// recordSizes stores completed records with answers of several sizes in
+// each stored form (store.record_format 1 and 3, sealed) and reads their
+// MEMORY USAGE (value, key and Redis' per-key overhead).
 func recordSizes(b *strings.Builder, c redis.UniversalClient) error {
-	ctx := context.Background()
 	key := make([]byte, 32)
 	rand.Read(key)
 	sealing, err := claim.WithSealing([][]byte{key}, true, nil)
 	if err != nil {
 		return err
 	}
-	stores := map[string]*claim.Store{
-		"no":  claim.New(c, "size:plain:"),
-		"yes": claim.New(c, "size:sealed:", sealing),
+	stores := []*claim.Store{
+		claim.New(c, "sz1p:"),
+		claim.New(c, "sz3p:", claim.WithCompactRecords()),
+		claim.New(c, "szsl:", sealing),
 	}
-	fmt.Fprintf(b, "\nBytes per completed record (`MEMORY USAGE`, SAMPLES 0), 4 headers, 32-byte request id:\n\n| answer body | sealed | bytes |\n|---|---|---|\n")
-	for _, sealed := range []string{"no", "yes"} {
-		s := stores[sealed]
-		for i, size := range []int{0, 1024, 4096, 16384, 65536} {
-			k := s.Key("units", "size", strconv.Itoa(i))
-			rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
-			binary.LittleEndian.PutUint64(rec.Token[:], uint64(i)+1)
-			if _, err := s.Claim(ctx, k, rec, 10*time.Second, claim.Quota{}); err != nil {
-				return err
-			}
+	fmt.Fprintf(b, "\nBytes per completed record (`MEMORY USAGE`, SAMPLES 0), 4 headers, 32-byte request id:\n\n| answer body | record_format 1 or 2 | record_format 3 | sealed |\n|---|---|---|---|\n")
+	for i, size := range []int{0, 1024, 4096, 16384, 65536} {
+		fmt.Fprintf(b, "| %d |", size)
+		for _, s := range stores {
 			done := unitRecord(size)
-			done.Token = rec.Token
-			if _, err := s.Complete(ctx, k, done, time.Hour); err != nil {
-				return err
-			}
-			used, err := c.MemoryUsage(ctx, k, 0).Result()
+			used, err := storedSize(c, s, strconv.Itoa(i), done)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(b, "| %d | %s | %d |\n", size, sealed, used)
+			fmt.Fprintf(b, " %d |", used)
 		}
+		b.WriteByte('\n')
 	}
 	return jsonRecordSizes(b, c)
 }
 
+// storedSize claims a key of s named by name, completes it with done and
+// returns the key's MEMORY USAGE.
+func storedSize(c redis.UniversalClient, s *claim.Store, name string, done *claim.Record) (int64, error) {
+	ctx := context.Background()
+	k := s.Key("units", "size", name)
+	rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
+	rand.Read(rec.Token[:])
+	if _, err := s.Claim(ctx, k, rec, 10*time.Second, claim.Quota{}); err != nil {
+		return 0, err
+	}
+	done.Token = rec.Token
+	if _, err := s.Complete(ctx, k, done, time.Hour); err != nil {
+		return 0, err
+	}
+	used, err := c.MemoryUsage(ctx, k, 0).Result()
+	if err == nil && used == 0 {
+		err = fmt.Errorf("no MEMORY USAGE for %s", k)
+	}
+	return used, err
+}
+
 // jsonRecordSizes is recordSizes for realistic JSON answers (a payment
 // object of about 3 KB, and 1 KiB and 16 KiB lists of them, every id,
-// amount and time its own), stored as they come and zstd-compressed
-// (store.compression under store.record_format 3).
+// amount and time its own): as they come, and compressed
+// (store.compression: zstd, under store.record_format 3).
 func jsonRecordSizes(b *strings.Builder, c redis.UniversalClient) error {
-	ctx := context.Background()
-	stores := map[string]*claim.Store{
-		"none": claim.New(c, "size:json:plain:"),
-		"zstd": claim.New(c, "size:json:zstd:", claim.WithCompression()),
+	stores := []*claim.Store{
+		claim.New(c, "js1p:"),
+		claim.New(c, "js3p:", claim.WithCompactRecords()),
+		claim.New(c, "js3z:", claim.WithCompactRecords(), claim.WithCompression()),
 	}
-	fmt.Fprintf(b, "\nBytes per completed record with a JSON answer (`MEMORY USAGE`, SAMPLES 0), 4 headers, 32-byte request id:\n\n| answer body | compression none | compression zstd | ratio |\n|---|---|---|---|\n")
+	fmt.Fprintf(b, "\nBytes per completed record with a JSON answer (`MEMORY USAGE`, SAMPLES 0), 4 headers, 32-byte request id:\n\n| answer body | record_format 1 or 2 | record_format 3 | record_format 3, compression zstd | ratio to format 1 |\n|---|---|---|---|---|\n")
 	for i, size := range []int{1024, 3 * 1024, 16 * 1024} {
 		body := jsonBody(size, int64(i))
-		var used [2]int64
-		for j, name := range []string{"none", "zstd"} {
-			s := stores[name]
-			k := s.Key("units", "json", strconv.Itoa(i))
-			rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
-			binary.LittleEndian.PutUint64(rec.Token[:], uint64(i)+1)
-			if _, err := s.Claim(ctx, k, rec, 10*time.Second, claim.Quota{}); err != nil {
-				return err
-			}
+		var used [3]int64
+		for j, s := range stores {
 			done := unitRecord(0)
-			done.Body, done.Token = body, rec.Token
+			done.Body = body
 			done.Header.Set("Content-Length", strconv.Itoa(len(body)))
-			if _, err := s.Complete(ctx, k, done, time.Hour); err != nil {
+			var err error
+			if used[j], err = storedSize(c, s, "json"+strconv.Itoa(i), done); err != nil {
 				return err
-			}
-			if used[j], _ = c.MemoryUsage(ctx, k, 0).Result(); used[j] == 0 {
-				return fmt.Errorf("no MEMORY USAGE for %s", k)
 			}
 		}
-		fmt.Fprintf(b, "| %d B JSON | %d | %d | %.2f |\n", len(body), used[0], used[1], float64(used[1])/float64(used[0]))
+		fmt.Fprintf(b, "| %d B JSON | %d | %d | %d | %.2f |\n", len(body), used[0], used[1], used[2], float64(used[2])/float64(used[0]))
 	}
 	return nil
 }
@@ -340,4 +350,112 @@ func redisVersion(c redis.UniversalClient) string {
 		}
 	}
 	return "?"
+}
+
+// usedMemoryPerRecord stores n completed records made by mk (given the
+// record's index) through s, and returns how much Redis' used_memory grew
+// per record: what MEMORY USAGE leaves out (the main and expires tables'
+// buckets and entries) included. The keys are deleted again.
+func usedMemoryPerRecord(c redis.UniversalClient, s *claim.Store, name string, n int, mk func(i int) *claim.Record) (float64, error) {
+	ctx := context.Background()
+	used := func() (float64, error) {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			return 0, err
+		}
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+				return strconv.ParseFloat(v, 64)
+			}
+		}
+		return 0, errors.New("no used_memory in INFO memory")
+	}
+	before, err := used()
+	if err != nil {
+		return 0, err
+	}
+	keys := make([]string, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for w := range 16 {
+		wg.Go(func() {
+			for i := w; i < n; i += 16 {
+				keys[i] = s.Key("units", "mem:"+name, strconv.Itoa(i))
+				rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
+				rand.Read(rec.Token[:])
+				if _, err := s.Claim(ctx, keys[i], rec, 10*time.Second, claim.Quota{}); err != nil {
+					errs <- err
+					return
+				}
+				done := mk(i)
+				done.Token = rec.Token
+				if _, err := s.Complete(ctx, keys[i], done, time.Hour); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, err
+	}
+	after, err := used()
+	if err != nil {
+		return 0, err
+	}
+	for i := 0; i < n; i += 1000 {
+		c.Unlink(ctx, keys[i:min(i+1000, n)]...)
+	}
+	return (after - before) / float64(n), nil
+}
+
+// modelCheck stores records of several answer sizes in each stored form
+// and sets Redis' used_memory growth per record beside what the sizing
+// model (internal/sizing) says for them.
+func modelCheck(b *strings.Builder, c redis.UniversalClient, n int) error {
+	key := make([]byte, 32)
+	rand.Read(key)
+	sealing, err := claim.WithSealing([][]byte{key}, true, nil)
+	if err != nil {
+		return err
+	}
+	forms := []struct {
+		name  string
+		store *claim.Store
+		load  func(l *sizing.Load)
+		json  bool
+	}{
+		{"record_format 1", claim.New(c, "mm1p:"), func(*sizing.Load) {}, false},
+		{"record_format 3", claim.New(c, "mm3p:", claim.WithCompactRecords()), func(l *sizing.Load) { l.Format = 3 }, false},
+		{"sealed", claim.New(c, "mmsl:", sealing), func(l *sizing.Load) { l.Sealed = true }, false},
+		{"record_format 3, zstd, JSON", claim.New(c, "mm3z:", claim.WithCompactRecords(), claim.WithCompression()), func(l *sizing.Load) { l.Format, l.Compression = 3, true }, true},
+	}
+	fmt.Fprintf(b, "\nThe sizing model against Redis: used_memory growth per record, %d records per row, 4 headers, 32-byte request id:\n\n| stored form | answer body | used_memory per record | the model | model error |\n|---|---|---|---|---|\n", n)
+	for _, f := range forms {
+		for _, size := range []int{0, 512, 1024, 2048, 3072, 4096, 16384} {
+			if f.json && size < 1024 {
+				continue
+			}
+			body := []byte(strings.Repeat("x", size))
+			if f.json {
+				body = jsonBody(size, int64(size))
+			}
+			got, err := usedMemoryPerRecord(c, f.store, f.name+strconv.Itoa(size), n, func(int) *claim.Record {
+				r := unitRecord(0)
+				r.Body = body
+				r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+				return r
+			})
+			if err != nil {
+				return err
+			}
+			l := sizing.Load{NewKeysPerSecond: 1, Retention: time.Hour, ResponseBytes: len(body)}
+			f.load(&l)
+			model := sizing.Size(l).BytesPerRecord
+			fmt.Fprintf(b, "| %s | %d | %.0f | %.0f | %+.1f%% |\n", f.name, len(body), got, model, 100*(model-got)/got)
+		}
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 func FuzzDecode(f *testing.F) {
 	f.Add(sampleRecord().Encode())
 	f.Add((&Record{State: InProgress}).Encode())
+	f.Add(compactSample().Encode())
 	f.Add([]byte("hello"))
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {

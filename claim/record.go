@@ -72,7 +72,7 @@ const (
 	// subkey of the key secret (store.record_format: 2): v0.3.0 refuses
 	// the flag, so it is written only once every replica reads it.
 	flagKeyedFingerprint = 16
-	knownFlags           = flagBodyOmitted | flagTail | flagSealed | flagTrace | flagKeyedFingerprint | flagCompressed
+	knownFlags           = flagBodyOmitted | flagTail | flagSealed | flagTrace | flagKeyedFingerprint | flagCompressed | flagCompact
 )
 
 // ErrCorrupt means a stored value could not be decoded: another program
@@ -113,6 +113,10 @@ type Record struct {
 	// BodyCompressed reports that Body is zstd-compressed (compress.go);
 	// a Store's reads decompress it, Decode leaves it as stored.
 	BodyCompressed bool
+	// Compact, for a completed record, is the compact layout
+	// (compact.go, store.record_format 3): Encode writes it, Decode
+	// reports it.
+	Compact bool
 	// Mark and Lease, in progress only, say whether the key's TTL was set
 	// by the claim, with that lease, or by a renewal since (mark.go).
 	// Claim writes MarkClaimed with the lease it was given; MarkNone is
@@ -163,6 +167,11 @@ func (r *Record) encodeInto(buf []byte) []byte {
 		b[offFlags] |= flagCompressed
 	}
 	copy(b[offToken:], r.Token[:])
+	if r.Compact && r.State == Completed {
+		b[offFlags] |= flagCompact
+		b = r.appendCompact(b[:offFingerprint])
+		return r.appendTrace(b)
+	}
 	copy(b[offFingerprint:], r.Fingerprint[:])
 	binary.BigEndian.PutUint64(b[offCreated:], uint64(unixMilli(r.Created)))
 	binary.BigEndian.PutUint64(b[offCompleted:], uint64(unixMilli(r.Completed)))
@@ -186,6 +195,11 @@ func (r *Record) encodeInto(buf []byte) []byte {
 	}
 	b = binary.AppendUvarint(b, uint64(len(r.Body)))
 	b = append(b, r.Body...)
+	return r.appendTrace(b)
+}
+
+// appendTrace ends an encoded record with its trace context, if any.
+func (r *Record) appendTrace(b []byte) []byte {
 	if !r.Trace.IsZero() {
 		b[offFlags] |= flagTrace
 		b = append(b, r.Trace.TraceID[:]...)
@@ -224,20 +238,56 @@ func Decode(b []byte) (*Record, error) {
 
 // decode parses an unsealed value.
 func decode(b []byte) (*Record, error) {
-	if len(b) < headerLen || b[offVersion] != version || b[offFlags]&flagSealed != 0 {
+	if len(b) < compactPrefix || b[offVersion] != version || b[offFlags]&flagSealed != 0 || b[offFlags]&^knownFlags != 0 {
 		return nil, ErrCorrupt
 	}
+	flags := b[offFlags]
 	r := &Record{
 		State:            State(b[offState]),
-		BodyOmitted:      b[offFlags]&flagBodyOmitted != 0,
-		KeyedFingerprint: b[offFlags]&flagKeyedFingerprint != 0,
-		BodyCompressed:   b[offFlags]&flagCompressed != 0,
-		Created:          fromMilli(int64(binary.BigEndian.Uint64(b[offCreated:]))),
-		Completed:        fromMilli(int64(binary.BigEndian.Uint64(b[offCompleted:]))),
-		Status:           int(binary.BigEndian.Uint16(b[offStatus:])),
+		BodyOmitted:      flags&flagBodyOmitted != 0,
+		KeyedFingerprint: flags&flagKeyedFingerprint != 0,
+		BodyCompressed:   flags&flagCompressed != 0,
+		Compact:          flags&flagCompact != 0,
 	}
-	if r.State != InProgress && r.State != Completed || b[offFlags]&^knownFlags != 0 {
+	copy(r.Token[:], b[offToken:])
+	var rest []byte
+	var ok bool
+	if r.Compact {
+		if r.State != Completed || flags&flagTail != 0 {
+			return nil, ErrCorrupt
+		}
+		rest, ok = decodeCompact(r, b)
+	} else {
+		rest, ok = decodeFixed(r, b)
+	}
+	if !ok {
 		return nil, ErrCorrupt
+	}
+	d := decoder{b: rest}
+	if flags&flagTrace != 0 {
+		copy(r.Trace.TraceID[:], d.bytes(16))
+		copy(r.Trace.SpanID[:], d.bytes(8))
+	}
+	if d.bad || len(d.b) != 0 {
+		return nil, ErrCorrupt
+	}
+	if r.State == Completed && (r.Status < 100 || r.Status > 999) || r.BodyCompressed && (r.State != Completed || len(r.Body) == 0) {
+		return nil, ErrCorrupt
+	}
+	return r, nil
+}
+
+// decodeFixed parses the fixed layout of b into r, returning what follows
+// the body.
+func decodeFixed(r *Record, b []byte) (rest []byte, ok bool) {
+	if len(b) < headerLen {
+		return nil, false
+	}
+	r.Created = fromMilli(int64(binary.BigEndian.Uint64(b[offCreated:])))
+	r.Completed = fromMilli(int64(binary.BigEndian.Uint64(b[offCompleted:])))
+	r.Status = int(binary.BigEndian.Uint16(b[offStatus:]))
+	if r.State != InProgress && r.State != Completed {
+		return nil, false
 	}
 	if r.State == InProgress {
 		r.setMarkSlot(uint16(r.Status))
@@ -246,11 +296,10 @@ func decode(b []byte) (*Record, error) {
 	if b[offFlags]&flagTail != 0 {
 		tail := int64(binary.BigEndian.Uint64(b[offCompleted:]))
 		if r.State != InProgress || tail <= 0 || tail > 1<<40 {
-			return nil, ErrCorrupt
+			return nil, false
 		}
 		r.Tail, r.Completed = time.Duration(tail)*time.Millisecond, time.Time{}
 	}
-	copy(r.Token[:], b[offToken:])
 	copy(r.Fingerprint[:], b[offFingerprint:])
 	d := decoder{b: b[headerLen:]}
 	r.RequestID = d.string()
@@ -269,17 +318,7 @@ func decode(b []byte) (*Record, error) {
 	if n := d.count(); n > 0 {
 		r.Body = d.bytes(n)
 	}
-	if b[offFlags]&flagTrace != 0 {
-		copy(r.Trace.TraceID[:], d.bytes(16))
-		copy(r.Trace.SpanID[:], d.bytes(8))
-	}
-	if d.bad || len(d.b) != 0 {
-		return nil, ErrCorrupt
-	}
-	if r.State == Completed && (r.Status < 100 || r.Status > 999) || r.BodyCompressed && (r.State != Completed || len(r.Body) == 0) {
-		return nil, ErrCorrupt
-	}
-	return r, nil
+	return d.b, !d.bad
 }
 
 // decoder reads length-prefixed fields, remembering the first error so the

@@ -100,6 +100,11 @@ func derivationKey(key []byte) []byte {
 
 // seal returns the sealed encoding of r stored under key.
 func (s *sealer) seal(key string, r *Record) []byte {
+	if r.Compact {
+		c := *r // a sealed record keeps the fixed layout: its header is the additional data
+		c.Compact = false
+		r = &c
+	}
 	plain := r.Encode()
 	k := s.keys[0]
 	header := plain[:headerLen:headerLen]
@@ -126,7 +131,7 @@ func aad(key string, header []byte) []byte {
 
 // open decodes a value stored under key, opening it when sealed.
 func (s *sealer) open(key string, b []byte) (*Record, error) {
-	if len(b) < headerLen || b[offVersion] != version {
+	if len(b) < compactPrefix || b[offVersion] != version {
 		return nil, &RecordError{ReasonCorrupt}
 	}
 	if b[offFlags]&flagSealed == 0 {
@@ -137,6 +142,9 @@ func (s *sealer) open(key string, b []byte) (*Record, error) {
 	}
 	if s == nil {
 		return nil, &RecordError{ReasonNoKeys}
+	}
+	if len(b) < headerLen {
+		return nil, &RecordError{ReasonCorrupt}
 	}
 	rest := b[headerLen:]
 	if len(rest) < keyIDLen+nonceLen {

@@ -83,6 +83,8 @@ type Store struct {
 	epochs epochState
 	// compress stores completed bodies zstd-compressed (compress.go).
 	compress bool
+	// compact writes completed records in the compact layout (compact.go).
+	compact bool
 }
 
 // Option configures a Store.
@@ -226,6 +228,11 @@ func (s *Store) keyFingerprint(fp Fingerprint) Fingerprint {
 // it writes keyed ones.
 func (s *Store) stored(rec *Record) *Record {
 	rec = s.compressed(rec)
+	if s.compact && s.seal == nil && rec.State == Completed && !rec.Compact {
+		c := *rec
+		c.Compact = true
+		rec = &c
+	}
 	if !s.keyedWrites || s.fpMAC == nil || rec.KeyedFingerprint {
 		return rec
 	}

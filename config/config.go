@@ -310,8 +310,9 @@ type Store struct {
 	Redis Redis `yaml:"redis"`
 	// RecordFormat is the stored format written: 1 (what v0.3.0 reads,
 	// the default), 2 (fingerprints keyed with KeySecretFile: turn it on
-	// once every replica runs v0.4.0 or later) or 3 (2, plus compressed
-	// bodies with Compression: once every replica runs v0.5.0 or later).
+	// once every replica runs v0.4.0 or later) or 3 (2, plus compact
+	// completed records and compressed bodies with Compression: once
+	// every replica runs v0.5.0 or later).
 	// Every version reads the formats before it.
 	RecordFormat int `yaml:"record_format"`
 	// Compression is none or zstd: completed bodies from 256 bytes on

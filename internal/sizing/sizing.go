@@ -5,9 +5,11 @@
 package sizing
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -25,11 +27,24 @@ var Measured = Costs{
 	RedisCompleteMicros: 22.4,
 	RedisReplayMicros:   6.6,
 	RedisRenewMicros:    12.8,
-	// MEMORY USAGE of a completed record by stored answer size (body; 4
-	// headers and a 32-byte request id besides), in jemalloc's size
-	// classes: past 1 KiB a record takes 120 + 1.25 × the answer.
-	RecordBytes: []Point{{0, 376}, {1024, 1400}, {4096, 5240}, {16384, 20600}, {65536, 82040}},
-	SealedBytes: []Point{{0, 440}, {1024, 1656}, {4096, 5240}, {16384, 20600}, {65536, 82040}},
+	// Redis memory per completed record (`go run ./bench units`, its
+	// check against used_memory): KeyBytes for the key, its entries in
+	// the main and expires tables and their buckets, plus the value's
+	// allocation, jemalloc's size class of the value and its string
+	// header. The value is the stored body and the record's own bytes
+	// (4 headers, a 32-byte request id), besides the body's length as
+	// each layout writes it twice (lengthBytes): 234 in the fixed layout
+	// (store.record_format 1 and 2), 89 in the compact one (3), 268
+	// sealed (which keeps the fixed layout).
+	KeyBytes:      160,
+	FixedBytes:    234,
+	CompactBytes:  89,
+	SealedBytes:   268,
+	CompressAbove: 256,
+	// zstd on JSON answers as legacy APIs give them (bench: jsonBody,
+	// payment objects with every id, amount and time their own): the
+	// compressed size by answer size. Past the last point, its ratio.
+	Compressed: []Point{{256, 150}, {1151, 365}, {2276, 486}, {3401, 601}, {4152, 672}, {8288, 1050}, {16648, 1814}, {65862, 6473}},
 	// An in-progress claim, held for the upstream call.
 	InProgressBytes: 300,
 	// Network bytes per operation besides the answer itself (INFO stats,
@@ -47,13 +62,15 @@ var Measured = Costs{
 // Costs are the unit costs the model multiplies.
 type Costs struct {
 	RedisClaimMicros, RedisCompleteMicros, RedisReplayMicros, RedisRenewMicros float64
-	RecordBytes, SealedBytes                                                   []Point
+	KeyBytes, FixedBytes, CompactBytes, SealedBytes                            float64
+	CompressAbove                                                              int
+	Compressed                                                                 []Point
 	InProgressBytes                                                            float64
 	NetClaimBytes, NetCompleteBytes, NetReplayBytes                            float64
 	SidecarFirstAttemptMicros, SidecarReplayMicros, SidecarPassThroughMicros   float64
 }
 
-// Point is one measurement of bytes per record at an answer size.
+// Point is one measurement: an answer of Size bytes took Bytes.
 type Point struct{ Size, Bytes float64 }
 
 // Load is what the model sizes for.
@@ -68,7 +85,14 @@ type Load struct {
 	// PassThroughPerSecond is unprotected traffic through the sidecars.
 	PassThroughPerSecond float64
 	Sealed               bool
-	Lease                time.Duration
+	// Format is store.record_format (3: compact records); Compression
+	// is store.compression: zstd (under Format 3), which shrinks answers
+	// of CompressThreshold bytes or more to CompressionRatio of their
+	// size.
+	Format           int
+	Compression      bool
+	CompressionRatio float64
+	Lease            time.Duration
 	// UpstreamLatency is how long a first attempt holds its claim: a
 	// renewal every lease/3 of it.
 	UpstreamLatency time.Duration
@@ -118,6 +142,12 @@ func (l Load) Check() error {
 	if l.PassThroughPerSecond < 0 || math.IsNaN(l.PassThroughPerSecond) {
 		errs = append(errs, fmt.Errorf("--pass-through-per-second must not be negative, got %v", l.PassThroughPerSecond))
 	}
+	if l.Format < 0 || l.Format > 3 {
+		errs = append(errs, fmt.Errorf("--record-format must be 1, 2 or 3, got %d", l.Format))
+	}
+	if l.CompressionRatio < 0 || l.CompressionRatio > 1 || math.IsNaN(l.CompressionRatio) {
+		errs = append(errs, fmt.Errorf("--compression-ratio must be between 0 and 1, got %v", l.CompressionRatio))
+	}
 	if l.Lease < 0 || l.UpstreamLatency < 0 {
 		errs = append(errs, errors.New("--lease and --upstream-latency must not be negative"))
 	}
@@ -163,11 +193,7 @@ func Size(l Load) Estimate { return Measured.Size(l) }
 func (c Costs) Size(l Load) Estimate {
 	l = l.withDefaults()
 	e := Estimate{Load: l}
-	points := c.RecordBytes
-	if l.Sealed {
-		points = c.SealedBytes
-	}
-	e.BytesPerRecord = interpolate(points, float64(l.ResponseBytes))
+	e.BytesPerRecord = c.RecordBytes(l)
 	inFlight := l.NewKeysPerSecond * l.UpstreamLatency.Seconds()
 	e.Records = l.NewKeysPerSecond*l.Retention.Seconds() + inFlight
 	e.MemoryBytes = (l.NewKeysPerSecond*l.Retention.Seconds()*e.BytesPerRecord + inFlight*c.InProgressBytes) / l.TargetFill
@@ -188,10 +214,59 @@ func (c Costs) Size(l Load) Estimate {
 	return e
 }
 
-// interpolate reads bytes per record at size from the measured points:
-// linear between them, and past the last at its 1.25 bytes per byte
-// (jemalloc's size classes).
+// RecordBytes is the Redis memory one completed record of l takes.
+func (c Costs) RecordBytes(l Load) float64 {
+	n := uint64(l.ResponseBytes)
+	// The fixed layout writes the length as the body's varint and as
+	// Content-Length's decimal digits; the compact one as two varints.
+	own := c.FixedBytes + float64(varintLen(n)+len(strconv.FormatUint(n, 10)))
+	switch {
+	case l.Sealed:
+		own += c.SealedBytes - c.FixedBytes
+	case l.Format >= 3:
+		own = c.CompactBytes + float64(varintLen(n)+varintLen(n<<3|1))
+	}
+	body := float64(l.ResponseBytes)
+	if l.Compression && l.Format >= 3 && l.ResponseBytes >= c.CompressAbove {
+		if l.CompressionRatio > 0 {
+			body *= l.CompressionRatio
+		} else {
+			body = interpolate(c.Compressed, body)
+		}
+	}
+	return c.KeyBytes + allocation(own+math.Ceil(body))
+}
+
+func varintLen(n uint64) int {
+	return len(binary.AppendUvarint(nil, n))
+}
+
+// allocation is what jemalloc hands Redis for a string value of n bytes:
+// n, Redis' string header (3, 5 or 9 bytes by length) and a terminating
+// NUL, rounded up to the allocator's size class (four classes per
+// doubling from 128 bytes on, 16-byte steps below).
+func allocation(n float64) float64 {
+	switch {
+	case n < 1<<8:
+		n += 4
+	case n < 1<<16:
+		n += 6
+	default:
+		n += 10
+	}
+	if n <= 128 {
+		return math.Ceil(n/16) * 16
+	}
+	step := math.Exp2(math.Floor(math.Log2(n-1)) - 2)
+	return math.Ceil(n/step) * step
+}
+
+// interpolate reads points at size: linear between them, and past the
+// last at its ratio.
 func interpolate(points []Point, size float64) float64 {
+	if size <= points[0].Size {
+		return points[0].Bytes * size / points[0].Size
+	}
 	for i := 1; i < len(points); i++ {
 		a, b := points[i-1], points[i]
 		if size <= b.Size {
@@ -199,7 +274,7 @@ func interpolate(points []Point, size float64) float64 {
 		}
 	}
 	last := points[len(points)-1]
-	return last.Bytes + (size-last.Size)*1.25
+	return size * last.Bytes / last.Size
 }
 
 // WorkedExamples are docs/scaling.md's table: 100 to 100,000 new keys/s,
@@ -227,12 +302,17 @@ func (e Estimate) Row() string {
 		bytes(e.MemoryBytes), e.RedisCores, e.Shards, e.ShardsForMemory, e.ShardsForCPU, e.Binding, e.SidecarCores, bytes(e.NetworkBytesPerSecond))
 }
 
-// Table is the worked table.
+// Table is the worked table: each load as it is, then its bytes per
+// record and masters with record_format 3 and zstd (JSON answers at the
+// measured ratios).
 func Table(loads []Load) string {
 	var b strings.Builder
-	b.WriteString(TableHeader)
+	b.WriteString(strings.Replace(TableHeader, " network |\n|", " network | zstd: bytes/record | zstd: masters |\n|---|---|", 1))
 	for _, l := range loads {
-		b.WriteString(Size(l).Row())
+		row := Size(l).Row()
+		l.Format, l.Compression = 3, true
+		z := Size(l)
+		fmt.Fprintf(&b, "%s %.0f | %d |\n", strings.TrimSuffix(row, "\n"), z.BytesPerRecord, z.Shards)
 	}
 	return b.String()
 }

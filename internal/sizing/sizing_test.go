@@ -31,8 +31,9 @@ func TestModelArithmetic(t *testing.T) {
 	}
 	// 3.6 M settled records plus 100 ms of claims in flight.
 	near("records", e.Records, 3_600_000+100)
-	near("bytes per record", e.BytesPerRecord, 1400)
-	near("memory", e.MemoryBytes, (3_600_000*1400+100*300)/0.7)
+	// 160 for the key, a value of 240 + 1024 bytes in the 1,280-byte class.
+	near("bytes per record", e.BytesPerRecord, 1440)
+	near("memory", e.MemoryBytes, (3_600_000*1440+100*300)/0.7)
 	// Claim + complete per key, half a replay, no renewal (100 ms < 10 s / 3).
 	near("Redis ops/s", e.RedisOpsPerSecond, 2500)
 	near("Redis cores", e.RedisCores, (1000*(6.7+22.4)+500*6.6)/1e6/0.5)
@@ -42,9 +43,24 @@ func TestModelArithmetic(t *testing.T) {
 	// A slow upstream renews: 7 s with a 10 s lease is two renewals.
 	slow := Size(Load{NewKeysPerSecond: 1000, Retention: time.Hour, UpstreamLatency: 7 * time.Second})
 	near("Redis ops/s with renewals", slow.RedisOpsPerSecond, 2000+2000)
-	// Between measured sizes the model interpolates; past them, 1.25 B/B.
-	near("bytes at 2 KiB", interpolate(Measured.RecordBytes, 2048), 1400+1024*(5240-1400)/3072.0)
-	near("bytes at 128 KiB", interpolate(Measured.RecordBytes, 131072), 82040+65536*1.25)
+	// The compact layout: 89 + 2 + 2 + 1024 bytes, in the 1,280-byte class too.
+	near("compact bytes at 1 KiB", Measured.RecordBytes(Load{ResponseBytes: 1024, Format: 3}), 160+1280)
+	// Compressed at a given ratio: 93 + 308 bytes, in the 448-byte class.
+	near("compressed at 0.3", Measured.RecordBytes(Load{ResponseBytes: 1024, Format: 3, Compression: true, CompressionRatio: 0.3}), 160+448)
+	// Compression waits for record_format 3, and skips small answers.
+	near("zstd under format 1", Measured.RecordBytes(Load{ResponseBytes: 1024, Compression: true, CompressionRatio: 0.3}), 1440)
+	near("zstd on 100 bytes", Measured.RecordBytes(Load{ResponseBytes: 100, Format: 3, Compression: true}), 160+allocation(89+1+2+100))
+}
+
+// jemalloc's size classes as Redis allocates a string: 16-byte steps to
+// 128, then four classes per doubling.
+func TestAllocation(t *testing.T) {
+	for n, want := range map[float64]float64{0: 16, 12: 16, 13: 32, 91: 96, 124: 128, 125: 160, 236: 256, 252: 256,
+		253: 320, 1264: 1280, 1275: 1536, 4336: 5120, 16626: 20480, 65778: 81920} {
+		if got := allocation(n); got != want {
+			t.Errorf("allocation(%v) = %v, want %v", n, got, want)
+		}
+	}
 }
 
 func TestCheckRefusesNonsense(t *testing.T) {
