@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // Routine log lines (a request's line, at info) are written in batches, so
@@ -85,6 +87,19 @@ func (b *logBuffer) stop() {
 type flushing struct {
 	next  slog.Handler
 	lines *logBuffer
+	// derived: attributes or groups were added (WithAttrs, WithGroup), so
+	// a line encoded elsewhere would lack them.
+	derived bool
+}
+
+// WriteLine takes a request line the proxy encoded (proxy.LineWriter),
+// held like every routine line.
+func (h flushing) WriteLine(line []byte) bool {
+	if h.derived {
+		return false
+	}
+	_, _ = h.lines.Write(line)
+	return true
 }
 
 func (h flushing) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
@@ -98,11 +113,11 @@ func (h flushing) Handle(ctx context.Context, r slog.Record) error {
 }
 
 func (h flushing) WithAttrs(as []slog.Attr) slog.Handler {
-	return flushing{next: h.next.WithAttrs(as), lines: h.lines}
+	return flushing{next: h.next.WithAttrs(as), lines: h.lines, derived: true}
 }
 
 func (h flushing) WithGroup(name string) slog.Handler {
-	return flushing{next: h.next.WithGroup(name), lines: h.lines}
+	return flushing{next: h.next.WithGroup(name), lines: h.lines, derived: true}
 }
 
 // leveled filters a handler by a level that a reload can change.
@@ -116,6 +131,13 @@ func (h leveled) Enabled(ctx context.Context, l slog.Level) bool {
 }
 
 func (h leveled) Handle(ctx context.Context, r slog.Record) error { return h.next.Handle(ctx, r) }
+
+// WriteLine passes an encoded info line on when the handler it wraps
+// takes one (proxy.LineWriter); the caller checked the level.
+func (h leveled) WriteLine(line []byte) bool {
+	lw, ok := h.next.(proxy.LineWriter)
+	return ok && lw.WriteLine(line)
+}
 
 func (h leveled) WithAttrs(as []slog.Attr) slog.Handler {
 	return leveled{next: h.next.WithAttrs(as), level: h.level}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/internal/syncbuf"
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // Routine lines wait for the tick; a warning goes out at once, after the
@@ -31,4 +32,28 @@ func TestLogBufferHoldsRoutineLinesOnly(t *testing.T) {
 	if !strings.Contains(out.String(), `"last"`) {
 		t.Fatalf("stop did not write the held line: %q", out.String())
 	}
+}
+
+// The binary's handler chain (leveled over flushing) takes the proxy's
+// encoded request lines into the same buffer, in order with slog's; one
+// with attributes added refuses them, so nothing it adds is lost.
+func TestRequestLinesTakenEncoded(t *testing.T) {
+	var out syncbuf.Buffer
+	lines := newLogBuffer(&out)
+	level := new(slog.LevelVar)
+	h := leveled{next: flushing{next: slog.NewJSONHandler(lines, nil), lines: lines}, level: level}
+	var lw proxy.LineWriter = h
+	slog.New(h).Info("before")
+	if !lw.WriteLine([]byte("{\"msg\":\"encoded\"}\n")) {
+		t.Fatal("the binary's handler refused an encoded line")
+	}
+	slog.New(h).Warn("after")
+	got := out.String()
+	if i, j, k := strings.Index(got, `"before"`), strings.Index(got, `"encoded"`), strings.Index(got, `"after"`); i < 0 || j < i || k < j {
+		t.Fatalf("lines out of order or lost: %q", got)
+	}
+	if h.WithAttrs([]slog.Attr{slog.String("pod", "a")}).(proxy.LineWriter).WriteLine([]byte("{}\n")) {
+		t.Error("a handler with attributes of its own took an encoded line (it would lack them)")
+	}
+	lines.stop()
 }

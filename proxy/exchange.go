@@ -616,27 +616,10 @@ func (x *exchange) finish() {
 	if !x.h.log.Enabled(context.Background(), level) {
 		return // log_level above this line's: skip building it
 	}
-	attrs := []slog.Attr{
-		slog.String("route", x.rt.name),
-		slog.String("outcome", x.outcome),
-		slog.Int("status", x.status),
-		slog.String("request_id", x.requestID),
-		slog.Duration("duration", total),
+	line := requestLine{
+		route: x.rt.name, outcome: x.outcome, status: x.status, requestID: x.requestID,
+		duration: total, upstream: x.upstream, key: x.hashedKey, original: x.original,
+		late: x.late, detail: x.detail,
 	}
-	if x.upstream > 0 {
-		attrs = append(attrs, slog.Duration("upstream", x.upstream))
-	}
-	if x.hashedKey != "" {
-		attrs = append(attrs, slog.String("key", x.hashedKey))
-	}
-	if x.original != "" {
-		attrs = append(attrs, slog.String("original_request_id", x.original))
-	}
-	if x.late {
-		attrs = append(attrs, slog.Bool("late", true))
-	}
-	if x.detail != "" {
-		attrs = append(attrs, slog.String("detail", x.detail))
-	}
-	x.h.log.LogAttrs(context.Background(), level, "request", attrs...)
+	line.log(x.h.log, level)
 }
