@@ -175,6 +175,8 @@ type result struct {
 	// the round with the median rps.
 	rpsMin, rpsMax float64
 	rounds         int
+	// quantiles are the latencies at plotQuantiles.
+	quantiles []time.Duration
 }
 
 // median is the run with the median rps, carrying the spread of all.
@@ -276,7 +278,12 @@ func measure(o options, t *target, delay time.Duration, redisProc *proc, seq *at
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	q := func(f float64) time.Duration { return lat[min(len(lat)-1, int(f*float64(len(lat))))] }
+	var qs []time.Duration
+	for _, f := range plotQuantiles {
+		qs = append(qs, q(f))
+	}
 	return result{
+		quantiles: qs,
 		name: t.name, delay: delay, requests: len(lat), errors: errs,
 		rps: float64(len(lat)) / elapsed.Seconds(), p50: q(.50), p99: q(.99), p999: q(.999),
 		cpuPer1k: cpu / float64(len(lat)) * 1000, redisPer1k: rcpu / float64(len(lat)) * 1000,
@@ -346,6 +353,11 @@ func bench(o options, dir, self, bin, fiberBin string) error {
 	}
 	text := report(o, results, rttP50, rttP99)
 	fmt.Print(text)
+	if o.plot != "" {
+		if err := os.WriteFile(o.plot, plot(o, results), 0o644); err != nil {
+			return err
+		}
+	}
 	if o.out != "" {
 		return os.WriteFile(o.out, []byte(text), 0o644)
 	}

@@ -63,6 +63,7 @@ type options struct {
 	delays      []time.Duration
 	only        string
 	out         string
+	plot        string
 }
 
 func run() error {
@@ -75,6 +76,7 @@ func run() error {
 	delays := flag.String("upstream-delay", "0ms,5ms", "upstream service times, comma-separated")
 	flag.StringVar(&o.only, "only", "", "run only these targets: exact names separated by \",\" (a comma followed by a space is part of a name)")
 	flag.StringVar(&o.out, "out", "", "also write the markdown results to this file")
+	flag.StringVar(&o.plot, "plot", "", "also draw the results to this SVG file: throughput against ReverseProxy and latency distributions")
 	flag.Parse()
 	if o.rounds < 1 {
 		return errors.New("-rounds must be at least 1")

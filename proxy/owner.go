@@ -242,15 +242,11 @@ func (o *owner) renew() {
 func (x *exchange) answeredTimeout(detail string) {
 	total := time.Since(x.start)
 	x.h.metrics.requests.WithLabelValues(x.rt.name, outcomeUpstreamTimeout).Inc()
-	x.h.log.LogAttrs(context.Background(), slog.LevelInfo, "request",
-		slog.String("route", x.rt.name),
-		slog.String("outcome", outcomeUpstreamTimeout),
-		slog.Int("status", http.StatusGatewayTimeout),
-		slog.String("request_id", x.requestID),
-		slog.Duration("duration", total),
-		slog.String("key", x.hashedKey),
-		slog.String("detail", detail),
-	)
+	line := requestLine{route: x.rt.name, outcome: outcomeUpstreamTimeout, status: http.StatusGatewayTimeout,
+		requestID: x.requestID, duration: total, key: x.hashedKey, detail: detail}
+	if x.h.log.Enabled(context.Background(), slog.LevelInfo) {
+		line.log(x.h.log, slog.LevelInfo)
+	}
 	if x.span != nil {
 		x.span.SetAttributes(
 			attribute.String("idemproxy.outcome", outcomeUpstreamTimeout),
