@@ -284,7 +284,7 @@ func measure(o options, t *target, delay time.Duration, redisProc *proc, seq *at
 	}
 	return result{
 		quantiles: qs,
-		name: t.name, delay: delay, requests: len(lat), errors: errs,
+		name:      t.name, delay: delay, requests: len(lat), errors: errs,
 		rps: float64(len(lat)) / elapsed.Seconds(), p50: q(.50), p99: q(.99), p999: q(.999),
 		cpuPer1k: cpu / float64(len(lat)) * 1000, redisPer1k: rcpu / float64(len(lat)) * 1000,
 		rss: p.peakRSS(),

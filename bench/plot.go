@@ -20,7 +20,7 @@ func plot(o options, results []result) []byte {
 		labelW = 330
 		barW   = 300
 		gap    = 40
-		latW   = 360
+		latW   = 420
 		rowH   = 22
 		headH  = 58
 		width  = labelW + barW + gap + latW + 30
@@ -68,7 +68,7 @@ func plot(o options, results []result) []byte {
 		var b strings.Builder
 		fmt.Fprintf(&b, `<text x="10" y="%d" font-weight="bold">upstream service time %s</text>`+"\n", y+16, delay)
 		fmt.Fprintf(&b, `<text x="%d" y="%d">requests/s, relative to ReverseProxy (dashed)</text>`+"\n", labelW, y+40)
-		fmt.Fprintf(&b, `<text x="%d" y="%d">latency: p10–p99 whiskers, p25–p75 box, p50 bar, p99.9 dot</text>`+"\n", labelW+barW+gap, y+40)
+		fmt.Fprintf(&b, `<text x="%d" y="%d">latency, log scale: p10–p99 line, p25–p75 box, p50 bar, p99.9 dot</text>`+"\n", labelW+barW+gap, y+40)
 		top := y + headH
 		for i, r := range rows {
 			ry := top + i*rowH

@@ -1,6 +1,11 @@
 // Package claim stores idempotency claims and settled responses in Redis.
 // It is the only package that talks to Redis.
 //
+// It is not a library: its exported names serve the idemproxy binary and
+// the repository's tests and harnesses, and change between releases
+// without notice. The stored formats are kept (every release reads the
+// formats before it, CHANGELOG.md), not the Go API; a Store comes from New.
+//
 // Every write touches exactly one key in one atomic command: the claim is
 // one native SET NX PX GET (followed by a PTTL read only when it finds
 // another attempt in progress, for Retry-After), the others are Lua

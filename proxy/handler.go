@@ -1,6 +1,3 @@
-// Package proxy owns idemproxy's HTTP request path: route matching,
-// identity, idempotency keys, fingerprints, and the claim-forward-store
-// sequence in front of the upstream.
 package proxy
 
 import (

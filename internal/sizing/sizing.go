@@ -53,10 +53,10 @@ var Measured = Costs{
 	NetCompleteBytes: 456,
 	NetReplayBytes:   460,
 	// Sidecar CPU per request, all of the process (bench harness, c=32,
-	// 0 ms upstream, 1 KiB answers; docs/benchmarks.md, 2026-12-01).
-	SidecarFirstAttemptMicros: 163,
-	SidecarReplayMicros:       58,
-	SidecarPassThroughMicros:  79,
+	// 0 ms upstream, 1 KiB answers; docs/benchmarks.md, "Today").
+	SidecarFirstAttemptMicros: 154,
+	SidecarReplayMicros:       61,
+	SidecarPassThroughMicros:  91,
 }
 
 // Costs are the unit costs the model multiplies.

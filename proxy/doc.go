@@ -1,0 +1,36 @@
+// Package proxy owns idemproxy's HTTP request path: route matching,
+// identity, idempotency keys, fingerprints, and the claim-forward-store
+// sequence in front of the upstream.
+//
+// It is not a library. Its exported names serve the idemproxy binary
+// (the repository's main package) and the repository's own tests and
+// harnesses (bench, chaos, fleet, compat); they change between releases
+// without notice, and zero values are not meant to be usable (a Handler
+// comes from New). What idemproxy promises to keep is its behaviour over
+// HTTP, its configuration keys, its metrics and the formats it stores
+// (CHANGELOG.md, "Compatibility rule"), not a Go API. A program that
+// wants idempotent retries runs the sidecar.
+//
+// Reading order, following one protected request:
+//
+//   - handler.go: New builds a Handler from a Config (config.go); ServeHTTP
+//     matches the route (route.go) and hands protected requests to an
+//     exchange, everything else to the pass-through proxy (forward.go,
+//     upgrade.go, transport.go).
+//   - exchange.go: one protected request from admission to its answer:
+//     serve, admit (identity.go, xfcc.go, jwt.go, webhook.go; key.go,
+//     bodykey.go; firstsent.go), the body (budget.go, pool.go), the
+//     fingerprint (fingerprint.go, headers.go), the claim and what an
+//     existing record answers (replay, wait, 409, 422), and finish, which
+//     counts and logs the request once (metrics.go, logline.go).
+//   - owner.go: the claim's owner forwards through a gate (gate.go) that
+//     holds the answer until it is stored, renews the lease, and answers
+//     504 at upstream.timeout while a late call goes on; settle.go stores
+//     the settled answer, or releases the key for a transient one, and
+//     bounds the dual-write window; authorize.go re-checks a replay.
+//   - unconfirmed.go: claims whose reply never came, cleaned up in the
+//     background; slots.go: the bounds on calls in flight (max_in_flight,
+//     late calls), with budget.go's bound on buffered bytes.
+//   - problem.go: every answer idemproxy writes itself, as problem+json;
+//     trace.go: spans and trace context.
+package proxy
