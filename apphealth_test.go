@@ -44,14 +44,14 @@ routes:
     match: "POST /payments"
 `, addr))
 	up := func() string {
-		for line := range strings.SplitSeq(scrape(t, sc.admin), "\n") {
+		for line := range strings.SplitSeq(scrape(t, sc.Admin), "\n") {
 			if v, ok := strings.CutPrefix(line, "idemproxy_upstream_up "); ok {
 				return v
 			}
 		}
 		return "absent"
 	}
-	if status, body := get(t, sc.admin+"/app/readyz"); status != http.StatusOK {
+	if status, body := get(t, sc.Admin+"/app/readyz"); status != http.StatusOK {
 		t.Fatalf("/app/readyz with the app up: %d %s", status, body)
 	}
 	if v := up(); v != "1" {
@@ -59,10 +59,10 @@ routes:
 	}
 
 	srv.Close() // the app crashes
-	if status, body := get(t, sc.admin+"/app/readyz"); status != http.StatusServiceUnavailable || !strings.Contains(body, "did not answer") {
+	if status, body := get(t, sc.Admin+"/app/readyz"); status != http.StatusServiceUnavailable || !strings.Contains(body, "did not answer") {
 		t.Errorf("/app/readyz with the app down: %d %s, want 503 saying the app did not answer", status, body)
 	}
-	if status, _ := get(t, sc.admin+"/readyz"); status != http.StatusOK {
+	if status, _ := get(t, sc.Admin+"/readyz"); status != http.StatusOK {
 		t.Errorf("the sidecar's own /readyz with the app down: %d, want 200 (it must not follow the app)", status)
 	}
 	if v := up(); v != "0" {
@@ -74,7 +74,7 @@ routes:
 		t.Skipf("the app's port was taken meanwhile: %v", err)
 	}
 	srv = app(ln)
-	poll.Until(t, "/app/readyz passes again", func() bool { status, _ := get(t, sc.admin+"/app/readyz"); return status == http.StatusOK })
+	poll.Until(t, "/app/readyz passes again", func() bool { status, _ := get(t, sc.Admin+"/app/readyz"); return status == http.StatusOK })
 	if v := up(); v != "1" {
 		t.Errorf("idemproxy_upstream_up with the app back: %s, want 1", v)
 	}
@@ -84,10 +84,10 @@ routes:
 // /app/readyz says what to set (404) and idemproxy_upstream_up is absent.
 func TestAppReadinessWithoutHealthPath(t *testing.T) {
 	sc := startBinary(t, "routes:\n  - name: pay\n    match: \"POST /payments\"\n")
-	if status, body := get(t, sc.admin+"/app/readyz"); status != http.StatusNotFound || !strings.Contains(body, "upstream.health_path") {
+	if status, body := get(t, sc.Admin+"/app/readyz"); status != http.StatusNotFound || !strings.Contains(body, "upstream.health_path") {
 		t.Errorf("/app/readyz without a health path: %d %s, want 404 naming upstream.health_path", status, body)
 	}
-	if strings.Contains(scrape(t, sc.admin), "idemproxy_upstream_up") {
+	if strings.Contains(scrape(t, sc.Admin), "idemproxy_upstream_up") {
 		t.Error("idemproxy_upstream_up is exposed without a health path")
 	}
 }

@@ -12,106 +12,34 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/loopback"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/idemproxy/idemproxy/internal/syncbuf"
-)
-
-// The binary is built once per test process, into a directory removed
-// when the process ends (TestMain).
-var (
-	binaryOnce sync.Once
-	binaryPath string
-	binaryErr  error
-	binaryDir  string
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binaryDir != "" {
-		os.RemoveAll(binaryDir)
-	}
+	binarytest.Cleanup()
 	os.Exit(code)
 }
 
-// buildBinary builds idemproxy from this tree once and returns its path;
-// it skips when go is not in PATH. IDEMPROXY_TEST_BINARY names another
-// build to run instead, to try a test against an earlier release.
-func buildBinary(t *testing.T) string {
-	t.Helper()
-	if bin := os.Getenv("IDEMPROXY_TEST_BINARY"); bin != "" {
-		return bin
-	}
-	if raceEnabled {
-		t.Skip("real-binary test: runs in the plain go test pass, not under -race (the binary is not built with it)")
-	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("go not in PATH: cannot build the binary")
-	}
-	binaryOnce.Do(func() {
-		binaryDir, binaryErr = os.MkdirTemp("", "idemproxy-bin-")
-		if binaryErr != nil {
-			return
-		}
-		binaryPath = filepath.Join(binaryDir, "idemproxy")
-		if out, err := exec.Command(goBin, "build", "-o", binaryPath, ".").CombinedOutput(); err != nil {
-			binaryErr = fmt.Errorf("build: %v\n%s", err, out)
-		}
-	})
-	if binaryErr != nil {
-		t.Fatal(binaryErr)
-	}
-	return binaryPath
-}
+// buildBinary is this tree's binary, built once per test process
+// (internal/binarytest); IDEMPROXY_TEST_BINARY names another build to run
+// instead, to try a test against an earlier release.
+func buildBinary(t *testing.T) string { return binarytest.TestBinary(t) }
 
 // sidecar is the real binary running for one test.
-type sidecar struct {
-	cmd           *exec.Cmd
-	client, admin string // base URLs
-	stderr        *syncbuf.Buffer
-}
+type sidecar = binarytest.Sidecar
 
-// startBinary writes yaml (with listen and admin_listen prepended on free
-// loopback ports) and runs the binary on it until the test ends, waiting
-// for /healthz.
-func startBinary(t *testing.T, yaml string) *sidecar {
-	t.Helper()
-	bin := buildBinary(t)
-	port, _ := loopback.FreePort()
-	admin, _ := loopback.FreePort()
-	path := filepath.Join(t.TempDir(), "config.yaml")
-	full := fmt.Sprintf("listen: \"127.0.0.1:%d\"\nadmin_listen: \"127.0.0.1:%d\"\n", port, admin) + yaml
-	if err := os.WriteFile(path, []byte(full), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sc := &sidecar{
-		cmd:    exec.Command(bin, "-config", path),
-		client: fmt.Sprintf("http://127.0.0.1:%d", port),
-		admin:  fmt.Sprintf("http://127.0.0.1:%d", admin),
-		stderr: &syncbuf.Buffer{},
-	}
-	sc.cmd.Stderr = sc.stderr
-	if err := sc.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sc.cmd.Process.Kill(); sc.cmd.Wait() }) // by the PID this test started
-	for range 400 {
-		if resp, err := http.Get(sc.admin + "/healthz"); err == nil {
-			resp.Body.Close()
-			return sc
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	t.Fatalf("idemproxy did not come up:\n%s", sc.stderr.String())
-	return nil
-}
+// startBinary runs the binary on yaml (listen and admin_listen prepended
+// on free loopback ports) until the test ends; ready (/readyz 200) when
+// it returns.
+func startBinary(t *testing.T, yaml string) *sidecar { return binarytest.T(t, yaml) }
 
 // get answers status and body of a GET.
 func get(t *testing.T, url string) (int, string) {
@@ -197,45 +125,45 @@ store:
 `, upstream.URL, srv.Addr, extra)
 	}
 	sc := startBinary(t, yaml(""))
-	if status, body := post(t, sc.client+"/payments", "before", `{}`); status != http.StatusCreated {
+	if status, body := post(t, sc.Client+"/payments", "before", `{}`); status != http.StatusCreated {
 		t.Fatalf("with Redis up: %d %s", status, body)
 	}
-	poll.Until(t, "idemproxy_store_up 1", func() bool { seen, up := storeUp(t, sc.admin); return seen && up })
+	poll.Until(t, "idemproxy_store_up 1", func() bool { seen, up := storeUp(t, sc.Admin); return seen && up })
 
 	srv.Stop()
-	poll.Until(t, "idemproxy_store_up 0", func() bool { seen, up := storeUp(t, sc.admin); return seen && !up })
-	if status, body := get(t, sc.admin+"/readyz"); status != http.StatusOK {
+	poll.Until(t, "idemproxy_store_up 0", func() bool { seen, up := storeUp(t, sc.Admin); return seen && !up })
+	if status, body := get(t, sc.Admin+"/readyz"); status != http.StatusOK {
 		t.Fatalf("/readyz with Redis down: %d %s, want 200", status, body)
 	}
-	if _, body := get(t, sc.admin+"/readyz?verbose"); !strings.Contains(body, "store: up=false") {
+	if _, body := get(t, sc.Admin+"/readyz?verbose"); !strings.Contains(body, "store: up=false") {
 		t.Errorf("/readyz?verbose does not say the store is down: %s", body)
 	}
-	if status, _ := get(t, sc.client+"/catalog"); status != http.StatusOK {
+	if status, _ := get(t, sc.Client+"/catalog"); status != http.StatusOK {
 		t.Errorf("pass-through GET with Redis down: %d, want 200", status)
 	}
 	before := executed.Load()
-	if status, body := post(t, sc.client+"/payments", "during", `{}`); status != http.StatusServiceUnavailable || !strings.Contains(body, "store-unavailable") {
+	if status, body := post(t, sc.Client+"/payments", "during", `{}`); status != http.StatusServiceUnavailable || !strings.Contains(body, "store-unavailable") {
 		t.Errorf("fail_closed route with Redis down: %d %s, want 503 store-unavailable", status, body)
 	}
 	if executed.Load() != before {
 		t.Errorf("fail_closed forwarded a request with Redis down")
 	}
-	if status, _ := post(t, sc.client+"/open", "during", `{}`); status != http.StatusCreated {
+	if status, _ := post(t, sc.Client+"/open", "during", `{}`); status != http.StatusCreated {
 		t.Errorf("fail_open route with Redis down: %d, want the upstream's 201", status)
 	}
-	if v := outcome(t, sc.admin, "pay", "store_error"); v != "0" {
+	if v := outcome(t, sc.Admin, "pay", "store_error"); v != "0" {
 		t.Errorf("store_error (the dual-write window) = %s with nothing forwarded, want 0", v)
 	}
-	if v := outcome(t, sc.admin, "pay", "store_unavailable"); v != "1" {
+	if v := outcome(t, sc.Admin, "pay", "store_unavailable"); v != "1" {
 		t.Errorf("store_unavailable = %s, want 1", v)
 	}
 
 	srv.Restart()
-	poll.Until(t, "idemproxy_store_up 1 again", func() bool { seen, up := storeUp(t, sc.admin); return seen && up })
-	if status, body := post(t, sc.client+"/payments", "after", `{}`); status != http.StatusCreated {
+	poll.Until(t, "idemproxy_store_up 1 again", func() bool { seen, up := storeUp(t, sc.Admin); return seen && up })
+	if status, body := post(t, sc.Client+"/payments", "after", `{}`); status != http.StatusCreated {
 		t.Fatalf("with Redis back: %d %s, want 201", status, body)
 	}
-	if status, _ := post(t, sc.client+"/payments", "after", `{}`); status != http.StatusCreated {
+	if status, _ := post(t, sc.Client+"/payments", "after", `{}`); status != http.StatusCreated {
 		t.Fatalf("replay with Redis back: %d", status)
 	}
 
@@ -243,25 +171,25 @@ store:
 		srv.Stop()
 		defer srv.Restart()
 		sc := startBinary(t, yaml(""))
-		poll.Until(t, "idemproxy_store_up 0", func() bool { seen, up := storeUp(t, sc.admin); return seen && !up })
-		if status, body := get(t, sc.admin+"/readyz"); status != http.StatusOK {
+		poll.Until(t, "idemproxy_store_up 0", func() bool { seen, up := storeUp(t, sc.Admin); return seen && !up })
+		if status, body := get(t, sc.Admin+"/readyz"); status != http.StatusOK {
 			t.Fatalf("/readyz with Redis down at start: %d %s, want 200", status, body)
 		}
-		if status, body := post(t, sc.client+"/payments", "k", `{}`); status != http.StatusServiceUnavailable || !strings.Contains(body, "store-unavailable") {
+		if status, body := post(t, sc.Client+"/payments", "k", `{}`); status != http.StatusServiceUnavailable || !strings.Contains(body, "store-unavailable") {
 			t.Errorf("protected route: %d %s, want 503 store-unavailable", status, body)
 		}
 		srv.Restart()
 		poll.Until(t, "a protected request succeeds once Redis is up", func() bool {
-			status, _ := post(t, sc.client+"/payments", "k2", `{}`)
+			status, _ := post(t, sc.Client+"/payments", "k2", `{}`)
 			return status == http.StatusCreated
 		})
 	})
 	t.Run("readiness_requires_store", func(t *testing.T) {
 		sc := startBinary(t, yaml("admin:\n  readiness_requires_store: true\n"))
-		poll.Until(t, "/readyz 200 with Redis up", func() bool { s, _ := get(t, sc.admin+"/readyz"); return s == http.StatusOK })
+		poll.Until(t, "/readyz 200 with Redis up", func() bool { s, _ := get(t, sc.Admin+"/readyz"); return s == http.StatusOK })
 		srv.Stop()
 		defer srv.Restart()
-		poll.Until(t, "/readyz 503 with Redis down", func() bool { s, _ := get(t, sc.admin+"/readyz"); return s == http.StatusServiceUnavailable })
+		poll.Until(t, "/readyz 503 with Redis down", func() bool { s, _ := get(t, sc.Admin+"/readyz"); return s == http.StatusServiceUnavailable })
 	})
 }
 
@@ -432,7 +360,7 @@ func TestCommandLine(t *testing.T) {
 // version being CHANGELOG.md's (TestVersionMatchesChangelog ties them).
 func TestBuildInfoMetric(t *testing.T) {
 	sc := startBinary(t, "routes:\n  - name: pay\n    match: \"POST /payments\"\n")
-	text := scrape(t, sc.admin)
+	text := scrape(t, sc.Admin)
 	var line string
 	for l := range strings.SplitSeq(text, "\n") {
 		if strings.HasPrefix(l, "idemproxy_build_info{") {

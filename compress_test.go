@@ -47,7 +47,7 @@ func TestCompressionThroughTheBinary(t *testing.T) {
 		t.Run(fmt.Sprintf("record_format %d compression %s", tc.format, tc.compression), func(t *testing.T) {
 			srv := redistest.Start(t)
 			sc := startBinary(t, fmt.Sprintf("upstream:\n  url: %q\nstore:\n  redis:\n    addrs: [%q]\n  record_format: %d\n  compression: %s\nroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream.URL, srv.Addr, tc.format, tc.compression))
-			first, b := postAnswer(t, sc.client+"/payments", "k", `{}`)
+			first, b := postAnswer(t, sc.Client+"/payments", "k", `{}`)
 			if first.StatusCode != http.StatusCreated || b != body.String() {
 				t.Fatalf("first attempt: %d, body equal %t", first.StatusCode, b == body.String())
 			}
@@ -64,7 +64,7 @@ func TestCompressionThroughTheBinary(t *testing.T) {
 				t.Errorf("stored: compressed %t, compact %t, %d bytes for a %d-byte answer; want compressed %t, compact %t",
 					rec.BodyCompressed, rec.Compact, len(raw), body.Len(), tc.compressed, tc.compact)
 			}
-			replay, b := postAnswer(t, sc.client+"/payments", "k", `{}`)
+			replay, b := postAnswer(t, sc.Client+"/payments", "k", `{}`)
 			if replay.StatusCode != http.StatusCreated || b != body.String() {
 				t.Errorf("the replay: %d, body equal %t", replay.StatusCode, b == body.String())
 			}

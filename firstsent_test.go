@@ -4,12 +4,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -23,14 +22,7 @@ import (
 // executed the retry a second time (IDEMPROXY_TEST_BINARY shows it).
 func TestRecordLostThroughTheBinary(t *testing.T) {
 	srv := redistest.Start(t)
-	var executed atomic.Int64
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		n := executed.Add(1)
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"charge":%d}`, n)
-	}))
-	defer upstream.Close()
+	upstream := binarytest.NewRecorder(t)
 	sc := startBinary(t, fmt.Sprintf(`upstream:
   url: %q
 store:
@@ -41,7 +33,7 @@ routes:
     match: "POST /payments"
 `, upstream.URL, srv.Addr))
 	pay := func(key string, firstSent time.Time) (int, string) {
-		req, _ := http.NewRequest(http.MethodPost, sc.client+"/payments", strings.NewReader(`{"amount":1}`))
+		req, _ := http.NewRequest(http.MethodPost, sc.Client+"/payments", strings.NewReader(`{"amount":1}`))
 		req.Header.Set("X-Forwarded-User", "alice")
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", key)
@@ -70,16 +62,16 @@ routes:
 	if status != http.StatusPreconditionFailed || !strings.Contains(body, "record-lost") {
 		t.Errorf("the retry after the store lost its data: %d %s, want 412 record-lost", status, body)
 	}
-	if n := executed.Load(); n != 1 {
+	if n := upstream.Executions("charge-1"); n != 1 {
 		t.Errorf("upstream executed %d times, want 1", n)
 	}
 	if status, body := pay("charge-2", time.Now()); status != http.StatusCreated {
 		t.Errorf("a request first sent after the restart: %d %s, want 201", status, body)
 	}
 	poll.Until(t, "the loss is counted", func() bool {
-		return strings.Contains(scrape(t, sc.admin), `idemproxy_store_data_lost_total{master="`+srv.Addr+`"} 1`)
+		return strings.Contains(scrape(t, sc.Admin), `idemproxy_store_data_lost_total{master="`+srv.Addr+`"} 1`)
 	})
-	if !strings.Contains(sc.stderr.String(), "the store lost its data") {
-		t.Errorf("no log line says the store lost its data:\n%s", sc.stderr.String())
+	if !strings.Contains(sc.Logs(), "the store lost its data") {
+		t.Errorf("no log line says the store lost its data:\n%s", sc.Logs())
 	}
 }

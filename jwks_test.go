@@ -80,7 +80,7 @@ routes:
     match: "POST /payments"
 `, upstream.URL, jwks.URL))
 	send := func(ctx context.Context, tok, key, body string) int {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, sc.client+"/payments", strings.NewReader(body))
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, sc.Client+"/payments", strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+tok)
 		req.Header.Set("Idempotency-Key", key)
 		resp, err := http.DefaultClient.Do(req)

@@ -4,13 +4,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/faultlink"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
@@ -35,14 +33,7 @@ func TestRedisStallDuringClaim(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Start(t)
-			var executed atomic.Int64
-			upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				io.Copy(io.Discard, r.Body)
-				n := executed.Add(1)
-				w.WriteHeader(http.StatusCreated)
-				fmt.Fprintf(w, `{"charge":%d}`, n)
-			}))
-			defer upstream.Close()
+			upstream := binarytest.NewRecorder(t)
 			yaml := fmt.Sprintf(`upstream:
   url: %q
 store:
@@ -59,7 +50,7 @@ routes:
 			if tc.kill {
 				second = startBinary(t, yaml)
 			}
-			if status, body := post(t, first.client+"/payments", "warm-up", `{}`); status != http.StatusCreated {
+			if status, body := post(t, first.Client+"/payments", "warm-up", `{}`); status != http.StatusCreated {
 				t.Fatalf("warm-up: %d %s", status, body) // the connection the stalled SET will sit on
 			}
 
@@ -72,7 +63,7 @@ routes:
 			}()
 			answered := make(chan [2]any, 1)
 			go func() {
-				req, _ := http.NewRequest(http.MethodPost, first.client+"/payments", strings.NewReader(`{"amount":1}`))
+				req, _ := http.NewRequest(http.MethodPost, first.Client+"/payments", strings.NewReader(`{"amount":1}`))
 				req.Header.Set("X-Forwarded-User", "alice")
 				req.Header.Set("Idempotency-Key", "stalled")
 				resp, err := http.DefaultClient.Do(req)
@@ -85,9 +76,8 @@ routes:
 				answered <- [2]any{resp.StatusCode, string(b)}
 			}()
 			if tc.kill {
-				time.Sleep(300 * time.Millisecond)        // the claim is written and waits on Redis
-				first.cmd.Process.Signal(syscall.SIGKILL) // by the PID this test started
-				first.cmd.Wait()
+				time.Sleep(300 * time.Millisecond) // the claim is written and waits on Redis
+				first.Kill()                       // by the PID this test started
 			} else {
 				got := <-answered
 				if got[0] != http.StatusServiceUnavailable || !strings.Contains(got[1].(string), "store-unavailable") {
@@ -101,23 +91,23 @@ routes:
 			var status int
 			var body string
 			poll.Until(t, "a retry executes", func() bool {
-				status, body = post(t, second.client+"/payments", "stalled", `{"amount":1}`)
+				status, body = post(t, second.Client+"/payments", "stalled", `{"amount":1}`)
 				if status == http.StatusBadGateway {
 					t.Fatalf("retry: 502 %s: a claim that was never forwarded became outcome-unknown", body)
 				}
 				return status == http.StatusCreated
 			})
-			if again, body2 := post(t, second.client+"/payments", "stalled", `{"amount":1}`); again != http.StatusCreated || body2 != body {
+			if again, body2 := post(t, second.Client+"/payments", "stalled", `{"amount":1}`); again != http.StatusCreated || body2 != body {
 				t.Errorf("replay: %d %s, want the 201 %s", again, body2, body)
 			}
-			if n := executed.Load(); n != 2 { // the warm-up and the stalled key, once
+			if n := upstream.Total(); n != 2 { // the warm-up and the stalled key, once
 				t.Errorf("upstream executed %d times, want 2 (warm-up + once)", n)
 			}
 			if tc.kill {
 				return
 			}
 			poll.Until(t, "the unconfirmed claim is counted", func() bool {
-				_, text := get(t, first.admin+"/metrics")
+				_, text := get(t, first.Admin+"/metrics")
 				for _, result := range []string{"released", "not_found", "cleared_on_retry"} {
 					if strings.Contains(text, `idemproxy_unconfirmed_claims_total{result="`+result+`"} 1`) {
 						return true
@@ -153,15 +143,8 @@ func TestLateReplyNeverFreesAForwardedClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer linkB.Close()
-	var executed atomic.Int64
-	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		n := executed.Add(1)
-		time.Sleep(2 * time.Second)
-		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, `{"charge":%d}`, n)
-	}))
-	defer upstream.Close()
+	upstream := binarytest.NewRecorder(t)
+	upstream.Delay = 2 * time.Second
 	config := func(addr string) string {
 		return fmt.Sprintf(`upstream:
   url: %q
@@ -175,12 +158,11 @@ routes:
 	}
 	a, b := startBinary(t, config(linkA.Addr())), startBinary(t, config(linkB.Addr()))
 	for _, sc := range []*sidecar{a, b} {
-		if status, body := post(t, sc.client+"/payments", "warm-up-"+sc.client, `{}`); status != http.StatusCreated {
+		if status, body := post(t, sc.Client+"/payments", "warm-up-"+sc.Client, `{}`); status != http.StatusCreated {
 			t.Fatalf("warm-up: %d %s", status, body)
 		}
 	}
 	time.Sleep(1500 * time.Millisecond) // both sidecars' store watchers have read Redis' clock
-	executed.Store(0)
 
 	srv.Pause()
 	resumed := false
@@ -191,18 +173,18 @@ routes:
 	}()
 	first := make(chan int, 1)
 	go func() {
-		status, _ := post(t, a.client+"/payments", "k", `{"amount":1}`)
+		status, _ := post(t, a.Client+"/payments", "k", `{"amount":1}`)
 		first <- status
 	}()
 	time.Sleep(900 * time.Millisecond) // inside A's 1s confirm window
 	srv.Resume()
 	resumed = true
-	poll.Until(t, "A forwarded", func() bool { return executed.Load() == 1 })
+	poll.Until(t, "A forwarded", func() bool { return upstream.Executions("k") == 1 })
 
 	// B's claim finds A's record (a bulk reply, on time); the reply after
 	// it (B's read of the key's TTL: an integer or an array) comes 0.85s late.
 	late := linkB.DelayNextReply(func(b []byte) bool { return len(b) > 0 && (b[0] == ':' || b[0] == '*') }, 850*time.Millisecond)
-	status, body := post(t, b.client+"/payments", "k", `{"amount":1}`)
+	status, body := post(t, b.Client+"/payments", "k", `{"amount":1}`)
 	select {
 	case <-late:
 	default:
@@ -216,14 +198,14 @@ routes:
 	}
 	var replay string
 	poll.Until(t, "the retry replays", func() bool {
-		status, replay = post(t, b.client+"/payments", "k", `{"amount":1}`)
+		status, replay = post(t, b.Client+"/payments", "k", `{"amount":1}`)
 		return status == http.StatusCreated
 	})
 	time.Sleep(2500 * time.Millisecond) // a second execution, had B forwarded, would have ended by now
-	if n := executed.Load(); n != 1 {
+	if n := upstream.Executions("k"); n != 1 {
 		t.Fatalf("upstream executed %d times, want 1 (a forwarded claim was freed by a late reply)", n)
 	}
-	if replay != `{"charge":1}` {
+	if !strings.Contains(replay, `"id":"ch_k_1"`) {
 		t.Errorf("replay %q, want the first attempt's answer", replay)
 	}
 }

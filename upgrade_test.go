@@ -49,7 +49,7 @@ routes:
   - name: pay
     match: "POST /payments"
 `, upstream.URL))
-	addr := strings.TrimPrefix(sc.client, "http://")
+	addr := strings.TrimPrefix(sc.Client, "http://")
 
 	// WebSocket on a pass-through path: 101, then bytes both ways.
 	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
@@ -80,7 +80,7 @@ routes:
 		{"h2c on a pass-through path", http.MethodGet, "/socket", "h2c", "upgrade-refused"},
 		{"WebSocket on a protected route", http.MethodPost, "/payments", "websocket", "upgrade-refused"},
 	} {
-		req, _ := http.NewRequest(tc.method, sc.client+tc.path, nil)
+		req, _ := http.NewRequest(tc.method, sc.Client+tc.path, nil)
 		req.Header.Set("Connection", "Upgrade")
 		req.Header.Set("Upgrade", tc.upgrade)
 		req.Header.Set("X-Forwarded-User", "alice")

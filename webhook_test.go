@@ -97,7 +97,7 @@ func TestWebhooksThroughTheBinary(t *testing.T) {
 	sc := startBinary(t, fmt.Sprintf("upstream:\n  url: %q\nidentity:\n  trusted_proxies: [\"192.0.2.0/24\"]\nroutes:\n%s", upstream.URL, routes.String()))
 
 	deliver := func(provider, secret, id, body string, at time.Time) (int, string, http.Header) {
-		req, _ := http.NewRequest(http.MethodPost, sc.client+"/webhooks/"+provider, strings.NewReader(body))
+		req, _ := http.NewRequest(http.MethodPost, sc.Client+"/webhooks/"+provider, strings.NewReader(body))
 		for k, vs := range signers[provider](secret, id, body, at) {
 			req.Header[k] = vs
 		}
@@ -152,7 +152,7 @@ func TestWebhooksThroughTheBinary(t *testing.T) {
 			}
 		})
 	}
-	text := scrape(t, sc.admin)
+	text := scrape(t, sc.Admin)
 	for _, want := range []string{
 		`idemproxy_webhook_deliveries_total{result="executed",route="github-events"} 2`,
 		`idemproxy_webhook_deliveries_total{result="signature_invalid",route="stripe-events"} 2`,

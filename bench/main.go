@@ -22,6 +22,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 )
 
 func main() {
@@ -120,10 +122,5 @@ func run() error {
 // buildIdemproxy builds the sidecar from this repository into dir.
 func buildIdemproxy(dir string) (string, error) {
 	bin := filepath.Join(dir, "idemproxy")
-	build := exec.Command("go", "build", "-o", bin, "github.com/idemproxy/idemproxy")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return "", fmt.Errorf("build idemproxy: %w", err)
-	}
-	return bin, nil
+	return bin, binarytest.Build("", binarytest.Package, bin)
 }

@@ -39,6 +39,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/faultlink"
 	"github.com/idemproxy/idemproxy/internal/loopback"
 )
@@ -109,10 +110,8 @@ func run() error {
 
 func harness(o options, dir string) error {
 	bin := filepath.Join(dir, "idemproxy")
-	build := exec.Command("go", "build", "-o", bin, "github.com/idemproxy/idemproxy")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("build idemproxy: %w", err)
+	if err := binarytest.Build("", binarytest.Package, bin); err != nil {
+		return err
 	}
 	bins := []string{bin}
 	versions := []string{"current"}
@@ -216,10 +215,8 @@ func buildPrevious(dir string) (bin, version string, err error) {
 		return "", "", fmt.Errorf("git archive %s (%s): %v\n%s", version, f[1], err, out)
 	}
 	bin = filepath.Join(dir, "idemproxy-"+version)
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Dir = src
-	if out, err := build.CombinedOutput(); err != nil {
-		return "", "", fmt.Errorf("build %s: %v\n%s", version, err, out)
+	if err := binarytest.Build(src, ".", bin); err != nil {
+		return "", "", err
 	}
 	return bin, version, nil
 }

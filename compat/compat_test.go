@@ -38,9 +38,20 @@ var (
 	binErr  error
 )
 
-// binary builds idemproxy from the repository once.
+// binaryEnv names an idemproxy binary already built (CI builds it once
+// for every stage); without it the suite builds the repository's.
+const binaryEnv = "IDEMPROXY_BINARY"
+
+// binary is the idemproxy binary: IDEMPROXY_BINARY's, or the repository's
+// built once.
 func binary(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv(binaryEnv); bin != "" {
+		if _, err := os.Stat(bin); err != nil {
+			t.Fatalf("%s: %v", binaryEnv, err)
+		}
+		return bin
+	}
 	binOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "idemproxy-compat-")
 		if err != nil {

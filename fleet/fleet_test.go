@@ -15,9 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/loopback"
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/idemproxy/idemproxy/internal/syncbuf"
 )
 
 // requirePrevious, when "1" (.ci/run sets it), fails the test instead of
@@ -82,57 +81,33 @@ func build(t *testing.T) (old, cur string) {
 	if err := untar.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	old, cur = filepath.Join(dir, "idemproxy-"+version), filepath.Join(dir, "idemproxy-current")
-	for _, b := range []struct{ dir, out string }{{src, old}, {root, cur}} {
-		cmd := exec.Command("go", "build", "-o", b.out, ".")
-		cmd.Dir = b.dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", b.dir, err, out)
-		}
+	old = filepath.Join(dir, "idemproxy-"+version)
+	if err := binarytest.Build(src, ".", old); err != nil {
+		t.Fatal(err)
 	}
-	return old, cur
+	return old, binarytest.TestBinary(t)
 }
 
-// sidecar is one running binary.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	binarytest.Cleanup()
+	os.Exit(code)
+}
+
+// sidecar is one running binary, named for the messages.
 type sidecar struct {
-	name   string
-	url    string
-	stderr *syncbuf.Buffer
+	*binarytest.Sidecar
+	name string
 }
 
-// start runs bin on yaml (listen and admin_listen prepended) with env
-// added, until the test ends.
+// start runs bin on yaml with env added until the test ends; ready
+// (/readyz 200) when it returns.
 func start(t *testing.T, name, bin, yaml string, env ...string) *sidecar {
 	t.Helper()
-	port, _ := loopback.FreePort()
-	admin, _ := loopback.FreePort()
-	path := filepath.Join(t.TempDir(), name+".yaml")
-	full := fmt.Sprintf("listen: \"127.0.0.1:%d\"\nadmin_listen: \"127.0.0.1:%d\"\n", port, admin) + yaml
-	if err := os.WriteFile(path, []byte(full), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sc := &sidecar{name: name, url: fmt.Sprintf("http://127.0.0.1:%d", port), stderr: &syncbuf.Buffer{}}
-	cmd := exec.Command(bin, "-config", path)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = sc.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() }) // by the PID this test started
-	for range 400 {
-		if resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", admin)); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return sc
-			}
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	t.Fatalf("%s did not become ready:\n%s", name, sc.log())
-	return nil
+	return &sidecar{Sidecar: binarytest.StartT(t, bin, yaml, binarytest.Options{Env: env}), name: name}
 }
 
-func (s *sidecar) log() string { return s.stderr.String() }
+func (s *sidecar) log() string { return s.Logs() }
 
 // answer is what a client got.
 type answer struct {
@@ -143,7 +118,7 @@ type answer struct {
 
 func (s *sidecar) pay(t *testing.T, key, body string) answer {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, s.url+"/payments", strings.NewReader(body))
+	req, _ := http.NewRequest(http.MethodPost, s.Client+"/payments", strings.NewReader(body))
 	req.Header.Set("X-Forwarded-User", "alice")
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
@@ -154,27 +129,6 @@ func (s *sidecar) pay(t *testing.T, key, body string) answer {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return answer{resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed") == "true"}
-}
-
-// ledger is the upstream: it counts executions per key and answers each
-// with a body naming the execution, so a replay of the wrong one shows.
-type ledger struct {
-	mu    sync.Mutex
-	execs map[string]int
-}
-
-func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	key := r.Header.Get("Idempotency-Key")
-	l.mu.Lock()
-	l.execs[key]++
-	n := l.execs[key]
-	l.mu.Unlock()
-	time.Sleep(20 * time.Millisecond) // long enough for a concurrent retry to find the claim
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Charge", fmt.Sprintf("ch_%s_%d", key, n))
-	w.WriteHeader(http.StatusCreated)
-	fmt.Fprintf(w, `{"id":"ch_%s_%d","request":%s}`, key, n, body)
 }
 
 // TestMixedFleet runs the previous release and this tree against one
@@ -211,9 +165,8 @@ func TestMixedFleet(t *testing.T) {
 	} {
 		t.Run(fs.name, func(t *testing.T) {
 			srv := redistest.Start(t)
-			up := &ledger{execs: map[string]int{}}
-			upstream := httptest.NewServer(up)
-			defer upstream.Close()
+			upstream := binarytest.NewRecorder(t)
+			upstream.Delay = 20 * time.Millisecond // long enough for a concurrent retry to find the claim
 			yaml := fmt.Sprintf("upstream:\n  url: %q\nstore:\n  redis:\n    addrs: [%q]\n%sroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream.URL, srv.Addr, fs.store)
 			old := start(t, "previous", oldBin, yaml)
 			cur := start(t, "current", curBin, yaml, fs.newEnv...)
@@ -279,10 +232,8 @@ func TestMixedFleet(t *testing.T) {
 					}
 				}
 			}
-			up.mu.Lock()
-			defer up.mu.Unlock()
 			for _, k := range keys {
-				if n := up.execs[k]; n != 1 {
+				if n := upstream.Executions(k); n != 1 {
 					t.Errorf("key %s executed %d times, want 1", k, n)
 				}
 			}

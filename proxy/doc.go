@@ -19,7 +19,7 @@
 //     upgrade.go, transport.go).
 //   - exchange.go: one protected request from admission to its answer:
 //     serve, admit (identity.go, xfcc.go, jwt.go, webhook.go; key.go,
-//     bodykey.go; firstsent.go), the body (budget.go, pool.go), the
+//     bodykey.go; firstsent.go), the body (pool.go, within limits.go), the
 //     fingerprint (fingerprint.go, headers.go), the claim and what an
 //     existing record answers (replay, wait, 409, 422), and finish, which
 //     counts and logs the request once (metrics.go, logline.go).
@@ -29,8 +29,8 @@
 //     the settled answer, or releases the key for a transient one, and
 //     bounds the dual-write window; authorize.go re-checks a replay.
 //   - unconfirmed.go: claims whose reply never came, cleaned up in the
-//     background; slots.go: the bounds on calls in flight (max_in_flight,
-//     late calls), with budget.go's bound on buffered bytes.
+//     background; limits.go: the three bounds on what principals hold
+//     (buffered bytes, calls forwarding, late calls), one shape.
 //   - problem.go: every answer idemproxy writes itself, as problem+json;
 //     trace.go: spans and trace context.
 package proxy

@@ -261,7 +261,7 @@ func (h *Handler) Waiting() int { return int(h.waiting.Load()) }
 
 // BufferedBytes is how many bytes request and response body buffers hold
 // now (limits.max_buffered_bytes bounds it).
-func (h *Handler) BufferedBytes() int64 { return h.buffers.used.Load() }
+func (h *Handler) BufferedBytes() int64 { return h.buffers.count() }
 
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"io"
 	"math/bits"
 	"sync"
 )
@@ -131,4 +132,63 @@ func (x *exchange) giveBack() {
 		}
 	}
 	x.reqBuf, x.respBuf = nil, nil
+}
+
+// firstChunk is the most a body buffer starts with when its length is
+// declared: the rest is held only as it arrives, so a declared length costs
+// nothing until the bytes come.
+const firstChunk = 64 << 10
+
+// readAll reads r to the end into pooled buffers, growing as bytes arrive
+// (from the declared length when it is small, else from firstChunk) and
+// never beyond a declared length's own size class. reserve is asked for
+// every buffer's capacity before it is used, the old one's given back
+// through release; a refusal ends the read with its error. The caller
+// releases the returned buffer's capacity and returns it with putBody.
+func readAll(r io.Reader, expected int64, reserve func(n int) error, release func(n int)) ([]byte, error) {
+	size := 4 << 10
+	if expected > 0 {
+		size = int(min(expected, firstChunk))
+	}
+	buf := getBody(size)
+	if err := reserve(cap(buf)); err != nil {
+		putBody(buf)
+		return nil, err
+	}
+	for {
+		if len(buf) == cap(buf) {
+			// Full: see whether the body ends here before growing, so a
+			// body of exactly its declared length costs no larger class.
+			var probe [1]byte
+			n, err := io.ReadFull(r, probe[:])
+			if n == 0 {
+				if err == io.EOF || err == io.ErrUnexpectedEOF {
+					return buf, nil
+				}
+				return buf, err
+			}
+			size := 2 * cap(buf)
+			if expected > int64(cap(buf)) && int64(size) > expected {
+				size = int(expected) // the declared length's class, not the next
+			}
+			next := getBody(size)
+			if err := reserve(cap(next)); err != nil {
+				putBody(next)
+				return buf, err
+			}
+			next = append(append(next, buf...), probe[0])
+			release(cap(buf))
+			putBody(buf)
+			buf = next
+			continue
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
 }

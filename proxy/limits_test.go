@@ -8,10 +8,10 @@ import "testing"
 // principals at a 25% share filled the pool and a fifth's slow call was
 // cancelled into an outcome-unknown) and max_in_flight had no share at all.
 func TestFairSlots(t *testing.T) {
-	var f fairSlots
+	f := lateCalls{max: 4, share: 2}
 	take := func(p string, want bool, reason string) {
 		t.Helper()
-		ok, refused := f.take(p, 4, 2)
+		ok, refused := f.take(p)
 		if ok != want || refused != reason {
 			t.Fatalf("take(%s) with %d taken: %t %q, want %t %q", p, f.count(), ok, refused, want, reason)
 		}
@@ -29,14 +29,14 @@ func TestFairSlots(t *testing.T) {
 	f.give("carol")
 	f.give("dave")
 	f.give("alice")
-	if f.count() != 0 || len(f.held) != 0 {
-		t.Fatalf("after giving every slot back: %d taken, %v held", f.count(), f.held)
+	if f.count() != 0 || len(f.by) != 0 {
+		t.Fatalf("after giving every slot back: %d taken, %v held", f.count(), f.by)
 	}
 
 	// A share of the whole pool keeps nothing in reserve.
-	var all fairSlots
+	all := lateCalls{max: 4, share: 4}
 	for range 4 {
-		if ok, refused := all.take("alice", 4, 4); !ok {
+		if ok, refused := all.take("alice"); !ok {
 			t.Fatalf("a 100%% share: refused %q", refused)
 		}
 	}
@@ -46,7 +46,39 @@ func TestFairSlots(t *testing.T) {
 	s, _ := fl.take("pay", "alice", 1, 1)
 	s.give()
 	s.give()
-	if n := fl.slots("pay").count(); n != 0 {
+	if n := fl.route("pay").count(); n != 0 {
 		t.Fatalf("a slot given twice: %d taken", n)
+	}
+}
+
+// The byte budget is the same shape: a total and one principal's share,
+// checked before anything is reserved; forced bytes (an answer the
+// upstream already gave) count whatever the bound; 0 holds without limit.
+func TestBudget(t *testing.T) {
+	b := budget{limit: 100, share: 60}
+	if err := b.take("alice", 60); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.take("alice", 1); err != errOverShare {
+		t.Fatalf("alice past her share: %v, want errOverShare", err)
+	}
+	if err := b.take("bob", 41); err != errOverBudget {
+		t.Fatalf("bob past the total: %v, want errOverBudget", err)
+	}
+	if err := b.take("bob", 40); err != nil {
+		t.Fatal(err)
+	}
+	b.force("bob", 1000)
+	if b.count() != 1100 {
+		t.Fatalf("held %d, want 1100", b.count())
+	}
+	b.give("bob", 1040)
+	b.give("alice", 60)
+	if b.count() != 0 || len(b.by) != 0 {
+		t.Fatalf("after giving everything back: %d, %v", b.count(), b.by)
+	}
+	var free budget
+	if err := free.take("alice", 1<<40); err != nil || free.count() != 1<<40 {
+		t.Fatalf("no limit: %v, %d held", err, free.count())
 	}
 }

@@ -1,0 +1,5 @@
+//go:build race
+
+package binarytest
+
+const raceEnabled = true

@@ -1,0 +1,202 @@
+package proxy
+
+import (
+	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
+)
+
+// Limits. A process bounds three things its requests hold, each the same
+// way: a total for the process, a share one principal may hold, and,
+// for calls, the last share kept for principals that hold none, so that a
+// few principals at their share cannot take everything from the rest.
+//
+//	what                                counted in  bound (config)                                refused as
+//	request and answer buffers          bytes       limits.max_buffered_bytes, .principal_share   503 buffers-full, 429 too-many-bytes
+//	first attempts forwarding, a route  calls       defaults.max_in_flight, ..._principal_share   503 overloaded, the claim released
+//	late calls (past upstream.timeout)  calls       upstream.max_late_calls, ..._principal_share  the call cancelled at the timeout
+//
+// Each is a held: take under a bound, give back what was taken. A new
+// bound is one more held and one more row here (and in
+// docs/configuration.md, "Bounds").
+
+// Reasons a take was refused, the values of the reason label of
+// idemproxy_late_calls_refused_total and idemproxy_overloaded_total.
+const (
+	refusedCap      = "process_cap"     // the process' total is reached
+	refusedShare    = "principal_share" // this principal holds its whole share
+	refusedReserved = "reserved"        // the last share is kept for principals that hold none
+)
+
+// bound is what a held allows: max in all, share for one principal (0 or
+// more than max: max), and with reserve, principals that hold some leave
+// the last share free for principals that hold none.
+type bound struct {
+	max, share int64
+	reserve    bool
+}
+
+// unbounded counts without refusing.
+var unbounded = bound{max: math.MaxInt64}
+
+// held is what principals hold of one resource.
+type held struct {
+	n  atomic.Int64 // in all
+	mu sync.Mutex   // guards by
+	by map[string]int64
+}
+
+// take adds amount for principal within b, or reserves nothing and says
+// why not.
+func (h *held) take(principal string, amount int64, b bound) (refused string) {
+	share := b.share
+	if share <= 0 || share > b.max {
+		share = b.max
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	mine, n := h.by[principal], h.n.Load()
+	switch {
+	case n+amount > b.max:
+		return refusedCap
+	case mine+amount > share:
+		return refusedShare
+	case b.reserve && mine > 0 && share < b.max && n+amount > b.max-share:
+		return refusedReserved
+	}
+	h.addLocked(principal, amount)
+	return ""
+}
+
+// force adds amount for principal whatever the bound.
+func (h *held) force(principal string, amount int64) {
+	h.mu.Lock()
+	h.addLocked(principal, amount)
+	h.mu.Unlock()
+}
+
+// give returns amount of what principal holds.
+func (h *held) give(principal string, amount int64) {
+	h.mu.Lock()
+	h.addLocked(principal, -amount)
+	h.mu.Unlock()
+}
+
+func (h *held) addLocked(principal string, amount int64) {
+	h.n.Add(amount)
+	if h.by == nil {
+		h.by = map[string]int64{}
+	}
+	if v := h.by[principal] + amount; v > 0 {
+		h.by[principal] = v
+	} else {
+		delete(h.by, principal)
+	}
+}
+
+// count is what is held in all.
+func (h *held) count() int64 { return h.n.Load() }
+
+// budget bounds the bytes this process holds in request and response
+// buffers, so that many clients declaring large bodies and trickling them
+// cannot run it out of memory (an OOM kill puts every tenant's claims in
+// flight into the dual-write window), and one principal's share of it, so
+// that one tenant cannot take it all from the others. A limit of 0 holds
+// without limit.
+type budget struct {
+	held
+	limit, share int64
+}
+
+// Errors reading a request body returns when holding more of it would
+// exceed the budget, or the principal's share of it.
+var (
+	errOverBudget = errors.New("proxy: request buffers are at limits.max_buffered_bytes")
+	errOverShare  = errors.New("proxy: this principal's request buffers are at its share of limits.max_buffered_bytes")
+)
+
+// take reserves n bytes for principal, and reports why not, reserving
+// nothing, when that would exceed the limit or the principal's share.
+func (b *budget) take(principal string, n int) error {
+	bd := unbounded
+	if b.limit > 0 {
+		bd = bound{max: b.limit, share: b.share}
+	}
+	switch b.held.take(principal, int64(n), bd) {
+	case "":
+		return nil
+	case refusedShare:
+		return errOverShare
+	default:
+		return errOverBudget
+	}
+}
+
+// force reserves n bytes whatever the limit: an upstream's answer must be
+// read whole to be stored, since the upstream has already acted.
+func (b *budget) force(principal string, n int) { b.held.force(principal, int64(n)) }
+
+func (b *budget) give(principal string, n int) { b.held.give(principal, int64(n)) }
+
+// inFlight counts, per route name, the first attempts forwarding now, for
+// max_in_flight. By name, so that a reload, which builds new routes, keeps
+// the count of the calls still running.
+type inFlight struct {
+	m sync.Map // route name → *held
+}
+
+func (f *inFlight) route(route string) *held {
+	if h, ok := f.m.Load(route); ok {
+		return h.(*held)
+	}
+	h, _ := f.m.LoadOrStore(route, new(held))
+	return h.(*held)
+}
+
+// slot is one first attempt's place in its route's count; give returns it
+// once, however often it is called.
+type slot struct {
+	held      *held
+	principal string
+	given     atomic.Bool
+}
+
+func (s *slot) give() {
+	if s != nil && s.given.CompareAndSwap(false, true) {
+		s.held.give(s.principal, 1)
+	}
+}
+
+// take counts one more call of principal on route, unless limit (when
+// positive) or principal's share of it is reached: then it returns nil
+// and why. The caller gives it back with give.
+func (f *inFlight) take(route, principal string, limit, share int) (*slot, string) {
+	h := f.route(route)
+	b := unbounded // counted, never refused
+	if limit > 0 {
+		b = bound{max: int64(limit), share: int64(share), reserve: true}
+	}
+	if refused := h.take(principal, 1, b); refused != "" {
+		return nil, refused
+	}
+	return &slot{held: h, principal: principal}, ""
+}
+
+// lateCalls are the slots of the calls running past upstream.timeout: at
+// most max in the process (0: none), at most share for one principal, and
+// the last share kept for principals that hold none, so that principals
+// parking slow calls cannot take every slot and turn another principal's
+// slow call into a cancelled one (an unknown outcome).
+type lateCalls struct {
+	held
+	max, share int64
+}
+
+// take reserves a late-call slot for principal.
+func (l *lateCalls) take(principal string) (bool, string) {
+	refused := l.held.take(principal, 1, bound{max: l.max, share: l.share, reserve: true})
+	return refused == "", refused
+}
+
+func (l *lateCalls) give(principal string) { l.held.give(principal, 1) }
