@@ -18,8 +18,8 @@
 //     exchange, everything else to the pass-through proxy (forward.go,
 //     upgrade.go, transport.go).
 //   - exchange.go: one protected request from admission to its answer:
-//     serve, admit (identity.go, xfcc.go, jwt.go, webhook.go; key.go,
-//     bodykey.go; firstsent.go), the body (pool.go, within limits.go), the
+//     serve, admission.go (identity.go, xfcc.go, jwt.go, webhook.go;
+//     key.go, bodykey.go; firstsent.go), the body (pool.go, within limits.go), the
 //     fingerprint (fingerprint.go, headers.go), the claim and what an
 //     existing record answers (replay, wait, 409, 422), and finish, which
 //     counts and logs the request once (metrics.go, logline.go).
