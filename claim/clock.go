@@ -110,7 +110,7 @@ func (s *Store) CheckClocks(ctx context.Context) {
 		readings []ClockReading
 		answered = true
 	)
-	read := func(ctx context.Context, c redis.Cmdable) {
+	read := func(ctx context.Context, _ string, c redis.Cmdable) {
 		r, err := readClock(ctx, c, s.now)
 		mu.Lock()
 		defer mu.Unlock()
@@ -120,14 +120,8 @@ func (s *Store) CheckClocks(ctx context.Context) {
 		}
 		readings = append(readings, r)
 	}
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			read(ctx, m)
-			return nil
-		})
-		answered = answered && err == nil
-	} else {
-		read(ctx, s.client)
+	if err := s.eachMaster(ctx, read); err != nil {
+		answered = false
 	}
 	s.noteClocks(readings, answered, s.now())
 }

@@ -43,7 +43,7 @@ func (s *Store) Health(ctx context.Context) []MasterHealth {
 		mu  sync.Mutex
 		out []MasterHealth
 	)
-	read := func(ctx context.Context, name string, c redis.UniversalClient) {
+	read := func(ctx context.Context, name string, c redis.Cmdable) {
 		h := MasterHealth{Master: name}
 		info, err := c.Info(ctx, "memory", "keyspace").Result()
 		var refused redis.Error
@@ -69,17 +69,8 @@ func (s *Store) Health(ctx context.Context) []MasterHealth {
 		out = append(out, h)
 		mu.Unlock()
 	}
-	switch c := s.client.(type) {
-	case *redis.ClusterClient:
-		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			read(ctx, m.Options().Addr, m)
-			return nil
-		})
-		if err != nil && len(out) == 0 {
-			out = append(out, MasterHealth{Err: s.unavailable("cluster slots", err)})
-		}
-	default:
-		read(ctx, s.masterLabel(), s.client)
+	if err := s.eachMaster(ctx, read); err != nil && len(out) == 0 {
+		out = append(out, MasterHealth{Err: s.unavailable("cluster slots", err)})
 	}
 	answered := len(out) > 0
 	readings := make([]ClockReading, 0, len(out))
@@ -92,6 +83,20 @@ func (s *Store) Health(ctx context.Context) []MasterHealth {
 	}
 	s.noteClocks(readings, answered, s.now())
 	return out
+}
+
+// eachMaster runs read on every master, named: a Cluster's at once (its
+// error is that of a Cluster whose masters could not be listed), or the
+// one master of a standalone or Sentinel deployment.
+func (s *Store) eachMaster(ctx context.Context, read func(ctx context.Context, name string, c redis.Cmdable)) error {
+	if cc, ok := s.client.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			read(ctx, m.Options().Addr, m)
+			return nil
+		})
+	}
+	read(ctx, s.masterLabel(), s.client)
+	return nil
 }
 
 // masterLabel names the one master of a standalone or Sentinel deployment.
