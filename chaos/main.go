@@ -230,10 +230,12 @@ func startSidecars(o options, dir string, bins, versions []string, upstream stri
 		p1, _ := loopback.FreePort()
 		p2, _ := loopback.FreePort()
 		v := min(i, len(bins)-1)
-		sc := &sidecar{id: i, bin: bins[v], version: versions[v], port: p1, adminPort: p2, logDir: dir}
-		if err := sc.writeConfig(dir, upstream, links[i].Addr(), o.strict); err != nil {
+		sc := &sidecar{id: i, version: versions[v], port: p1, adminPort: p2, logDir: dir}
+		config, err := sc.writeConfig(dir, upstream, links[i].Addr(), o.strict)
+		if err != nil {
 			return scs, err
 		}
+		sc.Sidecar = binarytest.New(bins[v], config, p1, p2)
 		if err := sc.start(); err != nil {
 			return scs, err
 		}

@@ -4,16 +4,16 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 )
 
 // redisProc is a redis-server this harness started and may kill -9.
@@ -86,81 +86,51 @@ func (r *redisProc) wipe() {
 	}
 }
 
-// sidecar is one idemproxy process.
+// sidecar is one idemproxy process (internal/binarytest runs it), each
+// run logging to its own file, which the checker reads.
 type sidecar struct {
-	id  int
-	bin string
+	*binarytest.Sidecar
+	id int
 	// version is "current", or the previous release's version (-mixed).
 	version    string
-	config     string
 	port       int
 	adminPort  int
 	logDir     string
 	incarnated int
-
-	mu  sync.Mutex // guards cmd
-	cmd *exec.Cmd
 }
 
-func (s *sidecar) url() string { return "http://127.0.0.1:" + strconv.Itoa(s.port) }
+func (s *sidecar) url() string { return s.Client }
 
 func (s *sidecar) logPath(n int) string {
 	return filepath.Join(s.logDir, fmt.Sprintf("sidecar-%d.%d.log", s.id, n))
 }
 
+// start runs the sidecar once more, until it answers /healthz.
 func (s *sidecar) start() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.incarnated++
 	logf, err := os.Create(s.logPath(s.incarnated))
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(s.bin, "-config", s.config)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return err
+	if err := s.Run(binarytest.Options{Live: true, Stderr: logf}); err != nil {
+		return fmt.Errorf("sidecar %d: %w", s.id, err)
 	}
-	s.cmd = cmd
-	go func() { cmd.Wait(); logf.Close() }()
-	for range 200 {
-		resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(s.adminPort) + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			return nil
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	return fmt.Errorf("sidecar %d did not come up", s.id)
+	return nil
 }
 
 // kill ends the process with SIGKILL: no drain, nothing settles.
-func (s *sidecar) kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil {
-		s.cmd.Process.Kill()
-		s.cmd = nil
-	}
-}
+func (s *sidecar) kill() { s.Kill() }
 
 // signal sends sig to the sidecar, by the PID this harness started.
-func (s *sidecar) signal(sig syscall.Signal) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil {
-		s.cmd.Process.Signal(sig)
-	}
-}
+func (s *sidecar) signal(sig syscall.Signal) { s.Signal(sig) }
 
-func (s *sidecar) writeConfig(dir, upstream, redisAddr string, strict bool) error {
-	s.config = filepath.Join(dir, fmt.Sprintf("sidecar-%d.yaml", s.id))
+func (s *sidecar) writeConfig(dir, upstream, redisAddr string, strict bool) (string, error) {
+	config := filepath.Join(dir, fmt.Sprintf("sidecar-%d.yaml", s.id))
 	unknown := "keep"
 	if strict {
 		unknown = "fail"
 	}
-	return os.WriteFile(s.config, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
+	return config, os.WriteFile(config, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
 admin_listen: "127.0.0.1:%d"
 upstream:
   url: %q

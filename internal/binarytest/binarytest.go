@@ -10,6 +10,7 @@ package binarytest
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -81,7 +82,6 @@ type Sidecar struct {
 	ConfigPath string
 
 	bin  string
-	env  []string
 	log  *syncbuf.Buffer
 	mu   sync.Mutex // guards cmd
 	cmd  *exec.Cmd
@@ -97,6 +97,9 @@ type Options struct {
 	// Live waits for /healthz instead of /readyz (a sidecar expected not
 	// to become ready).
 	Live bool
+	// Stderr, when set, takes this run's stdout and stderr instead of
+	// the Sidecar's log (Logs), and is closed when the process exits.
+	Stderr io.WriteCloser
 }
 
 // Start writes yaml, with listen and admin_listen on free loopback ports
@@ -126,30 +129,49 @@ func Start(bin, dir, yaml string, o Options) (*Sidecar, error) {
 	if err := os.Chmod(f.Name(), 0o600); err != nil {
 		return nil, err
 	}
-	s := &Sidecar{
-		Client:     fmt.Sprintf("http://127.0.0.1:%d", port),
-		Admin:      fmt.Sprintf("http://127.0.0.1:%d", admin),
-		ConfigPath: f.Name(),
-		bin:        bin,
-		env:        o.Env,
-		log:        &syncbuf.Buffer{},
-	}
-	if err := s.run(o); err != nil {
+	s := New(bin, f.Name(), port, admin)
+	if err := s.Run(o); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-// run starts the process and waits for it to be ready.
-func (s *Sidecar) run(o Options) error {
+// New is a Sidecar of bin on a config written by the caller, which
+// listens on port and admin_listen on admin, both on 127.0.0.1; Run
+// starts it.
+func New(bin, configPath string, port, admin int) *Sidecar {
+	return &Sidecar{
+		Client:     fmt.Sprintf("http://127.0.0.1:%d", port),
+		Admin:      fmt.Sprintf("http://127.0.0.1:%d", admin),
+		ConfigPath: configPath,
+		bin:        bin,
+		log:        &syncbuf.Buffer{},
+	}
+}
+
+// Run starts the process (one more run when it was killed) and waits for
+// it to be ready.
+func (s *Sidecar) Run(o Options) error {
 	cmd := exec.Command(s.bin, append([]string{"-config", s.ConfigPath}, o.Args...)...)
-	cmd.Env = append(os.Environ(), s.env...)
+	cmd.Env = append(os.Environ(), o.Env...)
 	cmd.Stderr = s.log
+	if o.Stderr != nil {
+		cmd.Stdout, cmd.Stderr = o.Stderr, o.Stderr
+	}
 	if err := cmd.Start(); err != nil {
+		if o.Stderr != nil {
+			o.Stderr.Close()
+		}
 		return err
 	}
 	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
+	go func() {
+		cmd.Wait()
+		if o.Stderr != nil {
+			o.Stderr.Close()
+		}
+		close(done)
+	}()
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
@@ -179,25 +201,33 @@ func (s *Sidecar) run(o Options) error {
 // Logs is everything the process (every run of it) wrote to stderr.
 func (s *Sidecar) Logs() string { return s.log.String() }
 
-// PID is the running process' id.
+// PID is the process' id (its last run's).
 func (s *Sidecar) PID() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.cmd.Process.Pid
 }
 
-// Signal sends sig to the process this Sidecar started.
+// Signal sends sig to the process this Sidecar started; nothing when it
+// never ran.
 func (s *Sidecar) Signal(sig os.Signal) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.cmd == nil {
+		return nil
+	}
 	return s.cmd.Process.Signal(sig)
 }
 
-// Kill ends the process with SIGKILL, by its PID, and waits for it.
+// Kill ends the process with SIGKILL, by its PID, and waits for it; it
+// does nothing when the process never ran or has exited.
 func (s *Sidecar) Kill() {
 	s.mu.Lock()
 	cmd, done := s.cmd, s.done
 	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
 	cmd.Process.Signal(syscall.SIGKILL)
 	<-done
 }
@@ -226,5 +256,5 @@ func (s *Sidecar) Stop(timeout time.Duration) error {
 // ports, waiting until it is ready.
 func (s *Sidecar) Restart(o Options) error {
 	s.Kill()
-	return s.run(o)
+	return s.Run(o)
 }

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,5 +65,42 @@ func TestStartFails(t *testing.T) {
 	_, err := Start(TestBinary(t), t.TempDir(), "routes: [\n", Options{})
 	if err == nil || !strings.Contains(err.Error(), "exited before it was ready") {
 		t.Fatalf("a broken config: %v", err)
+	}
+}
+
+// A run's output can go to a file of its own (chaos keeps one per run),
+// closed when the process exits; Kill and Signal on a sidecar that never
+// ran do nothing.
+func TestRunLogsToItsOwnFile(t *testing.T) {
+	bin := TestBinary(t)
+	dir := t.TempDir()
+	never := New(bin, filepath.Join(dir, "none.yaml"), 1, 2)
+	never.Kill()
+	if err := never.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("Signal on a sidecar that never ran: %v", err)
+	}
+	up := NewRecorder(t)
+	srv := redistest.Start(t)
+	s := T(t, fmt.Sprintf("upstream:\n  url: %q\nstore:\n  redis:\n    addrs: [%q]\n", up.URL, srv.Addr), Options{Live: true})
+	path := filepath.Join(dir, "run.log")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Restart(Options{Live: true, Stderr: f}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Stop(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("x")); err == nil {
+		t.Error("the run's log file is still open after the process exited")
+	}
+	b, _ := os.ReadFile(path)
+	if !strings.Contains(string(b), `"msg":"stopped"`) {
+		t.Errorf("the run's log file: %q", b)
+	}
+	if strings.Contains(s.Logs(), `"msg":"stopped"`) {
+		t.Error("the run that logged to a file also logged to the sidecar's log")
 	}
 }
