@@ -22,16 +22,16 @@ func (x *exchange) admit() (key string, ok bool) {
 	// percent-encoded forms) could be protected as one route and acted on
 	// as another.
 	if x.r.URL.Path != x.path {
-		x.reject(probPathNotCanonical.with("send it to " + x.path + ", the path this route protects"))
+		x.answer(outcomeRejected, probPathNotCanonical.with("send it to "+x.path+", the path this route protects"))
 		return "", false
 	}
 	if tok := nominated(x.r.Header, x.rt.keyNames); tok != "" { // the rest was checked for every request
-		x.reject(probHopByHop.with("Connection nominates " + tok + ", which idemproxy and the upstream rely on"))
+		x.answer(outcomeRejected, probHopByHop.with("Connection nominates "+tok+", which idemproxy and the upstream rely on"))
 		return "", false
 	}
 	for name := range x.r.Header {
 		if sameName(name, s.KeyHeader) && name != x.rt.keyHeader {
-			x.reject(probKeyMalformed.with("the idempotency key is sent as " + name + "; send it only as " + x.rt.keyHeader))
+			x.answer(outcomeRejected, probKeyMalformed.with("the idempotency key is sent as "+name+"; send it only as "+x.rt.keyHeader))
 			return "", false
 		}
 	}
@@ -46,10 +46,10 @@ func (x *exchange) admit() (key string, ok bool) {
 	p, err := x.h.id.src.principal(x.r.Context(), x.r, x.trusted)
 	switch {
 	case errors.Is(err, errTokenTwice), errors.Is(err, errXFCC):
-		x.reject(probIdentityInvalid.with(err.Error()))
+		x.answer(outcomeRejected, probIdentityInvalid.with(err.Error()))
 		return "", false
 	case err != nil && !errors.Is(err, errNoToken):
-		x.reject(probTokenInvalid.with("the bearer token is not valid: " + err.Error()))
+		x.answer(outcomeRejected, probTokenInvalid.with("the bearer token is not valid: "+err.Error()))
 		return "", false
 	}
 	x.principal = p
@@ -58,15 +58,15 @@ func (x *exchange) admit() (key string, ok bool) {
 	}
 	switch {
 	case x.principal == "":
-		x.reject(probIdentityMissing.with("this route needs " + x.h.id.src.missing()))
+		x.answer(outcomeRejected, probIdentityMissing.with("this route needs "+x.h.id.src.missing()))
 		return "", false
 	case errors.Is(keyErr, errKeyMissing) && fromBody:
 		return "", true // looked for in the body once it is read
 	case errors.Is(keyErr, errKeyMissing):
-		x.reject(probKeyMissing.with("send an " + s.KeyHeader + " header"))
+		x.answer(outcomeRejected, probKeyMissing.with("send an "+s.KeyHeader+" header"))
 		return "", false
 	case keyErr != nil:
-		x.reject(probKeyMalformed.with(keyErr.Error()))
+		x.answer(outcomeRejected, probKeyMalformed.with(keyErr.Error()))
 		return "", false
 	}
 	// Forward the unquoted key: the upstream can dedupe on it in its own
@@ -84,10 +84,10 @@ func (x *exchange) keyInBody(header string, body []byte) (string, bool) {
 	key, found, err := bodyKey(body, x.rt.keyPointer)
 	switch {
 	case err != nil:
-		x.reject(probKeyMalformed.with(s.KeyJSONPointer + ": " + err.Error()))
+		x.answer(outcomeRejected, probKeyMalformed.with(s.KeyJSONPointer+": "+err.Error()))
 		return "", false
 	case header != "" && found && key != header:
-		x.reject(probKeyMalformed.with("the " + s.KeyHeader + " header and " + s.KeyJSONPointer + " in the body name different keys"))
+		x.answer(outcomeRejected, probKeyMalformed.with("the "+s.KeyHeader+" header and "+s.KeyJSONPointer+" in the body name different keys"))
 		return "", false
 	case header != "":
 		return header, true
@@ -95,7 +95,7 @@ func (x *exchange) keyInBody(header string, body []byte) (string, bool) {
 		x.bypass(body, "no idempotency key, in the header or the body, on an optional route")
 		return "", false
 	case !found:
-		x.reject(probKeyMissing.with("send an " + s.KeyHeader + " header, or " + s.KeyJSONPointer + " in a JSON body"))
+		x.answer(outcomeRejected, probKeyMissing.with("send an "+s.KeyHeader+" header, or "+s.KeyJSONPointer+" in a JSON body"))
 		return "", false
 	}
 	x.r.Header.Set(s.KeyHeader, key) // the upstream gets it as if the client had sent it

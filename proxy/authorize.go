@@ -64,7 +64,7 @@ func (x *exchange) authorize() bool {
 	case authForbidden:
 		p := probReplayForbidden.with("the authorizer no longer allows this caller to see what is stored under this idempotency key")
 		p.Status = status
-		x.reject(p)
+		x.answer(outcomeRejected, p)
 	default:
 		why := fmt.Sprintf("answered %d", status)
 		if err != nil {
@@ -72,7 +72,7 @@ func (x *exchange) authorize() bool {
 		}
 		p := probAuthorizerUnavailable.with("the replay authorizer could not be asked (" + why + "); retry later")
 		p.retryAfter = time.Second
-		x.reject(p)
+		x.answer(outcomeRejected, p)
 	}
 	return false
 }

@@ -96,7 +96,7 @@ func (x *exchange) serve() {
 	if s := x.rt.settings.FirstSent; len(s) > 0 {
 		t, ok, err := firstSent(s, x.r.Header, key)
 		if err != nil {
-			x.reject(probFirstSentInvalid.with(err.Error()))
+			x.answer(outcomeRejected, probFirstSentInvalid.with(err.Error()))
 			return
 		}
 		x.firstSent, x.hasFirstSent = t, ok
@@ -209,7 +209,7 @@ func (x *exchange) shed(rec *claim.Record, refused string) {
 	x.h.metrics.overloaded.WithLabelValues(x.rt.name, refused).Inc()
 	p := probOverloaded.with(detail)
 	p.retryAfter = time.Second
-	x.reject(p)
+	x.answer(outcomeRejected, p)
 }
 
 // maxOrphanSettles bounds how often one request tries to settle an
@@ -296,21 +296,18 @@ func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl t
 	x.linkTo(rec)
 	switch {
 	case !x.h.store.SameRequest(rec, fp):
-		x.outcome = outcomeMismatch
-		x.problem(probMismatch.with("this idempotency key was first used with a different method, path, query, body or fingerprinted header"))
+		x.answer(outcomeMismatch, probMismatch.with("this idempotency key was first used with a different method, path, query, body or fingerprinted header"))
 	case rec.State == claim.InProgress:
-		x.outcome = outcomeConflict
 		p := probInProgress.with("retry after the time in Retry-After; the first attempt is still running")
 		if st := x.rt.settings.InProgressStatus; st != 0 {
 			p.Status = st // 429 or 503: what generic retrying clients retry
 		}
 		p.retryAfter = ttl
-		x.problem(p)
+		x.answer(outcomeConflict, p)
 	case rec.BodyOmitted:
-		x.outcome = outcomeConflict
 		p := probNotReplayable.with(fmt.Sprintf("the first attempt was executed and answered %d, with a body larger than this route's max_response_body", rec.Status))
 		p.OriginalStatus = rec.Status
-		x.problem(p)
+		x.answer(outcomeConflict, p)
 	default:
 		x.replay(rec)
 	}
@@ -384,7 +381,7 @@ const firstLook = 50 * time.Millisecond
 func (x *exchange) readBody() ([]byte, bool) {
 	limit := x.rt.settings.MaxRequestBody
 	if x.r.ContentLength > limit {
-		x.reject(probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
+		x.answer(outcomeRejected, probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
 		return nil, false
 	}
 	// A client trickling its body (slow loris) must not hold a handler
@@ -402,7 +399,7 @@ func (x *exchange) readBody() ([]byte, bool) {
 			p = probTooManyBytes.with("this principal's requests in flight hold their whole share of limits.max_buffered_bytes; nothing was claimed or forwarded, retry later")
 		}
 		p.retryAfter = time.Second
-		x.reject(p)
+		x.answer(outcomeRejected, p)
 		return nil, false
 	}
 	if err != nil {
@@ -411,9 +408,9 @@ func (x *exchange) readBody() ([]byte, bool) {
 		// one. The read deadline stays, so that read cannot hang either.
 		x.w.Header().Set("Connection", "close")
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			x.reject(probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
+			x.answer(outcomeRejected, probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
 		} else {
-			x.reject(probBodyUnreadable.with(err.Error()))
+			x.answer(outcomeRejected, probBodyUnreadable.with(err.Error()))
 		}
 		return nil, false
 	}
@@ -431,20 +428,20 @@ func (x *exchange) storeFailed(op string, err error, body []byte) {
 		return
 	}
 	if qe, ok := errors.AsType[*claim.QuotaError](err); ok {
-		x.outcome, x.detail = outcomeRejected, "new-key quota reached"
+		x.detail = "new-key quota reached"
 		x.h.metrics.quotaRefusals.WithLabelValues(x.rt.name).Inc()
 		p := probTooManyKeys.with(fmt.Sprintf("this principal has used the %d new idempotency keys this route allows per %s; retries of existing keys still work", x.rt.settings.QuotaNewKeys, x.rt.settings.QuotaWindow))
 		p.retryAfter = qe.RetryAfter
-		x.problem(p)
+		x.answer(outcomeRejected, p)
 		return
 	}
 	if errors.Is(err, claim.ErrFull) {
 		// Not a store error: Redis keeps its last room for the claims in
 		// flight, whose completions must not be refused.
-		x.outcome, x.detail = outcomeRejected, err.Error()
+		x.detail = err.Error()
 		p := probStoreFull.with("the idempotency store is nearly full and keeps its room for requests in flight; nothing was forwarded, retry later")
 		p.retryAfter = time.Second
-		x.problem(p)
+		x.answer(outcomeRejected, p)
 		return
 	}
 	x.h.metrics.storeErrors.WithLabelValues(op).Inc()
@@ -454,8 +451,8 @@ func (x *exchange) storeFailed(op string, err error, body []byte) {
 			reason = re.Reason
 		}
 		x.h.metrics.recordErrors.WithLabelValues(reason).Inc()
-		x.outcome, x.detail = outcomeRecordUnreadable, err.Error()
-		x.problem(probRecordCorrupt.with("the record stored for this key is not one idemproxy can read; nothing was forwarded"))
+		x.detail = err.Error()
+		x.answer(outcomeRecordUnreadable, probRecordCorrupt.with("the record stored for this key is not one idemproxy can read; nothing was forwarded"))
 		return
 	}
 	if x.rt.settings.FailOpen && body != nil {
@@ -463,10 +460,10 @@ func (x *exchange) storeFailed(op string, err error, body []byte) {
 		x.bypass(body, "store unavailable, fail_open: "+err.Error())
 		return
 	}
-	x.outcome, x.detail = outcomeStoreUnavailable, err.Error()
+	x.detail = err.Error()
 	p := probStoreUnavailable.with("the idempotency store cannot be reached; nothing was forwarded, retry later")
 	p.retryAfter = time.Second
-	x.problem(p)
+	x.answer(outcomeStoreUnavailable, p)
 }
 
 // bypass forwards the request without protection. body, when not nil, is
@@ -484,14 +481,18 @@ func (x *exchange) bypass(body []byte, why string) {
 	x.status = sw.status
 }
 
-// reject answers a request that was not acceptable; nothing is forwarded
-// and nothing is stored.
-func (x *exchange) reject(p problem) {
-	x.outcome = outcomeRejected
-	x.problem(p)
-}
-
-func (x *exchange) problem(p problem) {
+// answer is where a protected request gets an answer idemproxy writes
+// itself: the problem p (problem+json in the route's problem_body), and
+// outcome, what finish counts and logs once the handler returns
+// (outcomeRejected: not acceptable, nothing forwarded or stored; empty:
+// the outcome the owner's settlement decided stays). The other answers
+// are a stored one (writeRecord) and the upstream's own, which the owner
+// forwards through its gate (owner.go). The steps decide; nothing else
+// writes.
+func (x *exchange) answer(outcome string, p problem) {
+	if outcome != "" {
+		x.outcome = outcome
+	}
 	if x.detail == "" {
 		x.detail = p.Detail
 	}

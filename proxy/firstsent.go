@@ -125,11 +125,10 @@ func (x *exchange) refuseUnrecorded(rec *claim.Record) bool {
 	}
 	x.releaseClaim(rec)
 	x.h.metrics.firstSentRefused.WithLabelValues(x.rt.name, reason).Inc()
-	x.outcome = outcomeRejected
 	if reason == refusedKeyExpired {
-		x.problem(probKeyExpired.with("the request was first sent at " + x.firstSent.UTC().Format(time.RFC3339) + ", longer ago than this route keeps records (" + s.Retention.String() + "): it may have executed and its record expired; nothing was forwarded. Look the resource up; send a new request with a new key"))
+		x.answer(outcomeRejected, probKeyExpired.with("the request was first sent at "+x.firstSent.UTC().Format(time.RFC3339)+", longer ago than this route keeps records ("+s.Retention.String()+"): it may have executed and its record expired; nothing was forwarded. Look the resource up; send a new request with a new key"))
 	} else {
-		x.problem(probRecordLost.with("the request was first sent at " + x.firstSent.UTC().Format(time.RFC3339) + ", before the idempotency store lost its records: it may have executed; nothing was forwarded. Look the resource up; send a new request with a new key"))
+		x.answer(outcomeRejected, probRecordLost.with("the request was first sent at "+x.firstSent.UTC().Format(time.RFC3339)+", before the idempotency store lost its records: it may have executed; nothing was forwarded. Look the resource up; send a new request with a new key"))
 	}
 	return true
 }

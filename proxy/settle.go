@@ -216,15 +216,14 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	}
 	if errors.Is(err, errClaimTooLate) {
 		o.settle(func() verdict { return o.release(err.Error() + ": nothing forwarded") })
-		x.outcome = outcomeStoreUnavailable
 		p := probStoreUnavailable.with("the idempotency store confirmed the claim too late to forward safely; nothing was forwarded, retry later")
 		p.retryAfter = time.Second
-		x.problem(p)
+		x.answer(outcomeStoreUnavailable, p)
 		return
 	}
 	if !o.wrote.Load() {
 		o.settle(func() verdict { return o.release("upstream unreachable, request never sent: " + err.Error()) })
-		x.problem(probUpstreamDown.with("the request was not sent to the upstream; it is safe to retry"))
+		x.answer("", probUpstreamDown.with("the request was not sent to the upstream; it is safe to retry")) // the release decided the outcome
 		return
 	}
 	if cause := context.Cause(r.Context()); cause != nil && cause != r.Context().Err() {
@@ -255,7 +254,7 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	if timeout {
 		p = probUpstreamTimeout.with(fmt.Sprintf("no answer within %s; the upstream may have acted", h.upstreamTimeout))
 	}
-	x.problem(p)
+	x.answer("", p) // the settlement decided the outcome
 }
 
 // outcomeUnknownRecord is the completed record that settles a key whose

@@ -221,7 +221,7 @@ func (wh *Webhook) deliveryID(h http.Header, body []byte) (string, error) {
 func (x *exchange) serveWebhook() {
 	wh := x.rt.settings.Webhook
 	if x.r.URL.Path != x.path {
-		x.reject(probPathNotCanonical.with("send it to " + x.path + ", the path this route protects"))
+		x.answer(outcomeRejected, probPathNotCanonical.with("send it to "+x.path+", the path this route protects"))
 		return
 	}
 	x.principal = wh.principal()
@@ -231,16 +231,16 @@ func (x *exchange) serveWebhook() {
 	}
 	if err := wh.verify(x.r.Header, body, time.Now()); err != nil {
 		x.webhookResult = webhookSigInvalid
-		x.reject(probSignatureInvalid.with(err.Error() + "; nothing was claimed or forwarded"))
+		x.answer(outcomeRejected, probSignatureInvalid.with(err.Error()+"; nothing was claimed or forwarded"))
 		return
 	}
 	key, err := wh.deliveryID(x.r.Header, body)
 	switch {
 	case errors.Is(err, errKeyMissing):
-		x.reject(probKeyMissing.with(err.Error()))
+		x.answer(outcomeRejected, probKeyMissing.with(err.Error()))
 		return
 	case err != nil:
-		x.reject(probKeyMalformed.with(err.Error()))
+		x.answer(outcomeRejected, probKeyMalformed.with(err.Error()))
 		return
 	}
 	x.r.Header.Set(x.rt.settings.KeyHeader, key) // the upstream can dedupe on it too
