@@ -23,6 +23,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/loopback"
 )
 
@@ -41,21 +42,43 @@ func freePort() int {
 type proc struct {
 	name string
 	cmd  *exec.Cmd
-	addr string
+	// sidecar, for idemproxy, runs it instead of cmd (internal/binarytest).
+	sidecar *binarytest.Sidecar
+	addr    string
 	// shared is a process another target owns: stop leaves it running.
 	shared bool
 }
 
-func startProc(name, addr string, bin string, args ...string) (*proc, error) {
-	return startProcEnv(name, addr, nil, bin, args...)
+// pid is the process' id.
+func (p *proc) pid() int {
+	if p.sidecar != nil {
+		return p.sidecar.PID()
+	}
+	return p.cmd.Process.Pid
 }
 
-// startProcEnv starts bin with env added to this process's environment.
-func startProcEnv(name, addr string, env []string, bin string, args ...string) (*proc, error) {
-	cmd := exec.Command(bin, args...)
-	if env != nil {
-		cmd.Env = append(os.Environ(), env...)
+// startIdemproxy runs bin on cfg, which listens on port with its admin
+// listener on admin, through internal/binarytest: ready when /readyz
+// answers 200.
+func startIdemproxy(bin, cfg string, port, admin int, env []string) (*proc, error) {
+	sc := binarytest.New(bin, cfg, port, admin)
+	var out io.Writer = io.Discard
+	if os.Getenv("BENCH_DEBUG") == "1" {
+		out = os.Stderr
 	}
+	if err := sc.Run(binarytest.Options{Env: env, Stderr: nopCloser{out}}); err != nil {
+		return nil, err
+	}
+	return &proc{name: "idemproxy", sidecar: sc, addr: fmt.Sprintf("127.0.0.1:%d", port)}, nil
+}
+
+type nopCloser struct{ io.Writer }
+
+func (nopCloser) Close() error { return nil }
+
+// startProc starts bin and waits until it listens on addr.
+func startProc(name, addr string, bin string, args ...string) (*proc, error) {
+	cmd := exec.Command(bin, args...)
 	cmd.Stderr = io.Discard
 	if os.Getenv("BENCH_DEBUG") == "1" {
 		cmd.Stderr = os.Stderr
@@ -76,6 +99,10 @@ func startProcEnv(name, addr string, env []string, bin string, args ...string) (
 }
 
 func (p *proc) stop() {
+	if p.sidecar != nil && !p.shared {
+		p.sidecar.Kill()
+		return
+	}
 	if p.shared || p.cmd == nil || p.cmd.Process == nil {
 		return
 	}
@@ -106,8 +133,8 @@ func (p *proc) stop() {
 
 // pids are the process and its children (nginx workers).
 func (p *proc) pids() []int {
-	pids := []int{p.cmd.Process.Pid}
-	out, _ := exec.Command("pgrep", "-P", strconv.Itoa(p.cmd.Process.Pid)).Output()
+	pids := []int{p.pid()}
+	out, _ := exec.Command("pgrep", "-P", strconv.Itoa(p.pid())).Output()
 	for f := range strings.FieldsSeq(string(out)) {
 		if n, err := strconv.Atoi(f); err == nil {
 			pids = append(pids, n)
@@ -383,12 +410,13 @@ func benchTargets(dir, self, bin, fiberBin, redisAddr string, up *proc, upAddr s
 	}
 	idemAt := func(logLevel string, pipeline bool) func() (*proc, error) {
 		return func() (*proc, error) {
-			a := fmt.Sprintf("127.0.0.1:%d", freePort())
+			port, admin := freePort(), freePort()
+			a := fmt.Sprintf("127.0.0.1:%d", port)
 			cfg := filepath.Join(dir, "idemproxy.yaml")
-			if err := os.WriteFile(cfg, fmt.Appendf(nil, idemproxyConfig, a, freePort(), logLevel, upURL, pipeline, redisAddr), 0o644); err != nil {
+			if err := os.WriteFile(cfg, fmt.Appendf(nil, idemproxyConfig, a, admin, logLevel, upURL, pipeline, redisAddr), 0o644); err != nil {
 				return nil, err
 			}
-			return startProc("idemproxy", a, bin, "-config", cfg)
+			return startIdemproxy(bin, cfg, port, admin, nil)
 		}
 	}
 	idem := idemAt("info", true)

@@ -77,13 +77,14 @@ func startStack(upArgs []string, route string, env []string) (s *stack, err erro
 	if s.up, err = startProc("upstream", upAddr, self, append([]string{"upstream", "-listen", upAddr, "-count"}, upArgs...)...); err != nil {
 		return nil, err
 	}
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort())
-	s.admin = fmt.Sprintf("127.0.0.1:%d", freePort())
+	port, admin := freePort(), freePort()
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	s.admin = fmt.Sprintf("127.0.0.1:%d", admin)
 	cfg := filepath.Join(s.dir, "idemproxy.yaml")
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, stackConfig, addr, s.admin, "http://"+upAddr, redisAddr, route), 0o644); err != nil {
 		return nil, err
 	}
-	if s.idem, err = startProcEnv("idemproxy", addr, env, bin, "-config", cfg); err != nil {
+	if s.idem, err = startIdemproxy(bin, cfg, port, admin, env); err != nil {
 		return nil, err
 	}
 	s.base = "http://" + addr
@@ -134,7 +135,7 @@ func (s *stack) gauge(name string) float64 {
 
 // rss is the process's resident set now (VmRSS), in bytes.
 func (p *proc) rss() int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.pid()))
 	if err != nil {
 		return 0
 	}
@@ -149,7 +150,7 @@ func (p *proc) rss() int64 {
 
 // fds is how many file descriptors the process holds open.
 func (p *proc) fds() int {
-	es, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.cmd.Process.Pid))
+	es, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", p.pid()))
 	return len(es)
 }
 

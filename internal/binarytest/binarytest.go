@@ -3,8 +3,10 @@
 // loopback ports, ready when its /readyz answers 200, restarted, killed or
 // stopped by the PID it started, its log kept; and Recorder, the upstream
 // that counts executions per idempotency key. The root tests and fleet/
-// use it through T; chaos/ and bench/ build through Build; compat/ (its
-// own module) takes the path of a built binary in IDEMPROXY_BINARY.
+// use it through T; chaos/ and bench/ build through Build and run their
+// sidecars through New and Run (chaos with a log file per run, bench with
+// its CPU and memory read from /proc by PID); compat/ (its own module)
+// takes the path of a built binary in IDEMPROXY_BINARY.
 package binarytest
 
 import (
