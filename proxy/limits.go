@@ -118,12 +118,14 @@ var (
 
 // take reserves n bytes for principal, and reports why not, reserving
 // nothing, when that would exceed the limit or the principal's share.
+// Without a limit (the default) only the total is counted, with no lock:
+// a budget's limit never changes (a reload builds a new Handler).
 func (b *budget) take(principal string, n int) error {
-	bd := unbounded
-	if b.limit > 0 {
-		bd = bound{max: b.limit, share: b.share}
+	if b.limit <= 0 {
+		b.n.Add(int64(n))
+		return nil
 	}
-	switch b.held.take(principal, int64(n), bd) {
+	switch b.held.take(principal, int64(n), bound{max: b.limit, share: b.share}) {
 	case "":
 		return nil
 	case refusedShare:
@@ -135,9 +137,21 @@ func (b *budget) take(principal string, n int) error {
 
 // force reserves n bytes whatever the limit: an upstream's answer must be
 // read whole to be stored, since the upstream has already acted.
-func (b *budget) force(principal string, n int) { b.held.force(principal, int64(n)) }
+func (b *budget) force(principal string, n int) {
+	if b.limit <= 0 {
+		b.n.Add(int64(n))
+		return
+	}
+	b.held.force(principal, int64(n))
+}
 
-func (b *budget) give(principal string, n int) { b.held.give(principal, int64(n)) }
+func (b *budget) give(principal string, n int) {
+	if b.limit <= 0 {
+		b.n.Add(-int64(n))
+		return
+	}
+	b.held.give(principal, int64(n))
+}
 
 // inFlight counts, per route name, the first attempts forwarding now, for
 // max_in_flight. By name, so that a reload, which builds new routes, keeps
