@@ -91,6 +91,7 @@ func TestContract(t *testing.T) {
 		{"UnforwardedByScript", testUnforwardedByScript},
 		{"EpochMarkers", testEpochMarkers},
 		{"CompressedRecords", testCompressedRecords},
+		{"CompactRecords", testCompactRecords},
 		{"KeyedFingerprints", testKeyedFingerprints},
 	}
 	for _, b := range backends {
@@ -1075,5 +1076,76 @@ func testKeyedFingerprints(t *testing.T, c redis.UniversalClient, s *claim.Store
 	}
 	if plain.SameRequest(stored, fp) {
 		t.Error("a store without the secret matched a keyed fingerprint")
+	}
+}
+
+// Compact records (store.record_format: 3) on every deployment: written
+// compact, read back equal by a store that does not write them (a
+// replica still on format 1 of this release), fenced by the scripts as
+// the fixed layout is (a resent completion is ours; another owner's is
+// refused; forget by state works), and a sealing store keeps the fixed
+// layout, whose header is the sealing's additional data.
+func testCompactRecords(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
+	ctx := context.Background()
+	prefix := fmt.Sprintf("test:compact:%d:", time.Now().UnixNano())
+	compact := claim.New(c, prefix, claim.WithCompactRecords())
+	reader := claim.New(c, prefix)
+	key := compact.Key("alice", "route", "k1")
+	rec := newRecord(t)
+	if _, err := compact.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	done := completed(rec, `{"id":"ch_1"}`)
+	done.RequestID = "0123456789abcdef0123456789abcdef"
+	done.Header.Set("Date", "Tue, 01 Dec 2026 18:00:00 GMT")
+	done.Header.Set("Content-Length", "13")
+	if _, err := compact.Complete(ctx, key, done, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := c.Get(ctx, key).Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored, err := claim.Decode(raw); err != nil || !stored.Compact {
+		t.Fatalf("stored: %+v, %v; want a compact record", stored, err)
+	}
+	got, _, err := reader.Get(ctx, key)
+	if err != nil || got == nil || string(got.Body) != string(done.Body) || got.RequestID != done.RequestID ||
+		got.Header.Get("Date") != done.Header.Get("Date") || got.Header.Get("Content-Length") != "13" || got.Status != 201 {
+		t.Fatalf("read back: %+v, %v", got, err)
+	}
+	if res, err := compact.Complete(ctx, key, done, time.Hour); err != nil || res != claim.Stored {
+		t.Errorf("a resent completion over our compact record: %v, %v; want Stored", res, err)
+	}
+	other := *done
+	other.Token[0] ^= 0xff
+	if _, err := compact.Complete(ctx, key, &other, time.Hour); !errors.Is(err, claim.ErrLeaseLost) {
+		t.Errorf("another owner's completion over a compact record: %v, want ErrLeaseLost", err)
+	}
+	if err := compact.Forget(ctx, key, claim.InProgress); !errors.Is(err, claim.ErrStateChanged) {
+		t.Errorf("forget a compact completed record as in progress: %v, want ErrStateChanged", err)
+	}
+	if err := compact.Forget(ctx, key, claim.Completed); err != nil {
+		t.Errorf("forget a compact completed record: %v", err)
+	}
+	if n, _ := c.Exists(ctx, key).Result(); n != 0 {
+		t.Error("the forgotten compact record is still there")
+	}
+
+	sealing, err := claim.WithSealing([][]byte{newKey(t)}, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealedCompact := claim.New(c, prefix+"sealed:", sealing, claim.WithCompactRecords())
+	key = sealedCompact.Key("alice", "route", "k2")
+	rec = newRecord(t)
+	if _, err := sealedCompact.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sealedCompact.Complete(ctx, key, completed(rec, `{"card":"secret"}`), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := sealedCompact.Get(ctx, key); err != nil || got == nil || string(got.Body) != `{"card":"secret"}` || got.Compact {
+		t.Fatalf("a sealed record under record_format 3: %+v, %v; want it sealed in the fixed layout and read back", got, err)
 	}
 }
