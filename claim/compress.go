@@ -48,20 +48,18 @@ func WithCompression() Option {
 	return func(s *Store) { s.compress = true }
 }
 
-// compressed is rec with its body compressed, when this store compresses
-// and it pays; rec itself otherwise.
-func (s *Store) compressed(rec *Record) *Record {
+// compressedBody is rec's body compressed, when this store compresses
+// and it pays; ok is false otherwise.
+func (s *Store) compressedBody(rec *Record) (body []byte, ok bool) {
 	if !s.compress || rec.State != Completed || rec.BodyCompressed || len(rec.Body) < CompressThreshold || rec.Header.Get("Content-Encoding") != "" {
-		return rec
+		return nil, false
 	}
 	enc, _ := zstdCodecs()
 	z := enc.EncodeAll(rec.Body, make([]byte, 0, len(rec.Body)/2))
 	if len(z) >= len(rec.Body) {
-		return rec
+		return nil, false
 	}
-	c := *rec
-	c.Body, c.BodyCompressed = z, true
-	return &c
+	return z, true
 }
 
 // inflate decompresses rec's body in place when it is stored compressed.

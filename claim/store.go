@@ -229,20 +229,25 @@ func (s *Store) keyFingerprint(fp Fingerprint) Fingerprint {
 	return out
 }
 
-// stored is rec as this store writes it: with a keyed fingerprint when
-// it writes keyed ones.
+// stored is rec as this store writes it: its body compressed
+// (compress.go), in the compact layout (compact.go) and with a keyed
+// fingerprint, as far as this store writes each; rec itself when none
+// applies, else one copy.
 func (s *Store) stored(rec *Record) *Record {
-	rec = s.compressed(rec)
-	if s.compact && s.seal == nil && rec.State == Completed && !rec.Compact {
-		c := *rec
-		c.Compact = true
-		rec = &c
-	}
-	if !s.keyedWrites || s.fpMAC == nil || rec.KeyedFingerprint {
+	body, compress := s.compressedBody(rec)
+	compact := s.compact && s.seal == nil && rec.State == Completed && !rec.Compact
+	keyed := s.keyedWrites && s.fpMAC != nil && !rec.KeyedFingerprint
+	if !compress && !compact && !keyed {
 		return rec
 	}
-	c := *rec
-	c.Fingerprint, c.KeyedFingerprint = s.keyFingerprint(rec.Fingerprint), true
+	c := *rec // one copy, whatever changes
+	if compress {
+		c.Body, c.BodyCompressed = body, true
+	}
+	c.Compact = c.Compact || compact
+	if keyed {
+		c.Fingerprint, c.KeyedFingerprint = s.keyFingerprint(rec.Fingerprint), true
+	}
 	return &c
 }
 
