@@ -41,6 +41,14 @@ type sidecar = binarytest.Sidecar
 // it returns.
 func startBinary(t *testing.T, yaml string) *sidecar { return binarytest.T(t, yaml) }
 
+// payConfig is the config most binary-level tests run on: POST /payments
+// protected, the upstream and Redis at the addresses given, and extra
+// lines after the store's Redis (store keys indented two spaces, or
+// top-level sections such as defaults:).
+func payConfig(upstream, redis, extra string) string {
+	return fmt.Sprintf("upstream:\n  url: %q\nstore:\n  redis:\n    addrs: [%q]\n%sroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream, redis, extra)
+}
+
 // get answers status and body of a GET.
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
@@ -63,8 +71,14 @@ func post(t *testing.T, url, key, body string) (int, string) {
 // postAnswer is post, returning the whole answer (its body read).
 func postAnswer(t *testing.T, url, key, body string) (*http.Response, string) {
 	t.Helper()
+	return postAnswerAs(t, url, "alice", key, body)
+}
+
+// postAnswerAs is postAnswer as principal.
+func postAnswerAs(t *testing.T, url, principal, key, body string) (*http.Response, string) {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("X-Forwarded-User", "alice")
+	req.Header.Set("X-Forwarded-User", principal)
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)

@@ -46,7 +46,7 @@ func TestCompressionThroughTheBinary(t *testing.T) {
 	}{{3, "zstd", true, true}, {3, "none", false, true}, {1, "zstd", false, false}} {
 		t.Run(fmt.Sprintf("record_format %d compression %s", tc.format, tc.compression), func(t *testing.T) {
 			srv := redistest.Start(t)
-			sc := startBinary(t, fmt.Sprintf("upstream:\n  url: %q\nstore:\n  redis:\n    addrs: [%q]\n  record_format: %d\n  compression: %s\nroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream.URL, srv.Addr, tc.format, tc.compression))
+			sc := startBinary(t, payConfig(upstream.URL, srv.Addr, fmt.Sprintf("  record_format: %d\n  compression: %s\n", tc.format, tc.compression)))
 			first, b := postAnswer(t, sc.Client+"/payments", "k", `{}`)
 			if first.StatusCode != http.StatusCreated || b != body.String() {
 				t.Fatalf("first attempt: %d, body equal %t", first.StatusCode, b == body.String())

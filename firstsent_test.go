@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -23,15 +22,7 @@ import (
 func TestRecordLostThroughTheBinary(t *testing.T) {
 	srv := redistest.Start(t)
 	upstream := binarytest.NewRecorder(t)
-	sc := startBinary(t, fmt.Sprintf(`upstream:
-  url: %q
-store:
-  redis:
-    addrs: [%q]
-routes:
-  - name: pay
-    match: "POST /payments"
-`, upstream.URL, srv.Addr))
+	sc := startBinary(t, payConfig(upstream.URL, srv.Addr, ""))
 	pay := func(key string, firstSent time.Time) (int, string) {
 		req, _ := http.NewRequest(http.MethodPost, sc.Client+"/payments", strings.NewReader(`{"amount":1}`))
 		req.Header.Set("X-Forwarded-User", "alice")

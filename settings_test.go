@@ -4,8 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
-	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -17,20 +15,11 @@ import (
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
-// postAs is post as principal.
+// postAs posts {} as principal with key: status and body.
 func postAs(t *testing.T, url, principal, key string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{}`))
-	req.Header.Set("X-Forwarded-User", principal)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	resp, body := postAnswerAs(t, url, principal, key, `{}`)
+	return resp.StatusCode, body
 }
 
 // TestPrincipalShareThroughTheBinary: the running binary obeys
@@ -45,18 +34,7 @@ func TestPrincipalShareThroughTheBinary(t *testing.T) {
 		<-release
 		w.WriteHeader(http.StatusCreated)
 	}
-	sc := startBinary(t, fmt.Sprintf(`upstream:
-  url: %q
-store:
-  redis:
-    addrs: [%q]
-defaults:
-  max_in_flight: 4
-  max_in_flight_principal_share: 50%%
-routes:
-  - name: pay
-    match: "POST /payments"
-`, up.URL, srv.Addr))
+	sc := startBinary(t, payConfig(up.URL, srv.Addr, "defaults:\n  max_in_flight: 4\n  max_in_flight_principal_share: 50%\n"))
 	var wg sync.WaitGroup
 	defer func() { close(release); wg.Wait() }()
 	for _, k := range []string{"a1", "a2"} {
@@ -93,18 +71,7 @@ func uuidv7(at time.Time) string {
 func TestUUIDv7FirstSentThroughTheBinary(t *testing.T) {
 	srv := redistest.Start(t)
 	up := binarytest.NewRecorder(t)
-	sc := startBinary(t, fmt.Sprintf(`upstream:
-  url: %q
-store:
-  redis:
-    addrs: [%q]
-defaults:
-  retention: 1h
-  first_sent: [uuidv7]
-routes:
-  - name: pay
-    match: "POST /payments"
-`, up.URL, srv.Addr))
+	sc := startBinary(t, payConfig(up.URL, srv.Addr, "defaults:\n  retention: 1h\n  first_sent: [uuidv7]\n"))
 	old := uuidv7(time.Now().Add(-2 * time.Hour))
 	if status, body := postAs(t, sc.Client+"/payments", "alice", old); status != http.StatusPreconditionFailed || !strings.Contains(body, "key-expired") {
 		t.Errorf("a UUIDv7 key from 2 h ago: %d %s, want 412 key-expired", status, body)
