@@ -128,10 +128,7 @@ func Start(bin, dir, yaml string, o Options) (*Sidecar, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.Chmod(f.Name(), 0o600); err != nil {
-		return nil, err
-	}
-	s := New(bin, f.Name(), port, admin)
+	s := New(bin, f.Name(), port, admin) // CreateTemp made it 0600
 	if err := s.Run(o); err != nil {
 		return nil, err
 	}
