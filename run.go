@@ -115,7 +115,7 @@ Flags:
 // building without .git and with -buildvcs=false). Without a stamped
 // revision, the VCS stamp of the build info is used.
 var (
-	version  = "v0.5.0-dev"
+	version  = "v0.6.0-dev"
 	revision = ""
 )
 
