@@ -205,7 +205,7 @@ func TestBatchAcrossClusterSlots(t *testing.T) {
 	defer c.Close()
 	h := hold(t, c)
 	nodes := map[string]bool{}
-	var cmds []*redis.StringCmd
+	var cmds []*redis.Cmd
 	var dones []chan error
 	for i := range 30 {
 		key := fmt.Sprintf("slot-%d", i)
@@ -214,7 +214,7 @@ func TestBatchAcrossClusterSlots(t *testing.T) {
 			t.Fatal(err)
 		}
 		nodes[node.Options().Addr] = true
-		cmd := setNXGet(ctx, key, []byte(key), time.Minute)
+		cmd := redis.NewCmd(ctx, "set", key, key, "px", time.Minute.Milliseconds(), "nx", "get")
 		cmds = append(cmds, cmd)
 		dones = append(dones, h.queue(t, ctx, cmd))
 	}

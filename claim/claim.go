@@ -19,11 +19,22 @@ type Result struct {
 	// TTL is what is left of Existing's lease when it is InProgress (at
 	// least 1ms), for Retry-After; zero when Existing is orphaned (see
 	// Record.Orphaned). It is zero for a completed record: a replay does
-	// not need it, and not asking saves a command.
+	// not need it.
 	TTL time.Duration
 	// Unforwarded reports that Existing is a claim its owner never
 	// forwarded and never will (mark.go): ReleaseUnforwarded frees it.
 	Unforwarded bool
+	// Renewed reports that the claim, before Claim returned it, was
+	// renewed: its own round trip showed that its SET ran, on Redis'
+	// clock, so long after its Created time that a reader could take it
+	// for never forwarded (Redis' clock, or this process', is off or
+	// stepped). Renewed, no reader ever does.
+	Renewed bool
+
+	// pttl and redisNow are the key's PTTL and Redis' clock, read in the
+	// claim's own round trip (zero when not read).
+	pttl     time.Duration
+	redisNow time.Time
 }
 
 // Claim takes key for rec's owner with a lease, or returns the record that
@@ -32,23 +43,66 @@ type Result struct {
 // quota, and one beyond it is undone and returns a QuotaError; a zero
 // Quota counts nothing.
 //
-// On Redis 7 the round trip is one native command, SET key value NX PX
-// lease GET, which costs Redis less CPU than a script (docs/benchmarks.md,
-// "Tuning done"), with the count (INCR, PEXPIRE NX) in the same pipeline;
-// only a claim that finds another attempt still in progress asks for its
-// PTTL, in a second round trip on that rare path. Redis 6.2 rejects NX
-// with GET; then the claim script does the same, and is used from then on.
+// The round trip is one script (claimScript) that also reads the key's
+// PTTL and Redis' clock, so whether the claim may be forwarded is decided
+// from what this round trip measured, never from an earlier measurement
+// (mark.go): a claim its SET made look never forwarded is renewed before
+// it is returned, and one that was freed meanwhile is ErrLeaseLost (the
+// caller claims again, with a new token). With a quota the count (INCR,
+// PEXPIRE NX) rides in the same pipeline.
 func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.Duration, q Quota) (Result, error) {
 	rec.Mark, rec.Lease = MarkClaimed, lease
 	if !s.markable(s.now()) {
 		rec.Mark = MarkNone // this clock is not known to be close to Redis' (clock.go)
 	}
 	before := s.sendState()
+	sent := s.now()
 	res, err := s.claimAny(ctx, key, rec, lease, q)
 	if err != nil && errors.Is(err, ErrUnavailable) {
 		err = s.notSent(before, err)
 	}
-	return res, err
+	if err != nil || !res.Claimed {
+		return res, err
+	}
+	return s.confirm(ctx, key, rec, lease, res, sent)
+}
+
+// PlantUnconfirmed writes rec's claim as one whose reply never reached its
+// owner leaves it (marked, never confirmed, never renewed): what a claim
+// written during a Redis stall becomes. For tests and the chaos harness;
+// the proxy never calls it.
+func (s *Store) PlantUnconfirmed(ctx context.Context, key string, rec *Record, lease time.Duration) error {
+	rec.Mark, rec.Lease = MarkClaimed, lease
+	res, err := s.claim(ctx, key, rec, lease)
+	if err == nil && !res.Claimed {
+		err = fmt.Errorf("plant: the key is taken: %w", ErrLeaseLost)
+	}
+	return err
+}
+
+// confirm decides whether a claim just made may be forwarded, from its own
+// round trip: when a reader could take it for never forwarded (its SET
+// ran too late after Created on Redis' clock, or when it ran is not
+// known), it is renewed first, which no reader frees. Such a claim also
+// withdraws trust in the last clock measurement, so the claims after it
+// are written unmarked until the clocks are measured close again.
+func (s *Store) confirm(ctx context.Context, key string, rec *Record, lease time.Duration, res Result, sent time.Time) (Result, error) {
+	if !res.redisNow.IsZero() {
+		r := ClockReading{Min: sent.Sub(res.redisNow), Max: s.now().Sub(res.redisNow)}
+		if r.Bad() {
+			s.distrustClocks()
+		}
+	}
+	if rec.forwardable(res.pttl, res.redisNow) {
+		return res, nil
+	}
+	s.distrustClocks()
+	if err := s.Renew(ctx, key, rec, lease); err != nil {
+		return Result{}, fmt.Errorf("claim: %w", err)
+	}
+	rec.Mark = MarkRenewed
+	res.Renewed = true
+	return res, nil
 }
 
 // claimAny is Claim on whichever path fits.
@@ -56,14 +110,17 @@ func (s *Store) claimAny(ctx context.Context, key string, rec *Record, lease tim
 	if s.full.Load() {
 		return s.claimWhenFull(ctx, key, rec, lease+rec.Tail)
 	}
-	if q.Limit > 0 && s.waitReplicas == 0 && !s.scriptClaim.Load() {
-		return s.claimCounted(ctx, key, rec, lease, q)
+	if q.Limit > 0 && s.waitReplicas == 0 {
+		res, err := s.claimCounted(ctx, key, rec, lease, q)
+		if !errors.Is(err, errNoScript) {
+			return res, err
+		}
 	}
 	res, err := s.claim(ctx, key, rec, lease)
 	if q.Limit <= 0 || err != nil || !res.Claimed {
 		return res, err
 	}
-	// WAIT or the script: the count cannot ride in the claim's pipeline.
+	// WAIT: the count cannot ride in the claim's pipeline.
 	pipe := s.client.Pipeline()
 	incr := pipe.Incr(ctx, q.Key)
 	expire := pipe.Do(ctx, "PEXPIRE", q.Key, q.Window.Milliseconds(), "NX")
@@ -72,33 +129,67 @@ func (s *Store) claimAny(ctx context.Context, key string, rec *Record, lease tim
 	return s.overQuota(ctx, key, rec, q, res, incr)
 }
 
+// errNoScript: Redis did not have the claim script cached; it is loaded
+// now, and the claim is to be sent again.
+var errNoScript = errors.New("claim: script not loaded")
+
 // claim is Claim counting nothing.
 func (s *Store) claim(ctx context.Context, key string, rec *Record, lease time.Duration) (Result, error) {
 	value := s.encode(key, rec)
 	lease += rec.Tail // the record outlives its lease by its tail
-	if s.scriptClaim.Load() {
-		return s.claimByScript(ctx, key, rec, value, lease)
+	for attempt := 0; ; attempt++ {
+		run := claimCmd(ctx, key, value, lease)
+		cmds := []redis.Cmder{noRetry{run}}
+		var epoch *redis.StringCmd
+		var master string
+		if rec.ReadEpoch {
+			if epoch, master = s.epochRead(ctx, key); epoch != nil {
+				cmds = append(cmds, epoch)
+			}
+		}
+		wait, err := s.write(ctx, key, len(value), cmds...)
+		if err != nil {
+			return Result{}, s.unavailable("claim", err)
+		}
+		s.noteEpochRead(master, epoch)
+		if err := run.Err(); attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			if err := claimScript.Load(ctx, s.client).Err(); err != nil {
+				return Result{}, s.unavailable("claim", err)
+			}
+			continue
+		}
+		res, err := s.claimReply(key, rec, run)
+		if err == nil && res.Claimed {
+			s.checkWait("claim", wait)
+		}
+		return res, err
 	}
-	set := setNXGet(ctx, key, value, lease)
-	wait, err := s.write(ctx, key, len(value), noRetry{set})
+}
+
+// claimCmd is the claim: claimScript by its SHA.
+func claimCmd(ctx context.Context, key string, value []byte, ttl time.Duration) *redis.Cmd {
+	return redis.NewCmd(ctx, "evalsha", claimScript.Hash(), 1, key, value, ttl.Milliseconds())
+}
+
+// claimReply interprets claimScript's reply.
+func (s *Store) claimReply(key string, rec *Record, run *redis.Cmd) (Result, error) {
+	v, err := run.Slice()
 	if err != nil {
 		return Result{}, s.unavailable("claim", err)
 	}
-	raw, err := set.Result()
-	switch {
-	case errors.Is(err, redis.Nil):
-		s.checkWait("claim", wait)
-		return Result{Claimed: true}, nil
-	case redis.HasErrorPrefix(err, "syntax error"):
-		s.scriptClaim.Store(true) // Redis < 7.0
-		return s.claimByScript(ctx, key, rec, value, lease)
-	case err != nil:
-		return Result{}, s.unavailable("claim", err)
+	if len(v) != 4 {
+		return Result{}, fmt.Errorf("claim: unexpected reply %v: %w", v, ErrUnavailable)
 	}
-	return s.found(ctx, key, rec, raw, lease)
+	ttl, now, _ := ttlReply(v[1:])
+	if n, ok := v[0].(int64); ok && n == 1 {
+		return Result{Claimed: true, pttl: ttl, redisNow: now}, nil
+	}
+	raw, _ := v[0].(string)
+	return s.existing(key, rec, raw, ttl, now)
 }
 
-// found interprets the value a claim read under key; for a record in
+// found interprets the value read under key without the claim script
+// (a store too full for new claims reads it with GET); for a record in
 // progress it asks the key's PTTL and Redis' clock in one script, for
 // Retry-After, to tell an orphaned record and to tell a claim that was
 // never forwarded. When that fails, the whole lease is an upper bound.
@@ -142,25 +233,6 @@ func leaseLeft(rec *Record, ttl time.Duration) time.Duration {
 	return max(ttl, time.Millisecond)
 }
 
-func (s *Store) claimByScript(ctx context.Context, key string, rec *Record, value []byte, lease time.Duration) (Result, error) {
-	run, wait := s.evalWrite(ctx, claimScript, key, len(value), value, lease.Milliseconds())
-	v, err := run.Result()
-	if err != nil {
-		return Result{}, s.unavailable("claim", err)
-	}
-	if n, ok := v.(int64); ok && n == 1 {
-		s.checkWait("claim", wait)
-		return Result{Claimed: true}, nil
-	}
-	reply, ok := v.([]any)
-	if !ok || len(reply) != 4 {
-		return Result{}, fmt.Errorf("unexpected reply %T: %w", v, ErrUnavailable)
-	}
-	raw, _ := reply[0].(string)
-	ttl, now, _ := ttlReply(reply[1:])
-	return s.existing(key, rec, raw, ttl, now)
-}
-
 // existing interprets the value a claim found under its key, with the
 // key's PTTL and Redis' clock read with it (zero when not read).
 func (s *Store) existing(key string, rec *Record, raw string, ttl time.Duration, now time.Time) (Result, error) {
@@ -171,7 +243,7 @@ func (s *Store) existing(key string, rec *Record, raw string, ttl time.Duration,
 	// go-redis resends a command whose reply was lost; the resend then finds
 	// the record the first send wrote. That is our claim, not a conflict.
 	if found.Token == rec.Token && found.State == InProgress {
-		return Result{Claimed: true}, nil
+		return Result{Claimed: true, pttl: ttl, redisNow: now}, nil
 	}
 	if found.State != InProgress {
 		return Result{Existing: found}, nil
@@ -204,18 +276,13 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, er
 	return rec, max(pttl.Val(), 0), nil
 }
 
-// setNXGet is the claim command: SET key value NX PX ttl GET.
-func setNXGet(ctx context.Context, key string, value []byte, ttl time.Duration) *redis.StringCmd {
-	return redis.NewStringCmd(ctx, "set", key, value, "px", ttl.Milliseconds(), "nx", "get")
-}
-
 // noRetry is a command go-redis must not send again once it was written
 // (it still retries one that never left: a dial that failed). A claim's
 // SET resent after a broken connection could land after its owner gave up
 // and cleaned it up (proxy's unconfirmed claims), inside the confirm
 // window: a claim nobody owns, which no retry could tell from a forwarded
 // one. A pipeline holding one is not resent either.
-type noRetry struct{ *redis.StringCmd }
+type noRetry struct{ redis.Cmder }
 
 // NoRetry tells go-redis not to resend the command.
 func (noRetry) NoRetry() bool { return true }
@@ -246,33 +313,41 @@ type Quota struct {
 	Window time.Duration
 }
 
-// claimCounted is Claim with the count in the claim's pipeline (Redis 7,
-// no WAIT): SET NX PX GET, INCR and PEXPIRE NX in one round trip; a claim
-// that finds an existing key takes its count back.
+// claimCounted is Claim with the count in the claim's pipeline (no
+// WAIT): the claim script, INCR and PEXPIRE NX in one round trip; a claim
+// that finds an existing key takes its count back. errNoScript: the
+// script was not cached (loaded now; nothing claimed, nothing counted).
 func (s *Store) claimCounted(ctx context.Context, key string, rec *Record, lease time.Duration, q Quota) (Result, error) {
 	value := s.encode(key, rec)
-	lease += rec.Tail
-	set := setNXGet(ctx, key, value, lease)
+	run := claimCmd(ctx, key, value, lease+rec.Tail)
 	incr := redis.NewIntCmd(ctx, "incr", q.Key)
 	expire := redis.NewCmd(ctx, "pexpire", q.Key, q.Window.Milliseconds(), "nx")
-	if err := s.exec(ctx, len(value), noRetry{set}, incr, expire); err != nil {
+	cmds := []redis.Cmder{noRetry{run}, incr, expire}
+	var epoch *redis.StringCmd
+	var master string
+	if rec.ReadEpoch {
+		if epoch, master = s.epochRead(ctx, key); epoch != nil {
+			cmds = append(cmds, epoch)
+		}
+	}
+	if err := s.exec(ctx, len(value), cmds...); err != nil {
 		return Result{}, s.unavailable("claim", err)
 	}
+	s.noteEpochRead(master, epoch)
 	s.windowFallback(ctx, q, incr, expire)
-	raw, err := set.Result()
-	switch {
-	case errors.Is(err, redis.Nil):
-		return s.overQuota(ctx, key, rec, q, Result{Claimed: true}, incr)
-	case redis.HasErrorPrefix(err, "syntax error"):
+	if redis.HasErrorPrefix(run.Err(), "NOSCRIPT") {
 		s.uncount(ctx, q, incr)
-		s.scriptClaim.Store(true) // Redis < 7.0
-		return s.claimAny(ctx, key, rec, lease-rec.Tail, q)
-	case err != nil:
-		s.uncount(ctx, q, incr)
-		return Result{}, s.unavailable("claim", err)
+		if err := claimScript.Load(ctx, s.client).Err(); err != nil {
+			return Result{}, s.unavailable("claim", err)
+		}
+		return Result{}, errNoScript
 	}
-	s.uncount(ctx, q, incr)
-	return s.found(ctx, key, rec, raw, lease)
+	res, err := s.claimReply(key, rec, run)
+	if err != nil || !res.Claimed {
+		s.uncount(ctx, q, incr)
+		return res, err
+	}
+	return s.overQuota(ctx, key, rec, q, res, incr)
 }
 
 // overQuota undoes a claim that went beyond q: the key is released, the

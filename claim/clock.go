@@ -126,6 +126,15 @@ func (s *Store) CheckClocks(ctx context.Context) {
 	s.noteClocks(readings, answered, s.now())
 }
 
+// distrustClocks withdraws the last good measurement: a claim's own
+// round trip found its clock far from Redis' (or its SET too late), so
+// claims are written unmarked until the next good measurement.
+func (s *Store) distrustClocks() {
+	s.clock.mu.Lock()
+	defer s.clock.mu.Unlock()
+	s.clock.good = time.Time{}
+}
+
 // markable reports whether a claim made at now may be marked: a good
 // measurement is recent and the wall clock has not stepped since. When
 // the measurement is getting old it starts a new one in the background,

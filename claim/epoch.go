@@ -30,7 +30,11 @@ import (
 //
 // The marker is looked at before any claim that follows a new connection
 // (a restarted Redis breaks every connection, so a claim cannot reach it
-// before the look), and by the store watcher every second.
+// before the look), and by the store watcher every second. A claim that
+// carries a first-sent time (Record.ReadEpoch) also reads its master's
+// marker in its own round trip, pipelined with the claim: a flush that
+// keeps the connections (FLUSHALL, FLUSHDB, an operator's mass DEL) is
+// then known to that very claim, not only to the watcher's next look.
 //
 // What it cannot see: a failover to a replica that missed the last writes,
 // or a restore from an older snapshot, keeps a marker (the epoch goes on);
@@ -55,11 +59,17 @@ type Epoch struct {
 
 // epochState is the epochs this process knows, by master.
 type epochState struct {
-	// mu guards known, checkedDials and running.
-	mu           sync.Mutex
-	known        map[string]Epoch
+	// mu guards known, markers, checkedDials and checked.
+	mu    sync.Mutex
+	known map[string]Epoch
+	// markers is, on a Cluster, the slot of each master's marker (its
+	// lowest range), by master address.
+	markers      map[string]int
 	checkedDials uint64
 	checked      bool
+	// gen counts staleEpochs calls: a look that began before one does
+	// not make the epochs fresh.
+	gen uint64
 	// onLoss, when set, is called for each master found without its
 	// marker after its epoch was known (the store lost its data).
 	onLoss func(e Epoch)
@@ -102,6 +112,9 @@ func (s *Store) epochKey(slot int) string {
 // claim after a new connection calls it first.
 func (s *Store) CheckEpochs(ctx context.Context) ([]Epoch, error) {
 	dials := s.dials.Load()
+	s.epochs.mu.Lock()
+	gen := s.epochs.gen
+	s.epochs.mu.Unlock()
 	var (
 		mu   sync.Mutex
 		out  []Epoch
@@ -134,6 +147,12 @@ func (s *Store) CheckEpochs(ctx context.Context) ([]Epoch, error) {
 			}
 			addr := r.Nodes[0].Addr
 			seen[addr] = true
+			s.epochs.mu.Lock()
+			if s.epochs.markers == nil {
+				s.epochs.markers = map[string]int{}
+			}
+			s.epochs.markers[addr] = r.Start
+			s.epochs.mu.Unlock()
 			node, err := c.MasterForKey(ctx, s.epochKey(r.Start))
 			if err != nil {
 				errs = append(errs, err)
@@ -146,7 +165,7 @@ func (s *Store) CheckEpochs(ctx context.Context) ([]Epoch, error) {
 	}
 	if len(errs) == 0 {
 		s.epochs.mu.Lock()
-		s.epochs.checkedDials, s.epochs.checked = dials, true
+		s.epochs.checkedDials, s.epochs.checked = dials, s.epochs.gen == gen
 		s.epochs.mu.Unlock()
 	}
 	if len(errs) > 0 {
@@ -242,6 +261,60 @@ func (s *Store) EpochStart(ctx context.Context, key string) (time.Time, error) {
 		return e.Start, nil
 	}
 	return time.Time{}, nil
+}
+
+// epochRead is the read of key's master's epoch marker that a claim with
+// ReadEpoch pipelines with itself, and the master it belongs to; nil when
+// the marker's key is not known yet (a Cluster before its first look),
+// and the epochs are then looked at again before EpochStart answers.
+func (s *Store) epochRead(ctx context.Context, key string) (*redis.StringCmd, string) {
+	if c, ok := s.client.(*redis.ClusterClient); ok {
+		node, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			s.staleEpochs()
+			return nil, ""
+		}
+		addr := node.Options().Addr
+		s.epochs.mu.Lock()
+		slot, known := s.epochs.markers[addr]
+		s.epochs.mu.Unlock()
+		if !known {
+			s.staleEpochs()
+			return nil, ""
+		}
+		return redis.NewStringCmd(ctx, "get", s.epochKey(slot)), addr
+	}
+	return redis.NewStringCmd(ctx, "get", s.epochKey(-1)), s.masterLabel()
+}
+
+// noteEpochRead compares the marker a claim read with the epoch known for
+// master: gone, changed or unreadable, the epochs are looked at again
+// before EpochStart answers.
+func (s *Store) noteEpochRead(master string, read *redis.StringCmd) {
+	if read == nil {
+		return
+	}
+	v, err := read.Result()
+	s.epochs.mu.Lock()
+	known, ok := s.epochs.known[master]
+	s.epochs.mu.Unlock()
+	if err != nil || !ok {
+		s.staleEpochs()
+		return
+	}
+	raw, _ := strings.CutSuffix(strings.TrimSpace(v), ":lost")
+	us, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || !time.UnixMicro(us).Equal(known.Start) {
+		s.staleEpochs()
+	}
+}
+
+// staleEpochs has the next EpochStart look at every master's marker.
+func (s *Store) staleEpochs() {
+	s.epochs.mu.Lock()
+	defer s.epochs.mu.Unlock()
+	s.epochs.checked = false
+	s.epochs.gen++
 }
 
 // slotTag is a string whose CRC16 hash slot (Redis Cluster's) is slot,

@@ -16,10 +16,17 @@ import "time"
 //
 // When the SET ran is read on Redis' clock, in one script: TIME plus the
 // key's PTTL, less the PX the claim gave it. Nothing in that depends on
-// how late any reply arrives, nor on the reader's clock. The comparison
-// with Created (the owner's clock) holds because an owner marks its
-// claims only while its clock is known to be within MaxClockOffset of
-// Redis' (clock.go). docs/reliability.md has the whole argument.
+// how late any reply arrives, nor on the reader's clock, nor on a step of
+// Redis' clock after the SET (TIME and PTTL move by opposite amounts);
+// since Redis 7.0 a replica holds the absolute expiry time too, so a
+// reader after a failover computes the same. It is a fixed number of the
+// stored claim, and the claim's own round trip reads it (claimScript): the
+// owner forwards a marked claim only when that very number, compared with
+// the Created time stored beside it, is one no reader takes for never
+// forwarded (forwardable), and renews it first otherwise, which unmarks
+// it. No earlier measurement of any clock enters that decision; marking
+// at all (clock.go) is only how often the check has to renew.
+// docs/reliability.md has the whole argument.
 //
 // Layout of the in-progress status slot (big-endian uint16): the top two
 // bits are the Mark, the low 14 the lease in 100ms units, rounded up (a
@@ -84,6 +91,32 @@ func (r *Record) setMarkSlot(v uint16) {
 	if r.Mark == MarkNone || r.Mark > MarkRenewed || r.Lease == 0 {
 		r.Mark, r.Lease = MarkNone, 0 // a lease without a mark tells nothing
 	}
+}
+
+// forwardable reports whether r, a claim its owner just made with pttl
+// left on its key when Redis' clock read redisNow (both read in the
+// claim's own round trip), may be forwarded as it is: no reader can take
+// it for never forwarded (neverForwarded), with markMargin to spare for
+// what the two reads round differently. It computes what readers compute,
+// from the record as stored (its lease rounded up as the status slot holds
+// it, Created to the millisecond). An unmarked claim always may; a marked
+// one whose times were not read may not.
+func (r *Record) forwardable(pttl time.Duration, redisNow time.Time) bool {
+	if r.State != InProgress || r.Mark != MarkClaimed || r.markSlot() == 0 {
+		return true
+	}
+	if pttl <= 0 || redisNow.IsZero() || r.Created.IsZero() {
+		return false
+	}
+	var stored Record
+	stored.setMarkSlot(r.markSlot())
+	tail := time.Duration(0)
+	if r.Tail > 0 {
+		tail = max(r.Tail.Truncate(time.Millisecond), time.Millisecond)
+	}
+	created := fromMilli(unixMilli(r.Created))
+	ran := redisNow.Add(pttl - stored.Lease - tail)
+	return ran.Sub(created) <= ConfirmWindow(stored.Lease)+MaxClockOffset
 }
 
 // neverForwarded reports whether r, found in progress with pttl left on

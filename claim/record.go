@@ -123,6 +123,11 @@ type Record struct {
 	// written as nothing.
 	Mark  Mark
 	Lease time.Duration
+	// ReadEpoch is not stored: set on a claim, it has the claim's round
+	// trip read the epoch marker of its key's master as well, so that a
+	// store that lost its data since the last look is known before
+	// EpochStart answers for this claim (epoch.go).
+	ReadEpoch bool
 }
 
 // TraceContext is a W3C trace id (16 bytes) and span id (8 bytes).

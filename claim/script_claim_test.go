@@ -8,8 +8,11 @@ import (
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
-// TestScriptClaim covers the Lua claim used on Redis < 7.0, forced here on
-// Redis 7 and on the embedded store.
+// TestScriptClaim covers the claim script on the embedded store and on
+// redis-server, with its script cache flushed first (a restart, a
+// failover): a claim, its resend (our own record: claimed), a conflicting
+// claim; a new claim's reply carries its key's PTTL and Redis' clock, read
+// in its own round trip (mark.go).
 func TestScriptClaim(t *testing.T) {
 	e, err := StartEmbedded()
 	if err != nil {
@@ -21,13 +24,15 @@ func TestScriptClaim(t *testing.T) {
 			c, _ := NewClient(ClientOptions{Addrs: []string{addr}})
 			defer c.Close()
 			s := New(c, "script:")
-			s.scriptClaim.Store(true)
 			ctx := context.Background()
+			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
 			key := s.Key("alice", "r", "k")
 			first := &Record{State: InProgress, Created: time.UnixMilli(1)}
 			first.Token[0] = 1
-			if res, err := s.Claim(ctx, key, first, 10*time.Second, Quota{}); err != nil || !res.Claimed {
-				t.Fatalf("claim: %+v %v", res, err)
+			if res, err := s.Claim(ctx, key, first, 10*time.Second, Quota{}); err != nil || !res.Claimed || res.pttl <= 0 || res.pttl > 10*time.Second || res.redisNow.IsZero() {
+				t.Fatalf("claim: %+v %v, want claimed with its PTTL and Redis' clock", res, err)
 			}
 			if res, err := s.Claim(ctx, key, first, 10*time.Second, Quota{}); err != nil || !res.Claimed {
 				t.Fatalf("resent claim: %+v %v, want claimed", res, err)

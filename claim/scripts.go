@@ -8,21 +8,25 @@ import "github.com/redis/go-redis/v9"
 // state, bytes 4..19 the owner token. A value with another version is never
 // overwritten or deleted.
 
-// claimScript sets the key if absent (the claim) or returns the current
-// value and its remaining TTL in milliseconds, in one round trip. It is the
-// fallback for Redis < 7.0, which refuses SET with both NX and GET.
+// claimScript is the claim: it sets the key if absent, or returns the
+// current value, and in both cases the key's PTTL and Redis' clock, read
+// in the same atomic step. So the owner of a new claim learns, from its
+// own round trip, when its SET ran on Redis' clock, exactly as any later
+// reader will compute it (mark.go), and a claim that finds another
+// attempt in progress has its Retry-After and never-forwarded check
+// without a second round trip.
 //
 // KEYS[1] key; ARGV[1] encoded in-progress record; ARGV[2] lease ms.
-// Returns 1 when claimed, or {value, pttl, TIME's seconds, TIME's
-// microseconds}.
+// Returns {1, pttl, TIME's seconds, TIME's microseconds} when claimed, or
+// {value, pttl, seconds, microseconds}.
 var claimScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
-if cur then
-  local t = redis.call('TIME')
-  return {cur, redis.call('PTTL', KEYS[1]), t[1], t[2]}
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  cur = 1
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
+local t = redis.call('TIME')
+return {cur, redis.call('PTTL', KEYS[1]), t[1], t[2]}
 `)
 
 // ttlScript reads a key's PTTL and Redis' clock at once, so that when the

@@ -6,10 +6,8 @@
 // without notice. The stored formats are kept (every release reads the
 // formats before it, CHANGELOG.md), not the Go API; a Store comes from New.
 //
-// Every write touches exactly one key in one atomic command: the claim is
-// one native SET NX PX GET (followed by a PTTL read only when it finds
-// another attempt in progress, for Retry-After), the others are Lua
-// scripts. So each works on Redis Cluster and is safe when go-redis
+// Every write touches exactly one key in one atomic command, a Lua script
+// (the claim reads the key's PTTL and Redis' clock in the same script). So each works on Redis Cluster and is safe when go-redis
 // resends a command after a lost reply: a resent claim finds our own token
 // and a resent completion finds our own completed record, and both count
 // as success.
@@ -47,8 +45,6 @@ var (
 type Store struct {
 	client redis.UniversalClient
 	prefix string
-	// scriptClaim is set once Redis refused SET NX GET (Redis < 7.0).
-	scriptClaim atomic.Bool
 	// full refuses new claims (SetFull).
 	full atomic.Bool
 

@@ -89,6 +89,7 @@ func TestContract(t *testing.T) {
 		{"UnforwardedWhateverTheReadersClock", testUnforwardedReadersClock},
 		{"UnmarkedWhileTheClockIsOff", testUnmarkedWhileClockOff},
 		{"UnforwardedByScript", testUnforwardedByScript},
+		{"OwnRoundTripDecides", testOwnRoundTripDecides},
 		{"EpochMarkers", testEpochMarkers},
 		{"CompressedRecords", testCompressedRecords},
 		{"CompactRecords", testCompactRecords},
@@ -732,8 +733,8 @@ func testUnforwardedClaims(t *testing.T, _ redis.UniversalClient, s *claim.Store
 
 	ghost := newRecord(t)
 	ghost.Created = time.Now().Add(-3 * time.Second) // its SET runs 3s after its owner sent it
-	if res, err := s.Claim(ctx, keyGhost, ghost, lease, claim.Quota{}); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v %v", res, err)
+	if err := s.PlantUnconfirmed(ctx, keyGhost, ghost, lease); err != nil {
+		t.Fatalf("claim: %v", err)
 	}
 	res, err := s.Claim(ctx, keyGhost, other, lease, claim.Quota{})
 	if err != nil || res.Claimed || !res.Unforwarded {
@@ -748,8 +749,8 @@ func testUnforwardedClaims(t *testing.T, _ redis.UniversalClient, s *claim.Store
 
 	renewed := newRecord(t)
 	renewed.Created = time.Now().Add(-3 * time.Second)
-	if res, err := s.Claim(ctx, keyRenewed, renewed, lease, claim.Quota{}); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v %v", res, err)
+	if err := s.PlantUnconfirmed(ctx, keyRenewed, renewed, lease); err != nil {
+		t.Fatalf("claim: %v", err)
 	}
 	seen, err := s.Claim(ctx, keyRenewed, other, lease, claim.Quota{})
 	if err != nil || !seen.Unforwarded {
@@ -808,8 +809,10 @@ func testUnforwardedReadersClock(t *testing.T, c redis.UniversalClient, owner *c
 			key := owner.Key("p", "clock", tc.name)
 			rec := newRecord(t)
 			rec.Created = time.Now().Add(-tc.late)
-			if res, err := owner.Claim(ctx, key, rec, lease, claim.Quota{}); err != nil || !res.Claimed {
-				t.Fatalf("claim: %+v %v", res, err)
+			// Planted: an owner that got this reply would have renewed a
+			// claim that ran 3s late (forwardable) before forwarding it.
+			if err := owner.PlantUnconfirmed(ctx, key, rec, lease); err != nil {
+				t.Fatalf("claim: %v", err)
 			}
 			reader := claim.New(c, "", claim.WithPipeline(false))
 			claim.SetClock(reader, func() time.Time { return time.Now().Add(tc.reader) })
@@ -846,7 +849,9 @@ func testUnmarkedWhileClockOff(t *testing.T, c redis.UniversalClient, _ *claim.S
 	off.Store(0)
 	s.CheckClocks(ctx)
 	key = s.Key("p", "s", "on")
-	if _, err := s.Claim(ctx, key, newRecord(t), 10*time.Second, claim.Quota{}); err != nil {
+	on := newRecord(t)
+	on.Created = time.Now()
+	if _, err := s.Claim(ctx, key, on, 10*time.Second, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
 	if got, _, _ := s.Get(ctx, key); got == nil || got.Mark != claim.MarkClaimed {
@@ -854,17 +859,71 @@ func testUnmarkedWhileClockOff(t *testing.T, c redis.UniversalClient, _ *claim.S
 	}
 }
 
-// testUnforwardedByScript: the claim script (Redis < 7.0) reads Redis'
-// clock with the record, and concludes the same way.
+// testOwnRoundTripDecides (issue 40): whether a claim may be forwarded
+// is decided from what its own round trip read, never from the last clock
+// measurement. The store measured its clock close to Redis' (the watcher),
+// then a claim's SET runs, on Redis' clock, 3s after its Created time (as
+// after a forward step of Redis' clock): Claim renews it before returning
+// it (Renewed, MarkRenewed), so a reader never takes it for never
+// forwarded, and the claims after it are unmarked until the clocks are
+// measured again. A claim on time is returned as it is. Before the fix the
+// late claim came back marked and a reader freed it (Unforwarded).
+func testOwnRoundTripDecides(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
+	ctx := context.Background()
+	s := claim.New(c, fmt.Sprintf("test:own:%d:", time.Now().UnixNano()))
+	s.CheckClocks(ctx)
+	lease := 10 * time.Second
+	onTime := newRecord(t)
+	onTime.Created = time.Now()
+	key := s.Key("p", "s", "on time")
+	if res, err := s.Claim(ctx, key, onTime, lease, claim.Quota{}); err != nil || !res.Claimed || res.Renewed {
+		t.Fatalf("a claim on time: %+v %v, want claimed as it is", res, err)
+	}
+	if got, _, _ := s.Get(ctx, key); got == nil || got.Mark != claim.MarkClaimed {
+		t.Fatalf("a claim on time: %+v, want MarkClaimed", got)
+	}
+
+	late := newRecord(t)
+	late.Created = time.Now().Add(-3 * time.Second)
+	key = s.Key("p", "s", "late")
+	res, err := s.Claim(ctx, key, late, lease, claim.Quota{Key: s.QuotaKey("p", "s"), Limit: 10, Window: time.Minute})
+	if err != nil || !res.Claimed || !res.Renewed || late.Mark != claim.MarkRenewed {
+		t.Fatalf("a claim whose SET ran 3s after Created: %+v %v (mark %d), want claimed and renewed", res, err, late.Mark)
+	}
+	if got, _, _ := s.Get(ctx, key); got == nil || got.Mark != claim.MarkRenewed {
+		t.Fatalf("its record: %+v, want MarkRenewed", got)
+	}
+	next := newRecord(t)
+	next.Created = time.Now()
+	nextKey := s.Key("p", "s", "next")
+	if _, err := s.Claim(ctx, nextKey, next, lease, claim.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := s.Get(ctx, nextKey); got == nil || got.Mark != claim.MarkNone {
+		t.Fatalf("the claim after: %+v, want MarkNone until the clocks are measured again", got)
+
+	}
+	other := newRecord(t)
+	other.Created = time.Now()
+	if res, err := s.Claim(ctx, key, other, lease, claim.Quota{}); err != nil || res.Claimed || res.Unforwarded {
+		t.Fatalf("a retry: %+v %v, want the claim in progress, not Unforwarded", res, err)
+	}
+}
+
+// testUnforwardedByScript: a claim that finds a ghost reads Redis' clock
+// with the record in its own script, and concludes the same way, also
+// when Redis lost its script cache.
 func testUnforwardedByScript(t *testing.T, c redis.UniversalClient, s *claim.Store) {
 	ctx := context.Background()
 	s.CheckClocks(ctx)
-	claim.ForceScriptClaim(s)
 	key := s.Key("p", "script", "ghost")
 	ghost := newRecord(t)
 	ghost.Created = time.Now().Add(-3 * time.Second)
-	if res, err := s.Claim(ctx, key, ghost, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
-		t.Fatalf("claim: %+v %v", res, err)
+	if err := s.PlantUnconfirmed(ctx, key, ghost, 10*time.Second); err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
 	}
 	res, err := s.Claim(ctx, key, newRecord(t), 10*time.Second, claim.Quota{})
 	if err != nil || res.Claimed || !res.Unforwarded || res.TTL <= 0 {

@@ -50,7 +50,7 @@ func TestWaitReplicas(t *testing.T) {
 	} {
 		c, _ := claim.NewClient(topo.cfg)
 		defer c.Close()
-		for _, script := range []bool{false, true} {
+		for _, flushed := range []bool{false, true} {
 			for _, tc := range []struct {
 				want      int
 				wantShort map[string]int
@@ -62,13 +62,12 @@ func TestWaitReplicas(t *testing.T) {
 					defer mu.Unlock()
 					short[op]++
 				}))
-				if script {
-					claim.ForceScriptClaim(s)
+				if flushed {
 					if err := c.ScriptFlush(ctx).Err(); err != nil {
 						t.Fatal(err)
 					}
 				}
-				what := fmt.Sprintf("%s, script claim %v, wait_replicas=%d with one replica", topo.name, script, tc.want)
+				what := fmt.Sprintf("%s, script cache flushed %v, wait_replicas=%d with one replica", topo.name, flushed, tc.want)
 				key := s.Key("alice", "r", time.Now().String())
 				rec := newRecord(t)
 				if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {

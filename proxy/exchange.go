@@ -114,6 +114,9 @@ func (x *exchange) newClaim(fp claim.Fingerprint) *claim.Record {
 		Created:     time.Now(),
 		RequestID:   x.requestID,
 		Trace:       x.traceContext(),
+		// A request that says when it was first sent learns of a store
+		// that lost its data in its own claim's round trip.
+		ReadEpoch: x.hasFirstSent,
 	}
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
 	if x.rt.settings.Unknown == Fail {
@@ -137,9 +140,20 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 	}
 	for attempt := 0; ; attempt++ {
 		res, err := x.claim(rec)
+		if errors.Is(err, claim.ErrLeaseLost) && attempt < maxOrphanSettles {
+			// Made, then freed before it was confirmed (claim.Store.Claim):
+			// claim again, under a new token, so that nothing fenced on
+			// the freed claim's token can touch the new one.
+			_, _ = io.ReadFull(x.h.rand, rec.Token[:])
+			continue
+		}
 		if err != nil {
 			x.storeFailed("claim", err, body)
 			return
+		}
+		if res.Renewed {
+			x.h.log.Warn("claim renewed before forwarding: its SET ran, on Redis' clock, too long after this sidecar sent it for a retry not to take it for never forwarded (a clock off or stepped, on Redis' host or this one); claims are written unmarked until the clocks are measured close again",
+				"route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
 		}
 		if res.Claimed {
 			if x.refuseUnrecorded(rec) {

@@ -142,8 +142,10 @@ func TestWaitersAreWokenNotPolled(t *testing.T) {
 	}
 	got := gets() - before
 	t.Logf("%d waiters over about 1s looked at the key %d times", waiters, got)
-	if got > 3*waiters {
-		t.Errorf("%d waiters looked at the key %d times, want at most 3 each", waiters, got)
+	// Each waiter's claim reads the key once inside the claim script (a
+	// GET in commandstats too); beyond that, at most 3 looks each.
+	if got > 4*waiters {
+		t.Errorf("%d waiters looked at the key %d times, want at most 4 each (the claim's own GET, then 3)", waiters, got)
 	}
 }
 

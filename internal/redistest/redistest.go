@@ -35,6 +35,8 @@ type Server struct {
 	tls *tls.Config
 	// password, when set, is what Client authenticates with.
 	password string
+	// env is added to the process' environment (StartEnv).
+	env []string
 }
 
 // Available reports whether tests should run against a real redis-server:
@@ -54,6 +56,13 @@ func Available() bool {
 // Extra args are passed to redis-server.
 func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
+	return StartEnv(t, nil, args...)
+}
+
+// StartEnv is Start with env added to the server's environment (a clock
+// shim's, for example: internal/clockshim).
+func StartEnv(t testing.TB, env []string, args ...string) *Server {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		if os.Getenv(RequireEnv) == "1" {
@@ -61,7 +70,7 @@ func Start(t testing.TB, args ...string) *Server {
 		}
 		t.Skipf("redis-server not found: install it (apt-get install -y redis-server) to run tests against real Redis; set %s=1 to make this a failure", RequireEnv)
 	}
-	s := &Server{t: t, bin: bin, dir: t.TempDir(), args: args}
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), args: args, env: env}
 	var lastErr error
 	for range 5 {
 		port, err := loopback.FreePort()
@@ -91,6 +100,9 @@ func (s *Server) start() error {
 func (s *Server) startWith(args ...string) error {
 	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir
+	if len(s.env) > 0 {
+		cmd.Env = append(os.Environ(), s.env...)
+	}
 	if err := cmd.Start(); err != nil {
 		return err
 	}

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/binarytest"
+	"github.com/idemproxy/idemproxy/internal/clockshim"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// TestRedisClockStepNeverFreesAForwardedClaim, through the real binary on
+// a real redis-server whose clock a shim moves while it runs: the sidecar
+// has measured its clock against Redis' (the store watcher, every second),
+// then Redis' clock steps forward by more than the rule's margin (an NTP
+// step, a resumed VM, a failover to a host whose clock is off) and a first
+// attempt claims at once, before the watcher measures again. Its claim's
+// SET then runs, on Redis' clock, later than its Created time allows, so
+// a retry would take it for never forwarded; but the owner forwarded it.
+// The retry, sent while the upstream still works on the first attempt,
+// must get 409 and the upstream must run once. v0.5.0 freed the claim and
+// executed twice for every step of 1.7 s or more.
+func TestRedisClockStepNeverFreesAForwardedClaim(t *testing.T) {
+	clock, err := clockshim.Build(t.TempDir())
+	if err != nil {
+		if os.Getenv(redistest.RequireEnv) == "1" {
+			t.Fatal(err) // CI has a C compiler
+		}
+		t.Skip(err)
+	}
+	for _, step := range []time.Duration{2 * time.Second, 3 * time.Second} {
+		t.Run(step.String(), func(t *testing.T) {
+			if err := clock.Set(0); err != nil {
+				t.Fatal(err)
+			}
+			srv := redistest.StartEnv(t, clock.Env())
+			upstream := binarytest.NewRecorder(t)
+			upstream.Delay = 1500 * time.Millisecond
+			sc := startBinary(t, payConfig(upstream.URL, srv.Addr, ""))
+			if status, body := post(t, sc.Client+"/payments", "warm-up", `{}`); status != http.StatusCreated {
+				t.Fatalf("warm-up: %d %s", status, body)
+			}
+			time.Sleep(1500 * time.Millisecond) // the store watcher measures the clocks (within 500 ms of each other)
+
+			if err := clock.Set(step); err != nil {
+				t.Fatal(err)
+			}
+			defer clock.Set(0)
+			var wg sync.WaitGroup
+			var first int
+			wg.Go(func() { first, _ = post(t, sc.Client+"/payments", "stepped", `{"amount":1}`) })
+			// The retry comes while the upstream works, long before the
+			// owner's first renewal (lease/3).
+			time.Sleep(300 * time.Millisecond)
+			resp, body := postAnswer(t, sc.Client+"/payments", "stepped", `{"amount":1}`)
+			wg.Wait()
+			if n := upstream.Executions("stepped"); n != 1 {
+				t.Fatalf("the upstream ran %d times for one key after Redis' clock stepped %v (retry: %d %s); logs:\n%s", n, step, resp.StatusCode, body, sc.Logs())
+			}
+			if resp.StatusCode != http.StatusConflict || !strings.Contains(body, "request-in-progress") {
+				t.Errorf("retry during the first attempt: %d %s, want 409 request-in-progress", resp.StatusCode, body)
+			}
+			if first != http.StatusCreated {
+				t.Errorf("first attempt: %d, want 201", first)
+			}
+			if status, body := post(t, sc.Client+"/payments", "stepped", `{"amount":1}`); status != http.StatusCreated || upstream.Executions("stepped") != 1 {
+				t.Errorf("retry after the first attempt: %d %s (executions %d), want the replayed 201", status, body, upstream.Executions("stepped"))
+			}
+		})
+	}
+}
+
+// TestFlushThenImmediateRetryIsRecordLost, through the real binary on a
+// real redis-server: a request that says when it was first sent
+// (Repeatability-First-Sent) executes; Redis is flushed (FLUSHALL: the
+// connections stay up, so no new connection makes the sidecar look at the
+// epoch marker); its retry, sent at once, before the store watcher's next
+// look, must get 412 record-lost with nothing forwarded: the claim reads
+// the marker in its own round trip. A request first sent now still
+// executes. v0.5.0 executed the retry a second time until the watcher's
+// next look (about a second later).
+func TestFlushThenImmediateRetryIsRecordLost(t *testing.T) {
+	srv := redistest.Start(t)
+	upstream := binarytest.NewRecorder(t)
+	sc := startBinary(t, payConfig(upstream.URL, srv.Addr, ""))
+	send := func(key string, firstSent time.Time) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, sc.Client+"/payments", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("X-Forwarded-User", "alice")
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Repeatability-First-Sent", firstSent.UTC().Format(http.TimeFormat))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	sent := time.Now().Add(-5 * time.Second)
+	if status, body := send("before-flush", sent); status != http.StatusCreated {
+		t.Fatalf("first attempt: %d %s", status, body)
+	}
+	time.Sleep(1500 * time.Millisecond) // the store watcher has looked at the epoch marker since
+	for range 3 {
+		if err := srv.Client().FlushAll(context.Background()).Err(); err != nil {
+			t.Fatal(err)
+		}
+		status, body := send("before-flush", sent)
+		if n := upstream.Executions("before-flush"); n != 1 {
+			t.Fatalf("the retry right after FLUSHALL executed again (%d executions): %d %s; logs:\n%s", n, status, body, sc.Logs())
+		}
+		if status != http.StatusPreconditionFailed || !strings.Contains(body, "record-lost") {
+			t.Fatalf("the retry right after FLUSHALL: %d %s, want 412 record-lost", status, body)
+		}
+		time.Sleep(1200 * time.Millisecond) // the next flush comes after the watcher's next look
+	}
+	if status, body := send("after-flush", time.Now()); status != http.StatusCreated || upstream.Executions("after-flush") != 1 {
+		t.Errorf("a request first sent now: %d %s, want 201 (executed once)", status, body)
+	}
+}
