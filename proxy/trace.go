@@ -90,10 +90,10 @@ func hostPort(addr, defaultPort string) []attribute.KeyValue {
 }
 
 // storeCommands is the Redis command each store operation sends, which
-// names its span (the database semantic conventions): the claim is a
-// native SET NX PX GET, a read is GET, every fenced write a Lua script.
+// names its span (the database semantic conventions): a read is GET, the
+// claim and every fenced write a Lua script.
 var storeCommands = map[string]string{
-	"claim":    "SET",
+	"claim":    "EVALSHA",
 	"get":      "GET",
 	"renew":    "EVALSHA",
 	"complete": "EVALSHA",
