@@ -35,6 +35,9 @@ const (
 type bound struct {
 	max, share int64
 	reserve    bool
+	// minReserve, with reserve, is the least kept for principals that
+	// hold none when it is more than the share.
+	minReserve int64
 }
 
 // unbounded counts without refusing.
@@ -62,7 +65,7 @@ func (h *held) take(principal string, amount int64, b bound) (refused string) {
 		return refusedCap
 	case mine+amount > share:
 		return refusedShare
-	case b.reserve && mine > 0 && share < b.max && n+amount > b.max-share:
+	case b.reserve && mine > 0 && share < b.max && n+amount > b.max-max(share, b.minReserve):
 		return refusedReserved
 	}
 	h.addLocked(principal, amount)
@@ -199,9 +202,15 @@ func (f *inFlight) take(route, principal string, limit, share int) (*slot, strin
 
 // lateCalls are the slots of the calls running past upstream.timeout: at
 // most max in the process (0: none), at most share for one principal, and
-// the last share kept for principals that hold none, so that principals
-// parking slow calls cannot take every slot and turn another principal's
-// slow call into a cancelled one (an unknown outcome).
+// the last half of the pool (or the last share, when larger) kept for
+// principals that hold none, so that principals parking slow calls cannot
+// take every slot and turn another principal's slow call into a cancelled
+// one (an unknown outcome). With only the last share kept, (max - share) /
+// share principals at their share plus share newcomers filled the pool (5
+// at max 8, share 2); with half kept, at least max/2 + (max/2)/share
+// principals always find a slot (6 at max 8 and a 25% share, 34 at 64),
+// and principals holding one call each can use every slot. A share of the
+// whole pool keeps nothing.
 type lateCalls struct {
 	held
 	max, share int64
@@ -209,7 +218,7 @@ type lateCalls struct {
 
 // take reserves a late-call slot for principal.
 func (l *lateCalls) take(principal string) (bool, string) {
-	refused := l.held.take(principal, 1, bound{max: l.max, share: l.share, reserve: true})
+	refused := l.held.take(principal, 1, bound{max: l.max, share: l.share, reserve: true, minReserve: (l.max + 1) / 2})
 	return refused == "", refused
 }
 

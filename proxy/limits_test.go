@@ -20,7 +20,7 @@ func TestFairSlots(t *testing.T) {
 	take("alice", true, "")
 	take("alice", false, refusedShare) // her share is 2
 	take("bob", true, "")
-	take("bob", false, refusedReserved) // 3 of 4 taken: the last is kept for principals that hold none
+	take("bob", false, refusedReserved) // 3 of 4 taken: the last half is kept for principals that hold none
 	take("carol", true, "")             // holds none: takes it
 	take("dave", false, refusedCap)     // none left at all
 	f.give("alice")
@@ -31,6 +31,33 @@ func TestFairSlots(t *testing.T) {
 	f.give("alice")
 	if f.count() != 0 || len(f.by) != 0 {
 		t.Fatalf("after giving every slot back: %d taken, %v held", f.count(), f.by)
+	}
+
+	// However principals within their share arrive, as many principals
+	// as the issue asks for (issue 40: 5 at max 8; 1/share + 2) each find
+	// a late-call slot: each takes its whole share before the next comes,
+	// the order that leaves the fewest slots for later principals. Before,
+	// only the last share was kept and a sixth principal (the fifth at
+	// max 8, share 2, after three at their share) found none.
+	for _, tc := range []struct{ max, share, want int64 }{{8, 2, 5}, {8, 2, 6}, {8, 4, 4}, {64, 16, 6}, {64, 16, 34}, {100, 10, 12}} {
+		l := lateCalls{max: tc.max, share: tc.share}
+		served := int64(0)
+		for p := int64(0); ; p++ {
+			name := string(rune('a' + p%26)) + string(rune('0'+p/26))
+			ok, _ := l.take(name)
+			if !ok {
+				break
+			}
+			served++
+			for range tc.share - 1 {
+				if ok, _ := l.take(name); !ok {
+					break
+				}
+			}
+		}
+		if served < tc.want {
+			t.Errorf("late calls, max %d, share %d: %d principals found a slot, want at least %d", tc.max, tc.share, served, tc.want)
+		}
 	}
 
 	// A share of the whole pool keeps nothing in reserve.
