@@ -43,7 +43,7 @@ func TestFairSlots(t *testing.T) {
 		l := lateCalls{max: tc.max, share: tc.share}
 		served := int64(0)
 		for p := int64(0); ; p++ {
-			name := string(rune('a' + p%26)) + string(rune('0'+p/26))
+			name := string(rune('a'+p%26)) + string(rune('0'+p/26))
 			ok, _ := l.take(name)
 			if !ok {
 				break
