@@ -53,6 +53,12 @@ const (
 	// faultReplyDelays makes single replies on one sidecar's link
 	// (Target) late.
 	faultReplyDelays = "sidecar-reply-delays"
+	// faultRedisFlush runs FLUSHALL: the data is gone, the connections
+	// stay up.
+	faultRedisFlush = "redis-flushall"
+	// faultRedisClockStep steps Redis' realtime clock (only Redis': a
+	// clock shim in its process) by 0.5-3 s, forward or back.
+	faultRedisClockStep = "redis-clock-step"
 )
 
 // logLine is the part of a sidecar's per-request log line the checker
@@ -354,9 +360,9 @@ func explain(prev, next execution, faults []fault, outcomes map[string]string, s
 	}
 	outcome, logged := outcomes[prev.RequestID]
 	switch {
-	case overlaps(faultRedisLost) && !firstSent:
-		return "Redis lost acknowledged data: restart without persistence (the client sent no first-sent time)"
-	case overlaps(faultRedisLost) && lostSoonAfter(prev, faults):
+	case overlaps(faultRedisLost, faultRedisFlush) && !firstSent:
+		return "Redis lost acknowledged data: restart without persistence or FLUSHALL (the client sent no first-sent time)"
+	case overlaps(faultRedisLost, faultRedisFlush) && lostSoonAfter(prev, faults):
 		// A first-sent time (an HTTP date: whole seconds) within
 		// first_sent_skew (2 s) of the loss still executes, by design.
 		return "Redis lost acknowledged data within first_sent_skew of the request's first send (documented)"
@@ -458,7 +464,7 @@ func leaseOf(attempt) time.Duration { return 2 * time.Second }
 // prev's execution began, its request's first-sent time at the latest.
 func lostSoonAfter(prev execution, faults []fault) bool {
 	for _, f := range faults {
-		if f.Kind == faultRedisLost && !f.Start.Before(prev.Start) && f.Start.Sub(prev.Start) < 3*time.Second {
+		if (f.Kind == faultRedisLost || f.Kind == faultRedisFlush) && !f.Start.Before(prev.Start) && f.Start.Sub(prev.Start) < 3*time.Second {
 			return true
 		}
 	}

@@ -7,8 +7,10 @@
 // -9 and SIGSTOP of a sidecar, Redis restarts with and without its data,
 // CLIENT PAUSE, Redis stalls just shorter and just longer than the confirm
 // window, partitions and latency of every link or of one sidecar's, single
-// late replies on one sidecar's link, upstream hangs, resets and 503s),
-// then checks the recorded history.
+// late replies on one sidecar's link, upstream hangs, resets and 503s,
+// FLUSHALL, and in the default run steps of Redis' realtime clock by
+// 0.5-3 s forward or back through a clock shim in the Redis process,
+// internal/clockshim), then checks the recorded history.
 //
 //	go run ./chaos -short            # ~1 minute, what CI runs
 //	go run ./chaos -short -mixed     # sidecar 0 runs the previous release
@@ -40,6 +42,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/binarytest"
+	"github.com/idemproxy/idemproxy/internal/clockshim"
 	"github.com/idemproxy/idemproxy/internal/faultlink"
 	"github.com/idemproxy/idemproxy/internal/loopback"
 )
@@ -129,6 +132,17 @@ func harness(o options, dir string) error {
 	}
 	rdb := &redisProc{dir: filepath.Join(dir, "redis"), port: port, aof: true}
 	os.MkdirAll(rdb.dir, 0o755)
+	// Steps of Redis' clock, in the default run only: under -keep a
+	// forward step longer than the lease expires a live claim (Redis'
+	// own limit, documented), and under -mixed the previous release
+	// (v0.5.0) frees forwarded claims after a step (issue 40).
+	var clock *clockshim.Clock
+	if o.strict && !o.mixed {
+		if clock, err = clockshim.Build(dir); err != nil {
+			return err
+		}
+		rdb.env = clock.Env()
+	}
 	if err := rdb.start(); err != nil {
 		return err
 	}
@@ -165,7 +179,7 @@ func harness(o options, dir string) error {
 		sidecars: scs, principals: 5, maxOps: o.ops, deadline: time.Now().Add(o.duration),
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
 	}
-	inj := &injector{redis: rdb, links: links, ledger: led, sidecars: scs}
+	inj := &injector{redis: rdb, links: links, ledger: led, sidecars: scs, clock: clock}
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { inj.run(ctx, o.faultEvery) })
@@ -338,6 +352,10 @@ type injector struct {
 	links    []*faultlink.Link // links[i] is sidecar i's link to Redis
 	ledger   *ledger
 	sidecars []*sidecar
+	// clock, when set, steps Redis' clock (faultRedisClockStep); offset
+	// is where it stands, within 3 s of the true time.
+	clock  *clockshim.Clock
+	offset time.Duration
 
 	mu     sync.Mutex // guards faults
 	faults []fault
@@ -361,6 +379,14 @@ func (in *injector) run(ctx context.Context, every time.Duration) {
 		faultRedisLatency, faultUpstreamHang, faultUpstreamReset, faultUpstream503, faultUpstreamSlow,
 		faultSidecarPause, faultRedisStall, faultRedisPartition,
 		faultStallUnderWindow, faultStallOverWindow, faultLinkPartition, faultReplyDelays, faultReplyDelays,
+		faultRedisFlush,
+	}
+	// The newest faults come first once, so that every run, the short
+	// one in CI too, has them; then all at random.
+	first := []string{faultRedisFlush}
+	if in.clock != nil {
+		kinds = append(kinds, faultRedisClockStep, faultRedisClockStep)
+		first = append([]string{faultRedisClockStep}, first...)
 	}
 	for {
 		select {
@@ -368,7 +394,11 @@ func (in *injector) run(ctx context.Context, every time.Duration) {
 			return
 		case <-time.After(every/2 + rand.N(every)):
 		}
-		in.inject(kinds[rand.IntN(len(kinds))])
+		kind := kinds[rand.IntN(len(kinds))]
+		if len(first) > 0 {
+			kind, first = first[0], first[1:]
+		}
+		in.inject(kind)
 	}
 }
 
@@ -393,6 +423,27 @@ func (in *injector) inject(kind string) {
 		time.Sleep(200 * time.Millisecond)
 		if err := in.redis.start(); err != nil {
 			fmt.Fprintln(os.Stderr, "restart redis:", err)
+		}
+	case faultRedisFlush:
+		c := redis.NewClient(&redis.Options{Addr: in.redis.addr(), DisableIdentity: true})
+		c.FlushAll(context.Background())
+		c.Close()
+	case faultRedisClockStep:
+		// A step of 0.5-3 s, forward or back, at once, and the clock
+		// stays there (an NTP step, a resumed VM, a failover to a host
+		// whose clock is off), never more than 3 s from the true time.
+		for {
+			step := 500*time.Millisecond + rand.N(2500*time.Millisecond)
+			if rand.IntN(2) == 0 {
+				step = -step
+			}
+			if next := in.offset + step; next >= -3*time.Second && next <= 3*time.Second {
+				in.offset = next
+				break
+			}
+		}
+		if err := in.clock.Set(in.offset); err != nil {
+			fmt.Fprintln(os.Stderr, "step redis' clock:", err)
 		}
 	case faultRedisPause:
 		c := redis.NewClient(&redis.Options{Addr: in.redis.addr(), DisableIdentity: true})
@@ -473,6 +524,10 @@ func (in *injector) inject(kind string) {
 
 // heal ends every fault still in force.
 func (in *injector) heal() {
+	if in.clock != nil {
+		in.clock.Set(0)
+		in.offset = 0
+	}
 	for _, l := range in.links {
 		l.SetDelay(0, 0)
 		l.SetReplyJitter(0, 0, 0)

@@ -21,7 +21,10 @@ type redisProc struct {
 	dir  string
 	port int
 	aof  bool
-	cmd  *exec.Cmd
+	// env, when set, is added to the server's environment (the clock
+	// shim's, for faultRedisClockStep).
+	env []string
+	cmd *exec.Cmd
 }
 
 func (r *redisProc) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
@@ -35,6 +38,9 @@ func (r *redisProc) start() error {
 		args = append(args, "--appendonly", "no")
 	}
 	cmd := exec.Command("redis-server", args...)
+	if len(r.env) > 0 {
+		cmd.Env = append(os.Environ(), r.env...)
+	}
 	if err := cmd.Start(); err != nil {
 		return err
 	}
