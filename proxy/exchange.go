@@ -95,6 +95,11 @@ func (x *exchange) serve() {
 	}
 	if s := x.rt.settings.FirstSent; len(s) > 0 {
 		t, ok, err := firstSent(s, x.r.Header, key)
+		if err == nil && ok && t.After(time.Now().Add(x.rt.settings.FirstSentSkew)) {
+			// A date in the future (year 9999) would switch the check
+			// off for this request: refused, like a malformed one.
+			err = errors.New("the first-sent time " + t.UTC().Format(time.RFC3339) + " is in the future (more than first_sent_skew ahead of this sidecar's clock)")
+		}
 		if err != nil {
 			x.answer(outcomeRejected, probFirstSentInvalid.with(err.Error()))
 			return

@@ -35,6 +35,17 @@ func TestFirstSent(t *testing.T) {
 	if r := e.do(req{user: "alice", key: "fresh", body: `{}`, header: sent(0)}); r.status != http.StatusCreated {
 		t.Fatalf("first sent now: %d %s, want 201", r.status, r.body)
 	}
+	// A first-sent time further ahead than the skew (issue 41: year 9999
+	// switched the check off for that request) is 400, nothing forwarded.
+	for _, future := range []map[string]string{sent(-time.Hour), {"Repeatability-First-Sent": "Fri, 31 Dec 9999 23:59:59 GMT"}} {
+		before := e.ledger.Total()
+		if r := e.do(req{user: "alice", key: "future", body: `{}`, header: future}); r.status != http.StatusBadRequest || !strings.Contains(r.body, "first-sent-invalid") || e.ledger.Total() != before {
+			t.Fatalf("first sent %v: %d %s (executions %d → %d), want 400 first-sent-invalid, nothing forwarded", future, r.status, r.body, before, e.ledger.Total())
+		}
+	}
+	if r := e.do(req{user: "alice", key: "slightly-ahead", body: `{}`, header: sent(-time.Second)}); r.status != http.StatusCreated {
+		t.Fatalf("first sent 1s ahead (within the skew): %d %s, want 201", r.status, r.body)
+	}
 	if r := e.do(req{user: "alice", key: "fresh", body: `{}`, header: sent(2 * time.Hour)}); r.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("a record that exists is replayed whatever the first-sent time: %d %s", r.status, r.body)
 	}
@@ -79,8 +90,8 @@ func TestFirstSent(t *testing.T) {
 		}
 	}
 	// Nothing refused was forwarded, and its key stays free.
-	if n := e.ledger.Total(); n != 4 {
-		t.Errorf("upstream executed %d times, want 4 (fresh, edge, skewed, the new UUIDv7)", n)
+	if n := e.ledger.Total(); n != 5 {
+		t.Errorf("upstream executed %d times, want 5 (fresh, slightly-ahead, edge, skewed, the new UUIDv7)", n)
 	}
 	if r := e.do(req{user: "alice", key: "old", body: `{}`, header: sent(0)}); r.status != http.StatusCreated {
 		t.Errorf("the refused key, sent again as new: %d, want 201 (the 412 left it free)", r.status)
