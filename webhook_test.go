@@ -51,6 +51,27 @@ var signers = map[string]signer{
 		t := strconv.FormatInt(at.Unix(), 10)
 		return http.Header{"Webhook-Id": {id}, "Webhook-Timestamp": {t}, "Webhook-Signature": {"v1," + hmacB64(key, id+"."+t+"."+body)}}
 	},
+	// Svix, the reference sender of Standard Webhooks, and Shopify's
+	// current library send other header names (issue 41).
+	"svix": func(secret, id, body string, at time.Time) http.Header {
+		key, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+		t := strconv.FormatInt(at.Unix(), 10)
+		return http.Header{"Svix-Id": {id}, "Svix-Timestamp": {t}, "Svix-Signature": {"v1," + hmacB64(key, id+"."+t+"."+body)}}
+	},
+	"shopify-bare": func(secret, id, body string, _ time.Time) http.Header {
+		return http.Header{"Shopify-Hmac-Sha256": {hmacB64([]byte(secret), body)}, "Shopify-Webhook-Id": {id}}
+	},
+}
+
+// providerOf is the provider a signer's route is configured with.
+func providerOf(signer string) string {
+	switch signer {
+	case "svix":
+		return "standard"
+	case "shopify-bare":
+		return "shopify"
+	}
+	return signer
 }
 
 // TestWebhooksThroughTheBinary (issue 34): for each provider, through the
@@ -83,16 +104,19 @@ func TestWebhooksThroughTheBinary(t *testing.T) {
 		"github":   {"gh-old-secret-0123", "gh-new-secret-0123"},
 		"shopify":  {"shp-old-secret-0123", "shp-new-secret-0123"},
 		"standard": {"whsec_" + base64.StdEncoding.EncodeToString([]byte("standard-old-key-0123456789")), "whsec_" + base64.StdEncoding.EncodeToString([]byte("standard-new-key-0123456789"))},
+
+		"svix":         {"whsec_" + base64.StdEncoding.EncodeToString([]byte("svix-old-key-0123456789")), "whsec_" + base64.StdEncoding.EncodeToString([]byte("svix-new-key-0123456789"))},
+		"shopify-bare": {"shpb-old-secret-0123", "shpb-new-secret-0123"},
 	}
 	var routes strings.Builder
-	for _, p := range []string{"stripe", "github", "shopify", "standard"} {
+	for _, p := range []string{"stripe", "github", "shopify", "standard", "svix", "shopify-bare"} {
 		var files []string
 		for i, s := range secrets[p] {
 			f := filepath.Join(dir, fmt.Sprintf("%s-%d", p, i))
 			os.WriteFile(f, []byte(s+"\n"), 0o400)
 			files = append(files, strconv.Quote(f))
 		}
-		fmt.Fprintf(&routes, "  - name: %s-events\n    match: \"POST /webhooks/%s\"\n    webhook:\n      provider: %s\n      secret_files: [%s]\n      tolerance: 5m\n", p, p, p, strings.Join(files, ", "))
+		fmt.Fprintf(&routes, "  - name: %s-events\n    match: \"POST /webhooks/%s\"\n    webhook:\n      provider: %s\n      secret_files: [%s]\n      tolerance: 5m\n", p, p, providerOf(p), strings.Join(files, ", "))
 	}
 	sc := startBinary(t, fmt.Sprintf("upstream:\n  url: %q\nidentity:\n  trusted_proxies: [\"192.0.2.0/24\"]\nroutes:\n%s", upstream.URL, routes.String()))
 
@@ -111,7 +135,7 @@ func TestWebhooksThroughTheBinary(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b), resp.Header
 	}
-	for _, p := range []string{"stripe", "github", "shopify", "standard"} {
+	for _, p := range []string{"stripe", "github", "shopify", "standard", "svix", "shopify-bare"} {
 		t.Run(p, func(t *testing.T) {
 			old, cur := secrets[p][0], secrets[p][1]
 			body := func(id string) string { return fmt.Sprintf(`{"id":%q,"type":"payment.succeeded","amount":4200}`, id) }
@@ -135,7 +159,7 @@ func TestWebhooksThroughTheBinary(t *testing.T) {
 			if status, b, _ := deliver(p, cur, "evt_2", body("evt_2"), now); status != http.StatusOK || !strings.Contains(b, `"n":1`) {
 				t.Errorf("the real delivery after a forged one: %d %s, want it executed", status, b)
 			}
-			if p == "stripe" || p == "standard" {
+			if p == "stripe" || p == "standard" || p == "svix" {
 				if status, b, _ := deliver(p, cur, "evt_3", body("evt_3"), now.Add(-10*time.Minute)); status != http.StatusUnauthorized || !strings.Contains(b, "tolerance") {
 					t.Errorf("a stale timestamp: %d %s, want 401 naming the tolerance", status, b)
 				}

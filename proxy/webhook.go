@@ -120,7 +120,7 @@ func (wh *Webhook) verify(h http.Header, body []byte, now time.Time) error {
 		return nil
 	case WebhookShopify:
 		// X-Shopify-Hmac-Sha256: <base64 HMAC-SHA256(body)>
-		v := h.Get("X-Shopify-Hmac-Sha256")
+		v := header(h, "X-Shopify-Hmac-Sha256", "Shopify-Hmac-Sha256")
 		if v == "" {
 			return errSigMissing
 		}
@@ -132,7 +132,7 @@ func (wh *Webhook) verify(h http.Header, body []byte, now time.Time) error {
 	case WebhookStandard:
 		// webhook-signature: v1,<base64 HMAC-SHA256(id.timestamp.body)>
 		// [ v1,...], keyed by the base64 secret after "whsec_".
-		id, ts, v := h.Get("Webhook-Id"), h.Get("Webhook-Timestamp"), h.Get("Webhook-Signature")
+		id, ts, v := standardHeaders(h)
 		if id == "" || ts == "" || v == "" {
 			return errSigMissing
 		}
@@ -156,6 +156,27 @@ func (wh *Webhook) verify(h http.Header, body []byte, now time.Time) error {
 		return fresh(ts)
 	}
 	return fmt.Errorf("unknown webhook provider %q", wh.Provider)
+}
+
+// header is the first of names that h carries ("" when none): Shopify's
+// current library sends its names without "X-".
+func header(h http.Header, names ...string) string {
+	for _, n := range names {
+		if v := h.Get(n); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// standardHeaders are a Standard Webhooks delivery's id, timestamp and
+// signature: the webhook-* names, or Svix's svix-* (its reference sender),
+// never a mix of the two.
+func standardHeaders(h http.Header) (id, ts, sig string) {
+	if h.Get("Webhook-Id") != "" || h.Get("Webhook-Signature") != "" {
+		return h.Get("Webhook-Id"), h.Get("Webhook-Timestamp"), h.Get("Webhook-Signature")
+	}
+	return h.Get("Svix-Id"), h.Get("Svix-Timestamp"), h.Get("Svix-Signature")
 }
 
 // anyMAC reports whether one of sigs is the MAC sign computes under one
@@ -201,9 +222,10 @@ func (wh *Webhook) deliveryID(h http.Header, body []byte) (string, error) {
 	case WebhookGitHub:
 		where, id = "X-GitHub-Delivery", h.Get("X-GitHub-Delivery")
 	case WebhookShopify:
-		where, id = "X-Shopify-Webhook-Id", h.Get("X-Shopify-Webhook-Id")
+		where, id = "X-Shopify-Webhook-Id", header(h, "X-Shopify-Webhook-Id", "Shopify-Webhook-Id")
 	case WebhookStandard:
-		where, id = "webhook-id", h.Get("Webhook-Id")
+		where = "webhook-id"
+		id, _, _ = standardHeaders(h)
 	}
 	switch {
 	case id == "":
