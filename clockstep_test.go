@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -91,18 +90,7 @@ func TestFlushThenImmediateRetryIsRecordLost(t *testing.T) {
 	sc := startBinary(t, payConfig(upstream.URL, srv.Addr, ""))
 	send := func(key string, firstSent time.Time) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, sc.Client+"/payments", strings.NewReader(`{"amount":1}`))
-		req.Header.Set("X-Forwarded-User", "alice")
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", key)
-		req.Header.Set("Repeatability-First-Sent", firstSent.UTC().Format(http.TimeFormat))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return postFirstSent(t, sc.Client+"/payments", key, firstSent)
 	}
 	sent := time.Now().Add(-5 * time.Second)
 	if status, body := send("before-flush", sent); status != http.StatusCreated {

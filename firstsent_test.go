@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -24,18 +23,8 @@ func TestRecordLostThroughTheBinary(t *testing.T) {
 	upstream := binarytest.NewRecorder(t)
 	sc := startBinary(t, payConfig(upstream.URL, srv.Addr, ""))
 	pay := func(key string, firstSent time.Time) (int, string) {
-		req, _ := http.NewRequest(http.MethodPost, sc.Client+"/payments", strings.NewReader(`{"amount":1}`))
-		req.Header.Set("X-Forwarded-User", "alice")
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", key)
-		req.Header.Set("Repeatability-First-Sent", firstSent.UTC().Format(http.TimeFormat))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		t.Helper()
+		return postFirstSent(t, sc.Client+"/payments", key, firstSent)
 	}
 	sent := time.Now().Add(-5 * time.Second) // the client's clock read it a while ago
 	if status, body := pay("charge-1", sent); status != http.StatusCreated {

@@ -139,14 +139,7 @@ func (s *Store) claim(ctx context.Context, key string, rec *Record, lease time.D
 	lease += rec.Tail // the record outlives its lease by its tail
 	for attempt := 0; ; attempt++ {
 		run := claimCmd(ctx, key, value, lease)
-		cmds := []redis.Cmder{noRetry{run}}
-		var epoch *redis.StringCmd
-		var master string
-		if rec.ReadEpoch {
-			if epoch, master = s.epochRead(ctx, key); epoch != nil {
-				cmds = append(cmds, epoch)
-			}
-		}
+		cmds, epoch, master := s.withEpochRead(ctx, key, rec, noRetry{run})
 		wait, err := s.write(ctx, key, len(value), cmds...)
 		if err != nil {
 			return Result{}, s.unavailable("claim", err)
@@ -322,14 +315,7 @@ func (s *Store) claimCounted(ctx context.Context, key string, rec *Record, lease
 	run := claimCmd(ctx, key, value, lease+rec.Tail)
 	incr := redis.NewIntCmd(ctx, "incr", q.Key)
 	expire := redis.NewCmd(ctx, "pexpire", q.Key, q.Window.Milliseconds(), "nx")
-	cmds := []redis.Cmder{noRetry{run}, incr, expire}
-	var epoch *redis.StringCmd
-	var master string
-	if rec.ReadEpoch {
-		if epoch, master = s.epochRead(ctx, key); epoch != nil {
-			cmds = append(cmds, epoch)
-		}
-	}
+	cmds, epoch, master := s.withEpochRead(ctx, key, rec, noRetry{run}, incr, expire)
 	if err := s.exec(ctx, len(value), cmds...); err != nil {
 		return Result{}, s.unavailable("claim", err)
 	}

@@ -287,6 +287,19 @@ func (s *Store) epochRead(ctx context.Context, key string) (*redis.StringCmd, st
 	return redis.NewStringCmd(ctx, "get", s.epochKey(-1)), s.masterLabel()
 }
 
+// withEpochRead is a claim's commands, with the read of its master's epoch
+// marker after them when rec.ReadEpoch asks for it (epochRead); epoch and
+// master go to noteEpochRead once the commands ran.
+func (s *Store) withEpochRead(ctx context.Context, key string, rec *Record, cmds ...redis.Cmder) (_ []redis.Cmder, epoch *redis.StringCmd, master string) {
+	if !rec.ReadEpoch {
+		return cmds, nil, ""
+	}
+	if epoch, master = s.epochRead(ctx, key); epoch != nil {
+		cmds = append(cmds, epoch)
+	}
+	return cmds, epoch, master
+}
+
 // noteEpochRead compares the marker a claim read with the epoch known for
 // master: gone, changed or unreadable, the epochs are looked at again
 // before EpochStart answers.
