@@ -74,28 +74,28 @@ func postAnswer(t *testing.T, url, key, body string) (*http.Response, string) {
 	return postAnswerAs(t, url, "alice", key, body)
 }
 
-// postFirstSent posts body as alice with key, saying it was first sent
-// at firstSent (Repeatability-First-Sent), and answers status and body.
+// postFirstSent posts a payment as alice with key, saying it was first
+// sent at firstSent (Repeatability-First-Sent), and answers status and
+// body.
 func postFirstSent(t *testing.T, url, key string, firstSent time.Time) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{"amount":1}`))
-	req.Header.Set("X-Forwarded-User", "alice")
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set("Repeatability-First-Sent", firstSent.UTC().Format(http.TimeFormat))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	resp, b := postWith(t, url, "alice", key, `{"amount":1}`, http.Header{"Repeatability-First-Sent": {firstSent.UTC().Format(http.TimeFormat)}})
+	return resp.StatusCode, b
 }
 
 // postAnswerAs is postAnswer as principal.
 func postAnswerAs(t *testing.T, url, principal, key, body string) (*http.Response, string) {
 	t.Helper()
+	return postWith(t, url, principal, key, body, nil)
+}
+
+// postWith is postAnswerAs with header's fields added to the request.
+func postWith(t *testing.T, url, principal, key, body string, header http.Header) (*http.Response, string) {
+	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
 	req.Header.Set("X-Forwarded-User", principal)
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
