@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +19,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/binarytest"
+	"github.com/idemproxy/idemproxy/internal/poll"
 )
 
 // signer signs a delivery as one provider does: the headers for body.
@@ -78,18 +84,23 @@ func providerOf(signer string) string {
 // real binary, from a peer that is not trusted and sends no identity: a
 // signed delivery executes the handler once; a redelivery (signed anew)
 // gets the first answer, replayed; five concurrent redeliveries execute
-// nothing more; a forged first delivery of a new id is 401 and does not
+// nothing more; the first delivery resent under a new, unsigned delivery
+// id is a redelivery too, its key being what is signed (issue 41); a forged first delivery of a new id is 401 and does not
 // poison the id (the real one executes after); a stale timestamp is 401
 // (stripe, standard); the second secret of a rotation verifies too.
 func TestWebhooksThroughTheBinary(t *testing.T) {
 	var mu sync.Mutex
 	executed := map[string]int{}
+	keys := map[string]string{} // the key the upstream got, by path and event
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		key := r.URL.Path + " " + r.Header.Get("Idempotency-Key")
+		var event struct{ ID string }
+		json.Unmarshal(b, &event)
+		key := r.URL.Path + " " + event.ID // what the app books: the event
 		mu.Lock()
 		executed[key]++
 		n := executed[key]
+		keys[key] = r.Header.Get("Idempotency-Key")
 		mu.Unlock()
 		if r.Header.Get("X-Forwarded-User") != "" {
 			http.Error(w, "an untrusted peer's identity reached the app", http.StatusTeapot)
@@ -153,6 +164,16 @@ func TestWebhooksThroughTheBinary(t *testing.T) {
 				wg.Go(func() { deliver(p, cur, "evt_1", body("evt_1"), time.Now()) })
 			}
 			wg.Wait()
+			if p != "standard" && p != "svix" {
+				// A captured delivery resent under a fresh delivery id:
+				// GitHub and Shopify do not sign the id, Stripe has none
+				// besides the body's (Standard Webhooks signs it: a new
+				// id needs the secret).
+				status, again, h := deliver(p, cur, "evt_1-resent", body("evt_1"), time.Now())
+				if status != http.StatusOK || again != first || h.Get("Idempotent-Replayed") != "true" {
+					t.Errorf("the first delivery resent under a new id: %d %s replayed=%q, want the first answer replayed", status, again, h.Get("Idempotent-Replayed"))
+				}
+			}
 			if status, b, _ := deliver(p, "not-the-secret-0123", "evt_2", body("evt_2"), now); status != http.StatusUnauthorized || !strings.Contains(b, "signature-invalid") {
 				t.Errorf("a forged first delivery: %d %s, want 401 signature-invalid", status, b)
 			}
@@ -171,6 +192,15 @@ func TestWebhooksThroughTheBinary(t *testing.T) {
 					t.Errorf("%s executed %d times, want 1", id, n)
 				}
 			}
+			// The key is what the provider signs, and the upstream gets it.
+			want := "evt_1"
+			if p == "github" || p == "shopify" || p == "shopify-bare" {
+				sum := sha256.Sum256([]byte(body("evt_1")))
+				want = "sha256:" + hex.EncodeToString(sum[:])
+			}
+			if got := keys["/webhooks/"+p+" evt_1"]; got != want {
+				t.Errorf("the upstream got Idempotency-Key %q, want %q", got, want)
+			}
 			if n := executed["/webhooks/"+p+" evt_3"]; n != 0 {
 				t.Errorf("a stale delivery executed %d times", n)
 			}
@@ -184,5 +214,111 @@ func TestWebhooksThroughTheBinary(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// githubDelivery is a GitHub delivery of body signed with secret, as a
+// request to the sidecar's /webhooks/github.
+func githubDelivery(t *testing.T, base, secret, id, body string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+"/webhooks/github", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, vs := range signers["github"](secret, id, body, time.Now()) {
+		req.Header[k] = vs
+	}
+	return req
+}
+
+// bodyKey is the key of a GitHub or Shopify delivery of body: its SHA-256.
+func bodyKey(body string) string {
+	sum := sha256.Sum256([]byte(body))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// TestUnsignedBodiesCountAgainstTheirSender (issue 41, item 2): an outside
+// peer holding many unsigned bodies open fills its own share of
+// limits.max_buffered_bytes, not the provider's, so a real, signed
+// delivery from another address goes through meanwhile (before: 429
+// too-many-bytes, and GitHub does not redeliver on its own). And a stale
+// signed timestamp is refused before the body is read: a sender of one
+// gets 401 while its body has not come.
+func TestUnsignedBodiesCountAgainstTheirSender(t *testing.T) {
+	up := binarytest.NewRecorder(t)
+	dir := t.TempDir()
+	ghSecret, stripeSecret := filepath.Join(dir, "gh"), filepath.Join(dir, "stripe")
+	os.WriteFile(ghSecret, []byte("gh-secret-0123"), 0o400)
+	os.WriteFile(stripeSecret, []byte("whsec_0123456789abcdef"), 0o400)
+	const budget, share = 1 << 20, 256 << 10 // 25%: eight 32 KiB buffers
+	sc := startBinary(t, fmt.Sprintf(`upstream:
+  url: %q
+identity:
+  trusted_proxies: ["192.0.2.0/24"]
+client:
+  body_timeout: 10s
+limits:
+  max_buffered_bytes: %d
+  principal_share: 25%%
+routes:
+  - name: github-events
+    match: "POST /webhooks/github"
+    webhook: {provider: github, secret_files: [%q]}
+  - name: stripe-events
+    match: "POST /webhooks/stripe"
+    webhook: {provider: stripe, secret_files: [%q]}
+`, up.URL, budget, ghSecret, stripeSecret))
+	addr := strings.TrimPrefix(sc.Client, "http://")
+	from := func(ip string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// 12 bodies of 30,000 declared bytes, 20,000 sent, each signed with
+	// nothing that verifies, from 127.0.0.2.
+	for i := range 12 {
+		c := from("127.0.0.2")
+		fmt.Fprintf(c, "POST /webhooks/github HTTP/1.1\r\nHost: x\r\nX-Hub-Signature-256: sha256=%s\r\nX-GitHub-Delivery: forged-%d\r\nContent-Length: 30000\r\n\r\n%s",
+			strings.Repeat("ab", 32), i, strings.Repeat("x", 20000))
+	}
+	poll.Until(t, "the outsider's bodies fill its share", func() bool {
+		return metric(t, sc.Admin, fmt.Sprintf("idemproxy_buffered_bytes %d\n", share))
+	})
+	// The real delivery, from 127.0.0.3.
+	body := `{"action":"completed","check_run":{"id":42}}`
+	client := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.3")}}).DialContext}}
+	resp, err := client.Do(githubDelivery(t, sc.Client, "gh-secret-0123", "real-1", body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || up.Executions(bodyKey(body)) != 1 {
+		t.Fatalf("a signed delivery while an outsider holds unsigned bodies: %d %s, executed %d times; want 201, once", resp.StatusCode, b, up.Executions(bodyKey(body)))
+	}
+	if !metric(t, sc.Admin, fmt.Sprintf("idemproxy_buffered_bytes %d\n", share)) {
+		t.Errorf("the outsider's share changed while the real delivery ran:\n%s", scrape(t, sc.Admin))
+	}
+
+	// A stale Stripe timestamp, its body not sent: refused from the
+	// headers, not after the body (which would never come).
+	c := from("127.0.0.4")
+	stale := strconv.FormatInt(time.Now().Add(-time.Hour).Unix(), 10)
+	fmt.Fprintf(c, "POST /webhooks/stripe HTTP/1.1\r\nHost: x\r\nStripe-Signature: t=%s,v1=%s\r\nContent-Length: 30000\r\n\r\n", stale, strings.Repeat("ab", 32))
+	answer, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(answer.Body)
+	if answer.StatusCode != http.StatusUnauthorized || !strings.Contains(string(b), "tolerance") {
+		t.Errorf("a stale timestamp before its body: %d %s, want 401 naming the tolerance", answer.StatusCode, b)
+	}
+	if up.Total() != 1 {
+		t.Errorf("the upstream ran %d times, want once", up.Total())
 	}
 }

@@ -297,6 +297,25 @@ func frameParts(h hash.Hash, parts ...string) {
 	}
 }
 
+// Since is when this store first saw name: now, the first time any
+// process asks, kept in "<prefix>since:<name>" without a TTL, like the
+// epoch markers (a store that loses its data forgets it, with all it
+// dated). A change of key derivation uses it to read the keys of the
+// release before it for one retention, and then no more.
+func (s *Store) Since(ctx context.Context, name string, now time.Time) (time.Time, error) {
+	key := s.prefix + "since:" + name
+	set := redis.NewBoolCmd(ctx, "set", key, now.UnixMilli(), "nx")
+	get := redis.NewStringCmd(ctx, "get", key)
+	if err := s.exec(ctx, 0, set, get); err != nil {
+		return time.Time{}, s.unavailable("since", err)
+	}
+	ms, err := get.Int64()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("claim: marker %s: %w", key, err)
+	}
+	return time.UnixMilli(ms), nil
+}
+
 // Close closes the store's subscriptions (Watch); the client stays open.
 func (s *Store) Close() {
 	s.watch.close()

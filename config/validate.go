@@ -461,9 +461,20 @@ func (c *Config) Warnings() []string {
 	if len(c.Store.Encryption.KeyFiles) > 0 && !c.Store.Encryption.Required {
 		w = append(w, "store.encryption.required: false with key_files: an unsealed record planted in Redis is replayed as it is; keep it only while records written before sealing can exist (one retention), then remove it (true is the default with key_files)")
 	}
+	for i, r := range c.Routes {
+		if r.Webhook.Provider == "" || r.set == nil {
+			continue
+		}
+		if !r.set["quota.new_keys"] && c.Defaults.Quota.NewKeys > 0 {
+			w = append(w, fmt.Sprintf("routes[%d].quota.new_keys: not set, so defaults.quota.new_keys (%d) does not apply to this webhook route (%s): every delivery is the provider's, and a busy provider would be refused 429 too-many-keys past %d events a window; set it on the route to bound the provider's new keys", i, c.Defaults.Quota.NewKeys, r.Name, c.Defaults.Quota.NewKeys))
+		}
+		if r.set["scope"] && r.Settings.Scope == ScopePrincipal {
+			w = append(w, fmt.Sprintf("routes[%d].scope: principal is not applied to a webhook route (%s): its deliveries are always scoped by route; records v0.5.0 stored under the shared scope are still read for one retention", i, r.Name))
+		}
+	}
 	if c.Defaults.Quota.NewKeys == 0 {
 		for i, r := range c.Routes {
-			if r.Settings.Quota.NewKeys == 0 {
+			if r.Settings.Quota.NewKeys == 0 && r.Webhook.Provider == "" {
 				w = append(w, fmt.Sprintf("routes[%d].quota.new_keys: 0 (%s): one principal can claim new keys without bound and fill the store for the whole retention (503 store-full for everyone); set defaults.quota.new_keys (docs/security.md, Trust rules, sizes it)", i, r.Name))
 			}
 		}

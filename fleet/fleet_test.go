@@ -2,7 +2,10 @@ package fleet
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net/http"
@@ -122,6 +125,12 @@ func (s *sidecar) pay(t *testing.T, key, body string) answer {
 	req.Header.Set("X-Forwarded-User", "alice")
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", key)
+	return s.send(t, req)
+}
+
+// send sends req to s and returns what came back.
+func (s *sidecar) send(t *testing.T, req *http.Request) answer {
+	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("%s: %v", s.name, err)
@@ -239,4 +248,86 @@ func TestMixedFleet(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWebhookRedeliveryAcrossTheUpgrade (issue 41): the previous release
+// keyed GitHub deliveries by their delivery id and scoped webhook routes
+// as configured (here defaults.scope: principal); this tree keys GitHub
+// by the body's SHA-256 and always scopes by route. A delivery the
+// previous release executed, redelivered to this tree, is replayed from
+// the record the previous release wrote, not executed again.
+func TestWebhookRedeliveryAcrossTheUpgrade(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("builds and runs two binaries: runs in the plain go test pass, not under -short or -race")
+	}
+	oldBin, curBin := build(t)
+	dir := t.TempDir()
+	ghFile, stripeFile := filepath.Join(dir, "gh"), filepath.Join(dir, "stripe")
+	const ghSecret, stripeSecret = "gh-secret-0123", "whsec_0123456789abcdef"
+	os.WriteFile(ghFile, []byte(ghSecret), 0o600)
+	os.WriteFile(stripeFile, []byte(stripeSecret), 0o600)
+	srv := redistest.Start(t)
+	var mu sync.Mutex
+	executed := map[string]int{}
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		executed[r.URL.Path+" "+string(b)]++
+		n := executed[r.URL.Path+" "+string(b)]
+		mu.Unlock()
+		fmt.Fprintf(w, `{"n":%d}`, n)
+	}))
+	defer upstream.Close()
+	yaml := fmt.Sprintf(`upstream:
+  url: %q
+store:
+  redis:
+    addrs: [%q]
+defaults:
+  scope: principal
+routes:
+  - name: github-events
+    match: "POST /webhooks/github"
+    webhook: {provider: github, secret_files: [%q]}
+  - name: stripe-events
+    match: "POST /webhooks/stripe"
+    webhook: {provider: stripe, secret_files: [%q]}
+`, upstream.URL, srv.Addr, ghFile, stripeFile)
+	old := start(t, "previous", oldBin, yaml)
+	cur := start(t, "current", curBin, yaml)
+	deliver := func(s *sidecar, provider, id, body string) answer {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, s.Client+"/webhooks/"+provider, strings.NewReader(body))
+		switch provider {
+		case "github":
+			req.Header.Set("X-Hub-Signature-256", "sha256="+hmacHex(ghSecret, body))
+			req.Header.Set("X-GitHub-Delivery", id)
+		case "stripe":
+			ts := fmt.Sprint(time.Now().Unix())
+			req.Header.Set("Stripe-Signature", "t="+ts+",v1="+hmacHex(stripeSecret, ts+"."+body))
+		}
+		return s.send(t, req)
+	}
+	for _, provider := range []string{"github", "stripe"} {
+		body := fmt.Sprintf(`{"id":"evt_%s_1","type":"charge.succeeded"}`, provider)
+		first := deliver(old, provider, "dlv-1", body)
+		if first.status != http.StatusOK {
+			t.Fatalf("%s: the first delivery on the previous release: %d %s\n%s", provider, first.status, first.body, old.log())
+		}
+		again := deliver(cur, provider, "dlv-1", body)
+		if again.status != first.status || again.body != first.body || !again.replayed {
+			t.Errorf("%s: the redelivery on this tree: %d %s replayed=%t, want the first answer replayed\n%s", provider, again.status, again.body, again.replayed, cur.log())
+		}
+		mu.Lock()
+		if n := executed["/webhooks/"+provider+" "+body]; n != 1 {
+			t.Errorf("%s: executed %d times across the upgrade, want 1", provider, n)
+		}
+		mu.Unlock()
+	}
+}
+
+func hmacHex(key, msg string) string {
+	m := hmac.New(sha256.New, []byte(key))
+	m.Write([]byte(msg))
+	return hex.EncodeToString(m.Sum(nil))
 }

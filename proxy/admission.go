@@ -1,6 +1,9 @@
 package proxy
 
-import "errors"
+import (
+	"errors"
+	"strings"
+)
 
 // Admission: what must hold before a protected request's body is read or
 // its key claimed (the path as matched, no hop-by-hop nomination of what
@@ -25,15 +28,8 @@ func (x *exchange) admit() (key string, ok bool) {
 		x.answer(outcomeRejected, probPathNotCanonical.with("send it to "+x.path+", the path this route protects"))
 		return "", false
 	}
-	if tok := nominated(x.r.Header, x.rt.keyNames); tok != "" { // the rest was checked for every request
-		x.answer(outcomeRejected, probHopByHop.with("Connection nominates "+tok+", which idemproxy and the upstream rely on"))
+	if !x.keyHeaderAdmitted() {
 		return "", false
-	}
-	for name := range x.r.Header {
-		if sameName(name, s.KeyHeader) && name != x.rt.keyHeader {
-			x.answer(outcomeRejected, probKeyMalformed.with("the idempotency key is sent as "+name+"; send it only as "+x.rt.keyHeader))
-			return "", false
-		}
 	}
 	key, keyErr := parseKey(x.r.Header, s.KeyHeader)
 	fromBody := x.rt.keyPointer != nil
@@ -50,6 +46,10 @@ func (x *exchange) admit() (key string, ok bool) {
 		return "", false
 	case err != nil && !errors.Is(err, errNoToken):
 		x.answer(outcomeRejected, probTokenInvalid.with("the bearer token is not valid: "+err.Error()))
+		return "", false
+	}
+	if strings.HasPrefix(p, webhookPrincipals) {
+		x.answer(outcomeRejected, probIdentityInvalid.with("principals under "+webhookPrincipals+" are the webhook routes' providers and their senders; no identity source may assert one"))
 		return "", false
 	}
 	x.principal = p
@@ -73,6 +73,25 @@ func (x *exchange) admit() (key string, ok bool) {
 	// transaction, closing the dual-write window from its side.
 	x.r.Header.Set(s.KeyHeader, key)
 	return key, true
+}
+
+// keyHeaderAdmitted refuses a request that nominates the key header as
+// hop-by-hop (ReverseProxy would strip it after idemproxy read it) or
+// sends it under another spelling (the upstream could read another key):
+// false when it answered. The other hop-by-hop nominations were checked
+// for every request.
+func (x *exchange) keyHeaderAdmitted() bool {
+	if tok := nominated(x.r.Header, x.rt.keyNames); tok != "" {
+		x.answer(outcomeRejected, probHopByHop.with("Connection nominates "+tok+", which idemproxy and the upstream rely on"))
+		return false
+	}
+	for name := range x.r.Header {
+		if sameName(name, x.rt.settings.KeyHeader) && name != x.rt.keyHeader {
+			x.answer(outcomeRejected, probKeyMalformed.with("the idempotency key is sent as "+name+"; send it only as "+x.rt.keyHeader))
+			return false
+		}
+	}
+	return true
 }
 
 // keyInBody applies key_json_pointer once the body is read: without the

@@ -37,6 +37,7 @@ type Store interface {
 	SameRequest(rec *claim.Record, fp claim.Fingerprint) bool
 	Watch(ctx context.Context, key string) *claim.Watch
 	EpochStart(ctx context.Context, key string) (time.Time, error)
+	Since(ctx context.Context, name string, now time.Time) (time.Time, error)
 }
 
 var _ Store = (*claim.Store)(nil)
@@ -151,6 +152,8 @@ type Handler struct {
 	owners claimAges
 	// unconfirmed cleans up claims whose reply never came.
 	unconfirmed unconfirmed
+	// keyChange bounds how long webhook routes read v0.5.0's keys.
+	keyChange keyChange
 }
 
 // New builds a Handler for cfg, which the caller has validated: a route

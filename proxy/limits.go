@@ -79,6 +79,23 @@ func (h *held) force(principal string, amount int64) {
 	h.mu.Unlock()
 }
 
+// move makes amount of what from holds to's, within to's share of b (the
+// total is unchanged).
+func (h *held) move(from, to string, amount int64, b bound) (refused string) {
+	share := b.share
+	if share <= 0 || share > b.max {
+		share = b.max
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.by[to]+amount > share {
+		return refusedShare
+	}
+	h.addLocked(from, -amount)
+	h.addLocked(to, amount)
+	return ""
+}
+
 // give returns amount of what principal holds.
 func (h *held) give(principal string, amount int64) {
 	h.mu.Lock()
@@ -146,6 +163,18 @@ func (b *budget) force(principal string, n int) {
 		return
 	}
 	b.held.force(principal, int64(n))
+}
+
+// move makes n bytes from holds to's (a webhook delivery's, once its
+// signature verified), unless that exceeds to's share.
+func (b *budget) move(from, to string, n int) error {
+	if b.limit <= 0 {
+		return nil
+	}
+	if b.held.move(from, to, int64(n), bound{max: b.limit, share: b.share}) != "" {
+		return errOverShare
+	}
+	return nil
 }
 
 func (b *budget) give(principal string, n int) {

@@ -12,9 +12,10 @@ import (
 type route struct {
 	name string
 	// scope is hashed into the Redis key: the route's name, or one shared
-	// value for scope: principal.
-	scope    string
-	settings Route
+	// value for scope: principal (never on a webhook route). legacyScope
+	// is what v0.5.0 hashed, which scoped webhook routes as configured.
+	scope, legacyScope string
+	settings           Route
 	// keyHeader is settings.KeyHeader in canonical form; keyNames holds
 	// it for nominated.
 	keyHeader string
@@ -67,7 +68,7 @@ func newRouter(routes []Route) (*router, error) {
 	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string), scopes: make(map[string]string), retention: make(map[string]time.Duration)}
 	for i, rc := range routes {
 		rt.names = append(rt.names, rc.Name)
-		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.SharedScope), settings: rc, keyHeader: http.CanonicalHeaderKey(rc.KeyHeader), keyNames: nameSet{rc.KeyHeader}}
+		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.SharedScope && rc.Webhook == nil), legacyScope: KeyScope(rc.Name, rc.SharedScope), settings: rc, keyHeader: http.CanonicalHeaderKey(rc.KeyHeader), keyNames: nameSet{rc.KeyHeader}}
 		rt.scopes[rc.Name] = r.scope
 		rt.retention[rc.Name] = rc.Retention
 		fp, err := newFingerprinter(rc.FingerprintHeaders, rc.IgnoreJSONFields)

@@ -7,9 +7,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -18,11 +22,16 @@ import (
 // a 5xx, and a legacy handler then books the payment twice. On a route
 // with a webhook, a delivery is verified by the provider's signature over
 // the raw body before anything is claimed or forwarded (a forged first
-// delivery cannot poison the id: it is refused, and the real one executes
-// later); the principal is the provider, so any peer may deliver once
-// signed; the key is the provider's own delivery id; the fingerprint
-// covers the body, never the signature headers, which providers renew on
-// every retry. A redelivery then gets the stored answer.
+// delivery cannot poison the key: it is refused, and the real one
+// executes later). Until it verifies, its bytes count against the peer
+// that sends it; then the principal is the provider, so any peer may
+// deliver once signed. The key is taken from what the provider signs (the
+// event id for Stripe and Standard Webhooks, the body's SHA-256 for
+// GitHub and Shopify, whose delivery ids are unsigned), so a captured
+// delivery resent under a new id is a redelivery; keys are always scoped
+// by route. The fingerprint covers the body, never the signature headers,
+// which providers renew on every retry. A redelivery then gets the stored
+// answer.
 
 // Webhook providers.
 const (
@@ -61,101 +70,126 @@ var (
 	errSigStale   = errors.New("the signed timestamp is outside the route's tolerance")
 )
 
-// principal is the principal of every delivery: the provider.
-func (wh *Webhook) principal() string { return "webhook:" + wh.Provider }
+// webhookPrincipals prefixes the principals of webhook routes: the
+// providers, and the peers whose deliveries are not verified yet. No
+// identity source may assert one.
+const webhookPrincipals = "webhook:"
 
-// verify checks the delivery's signature over its raw body.
-func (wh *Webhook) verify(h http.Header, body []byte, now time.Time) error {
-	tolerance := wh.Tolerance
-	if tolerance <= 0 {
-		tolerance = 5 * time.Minute
-	}
-	fresh := func(ts string) error {
-		sec, err := strconv.ParseInt(strings.TrimSpace(ts), 10, 64)
-		if err != nil {
-			return fmt.Errorf("the signed timestamp %q is not a Unix time", ts)
-		}
-		if d := now.Sub(time.Unix(sec, 0)); d > tolerance || d < -tolerance {
-			return errSigStale
-		}
-		return nil
-	}
+// principal is the principal of every verified delivery: the provider.
+func (wh *Webhook) principal() string { return webhookPrincipals + wh.Provider }
+
+// signed is what a delivery's headers say about its signature, read
+// before its body.
+type signed struct {
+	// id and ts are the signed delivery id (standard) and timestamp
+	// (stripe, standard); sigs the signatures the headers carry.
+	id, ts string
+	sigs   [][]byte
+}
+
+// headers reads the delivery's signature headers and, where the provider
+// signs a timestamp (stripe, standard), checks that it is within the
+// tolerance: all before the body is read, so that a sender without a
+// plausible signature holds no buffer for long.
+func (wh *Webhook) headers(h http.Header, now time.Time) (signed, error) {
+	var d signed
 	switch wh.Provider {
 	case WebhookStripe:
 		// Stripe-Signature: t=<unix>,v1=<hex HMAC-SHA256(t.body)>[,v1=...]
-		v := h.Get("Stripe-Signature")
-		if v == "" {
-			return errSigMissing
-		}
-		var ts string
-		var sigs [][]byte
-		for part := range strings.SplitSeq(v, ",") {
+		for part := range strings.SplitSeq(h.Get("Stripe-Signature"), ",") {
 			k, val, _ := strings.Cut(strings.TrimSpace(part), "=")
 			switch k {
 			case "t":
-				ts = val
+				d.ts = val
 			case "v1":
 				if b, err := hex.DecodeString(val); err == nil {
-					sigs = append(sigs, b)
+					d.sigs = append(d.sigs, b)
 				}
 			}
 		}
-		if ts == "" || len(sigs) == 0 {
-			return errSigMissing
+		if d.ts == "" || len(d.sigs) == 0 {
+			return d, errSigMissing
 		}
-		if !wh.anyMAC(sigs, func(secret []byte) []byte { return mac(secret, []byte(ts+"."), body) }) {
-			return errSigWrong
-		}
-		return fresh(ts)
 	case WebhookGitHub:
 		// X-Hub-Signature-256: sha256=<hex HMAC-SHA256(body)>
 		v, ok := strings.CutPrefix(h.Get("X-Hub-Signature-256"), "sha256=")
 		if !ok {
-			return errSigMissing
+			return d, errSigMissing
 		}
 		sig, err := hex.DecodeString(v)
-		if err != nil || !wh.anyMAC([][]byte{sig}, func(secret []byte) []byte { return mac(secret, body) }) {
-			return errSigWrong
+		if err != nil {
+			return d, errSigWrong
 		}
-		return nil
+		d.sigs = [][]byte{sig}
 	case WebhookShopify:
 		// X-Shopify-Hmac-Sha256: <base64 HMAC-SHA256(body)>
 		v := header(h, "X-Shopify-Hmac-Sha256", "Shopify-Hmac-Sha256")
 		if v == "" {
-			return errSigMissing
+			return d, errSigMissing
 		}
 		sig, err := base64.StdEncoding.DecodeString(v)
-		if err != nil || !wh.anyMAC([][]byte{sig}, func(secret []byte) []byte { return mac(secret, body) }) {
-			return errSigWrong
+		if err != nil {
+			return d, errSigWrong
 		}
-		return nil
+		d.sigs = [][]byte{sig}
 	case WebhookStandard:
 		// webhook-signature: v1,<base64 HMAC-SHA256(id.timestamp.body)>
 		// [ v1,...], keyed by the base64 secret after "whsec_".
-		id, ts, v := standardHeaders(h)
-		if id == "" || ts == "" || v == "" {
-			return errSigMissing
+		var v string
+		d.id, d.ts, v = standardHeaders(h)
+		if d.id == "" || d.ts == "" || v == "" {
+			return d, errSigMissing
 		}
-		var sigs [][]byte
 		for part := range strings.FieldsSeq(v) {
 			if b64, ok := strings.CutPrefix(part, "v1,"); ok {
 				if b, err := base64.StdEncoding.DecodeString(b64); err == nil {
-					sigs = append(sigs, b)
+					d.sigs = append(d.sigs, b)
 				}
 			}
 		}
-		if !wh.anyMAC(sigs, func(secret []byte) []byte {
+	default:
+		return d, fmt.Errorf("unknown webhook provider %q", wh.Provider)
+	}
+	if d.ts == "" {
+		return d, nil
+	}
+	tolerance := wh.Tolerance
+	if tolerance <= 0 {
+		tolerance = 5 * time.Minute
+	}
+	sec, err := strconv.ParseInt(strings.TrimSpace(d.ts), 10, 64)
+	if err != nil {
+		return d, fmt.Errorf("the signed timestamp %q is not a Unix time", d.ts)
+	}
+	if age := now.Sub(time.Unix(sec, 0)); age > tolerance || age < -tolerance {
+		return d, errSigStale
+	}
+	return d, nil
+}
+
+// verify checks the delivery's signature over its raw body.
+func (wh *Webhook) verify(d signed, body []byte) error {
+	var sign func(secret []byte) []byte
+	switch wh.Provider {
+	case WebhookStripe:
+		sign = func(secret []byte) []byte { return mac(secret, []byte(d.ts+"."), body) }
+	case WebhookGitHub, WebhookShopify:
+		sign = func(secret []byte) []byte { return mac(secret, body) }
+	case WebhookStandard:
+		sign = func(secret []byte) []byte {
 			key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(string(secret), "whsec_"))
 			if err != nil {
 				return nil
 			}
-			return mac(key, []byte(id+"."+ts+"."), body)
-		}) {
-			return errSigWrong
+			return mac(key, []byte(d.id+"."+d.ts+"."), body)
 		}
-		return fresh(ts)
+	default:
+		return fmt.Errorf("unknown webhook provider %q", wh.Provider)
 	}
-	return fmt.Errorf("unknown webhook provider %q", wh.Provider)
+	if !wh.anyMAC(d.sigs, sign) {
+		return errSigWrong
+	}
+	return nil
 }
 
 // header is the first of names that h carries ("" when none): Shopify's
@@ -204,10 +238,14 @@ func mac(key []byte, parts ...[]byte) []byte {
 	return m.Sum(nil)
 }
 
-// deliveryID is the provider's own id of the delivery, the idempotency
-// key: Stripe's event id (the body's /id), GitHub's X-GitHub-Delivery,
-// Shopify's X-Shopify-Webhook-Id, Standard Webhooks' webhook-id.
-func (wh *Webhook) deliveryID(h http.Header, body []byte) (string, error) {
+// key is the delivery's idempotency key, taken from what the provider
+// signs, so that nobody without the secret can make a captured delivery
+// pass for a new one: Stripe's event id (the body's /id), Standard
+// Webhooks' webhook-id (signed beside the body). GitHub and Shopify sign
+// only the body, and their delivery ids (X-GitHub-Delivery,
+// X-Shopify-Webhook-Id) are not signed: their key is the body's SHA-256,
+// "sha256:" and its hex (their redeliveries send the same body).
+func (wh *Webhook) key(d signed, body []byte) (string, error) {
 	var id, where string
 	switch wh.Provider {
 	case WebhookStripe:
@@ -219,13 +257,11 @@ func (wh *Webhook) deliveryID(h http.Header, body []byte) (string, error) {
 		if found {
 			id = v
 		}
-	case WebhookGitHub:
-		where, id = "X-GitHub-Delivery", h.Get("X-GitHub-Delivery")
-	case WebhookShopify:
-		where, id = "X-Shopify-Webhook-Id", header(h, "X-Shopify-Webhook-Id", "Shopify-Webhook-Id")
+	case WebhookGitHub, WebhookShopify:
+		sum := sha256.Sum256(body)
+		return "sha256:" + hex.EncodeToString(sum[:]), nil
 	case WebhookStandard:
-		where = "webhook-id"
-		id, _, _ = standardHeaders(h)
+		where, id = "webhook-id", d.id
 	}
 	switch {
 	case id == "":
@@ -238,25 +274,55 @@ func (wh *Webhook) deliveryID(h http.Header, body []byte) (string, error) {
 	return id, nil
 }
 
-// serveWebhook is serve for a webhook route: the body, the signature, the
-// delivery id, then the claim as for any protected request.
+// deliveryID is what v0.5.0 keyed the delivery by: the key itself for
+// Stripe and Standard Webhooks, the unsigned id header for GitHub and
+// Shopify ("" when there is none).
+func (wh *Webhook) deliveryID(h http.Header, key string) string {
+	switch wh.Provider {
+	case WebhookGitHub:
+		return h.Get("X-GitHub-Delivery")
+	case WebhookShopify:
+		return header(h, "X-Shopify-Webhook-Id", "Shopify-Webhook-Id")
+	}
+	return key
+}
+
+// serveWebhook is serve for a webhook route: the signature headers, the
+// body, the signature, the key, then the claim as for any protected
+// request.
 func (x *exchange) serveWebhook() {
 	wh := x.rt.settings.Webhook
 	if x.r.URL.Path != x.path {
 		x.answer(outcomeRejected, probPathNotCanonical.with("send it to "+x.path+", the path this route protects"))
 		return
 	}
-	x.principal = wh.principal()
+	if !x.keyHeaderAdmitted() {
+		return
+	}
+	// Until its signature verifies, a delivery's bytes are its sending
+	// peer's: unsigned bodies must not fill the provider's share, which
+	// every real delivery needs.
+	x.principal = x.sendingPeer()
+	d, err := wh.headers(x.r.Header, time.Now())
+	if err != nil {
+		// Close after answering: otherwise net/http reads the unread
+		// body before writing the answer.
+		x.w.Header().Set("Connection", "close")
+		x.signatureInvalid(err)
+		return
+	}
 	body, ok := x.readBody()
 	if !ok {
 		return
 	}
-	if err := wh.verify(x.r.Header, body, time.Now()); err != nil {
-		x.webhookResult = webhookSigInvalid
-		x.answer(outcomeRejected, probSignatureInvalid.with(err.Error()+"; nothing was claimed or forwarded"))
+	if err := wh.verify(d, body); err != nil {
+		x.signatureInvalid(err)
 		return
 	}
-	key, err := wh.deliveryID(x.r.Header, body)
+	if !x.holdAs(wh.principal()) {
+		return
+	}
+	key, err := wh.key(d, body)
 	switch {
 	case errors.Is(err, errKeyMissing):
 		x.answer(outcomeRejected, probKeyMissing.with(err.Error()))
@@ -268,7 +334,126 @@ func (x *exchange) serveWebhook() {
 	x.r.Header.Set(x.rt.settings.KeyHeader, key) // the upstream can dedupe on it too
 	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, body)
 	x.hashedKey = x.h.store.Key(x.principal, x.rt.scope, key)
+	if !x.useLegacyKey(wh.deliveryID(x.r.Header, key)) {
+		return
+	}
 	x.ownOrAnswer(x.newClaim(fp), body)
+}
+
+func (x *exchange) signatureInvalid(err error) {
+	x.webhookResult = webhookSigInvalid
+	x.answer(outcomeRejected, probSignatureInvalid.with(err.Error()+"; nothing was claimed or forwarded"))
+}
+
+// sendingPeer is whom a delivery's bytes count against until its
+// signature verifies: its peer's address or, from a trusted proxy, the
+// client address that proxy forwards (the last X-Forwarded-For entry);
+// an IPv6 address by its /64, which one sender usually holds whole. It is
+// under webhook:, which no identity source may assert.
+func (x *exchange) sendingPeer() string {
+	host, _, err := net.SplitHostPort(x.r.RemoteAddr)
+	if err != nil {
+		host = x.r.RemoteAddr
+	}
+	if x.trusted {
+		if xff := x.r.Header.Values("X-Forwarded-For"); len(xff) > 0 {
+			last := xff[len(xff)-1]
+			if i := strings.LastIndexByte(last, ','); i >= 0 {
+				last = last[i+1:]
+			}
+			if last = strings.TrimSpace(last); last != "" {
+				host = last
+			}
+		}
+	}
+	addr, err := netip.ParseAddr(host)
+	if err != nil {
+		return webhookPrincipals + "peer " + host
+	}
+	addr = addr.Unmap().WithZone("")
+	if addr.Is6() {
+		addr = netip.PrefixFrom(addr, 64).Masked().Addr()
+	}
+	return webhookPrincipals + "peer " + addr.String()
+}
+
+// holdAs moves the request body's bytes from the sending peer to
+// principal, the provider, once the signature verified; false when it
+// answered, the provider's share being full.
+func (x *exchange) holdAs(principal string) bool {
+	if err := x.h.buffers.move(x.principal, principal, cap(x.reqBuf)); err != nil {
+		x.w.Header().Set("Connection", "close")
+		p := probTooManyBytes.with("this provider's verified deliveries in flight hold its whole share of limits.max_buffered_bytes; nothing was claimed or forwarded, retry later")
+		p.retryAfter = time.Second
+		x.answer(outcomeRejected, p)
+		return false
+	}
+	x.principal = principal
+	return true
+}
+
+// useLegacyKey makes the Redis key v0.5.0 stored this delivery under the
+// exchange's key when it still holds a record (a delivery keyed by its id
+// or scoped by principal then): a redelivery across the upgrade is
+// answered from that record instead of executing again. It looks for one
+// retention after this store first served a release with the new keys
+// (Store.Since). It reports false when it answered: the store failed.
+func (x *exchange) useLegacyKey(id string) bool {
+	if id == "" {
+		return true
+	}
+	legacy := x.h.store.Key(x.principal, x.rt.legacyScope, id)
+	if legacy == x.hashedKey || !x.h.keyChange.reading(x.h.store, x.rt.settings.Retention) {
+		return true
+	}
+	ctx, cancel := settleCtx()
+	defer cancel()
+	start := time.Now()
+	rec, _, err := x.h.store.Get(ctx, legacy)
+	x.observeStore("get", start, err)
+	if err != nil {
+		x.storeFailed("get", err, nil)
+		return false
+	}
+	if rec != nil {
+		x.hashedKey = legacy
+	}
+	return true
+}
+
+// keyChangeMarker names the store's marker (Store.Since) of when it first
+// served a release that keys webhook deliveries by what is signed and
+// scopes them by route (v0.6.0).
+const keyChangeMarker = "webhook-keys-v0.6"
+
+// keyChange is when the store first served the new webhook keys, read
+// once per process: until one retention after it, the keys v0.5.0 wrote
+// are looked at too.
+type keyChange struct {
+	since atomic.Int64 // Unix nanoseconds; 0 until read
+	mu    sync.Mutex   // one read at a time
+}
+
+// reading reports whether a delivery on a route that keeps records for
+// retention still looks for v0.5.0's key: while the store may hold one,
+// and whenever the marker cannot be read.
+func (k *keyChange) reading(store Store, retention time.Duration) bool {
+	since := k.since.Load()
+	if since == 0 {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if since = k.since.Load(); since == 0 {
+			ctx, cancel := settleCtx()
+			defer cancel()
+			t, err := store.Since(ctx, keyChangeMarker, time.Now())
+			if err != nil {
+				return true
+			}
+			since = t.UnixNano()
+			k.since.Store(since)
+		}
+	}
+	return time.Now().Before(time.Unix(0, since).Add(retention))
 }
 
 // webhookOutcome is a delivery's result label, from its outcome.
