@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -320,5 +322,125 @@ routes:
 	}
 	if up.Total() != 1 {
 		t.Errorf("the upstream ran %d times, want once", up.Total())
+	}
+}
+
+// TestWebhookRouteSettings (issue 41, item 3), through the binary, with
+// defaults meant for clients' keys: a webhook route takes no new-key quota
+// and the whole in-flight share unless it sets them (-check warns that the
+// quota is not inherited), is scoped by route even under
+// defaults.scope: principal, and runs the key-header checks; and no
+// identity may assert a webhook: principal.
+func TestWebhookRouteSettings(t *testing.T) {
+	var mu sync.Mutex
+	arrived := 0
+	both := make(chan struct{})
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(b), "slow") {
+			// Held until the other slow delivery is forwarded too.
+			mu.Lock()
+			if arrived++; arrived == 2 {
+				close(both)
+			}
+			mu.Unlock()
+			select {
+			case <-both:
+			case <-time.After(5 * time.Second):
+			}
+		}
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprintf(w, `{"route":%q,"event":%s}`, r.URL.Path, b)
+	}))
+	defer upstream.Close()
+	const secret = "whsec_0123456789abcdef"
+	file := filepath.Join(t.TempDir(), "whsec")
+	os.WriteFile(file, []byte(secret), 0o400)
+	yaml := fmt.Sprintf(`upstream:
+  url: %q
+defaults:
+  scope: principal
+  max_in_flight: 2
+  quota:
+    new_keys: 2
+routes:
+  - name: stripe-a
+    match: "POST /webhooks/a"
+    webhook: {provider: stripe, secret_files: [%q]}
+  - name: stripe-b
+    match: "POST /webhooks/b"
+    webhook: {provider: stripe, secret_files: [%q]}
+  - name: pay
+    match: "POST /payments"
+`, upstream.URL, file, file)
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	os.WriteFile(path, []byte(yaml), 0o600)
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-config", path, "-check"}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "warning: routes[0].quota.new_keys: not set, so defaults.quota.new_keys (2) does not apply to this webhook route (stripe-a)") {
+		t.Errorf("-check does not warn that the quota is not inherited:\n%s", out.String())
+	}
+	sc := startBinary(t, yaml)
+	send := func(route, event string, extra http.Header) (int, string) {
+		t.Helper()
+		body := fmt.Sprintf(`{"id":%q}`, event)
+		req, _ := http.NewRequest(http.MethodPost, sc.Client+"/webhooks/"+route, strings.NewReader(body))
+		for k, vs := range signers["stripe"](secret, "", body, time.Now()) {
+			req.Header[k] = vs
+		}
+		for k, vs := range extra {
+			req.Header[k] = vs
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	for i := range 4 {
+		if status, b := send("a", fmt.Sprintf("evt_%d", i), nil); status != http.StatusOK {
+			t.Fatalf("event %d of a provider under defaults.quota.new_keys 2: %d %s, want 200", i, status, b)
+		}
+	}
+	if status, b := send("b", "evt_0", nil); status != http.StatusOK || !strings.Contains(b, `"route":"/webhooks/b"`) {
+		t.Errorf("the same event id on another webhook route: %d %s, want its own execution (scoped by route)", status, b)
+	}
+	var wg sync.WaitGroup
+	var statuses [2]int
+	for i := range 2 {
+		wg.Go(func() { statuses[i], _ = send("a", fmt.Sprintf("slow_%d", i), nil) })
+	}
+	wg.Wait()
+	if statuses != [2]int{200, 200} {
+		t.Errorf("two deliveries in flight on a route with max_in_flight 2: %v, want both forwarded (the provider's share is the whole)", statuses)
+	}
+	for _, tc := range []struct {
+		name  string
+		extra http.Header
+		want  string
+	}{
+		{"the key header nominated hop-by-hop", http.Header{"Connection": {"Idempotency-Key"}}, "hop-by-hop"},
+		{"the key header under another spelling", http.Header{"Idempotency_key": {"k"}}, "key-malformed"},
+	} {
+		if status, b := send("a", "evt_h", tc.extra); status != http.StatusBadRequest || !strings.Contains(b, tc.want) {
+			t.Errorf("%s on a webhook route: %d %s, want 400 %s", tc.name, status, b, tc.want)
+		}
+	}
+	// A trusted peer (loopback) asserting a provider's principal.
+	req, _ := http.NewRequest(http.MethodPost, sc.Client+"/payments", strings.NewReader(`{}`))
+	req.Header.Set("X-Forwarded-User", "webhook:stripe")
+	req.Header.Set("Idempotency-Key", "k-1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "identity-invalid") {
+		t.Errorf("X-Forwarded-User: webhook:stripe: %d %s, want 400 identity-invalid", resp.StatusCode, b)
 	}
 }
