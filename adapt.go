@@ -184,8 +184,13 @@ func storeOptions(st config.Store, sec *secrets, m *metrics, log *slog.Logger) [
 	if st.Redis.MasterName != "" {
 		opts = append(opts, claim.WithMasterName(st.Redis.MasterName))
 	}
-	if sec.keySecret != nil {
+	switch {
+	case sec.keySecret != nil:
 		opts = append(opts, claim.WithKeyedFingerprints(sec.keySecret, st.RecordFormat >= 2))
+	case len(st.Encryption.KeyFiles) > 0:
+		// Sealed records never carry a plain fingerprint under format 3;
+		// any format reads the keyed ones.
+		opts = append(opts, claim.WithDerivedFingerprints(st.RecordFormat >= 3))
 	}
 	if st.RecordFormat >= 3 {
 		opts = append(opts, claim.WithCompactRecords())

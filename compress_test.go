@@ -3,14 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -72,6 +76,55 @@ func TestCompressionThroughTheBinary(t *testing.T) {
 				if got, want := replay.Header.Values(h), first.Header.Values(h); !slices.Equal(got, want) {
 					t.Errorf("replayed %s: %q, first answer's %q", h, got, want)
 				}
+			}
+		})
+	}
+}
+
+// TestSealedRecordsKeyTheirFingerprints (issue 41, item 4): with sealing
+// (store.encryption.key_files) and no store.key_secret_file, format 3
+// keys the stored fingerprint with a subkey of the sealing keys' own
+// derivation, so a sealed record carries nothing a guessed body can be
+// checked against (format 1, the default, writes plain ones, which
+// v0.5.0 reads); the Redis key is derived as before. Replays and 422s
+// work on keyed fingerprints.
+func TestSealedRecordsKeyTheirFingerprints(t *testing.T) {
+	up := binarytest.NewRecorder(t)
+	seal := bytes.Repeat([]byte{7}, claim.KeySize)
+	file := filepath.Join(t.TempDir(), "seal")
+	os.WriteFile(file, []byte(base64.StdEncoding.EncodeToString(seal)), 0o400)
+	for _, tc := range []struct {
+		format int
+		keyed  bool
+	}{{3, true}, {1, false}} {
+		t.Run(fmt.Sprintf("record_format %d", tc.format), func(t *testing.T) {
+			srv := redistest.Start(t)
+			sc := startBinary(t, payConfig(up.URL, srv.Addr, fmt.Sprintf("  record_format: %d\n  encryption:\n    key_files: [%q]\n", tc.format, file)))
+			key := fmt.Sprintf("sealed-%d", tc.format)
+			first, b := postAnswer(t, sc.Client+"/payments", key, `{"amount":1}`)
+			if first.StatusCode != http.StatusCreated {
+				t.Fatalf("first attempt: %d %s", first.StatusCode, b)
+			}
+			opt, err := claim.WithSealing([][]byte{seal}, true, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := claim.New(srv.Client(), "idem:", opt)
+			rec, _, err := st.Get(context.Background(), st.Key("alice", proxy.KeyScope("pay", false), key))
+			if err != nil || rec == nil {
+				t.Fatalf("the record, under the key derived as before: %v %v", rec, err)
+			}
+			if rec.KeyedFingerprint != tc.keyed {
+				t.Errorf("stored fingerprint keyed: %t, want %t", rec.KeyedFingerprint, tc.keyed)
+			}
+			if replay, rb := postAnswer(t, sc.Client+"/payments", key, `{"amount":1}`); replay.StatusCode != http.StatusCreated || rb != b {
+				t.Errorf("the retry: %d %s, want the first answer replayed", replay.StatusCode, rb)
+			}
+			if other, ob := postAnswer(t, sc.Client+"/payments", key, `{"amount":2}`); other.StatusCode != http.StatusUnprocessableEntity {
+				t.Errorf("the key with another body: %d %s, want 422", other.StatusCode, ob)
+			}
+			if n := up.Executions(key); n != 1 {
+				t.Errorf("executed %d times, want 1", n)
 			}
 		})
 	}

@@ -72,6 +72,9 @@ type Store struct {
 	// keyedWrites (store.record_format: 2) every record is written so.
 	fpMAC       []byte
 	keyedWrites bool
+	// derivedFP (WithDerivedFingerprints) sets fpMAC from keyMAC once
+	// every option is applied.
+	derivedFP bool
 
 	// clock is what the clock measurements said (clock.go); clockNow,
 	// when set, stands in for time.Now there (tests).
@@ -157,6 +160,9 @@ func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
 	for _, o := range opts {
 		o(s)
 	}
+	if s.derivedFP && s.fpMAC == nil && s.seal != nil {
+		s.fpMAC = fingerprintMAC(s.keyMAC)
+	}
 	if s.waitReplicas > 0 {
 		s.batch = nil
 	}
@@ -209,11 +215,25 @@ func (s *Store) encode(key string, rec *Record) []byte {
 // compared with it whatever write says; write (store.record_format: 2)
 // writes every record keyed, which releases before v0.4.0 cannot read.
 func WithKeyedFingerprints(secret []byte, write bool) Option {
-	return func(s *Store) {
-		m := hmac.New(sha256.New, secret)
-		m.Write([]byte("idemproxy fingerprint v1"))
-		s.fpMAC, s.keyedWrites = m.Sum(nil), write
-	}
+	return func(s *Store) { s.fpMAC, s.keyedWrites = fingerprintMAC(secret), write }
+}
+
+// WithDerivedFingerprints keys stored fingerprints, as WithKeyedFingerprints
+// does, with a subkey of the Redis key derivation WithSealing set up from
+// its first key when no key secret is given (store.record_format: 3 with
+// encryption.key_files and no key_secret_file): a sealed record then never
+// carries a fingerprint a guessed body can be checked against. write as
+// for WithKeyedFingerprints. No Redis key changes: keys are derived as
+// before. Without sealing it does nothing.
+func WithDerivedFingerprints(write bool) Option {
+	return func(s *Store) { s.derivedFP, s.keyedWrites = true, write }
+}
+
+// fingerprintMAC is the subkey of secret that keys fingerprints.
+func fingerprintMAC(secret []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("idemproxy fingerprint v1"))
+	return m.Sum(nil)
 }
 
 // keyFingerprint is fp's keyed form.
