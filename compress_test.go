@@ -11,7 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/binarytest"
@@ -127,5 +131,52 @@ func TestSealedRecordsKeyTheirFingerprints(t *testing.T) {
 				t.Errorf("executed %d times, want 1", n)
 			}
 		})
+	}
+}
+
+// TestPlantedCompressedBodiesAreBounded (issue 41, item 5), through the
+// binary: a record planted in Redis whose zstd body inflates to more than
+// the route's max_response_body (8 MiB from 1 KiB stored) is answered 409
+// response-not-replayable without being inflated; one within it is
+// inflated into the buffer budget, so past the principal's share of
+// limits.max_buffered_bytes it is 429 too-many-bytes, not held outside
+// the budget. Before, both were inflated on read (up to a fixed 64 MiB)
+// and replayed.
+func TestPlantedCompressedBodiesAreBounded(t *testing.T) {
+	up := binarytest.NewRecorder(t)
+	srv := redistest.Start(t)
+	sc := startBinary(t, payConfig(up.URL, srv.Addr, "  record_format: 3\n  compression: zstd\nlimits:\n  max_buffered_bytes: 1048576\n  principal_share: 25%\n"))
+	ctx := context.Background()
+	st := claim.New(srv.Client(), "idem:")
+	plant := func(key string, inflated int) {
+		t.Helper()
+		if r, b := postAnswer(t, sc.Client+"/payments", key, `{}`); r.StatusCode != http.StatusCreated {
+			t.Fatalf("first attempt: %d %s", r.StatusCode, b)
+		}
+		rkey := st.Key("alice", proxy.KeyScope("pay", false), key)
+		raw, err := srv.Client().Get(ctx, rkey).Bytes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := claim.Decode(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		enc, _ := zstd.NewWriter(nil)
+		rec.Body, rec.BodyCompressed = enc.EncodeAll(bytes.Repeat([]byte("A"), inflated), nil), true
+		if err := srv.Client().Set(ctx, rkey, rec.Encode(), time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plant("bomb", 8<<20)
+	if r, b := postAnswer(t, sc.Client+"/payments", "bomb", `{}`); r.StatusCode != http.StatusConflict || !strings.Contains(b, "response-not-replayable") {
+		t.Errorf("a planted body inflating to 8 MiB, over max_response_body: %d (%d bytes), want 409 response-not-replayable", r.StatusCode, len(b))
+	}
+	plant("within", 512<<10) // within max_response_body, over the 256 KiB share
+	if r, b := postAnswer(t, sc.Client+"/payments", "within", `{}`); r.StatusCode != http.StatusTooManyRequests || !strings.Contains(b, "too-many-bytes") {
+		t.Errorf("a planted body inflating to 512 KiB, over the principal's 256 KiB share: %d (%d bytes), want 429 too-many-bytes", r.StatusCode, len(b))
+	}
+	if n := up.Total(); n != 2 {
+		t.Errorf("the upstream ran %d times, want 2 (the first attempts)", n)
 	}
 }

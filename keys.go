@@ -119,6 +119,15 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				info.Completed = &rec.Completed
 			}
 			if q.Get("body") == "true" && rec.State == claim.Completed {
+				n, err := rec.InflatedLen()
+				if err == nil {
+					err = rec.Inflate(make([]byte, 0, n))
+				}
+				if err != nil {
+					result, status = err.Error(), http.StatusInternalServerError
+					http.Error(w, "the stored body cannot be read: "+err.Error(), status)
+					return
+				}
 				b := string(rec.Body)
 				info.Body, bodyRead = &b, true
 			}

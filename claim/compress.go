@@ -1,6 +1,7 @@
 package claim
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/klauspost/compress/zstd"
@@ -22,10 +23,22 @@ const flagCompressed = 32
 // overhead eats the saving.
 const CompressThreshold = 256
 
-// maxInflated bounds a decompressed body: a record is never larger than
-// the largest max_response_body a route may set, and a hostile record in
-// Redis must not make a reader allocate without limit.
-const maxInflated = 64 << 20
+// Reading. A record planted in Redis can carry a zstd bomb (1,945 stored
+// bytes inflate to 60 MiB), so a body is never inflated on read: a Store
+// returns it as stored, flagged, and whoever answers with it inflates it
+// into a buffer of the length its frame declares (InflatedLen; every
+// writer declares it), which the proxy holds in its buffer budget and
+// bounds by the route's max_response_body. The decoder never writes
+// beyond that buffer's capacity, so a frame that inflates to more than it
+// declared, or a second frame, is refused, not followed.
+
+// MaxInflated bounds any decompressed body: no route may set a larger
+// max_response_body.
+const MaxInflated = 64 << 20
+
+// maxWindow is the largest zstd window a stored frame may declare: the
+// writer's (SpeedDefault) is 8 MiB at most.
+const maxWindow = 8 << 20
 
 var (
 	zstdOnce sync.Once
@@ -36,7 +49,7 @@ var (
 func zstdCodecs() (*zstd.Encoder, *zstd.Decoder) {
 	zstdOnce.Do(func() {
 		zstdEnc, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderConcurrency(1), zstd.WithZeroFrames(true))
-		zstdDec, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(maxInflated), zstd.WithDecoderMaxWindow(maxInflated))
+		zstdDec, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(MaxInflated), zstd.WithDecoderMaxWindow(maxWindow), zstd.WithDecodeAllCapLimit(true))
 	})
 	return zstdEnc, zstdDec
 }
@@ -62,29 +75,48 @@ func (s *Store) compressedBody(rec *Record) (body []byte, ok bool) {
 	return z, true
 }
 
-// inflate decompresses rec's body in place when it is stored compressed.
-func inflate(rec *Record) error {
+// InflatedLen is the length of rec's body as answered: for a compressed
+// body the content size its zstd frame declares, else the body's own. A
+// compressed body that declares none, or more than MaxInflated, is
+// unreadable (ErrCorrupt).
+func (rec *Record) InflatedLen() (int, error) {
+	if !rec.BodyCompressed {
+		return len(rec.Body), nil
+	}
+	var h zstd.Header
+	if err := h.Decode(rec.Body); err != nil || !h.HasFCS || h.Skippable || h.FrameContentSize > MaxInflated {
+		return 0, &RecordError{ReasonCorrupt}
+	}
+	return int(h.FrameContentSize), nil
+}
+
+// Inflate decompresses rec's compressed body into dst[:0], in place: dst
+// must have room for InflatedLen bytes, and nothing is written beyond its
+// capacity. A body that inflates to another length than its frame
+// declares is unreadable (ErrCorrupt), and rec is left as it was. A body
+// not compressed is left as it is.
+func (rec *Record) Inflate(dst []byte) error {
 	if !rec.BodyCompressed {
 		return nil
 	}
+	n, err := rec.InflatedLen()
+	if err != nil {
+		return err
+	}
+	if cap(dst) < n {
+		return fmt.Errorf("claim: inflating a %d-byte body into %d bytes of room", n, cap(dst))
+	}
 	_, dec := zstdCodecs()
-	b, err := dec.DecodeAll(rec.Body, nil)
-	if err != nil || len(b) > maxInflated {
+	b, err := dec.DecodeAll(rec.Body, dst[:0:n])
+	if err != nil || len(b) != n {
 		return &RecordError{ReasonCorrupt}
 	}
 	rec.Body, rec.BodyCompressed = b, false
 	return nil
 }
 
-// open reads a value stored under key: opened when sealed, its body
-// decompressed when compressed.
+// open reads a value stored under key, opened when sealed. A compressed
+// body stays compressed (Record.Inflate).
 func (s *Store) open(key string, raw []byte) (*Record, error) {
-	rec, err := s.seal.open(key, raw)
-	if err != nil {
-		return nil, err
-	}
-	if err := inflate(rec); err != nil {
-		return nil, err
-	}
-	return rec, nil
+	return s.seal.open(key, raw)
 }

@@ -110,8 +110,8 @@ type Record struct {
 	// KeyedFingerprint reports that Fingerprint is the keyed form (an
 	// HMAC of the request's SHA-256): compare with Store.SameRequest.
 	KeyedFingerprint bool
-	// BodyCompressed reports that Body is zstd-compressed (compress.go);
-	// a Store's reads decompress it, Decode leaves it as stored.
+	// BodyCompressed reports that Body is zstd-compressed (compress.go):
+	// reads leave it so, and Inflate decompresses it.
 	BodyCompressed bool
 	// Compact, for a completed record, is the compact layout
 	// (compact.go, store.record_format 3): Encode writes it, Decode

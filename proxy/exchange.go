@@ -67,9 +67,11 @@ type exchange struct {
 	// beyond three. giveBack takes all of them back. Only the handler's
 	// goroutine lends: ReverseProxy calls its hooks and Transport in it.
 	reqBuf, respBuf []byte
-	lent            [3]lentBody
-	nlent           int
-	more            []*lentBody
+	// inflated holds a stored body inflated for its replay.
+	inflated []byte
+	lent     [3]lentBody
+	nlent    int
+	more     []*lentBody
 }
 
 // serve runs steps 2 to 8 of the request flow (route match is done):
@@ -324,19 +326,63 @@ func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl t
 		p.retryAfter = ttl
 		x.answer(outcomeConflict, p)
 	case rec.BodyOmitted:
-		p := probNotReplayable.with(fmt.Sprintf("the first attempt was executed and answered %d, with a body larger than this route's max_response_body", rec.Status))
-		p.OriginalStatus = rec.Status
-		x.answer(outcomeConflict, p)
+		x.notReplayable(rec)
 	default:
 		x.replay(rec)
 	}
 }
 
+// notReplayable answers a retry of a key whose first attempt was executed
+// with an answer too large to store (or to replay) on this route.
+func (x *exchange) notReplayable(rec *claim.Record) {
+	p := probNotReplayable.with(fmt.Sprintf("the first attempt was executed and answered %d, with a body larger than this route's max_response_body", rec.Status))
+	p.OriginalStatus = rec.Status
+	x.answer(outcomeConflict, p)
+}
+
 // replay writes the stored response, byte for byte, marked as a replay.
 func (x *exchange) replay(rec *claim.Record) {
+	if rec.BodyCompressed && !x.inflate(rec) {
+		return
+	}
 	x.outcome = outcomeReplayed
 	x.original = rec.RequestID
 	x.writeRecord(rec, true)
+}
+
+// inflate decompresses a stored body for its replay into a buffer of the
+// length its frame declares, held in the buffer budget as an upstream's
+// answer is, and never longer than the route's max_response_body (a
+// record planted in Redis can declare anything: one larger than the route
+// stores is not replayable here). It reports false when it answered
+// instead.
+func (x *exchange) inflate(rec *claim.Record) bool {
+	n, err := rec.InflatedLen()
+	if err != nil {
+		x.storeFailed("get", err, nil)
+		return false
+	}
+	if int64(n) > x.rt.settings.MaxResponseBody {
+		x.notReplayable(rec)
+		return false
+	}
+	buf := getBody(n)
+	if err := x.h.buffers.take(x.principal, cap(buf)); err != nil {
+		putBody(buf)
+		p := probBuffersFull.with("idemproxy holds as many bytes as limits.max_buffered_bytes allows; the stored answer is kept, retry later")
+		if errors.Is(err, errOverShare) {
+			p = probTooManyBytes.with("this principal's requests in flight hold their whole share of limits.max_buffered_bytes; the stored answer is kept, retry later")
+		}
+		p.retryAfter = time.Second
+		x.answer(outcomeRejected, p)
+		return false
+	}
+	x.inflated = buf // given back with the others
+	if err := rec.Inflate(buf); err != nil {
+		x.storeFailed("get", err, nil)
+		return false
+	}
+	return true
 }
 
 // writeRecord writes a completed record's response, marked as a replay

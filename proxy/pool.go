@@ -125,13 +125,13 @@ func (x *exchange) giveBack() {
 	for _, b := range x.more {
 		b.takeBack()
 	}
-	for _, buf := range [...][]byte{x.reqBuf, x.respBuf} {
+	for _, buf := range [...][]byte{x.reqBuf, x.respBuf, x.inflated} {
 		if buf != nil {
 			x.h.buffers.give(x.principal, cap(buf))
 			putBody(buf)
 		}
 	}
-	x.reqBuf, x.respBuf = nil, nil
+	x.reqBuf, x.respBuf, x.inflated = nil, nil, nil
 }
 
 // firstChunk is the most a body buffer starts with when its length is
