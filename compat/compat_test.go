@@ -3,6 +3,7 @@ package compat
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,14 +15,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	retryablehttp "github.com/hashicorp/go-retryablehttp"
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	stripe "github.com/stripe/stripe-go/v82"
 	"github.com/stripe/stripe-go/v82/webhook"
+	svix "github.com/svix/svix-webhooks/go"
 )
 
 // stripeBody is the problem_body the README recommends for clients that
@@ -592,5 +596,72 @@ func TestStripeWebhook(t *testing.T) {
 	}
 	if n := l.executions()["evt_1NG8Du2eZvKYlo2CUI79vXWy"]; n != 1 {
 		t.Errorf("the event executed %d times, want 1", n)
+	}
+}
+
+// TestStandardWebhooksSigners (issue 41): deliveries signed by Svix's own
+// Go library (it sends svix-id, svix-timestamp, svix-signature) and by
+// the Standard Webhooks reference library (webhook-*) through a
+// `provider: standard` route: each executes once, its redelivery (signed
+// anew) is replayed, and one signed with another secret is 401.
+func TestStandardWebhooksSigners(t *testing.T) {
+	l := newLedger()
+	secret := "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	path := filepath.Join(t.TempDir(), "whsec")
+	os.WriteFile(path, []byte(secret), 0o400)
+	url := sidecarRoutes(t, l, "", fmt.Sprintf("  - name: events\n    match: \"POST /v1/charges\"\n    webhook:\n      provider: standard\n      secret_files: [%q]\n", path))
+	svixSigner, err := svix.NewWebhook(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdSigner, err := standardwebhooks.NewWebhook(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := svix.NewWebhook("whsec_" + base64.StdEncoding.EncodeToString([]byte("another-secret-0123456789")))
+	for _, tc := range []struct {
+		name   string
+		prefix string // of the header names
+		sign   func(id string, at time.Time, body []byte) (string, error)
+	}{
+		{"svix", "Svix-", svixSigner.Sign},
+		{"standard-webhooks", "Webhook-", stdSigner.Sign},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "msg_" + tc.name
+			body := []byte(fmt.Sprintf(`{"type":"invoice.paid","data":{"id":%q}}`, id))
+			deliver := func(sign func(string, time.Time, []byte) (string, error), at time.Time) (int, string) {
+				t.Helper()
+				sig, err := sign(id, at, body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				req, _ := http.NewRequest(http.MethodPost, url+"/v1/charges", bytes.NewReader(body))
+				req.Header.Set(tc.prefix+"Id", id)
+				req.Header.Set(tc.prefix+"Timestamp", strconv.FormatInt(at.Unix(), 10))
+				req.Header.Set(tc.prefix+"Signature", sig)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return resp.StatusCode, resp.Header.Get("Idempotent-Replayed") + " " + string(b)
+			}
+			status, first := deliver(tc.sign, time.Now())
+			if status != http.StatusOK {
+				t.Fatalf("the delivery: %d %s", status, first)
+			}
+			status, again := deliver(tc.sign, time.Now().Add(30*time.Second))
+			if status != http.StatusOK || again != "true"+first {
+				t.Errorf("the redelivery: %d %q, want the first answer replayed", status, again)
+			}
+			if status, b := deliver(other.Sign, time.Now()); status != http.StatusUnauthorized || !strings.Contains(b, "signature-invalid") {
+				t.Errorf("signed with another secret: %d %s, want 401", status, b)
+			}
+			if n := l.executions()[id]; n != 1 {
+				t.Errorf("executed %d times, want 1", n)
+			}
+		})
 	}
 }
