@@ -104,13 +104,7 @@ func proxyRoutes(routes []config.Route) []proxy.Route {
 		if s.Replay.AuthorizeURL != "" {
 			authorize, _ = url.Parse(s.Replay.AuthorizeURL) // validated
 		}
-		unknown := proxy.Keep
-		switch s.UnknownOutcome {
-		case config.OutcomeRelease:
-			unknown = proxy.Release
-		case config.OutcomeFail:
-			unknown = proxy.Fail
-		}
+		unknown := unknownOutcomes[s.UnknownOutcome] // validated
 		out = append(out, proxy.Route{
 			Name:               r.Name,
 			Pattern:            config.CanonicalPattern(r.Match),
@@ -211,16 +205,20 @@ func shareOf(n int, share float64) int {
 	return max(1, int(math.Ceil(float64(n)*share)))
 }
 
+// The proxy's value of each value config/ accepts for an enumerated
+// setting (TestEveryConfigValueReachesTheProxy ties them; identity
+// sources and webhook providers share their names, and proxy.New refuses
+// one it does not know).
+var (
+	unknownOutcomes = map[string]proxy.Unknown{config.OutcomeKeep: proxy.Keep, config.OutcomeRelease: proxy.Release, config.OutcomeFail: proxy.Fail}
+	firstSentByName = map[string]proxy.FirstSentSource{config.FirstSentHeader: proxy.FirstSentHeader, config.FirstSentUUIDv7: proxy.FirstSentUUIDv7}
+)
+
 // firstSentSources is defaults.first_sent for the proxy.
 func firstSentSources(names []string) []proxy.FirstSentSource {
 	out := make([]proxy.FirstSentSource, 0, len(names))
 	for _, n := range names {
-		switch n {
-		case config.FirstSentHeader:
-			out = append(out, proxy.FirstSentHeader)
-		case config.FirstSentUUIDv7:
-			out = append(out, proxy.FirstSentUUIDv7)
-		}
+		out = append(out, firstSentByName[n]) // validated
 	}
 	return out
 }

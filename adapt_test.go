@@ -274,3 +274,56 @@ func changeConfigLeaf(t *testing.T, f reflect.Value, path string) {
 		t.Fatalf("changeConfigLeaf: no change for %s (%T); add one", path, v)
 	}
 }
+
+// TestEveryConfigValueReachesTheProxy (issue 42): every value config/
+// accepts for an enumerated setting has its proxy value, and a handler
+// builds with it; a value the proxy does not know (one added to config/
+// only, which -check would pass) makes proxy.New fail instead of answering
+// every request wrongly (a provider: 401 to every delivery; a source:
+// header identities).
+func TestEveryConfigValueReachesTheProxy(t *testing.T) {
+	build := func(mutate func(*config.Config)) error {
+		cfg := config.Default()
+		cfg.Routes = []config.Route{{Name: "r", Match: "POST /r", Settings: config.DefaultSettings()}}
+		mutate(cfg)
+		pcfg, err := proxyConfig(cfg)
+		if err != nil {
+			return err
+		}
+		_, err = proxy.New(pcfg, nil, proxy.Options{})
+		return err
+	}
+	for _, v := range config.IdentitySources {
+		if err := build(func(c *config.Config) { c.Identity.Source = v; c.Identity.JWT.JWKSURL = "http://127.0.0.1:1/jwks" }); err != nil {
+			t.Errorf("identity.source %s: %v", v, err)
+		}
+	}
+	for _, v := range config.WebhookProviders {
+		if err := build(func(c *config.Config) {
+			c.Routes[0].Webhook = config.Webhook{Provider: v, Secrets: [][]byte{[]byte("s")}}
+		}); err != nil {
+			t.Errorf("webhook.provider %s: %v", v, err)
+		}
+	}
+	if !slices.Equal(slices.Sorted(slices.Values(config.WebhookProviders)), proxy.Providers()) {
+		t.Errorf("config accepts the providers %v, the proxy has %v", config.WebhookProviders, proxy.Providers())
+	}
+	for _, v := range config.UnknownOutcomes {
+		if _, ok := unknownOutcomes[v]; !ok {
+			t.Errorf("unknown_outcome %s has no proxy value", v)
+		}
+	}
+	for _, v := range config.FirstSentSources {
+		if _, ok := firstSentByName[v]; !ok {
+			t.Errorf("first_sent %s has no proxy value", v)
+		}
+	}
+	if err := build(func(c *config.Config) { c.Identity.Source = "ldap" }); err == nil {
+		t.Error("identity.source ldap built a handler")
+	}
+	if err := build(func(c *config.Config) {
+		c.Routes[0].Webhook = config.Webhook{Provider: "paypal", Secrets: [][]byte{[]byte("s")}}
+	}); err == nil {
+		t.Error("webhook.provider paypal built a handler")
+	}
+}

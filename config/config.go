@@ -84,12 +84,18 @@ const (
 	FirstSentUUIDv7 = "uuidv7"
 )
 
+// FirstSentSources are the values defaults.first_sent lists.
+var FirstSentSources = []string{FirstSentHeader, FirstSentUUIDv7}
+
 // Identity sources: how the identity header carries the principal.
 const (
 	IdentityFromHeader = "header" // the header's value is the principal
 	IdentityFromXFCC   = "xfcc"   // the URI SAN in X-Forwarded-Client-Cert
 	IdentityFromJWT    = "jwt"    // a claim of a verified bearer token
 )
+
+// IdentitySources are the values identity.source accepts.
+var IdentitySources = []string{IdentityFromHeader, IdentityFromXFCC, IdentityFromJWT}
 
 // JWT verifies bearer tokens (identity.source: jwt).
 type JWT struct {
@@ -129,6 +135,9 @@ const (
 	// same way by the next attempt that finds it.
 	OutcomeFail = "fail"
 )
+
+// UnknownOutcomes are the values unknown_outcome accepts.
+var UnknownOutcomes = []string{OutcomeKeep, OutcomeRelease, OutcomeFail}
 
 // StoreUnavailable values: what happens when Redis cannot be reached.
 const (
@@ -560,6 +569,9 @@ const (
 	WebhookShopify  = "shopify"
 	WebhookStandard = "standard" // Standard Webhooks (standardwebhooks.com)
 )
+
+// WebhookProviders are the values routes[].webhook.provider accepts.
+var WebhookProviders = []string{WebhookStripe, WebhookGitHub, WebhookShopify, WebhookStandard}
 
 // DefaultWebhookTolerance is routes[].webhook.tolerance.
 const DefaultWebhookTolerance = 5 * time.Minute

@@ -186,7 +186,7 @@ func (c *Config) validateStore(add problemf) {
 }
 
 func (id *Identity) validate(add problemf) {
-	oneOf("identity.source", id.Source, add, IdentityFromHeader, IdentityFromXFCC, IdentityFromJWT)
+	oneOf("identity.source", id.Source, add, IdentitySources...)
 	if j := id.JWT; id.Source == IdentityFromJWT {
 		if _, ok := httpURL(j.JWKSURL); !ok {
 			add("identity.jwt.jwks_url", "must be an absolute http or https URL with identity.source jwt, got %q", j.JWKSURL)
@@ -268,7 +268,7 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 	}
 	oneOf(path+"scope", s.Scope, add, ScopeRoute, ScopePrincipal)
 	oneOf(path+"concurrent", s.Concurrent, add, ConcurrentReject, ConcurrentWait)
-	oneOf(path+"unknown_outcome", s.UnknownOutcome, add, OutcomeKeep, OutcomeRelease, OutcomeFail)
+	oneOf(path+"unknown_outcome", s.UnknownOutcome, add, UnknownOutcomes...)
 	oneOf(path+"store_unavailable", s.StoreUnavailable, add, FailClosed, FailOpen)
 	if s.InProgressStatus != http.StatusConflict && s.InProgressStatus != http.StatusTooManyRequests && s.InProgressStatus != http.StatusServiceUnavailable {
 		add(path+"in_progress_status", "must be 409, 429 or 503, got %d", s.InProgressStatus)
@@ -277,7 +277,7 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 		add(path+"max_in_flight", "must be 0 (no bound) or positive, got %d", s.MaxInFlight)
 	}
 	for i, src := range s.FirstSent {
-		oneOf(fmt.Sprintf("%sfirst_sent[%d]", path, i), src, add, FirstSentHeader, FirstSentUUIDv7)
+		oneOf(fmt.Sprintf("%sfirst_sent[%d]", path, i), src, add, FirstSentSources...)
 	}
 	if s.FirstSentSkew < 0 || s.FirstSentSkew > time.Hour {
 		add(path+"first_sent_skew", "must be between 0s and 1h, got %s", s.FirstSentSkew)
@@ -614,7 +614,7 @@ func (w Webhook) validate(path string, add problemf) {
 		}
 		return
 	}
-	oneOf(path+"provider", w.Provider, add, WebhookStripe, WebhookGitHub, WebhookShopify, WebhookStandard)
+	oneOf(path+"provider", w.Provider, add, WebhookProviders...)
 	if len(w.SecretFiles) == 0 && len(w.Secrets) == 0 { // Secrets: a route built in code (the demo)
 		add(path+"secret_files", "must name at least one file holding the provider's signing secret")
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -160,6 +161,11 @@ type Handler struct {
 // pattern http.ServeMux refuses panics there. It fails on JSON Pointers
 // that do not parse.
 func New(cfg Config, store Store, opts Options) (*Handler, error) {
+	switch cfg.Identity.Source {
+	case "", SourceHeader, SourceXFCC, SourceJWT:
+	default:
+		return nil, fmt.Errorf("proxy: unknown identity source %q", cfg.Identity.Source)
+	}
 	routes, err := newRouter(cfg.Routes)
 	if err != nil {
 		return nil, err

@@ -76,6 +76,11 @@ func newRouter(routes []Route) (*router, error) {
 			return nil, fmt.Errorf("routes[%d]: %w", i, err)
 		}
 		r.fp = fp
+		if rc.Webhook != nil {
+			if _, ok := providers[rc.Webhook.Provider]; !ok {
+				return nil, fmt.Errorf("routes[%d]: unknown webhook provider %q", i, rc.Webhook.Provider)
+			}
+		}
 		if r.keyPointer, err = keyPointer(rc.KeyJSONPointer); err != nil {
 			return nil, fmt.Errorf("routes[%d]: key_json_pointer: %w", i, err)
 		}

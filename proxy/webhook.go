@@ -2,9 +2,6 @@ package proxy
 
 import (
 	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -32,14 +29,6 @@ import (
 // by route. The fingerprint covers the body, never the signature headers,
 // which providers renew on every retry. A redelivery then gets the stored
 // answer.
-
-// Webhook providers.
-const (
-	WebhookStripe   = "stripe"
-	WebhookGitHub   = "github"
-	WebhookShopify  = "shopify"
-	WebhookStandard = "standard"
-)
 
 // Webhook is a route's webhook receiver.
 type Webhook struct {
@@ -78,80 +67,18 @@ const webhookPrincipals = "webhook:"
 // principal is the principal of every verified delivery: the provider.
 func (wh *Webhook) principal() string { return webhookPrincipals + wh.Provider }
 
-// signed is what a delivery's headers say about its signature, read
-// before its body.
-type signed struct {
-	// id and ts are the signed delivery id (standard) and timestamp
-	// (stripe, standard); sigs the signatures the headers carry.
-	id, ts string
-	sigs   [][]byte
-}
-
 // headers reads the delivery's signature headers and, where the provider
-// signs a timestamp (stripe, standard), checks that it is within the
-// tolerance: all before the body is read, so that a sender without a
-// plausible signature holds no buffer for long.
+// signs a timestamp, checks that it is within the tolerance: all before
+// the body is read, so that a sender without a plausible signature holds
+// no buffer for long.
 func (wh *Webhook) headers(h http.Header, now time.Time) (signed, error) {
-	var d signed
-	switch wh.Provider {
-	case WebhookStripe:
-		// Stripe-Signature: t=<unix>,v1=<hex HMAC-SHA256(t.body)>[,v1=...]
-		for part := range strings.SplitSeq(h.Get("Stripe-Signature"), ",") {
-			k, val, _ := strings.Cut(strings.TrimSpace(part), "=")
-			switch k {
-			case "t":
-				d.ts = val
-			case "v1":
-				if b, err := hex.DecodeString(val); err == nil {
-					d.sigs = append(d.sigs, b)
-				}
-			}
-		}
-		if d.ts == "" || len(d.sigs) == 0 {
-			return d, errSigMissing
-		}
-	case WebhookGitHub:
-		// X-Hub-Signature-256: sha256=<hex HMAC-SHA256(body)>
-		v, ok := strings.CutPrefix(h.Get("X-Hub-Signature-256"), "sha256=")
-		if !ok {
-			return d, errSigMissing
-		}
-		sig, err := hex.DecodeString(v)
-		if err != nil {
-			return d, errSigWrong
-		}
-		d.sigs = [][]byte{sig}
-	case WebhookShopify:
-		// X-Shopify-Hmac-Sha256: <base64 HMAC-SHA256(body)>
-		v := header(h, "X-Shopify-Hmac-Sha256", "Shopify-Hmac-Sha256")
-		if v == "" {
-			return d, errSigMissing
-		}
-		sig, err := base64.StdEncoding.DecodeString(v)
-		if err != nil {
-			return d, errSigWrong
-		}
-		d.sigs = [][]byte{sig}
-	case WebhookStandard:
-		// webhook-signature: v1,<base64 HMAC-SHA256(id.timestamp.body)>
-		// [ v1,...], keyed by the base64 secret after "whsec_".
-		var v string
-		d.id, d.ts, v = standardHeaders(h)
-		if d.id == "" || d.ts == "" || v == "" {
-			return d, errSigMissing
-		}
-		for part := range strings.FieldsSeq(v) {
-			if b64, ok := strings.CutPrefix(part, "v1,"); ok {
-				if b, err := base64.StdEncoding.DecodeString(b64); err == nil {
-					d.sigs = append(d.sigs, b)
-				}
-			}
-		}
-	default:
-		return d, fmt.Errorf("unknown webhook provider %q", wh.Provider)
+	p, ok := providers[wh.Provider]
+	if !ok {
+		return signed{}, fmt.Errorf("unknown webhook provider %q", wh.Provider)
 	}
-	if d.ts == "" {
-		return d, nil
+	d, err := p.headers(h)
+	if err != nil || d.ts == "" {
+		return d, err
 	}
 	tolerance := wh.Tolerance
 	if tolerance <= 0 {
@@ -167,105 +94,33 @@ func (wh *Webhook) headers(h http.Header, now time.Time) (signed, error) {
 	return d, nil
 }
 
-// verify checks the delivery's signature over its raw body.
+// verify checks the delivery's signature over its raw body: one of its
+// signatures is the MAC the provider computes under one of the route's
+// secrets (compared in constant time).
 func (wh *Webhook) verify(d signed, body []byte) error {
-	var sign func(secret []byte) []byte
-	switch wh.Provider {
-	case WebhookStripe:
-		sign = func(secret []byte) []byte { return mac(secret, []byte(d.ts+"."), body) }
-	case WebhookGitHub, WebhookShopify:
-		sign = func(secret []byte) []byte { return mac(secret, body) }
-	case WebhookStandard:
-		sign = func(secret []byte) []byte {
-			key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(string(secret), "whsec_"))
-			if err != nil {
-				return nil
-			}
-			return mac(key, []byte(d.id+"."+d.ts+"."), body)
-		}
-	default:
-		return fmt.Errorf("unknown webhook provider %q", wh.Provider)
-	}
-	if !wh.anyMAC(d.sigs, sign) {
-		return errSigWrong
-	}
-	return nil
-}
-
-// header is the first of names that h carries ("" when none): Shopify's
-// current library sends its names without "X-".
-func header(h http.Header, names ...string) string {
-	for _, n := range names {
-		if v := h.Get(n); v != "" {
-			return v
-		}
-	}
-	return ""
-}
-
-// standardHeaders are a Standard Webhooks delivery's id, timestamp and
-// signature: the webhook-* names, or Svix's svix-* (its reference sender),
-// never a mix of the two.
-func standardHeaders(h http.Header) (id, ts, sig string) {
-	if h.Get("Webhook-Id") != "" || h.Get("Webhook-Signature") != "" {
-		return h.Get("Webhook-Id"), h.Get("Webhook-Timestamp"), h.Get("Webhook-Signature")
-	}
-	return h.Get("Svix-Id"), h.Get("Svix-Timestamp"), h.Get("Svix-Signature")
-}
-
-// anyMAC reports whether one of sigs is the MAC sign computes under one
-// of the route's secrets (compared in constant time).
-func (wh *Webhook) anyMAC(sigs [][]byte, sign func(secret []byte) []byte) bool {
+	p := providers[wh.Provider]
 	for _, secret := range wh.Secrets {
-		want := sign(secret)
+		want := p.sign(secret, d, body)
 		if want == nil {
 			continue
 		}
-		for _, s := range sigs {
+		for _, s := range d.sigs {
 			if hmac.Equal(s, want) {
-				return true
+				return nil
 			}
 		}
 	}
-	return false
-}
-
-func mac(key []byte, parts ...[]byte) []byte {
-	m := hmac.New(sha256.New, key)
-	for _, p := range parts {
-		m.Write(p)
-	}
-	return m.Sum(nil)
+	return errSigWrong
 }
 
 // key is the delivery's idempotency key, taken from what the provider
 // signs, so that nobody without the secret can make a captured delivery
-// pass for a new one: Stripe's event id (the body's /id), Standard
-// Webhooks' webhook-id (signed beside the body). GitHub and Shopify sign
-// only the body, and their delivery ids (X-GitHub-Delivery,
-// X-Shopify-Webhook-Id) are not signed: their key is the body's SHA-256,
-// "sha256:" and its hex (their redeliveries send the same body).
+// pass for a new one.
 func (wh *Webhook) key(d signed, body []byte) (string, error) {
-	var id, where string
-	switch wh.Provider {
-	case WebhookStripe:
-		where = "the event's id (/id of the body)"
-		v, found, err := bodyKey(body, []string{"id"})
-		if err != nil {
-			return "", err
-		}
-		if found {
-			id = v
-		}
-	case WebhookGitHub, WebhookShopify:
-		sum := sha256.Sum256(body)
-		return "sha256:" + hex.EncodeToString(sum[:]), nil
-	case WebhookStandard:
-		where, id = "webhook-id", d.id
-	}
+	id, err := providers[wh.Provider].key(d, body)
 	switch {
-	case id == "":
-		return "", fmt.Errorf("%w: no %s", errKeyMissing, where)
+	case err != nil:
+		return "", err
 	case len(id) > MaxKeyLen:
 		return "", errKeyTooLong
 	case !visibleASCII(id):
@@ -274,15 +129,10 @@ func (wh *Webhook) key(d signed, body []byte) (string, error) {
 	return id, nil
 }
 
-// deliveryID is what v0.5.0 keyed the delivery by: the key itself for
-// Stripe and Standard Webhooks, the unsigned id header for GitHub and
-// Shopify ("" when there is none).
+// deliveryID is what v0.5.0 keyed the delivery by ("" when none).
 func (wh *Webhook) deliveryID(h http.Header, key string) string {
-	switch wh.Provider {
-	case WebhookGitHub:
-		return h.Get("X-GitHub-Delivery")
-	case WebhookShopify:
-		return header(h, "X-Shopify-Webhook-Id", "Shopify-Webhook-Id")
+	if id := providers[wh.Provider].unsignedID; id != nil {
+		return id(h)
 	}
 	return key
 }

@@ -1,0 +1,190 @@
+package proxy
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strings"
+)
+
+// Webhook providers: how each signs its deliveries and what keys them.
+// Adding one is a constant, a row in providers and its test vectors
+// (webhook_vectors_test.go); config/ accepts the names Providers lists.
+const (
+	WebhookStripe   = "stripe"
+	WebhookGitHub   = "github"
+	WebhookShopify  = "shopify"
+	WebhookStandard = "standard"
+)
+
+// provider is one webhook provider's scheme.
+type provider struct {
+	// headers reads a delivery's signature headers: its signatures, and
+	// the timestamp (checked for freshness by Webhook.headers) and id it
+	// signs; errSigMissing or errSigWrong when they cannot verify.
+	headers func(h http.Header) (signed, error)
+	// sign is the MAC the provider computes over body under secret (a
+	// secret as its file holds it); nil when the secret cannot be one.
+	sign func(secret []byte, d signed, body []byte) []byte
+	// key is the delivery's key from what is signed; errKeyMissing (or
+	// a JSON error) when there is none.
+	key func(d signed, body []byte) (string, error)
+	// unsignedID, for a provider whose delivery id is not signed (and so
+	// is not the key), reads it: the key v0.5.0 used, still forwarded.
+	unsignedID func(h http.Header) string
+}
+
+// signed is what a delivery's headers say about its signature, read
+// before its body.
+type signed struct {
+	// id and ts are the signed delivery id and timestamp, where the
+	// provider signs them; sigs the signatures the headers carry.
+	id, ts string
+	sigs   [][]byte
+}
+
+// providers are the webhook providers, by name.
+var providers = map[string]provider{
+	// Stripe-Signature: t=<unix>,v1=<hex HMAC-SHA256(t.body)>[,v1=...];
+	// the key is the event id, /id of the signed body.
+	WebhookStripe: {
+		headers: func(h http.Header) (signed, error) {
+			var d signed
+			for part := range strings.SplitSeq(h.Get("Stripe-Signature"), ",") {
+				k, val, _ := strings.Cut(strings.TrimSpace(part), "=")
+				switch k {
+				case "t":
+					d.ts = val
+				case "v1":
+					if b, err := hex.DecodeString(val); err == nil {
+						d.sigs = append(d.sigs, b)
+					}
+				}
+			}
+			if d.ts == "" || len(d.sigs) == 0 {
+				return d, errSigMissing
+			}
+			return d, nil
+		},
+		sign: func(secret []byte, d signed, body []byte) []byte { return mac(secret, []byte(d.ts+"."), body) },
+		key: func(_ signed, body []byte) (string, error) {
+			id, found, err := bodyKey(body, []string{"id"})
+			if err == nil && !found {
+				err = fmt.Errorf("%w: no event id (/id of the body)", errKeyMissing)
+			}
+			return id, err
+		},
+	},
+	// X-Hub-Signature-256: sha256=<hex HMAC-SHA256(body)>; the delivery id
+	// (X-GitHub-Delivery) is not signed.
+	WebhookGitHub: {
+		headers: func(h http.Header) (signed, error) {
+			v, ok := strings.CutPrefix(h.Get("X-Hub-Signature-256"), "sha256=")
+			if !ok {
+				return signed{}, errSigMissing
+			}
+			sig, err := hex.DecodeString(v)
+			if err != nil {
+				return signed{}, errSigWrong
+			}
+			return signed{sigs: [][]byte{sig}}, nil
+		},
+		sign:       bodyMAC,
+		key:        bodySum,
+		unsignedID: func(h http.Header) string { return h.Get("X-GitHub-Delivery") },
+	},
+	// X-Shopify-Hmac-Sha256: <base64 HMAC-SHA256(body)>, or the names
+	// without X-, which Shopify's current library sends; the delivery id
+	// (X-Shopify-Webhook-Id) is not signed.
+	WebhookShopify: {
+		headers: func(h http.Header) (signed, error) {
+			v := header(h, "X-Shopify-Hmac-Sha256", "Shopify-Hmac-Sha256")
+			if v == "" {
+				return signed{}, errSigMissing
+			}
+			sig, err := base64.StdEncoding.DecodeString(v)
+			if err != nil {
+				return signed{}, errSigWrong
+			}
+			return signed{sigs: [][]byte{sig}}, nil
+		},
+		sign:       bodyMAC,
+		key:        bodySum,
+		unsignedID: func(h http.Header) string { return header(h, "X-Shopify-Webhook-Id", "Shopify-Webhook-Id") },
+	},
+	// webhook-signature: v1,<base64 HMAC-SHA256(id.timestamp.body)>
+	// [ v1,...], keyed by the base64 secret after "whsec_"; Svix, the
+	// reference sender, names its headers svix-*. The key is the signed id.
+	WebhookStandard: {
+		headers: func(h http.Header) (signed, error) {
+			var d signed
+			var v string
+			d.id, d.ts, v = standardHeaders(h)
+			if d.id == "" || d.ts == "" || v == "" {
+				return d, errSigMissing
+			}
+			for part := range strings.FieldsSeq(v) {
+				if b64, ok := strings.CutPrefix(part, "v1,"); ok {
+					if b, err := base64.StdEncoding.DecodeString(b64); err == nil {
+						d.sigs = append(d.sigs, b)
+					}
+				}
+			}
+			return d, nil
+		},
+		sign: func(secret []byte, d signed, body []byte) []byte {
+			key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(string(secret), "whsec_"))
+			if err != nil {
+				return nil
+			}
+			return mac(key, []byte(d.id+"."+d.ts+"."), body)
+		},
+		key: func(d signed, _ []byte) (string, error) { return d.id, nil },
+	},
+}
+
+// Providers are the webhook providers' names, sorted.
+func Providers() []string {
+	return []string{WebhookGitHub, WebhookShopify, WebhookStandard, WebhookStripe}
+}
+
+// bodyMAC is the HMAC-SHA256 of the body alone.
+func bodyMAC(secret []byte, _ signed, body []byte) []byte { return mac(secret, body) }
+
+// bodySum keys a delivery whose provider signs only the body: "sha256:"
+// and the body's hex SHA-256 (the provider's redeliveries resend it).
+func bodySum(_ signed, body []byte) (string, error) {
+	sum := sha256.Sum256(body)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
+}
+
+func mac(key []byte, parts ...[]byte) []byte {
+	m := hmac.New(sha256.New, key)
+	for _, p := range parts {
+		m.Write(p)
+	}
+	return m.Sum(nil)
+}
+
+// header is the first of names that h carries ("" when none).
+func header(h http.Header, names ...string) string {
+	for _, n := range names {
+		if v := h.Get(n); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// standardHeaders are a Standard Webhooks delivery's id, timestamp and
+// signature: the webhook-* names, or Svix's svix-* (its reference sender),
+// never a mix of the two.
+func standardHeaders(h http.Header) (id, ts, sig string) {
+	if h.Get("Webhook-Id") != "" || h.Get("Webhook-Signature") != "" {
+		return h.Get("Webhook-Id"), h.Get("Webhook-Timestamp"), h.Get("Webhook-Signature")
+	}
+	return h.Get("Svix-Id"), h.Get("Svix-Timestamp"), h.Get("Svix-Signature")
+}
