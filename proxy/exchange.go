@@ -212,11 +212,7 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 // already: its claim is released (nothing was forwarded, so a retry
 // really retries) and the client told when to come back.
 func (x *exchange) shed(rec *claim.Record, refused string) {
-	ctx, cancel := settleCtx()
-	defer cancel()
-	start := time.Now()
-	err := x.h.store.Release(ctx, x.hashedKey, rec.Token)
-	x.observeStore("release", start, err)
+	err := x.detached("release", func(ctx context.Context) error { return x.h.store.Release(ctx, x.hashedKey, rec.Token) })
 	detail := "the route forwards max_in_flight requests already; nothing was forwarded and the key is free, retry later"
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
 		// Nothing was forwarded: the claim is one the next attempt may
@@ -245,11 +241,9 @@ func (x *exchange) settleOrphan(orphan *claim.Record) error {
 	x.linkTo(orphan)
 	rec := x.h.outcomeUnknownRecord(orphan, claim.Token{}, time.Now(), true, x.rt.settings.Problems)
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
-	ctx, cancel := settleCtx()
-	defer cancel()
-	start := time.Now()
-	err := x.h.store.SettleOrphan(ctx, x.hashedKey, orphan, rec, x.rt.settings.Retention)
-	x.observeStore("complete", start, err)
+	err := x.detached("complete", func(ctx context.Context) error {
+		return x.h.store.SettleOrphan(ctx, x.hashedKey, orphan, rec, x.rt.settings.Retention)
+	})
 	switch {
 	case errors.Is(err, claim.ErrLeaseLost):
 		return err
@@ -282,8 +276,11 @@ func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
 	// into one to clean up, work a client could cause for free.
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(x.r.Context()), x.forwardBy)
 	defer cancel()
-	res, err := x.h.store.Claim(ctx, x.hashedKey, rec, s.Lease, q)
-	x.observeStore("claim", rec.Created, err)
+	var res claim.Result
+	err := x.storeOp(ctx, "claim", func(ctx context.Context) (err error) {
+		res, err = x.h.store.Claim(ctx, x.hashedKey, rec, s.Lease, q)
+		return err
+	})
 	if err != nil && mayHaveWritten(err) {
 		x.h.unconfirmed.add(x.rt.name, x.hashedKey, rec.Token, rec.Created.Add(s.Lease+rec.Tail), claim.StillSending(err))
 	}
@@ -294,11 +291,7 @@ func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
 // found with res.Unforwarded), so this attempt can claim the key. It
 // reports false when it answered (the store failed).
 func (x *exchange) clearUnforwarded(ghost *claim.Record) bool {
-	ctx, cancel := settleCtx()
-	defer cancel()
-	start := time.Now()
-	err := x.h.store.ReleaseUnforwarded(ctx, x.hashedKey, ghost)
-	x.observeStore("release", start, err)
+	err := x.detached("release", func(ctx context.Context) error { return x.h.store.ReleaseUnforwarded(ctx, x.hashedKey, ghost) })
 	switch {
 	case err == nil:
 		x.h.metrics.unconfirmed.WithLabelValues(unconfirmedOnRetry).Inc()
@@ -425,9 +418,12 @@ func (x *exchange) wait(until time.Time) (*claim.Record, time.Duration, error) {
 		case <-watch.C:
 		case <-timer.C:
 		}
-		start := time.Now()
-		rec, ttl, err := x.h.store.Get(ctx, x.hashedKey)
-		x.observeStore("get", start, err)
+		var rec *claim.Record
+		var ttl time.Duration
+		err := x.storeOp(ctx, "get", func(ctx context.Context) (err error) {
+			rec, ttl, err = x.h.store.Get(ctx, x.hashedKey)
+			return err
+		})
 		if err != nil || rec == nil || rec.State == claim.Completed || rec.Orphaned(ttl) {
 			return rec, ttl, err
 		}

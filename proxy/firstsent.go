@@ -107,7 +107,11 @@ func (x *exchange) refuseUnrecorded(rec *claim.Record) bool {
 		reason = refusedKeyExpired
 	default:
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), time.Second)
-		epoch, err := x.h.store.EpochStart(ctx, x.hashedKey)
+		var epoch time.Time
+		err := x.storeOp(ctx, "epoch", func(ctx context.Context) (err error) {
+			epoch, err = x.h.store.EpochStart(ctx, x.hashedKey)
+			return err
+		})
 		cancel()
 		if err != nil {
 			// Whether the store lost this key's record cannot be told:
@@ -135,9 +139,5 @@ func (x *exchange) refuseUnrecorded(rec *claim.Record) bool {
 
 // releaseClaim frees rec's claim (fenced): nothing was forwarded.
 func (x *exchange) releaseClaim(rec *claim.Record) {
-	ctx, cancel := settleCtx()
-	defer cancel()
-	start := time.Now()
-	err := x.h.store.Release(ctx, x.hashedKey, rec.Token)
-	x.observeStore("release", start, err)
+	_ = x.detached("release", func(ctx context.Context) error { return x.h.store.Release(ctx, x.hashedKey, rec.Token) })
 }

@@ -348,6 +348,23 @@ func visibleASCII(s string) bool {
 	return true
 }
 
+// storeOp runs store operation op (one of storeOps) with ctx, timed and
+// traced as op: every store call of a request goes through it.
+func (x *exchange) storeOp(ctx context.Context, op string, call func(context.Context) error) error {
+	start := time.Now()
+	err := call(ctx)
+	x.observeStore(op, start, err)
+	return err
+}
+
+// detached is storeOp on a context of its own: detached from the client,
+// whose hanging up cannot unsend a write, and bounded (settleCtx).
+func (x *exchange) detached(op string, call func(context.Context) error) error {
+	ctx, cancel := settleCtx()
+	defer cancel()
+	return x.storeOp(ctx, op, call)
+}
+
 // observeStore times store operation op, which started at start, and
 // traces it.
 func (x *exchange) observeStore(op string, start time.Time, err error) {

@@ -45,7 +45,7 @@ var outcomes = []string{
 }
 
 // storeOps are the values of the op label.
-var storeOps = []string{"claim", "get", "renew", "complete", "release"}
+var storeOps = []string{"claim", "get", "renew", "complete", "release", "epoch"}
 
 // Metrics are the proxy's Prometheus collectors.
 type Metrics struct {

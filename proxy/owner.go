@@ -211,9 +211,7 @@ func (o *owner) renew() {
 	lease := x.rt.settings.Lease
 	ctx, cancel := context.WithTimeout(context.Background(), lease/3)
 	defer cancel()
-	start := time.Now()
-	err := x.h.store.Renew(ctx, x.hashedKey, o.rec, lease)
-	x.observeStore("renew", start, err)
+	err := x.storeOp(ctx, "renew", func(ctx context.Context) error { return x.h.store.Renew(ctx, x.hashedKey, o.rec, lease) })
 	switch {
 	case err == nil:
 		x.h.metrics.renewals.WithLabelValues("ok").Inc()

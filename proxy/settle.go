@@ -52,11 +52,7 @@ func settleCtx() (context.Context, context.CancelFunc) {
 // release frees the key so a retry executes.
 func (o *owner) release(why string) verdict {
 	x := o.x
-	ctx, cancel := settleCtx()
-	defer cancel()
-	start := time.Now()
-	err := x.h.store.Release(ctx, x.hashedKey, o.rec.Token)
-	x.observeStore("release", start, err)
+	err := x.detached("release", func(ctx context.Context) error { return x.h.store.Release(ctx, x.hashedKey, o.rec.Token) })
 	switch {
 	case errors.Is(err, claim.ErrLeaseLost):
 		return verdict{outcomeFenceLost, why + "; the key was already held by another owner, left alone"}
@@ -73,11 +69,7 @@ func (o *owner) release(why string) verdict {
 // a retry does not execute while the first attempt may still be landing.
 func (o *owner) keep(why string) verdict {
 	x := o.x
-	ctx, cancel := settleCtx()
-	defer cancel()
-	start := time.Now()
-	err := x.h.store.Renew(ctx, x.hashedKey, o.rec, x.rt.settings.Lease)
-	x.observeStore("renew", start, err)
+	err := x.detached("renew", func(ctx context.Context) error { return x.h.store.Renew(ctx, x.hashedKey, o.rec, x.rt.settings.Lease) })
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
 		x.h.metrics.storeErrors.WithLabelValues("renew").Inc()
 	}
@@ -93,12 +85,11 @@ func (o *owner) complete(rec *claim.Record) verdict {
 	var err error
 	for _, wait := range storeRetryWaits {
 		time.Sleep(wait)
-		ctx, cancel := settleCtx()
-		start := time.Now()
 		var how claim.Completion
-		how, err = x.h.store.Complete(ctx, x.hashedKey, rec, retention)
-		x.observeStore("complete", start, err)
-		cancel()
+		err = x.detached("complete", func(ctx context.Context) (err error) {
+			how, err = x.h.store.Complete(ctx, x.hashedKey, rec, retention)
+			return err
+		})
 		if err == nil {
 			x.h.metrics.storedBytes.Observe(float64(len(rec.Body)))
 			if how == claim.StoredAfterLapse {

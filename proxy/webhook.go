@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"crypto/hmac"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // Webhook receivers. Providers deliver webhooks at least once: Stripe,
@@ -256,11 +259,11 @@ func (x *exchange) useLegacyKey(id string) bool {
 	if legacy == x.hashedKey || !x.h.keyChange.reading(x.h.store, x.rt.settings.Retention) {
 		return true
 	}
-	ctx, cancel := settleCtx()
-	defer cancel()
-	start := time.Now()
-	rec, _, err := x.h.store.Get(ctx, legacy)
-	x.observeStore("get", start, err)
+	var rec *claim.Record
+	err := x.detached("get", func(ctx context.Context) (err error) {
+		rec, _, err = x.h.store.Get(ctx, legacy)
+		return err
+	})
 	if err != nil {
 		x.storeFailed("get", err, nil)
 		return false
