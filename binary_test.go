@@ -131,6 +131,7 @@ func outcome(t *testing.T, admin, route, outcome string) string {
 // same with Redis down from the start, and with
 // admin.readiness_requires_store, which couples readiness to Redis again.
 func TestRedisOutageKeepsTheSidecarReady(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
 	srv := redistest.Start(t)
 	var executed atomic.Int64
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

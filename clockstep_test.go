@@ -26,6 +26,7 @@ import (
 // must get 409 and the upstream must run once. v0.5.0 freed the claim and
 // executed twice for every step of 1.7 s or more.
 func TestRedisClockStepNeverFreesAForwardedClaim(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
 	clock, err := clockshim.Build(t.TempDir())
 	if err != nil {
 		if os.Getenv(redistest.RequireEnv) == "1" {
@@ -85,6 +86,7 @@ func TestRedisClockStepNeverFreesAForwardedClaim(t *testing.T) {
 // executes. v0.5.0 executed the retry a second time until the watcher's
 // next look (about a second later).
 func TestFlushThenImmediateRetryIsRecordLost(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
 	srv := redistest.Start(t)
 	upstream := binarytest.NewRecorder(t)
 	sc := startBinary(t, payConfig(upstream.URL, srv.Addr, ""))

@@ -19,6 +19,7 @@ import (
 // binary's -version must carry the stamped version and revision and no
 // vcs.modified; the cross-compiled one must be an arm64 ELF.
 func TestImageBuildFlags(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
 	if raceEnabled {
 		t.Skip("builds the binary twice: runs in the plain go test pass, not under -race")
 	}

@@ -27,6 +27,7 @@ import (
 // attacker's request context and the rate-limit clock started before it,
 // and 71 of 71 valid requests got 401.
 func TestJWKSStarvationThroughTheBinary(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
 	keys := map[string]*ecdsa.PrivateKey{}
 	for _, kid := range []string{"k1", "k2", "k3"} {
 		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

@@ -23,6 +23,7 @@ import (
 // and starts it again: retries get 409 during the dead owner's lease, then
 // 502 outcome-unknown, replayed; the upstream executed once.
 func TestKilledOwnerIsSettledAsOutcomeUnknown(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
 	srv := redistest.Start(t)
 	bin := buildBinary(t)
 	dir := t.TempDir()

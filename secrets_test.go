@@ -36,6 +36,7 @@ func TestPasswordFile(t *testing.T) {
 // mounted file; with the right one the store is up, with a wrong one
 // idemproxy_store_up says so.
 func TestSentinelPasswordFile(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
 	topo := redistest.StartSentinelAuth(t, 1, "data-pw", "sentinel-pw")
 	for _, tc := range []struct {
 		password string

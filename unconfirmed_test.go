@@ -23,6 +23,7 @@ import (
 // outcome-unknown or a lease of 409s. And the same when the claiming
 // sidecar is killed (kill -9) while its claim waits on the paused Redis.
 func TestRedisStallDuringClaim(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
 	for _, tc := range []struct {
 		name, unknown string
 		kill          bool
@@ -132,6 +133,7 @@ routes:
 // SET ran on Redis' clock, in one script: it answers 409, the retries
 // replay A's answer, and the upstream executes once.
 func TestLateReplyNeverFreesAForwardedClaim(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
 	srv := redistest.Start(t)
 	linkA, err := faultlink.Start(srv.Addr)
 	if err != nil {

@@ -211,6 +211,7 @@ func TestJWTHardening(t *testing.T) {
 // at once do not starve the fetch a rotated key needs (JWKS starvation,
 // issue 24 finding 1, and the lock, finding 2).
 func TestJWKSFetchIsBackground(t *testing.T) {
+	t.Parallel() // on its own store and servers; mostly waiting: runs beside the others (go test ./... time)
 	is := &issuer{}
 	is.add(t, "k1")
 	is.add(t, "k2")
@@ -318,6 +319,7 @@ func TestJWKSFetchIsBackground(t *testing.T) {
 // anyone can trigger the fetch with an unknown kid, every valid token then
 // got 401.
 func TestJWKSEmptyAnswerKeepsTheKeys(t *testing.T) {
+	t.Parallel() // on its own store and servers; mostly waiting: runs beside the others (go test ./... time)
 	for _, body := range []string{`null`, `{}`, `{"keys":[]}`, `{"keys":[{"kty":"oct","k":"c2VjcmV0","kid":"hmac"}]}`} {
 		t.Run(body, func(t *testing.T) {
 			is := &issuer{}

@@ -17,6 +17,7 @@ import (
 
 // The concurrency guarantee on the deployments users scale out to.
 func TestConcurrentDuplicatesOnTopologies(t *testing.T) {
+	t.Parallel() // on its own store and servers; mostly waiting: runs beside the others (go test ./... time)
 	for name, start := range map[string]func(t *testing.T) claim.ClientOptions{
 		"cluster": func(t *testing.T) claim.ClientOptions {
 			return claim.ClientOptions{Addrs: redistest.StartCluster(t, 3, 1).Addrs()}
@@ -55,19 +56,24 @@ func TestConcurrentDuplicatesOnTopologies(t *testing.T) {
 // measured, not promised; the figures are in docs/scaling.md. Run with -v
 // to see them.
 func TestFailover(t *testing.T) {
+	t.Parallel() // on its own store and servers; mostly waiting: runs beside the others (go test ./... time)
 	t.Run("sentinel", func(t *testing.T) {
+		t.Parallel() // each on its own topology; the load loops are bounded in time
 		topo := redistest.StartSentinel(t, 1)
 		failover(t, claim.ClientOptions{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, 0, topo.Master, topo.Replicas[0])
 	})
 	t.Run("sentinel with wait_replicas 1", func(t *testing.T) {
+		t.Parallel() // each on its own topology; the load loops are bounded in time
 		topo := redistest.StartSentinel(t, 1)
 		failover(t, claim.ClientOptions{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, 1, topo.Master, topo.Replicas[0])
 	})
 	t.Run("cluster", func(t *testing.T) {
+		t.Parallel() // each on its own topology; the load loops are bounded in time
 		topo := redistest.StartCluster(t, 3, 1)
 		failover(t, claim.ClientOptions{Addrs: topo.Addrs()}, 0, topo.Masters[0], topo.Replicas[0])
 	})
 	t.Run("cluster with wait_replicas 1", func(t *testing.T) {
+		t.Parallel() // each on its own topology; the load loops are bounded in time
 		topo := redistest.StartCluster(t, 3, 1)
 		failover(t, claim.ClientOptions{Addrs: topo.Addrs()}, 1, topo.Masters[0], topo.Replicas[0])
 	})

@@ -25,6 +25,7 @@ import (
 // default) the retries get 409 for the lease, then 502 outcome-unknown;
 // under keep they execute after the lease. Both as docs/guarantee.md documents.
 func TestClaimsThatNeverForwarded(t *testing.T) {
+	t.Parallel() // on its own store and servers; mostly waiting: runs beside the others (go test ./... time)
 	for _, tc := range []struct {
 		name    string
 		unknown proxy.Unknown
@@ -107,6 +108,7 @@ func (e *env) unconfirmedTotal() float64 {
 // 275 requests/s queued 12,000, logged 2,000 ERROR lines and sent 20,000
 // commands when Redis came back.
 func TestClaimsThatNeverReachedRedis(t *testing.T) {
+	t.Parallel() // on its own store and servers; mostly waiting: runs beside the others (go test ./... time)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
