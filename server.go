@@ -298,3 +298,42 @@ func (s *server) close() {
 	}
 	s.closers = nil
 }
+
+// readyz answers 200 while the sidecar can serve: listeners bound, config
+// loaded, not draining. Redis is not part of it unless
+// admin.readiness_requires_store says so: the sidecar's readiness is the
+// pod's, and a Redis outage must not take the app's pass-through traffic
+// out of its Service. ?verbose lists the store's health for humans.
+func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
+	storeUp := s.health.up()
+	status, why := http.StatusOK, "ok"
+	switch {
+	case s.draining.Load():
+		status, why = http.StatusServiceUnavailable, "draining"
+	case s.cfg.Admin.ReadinessRequiresStore && !storeUp:
+		status, why = http.StatusServiceUnavailable, "store unavailable (admin.readiness_requires_store)"
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	fmt.Fprintln(w, why)
+	if _, verbose := r.URL.Query()["verbose"]; !verbose {
+		return
+	}
+	s.health.mu.Lock()
+	masters, checked := s.health.masters, s.health.checked
+	s.health.mu.Unlock()
+	if checked.IsZero() {
+		fmt.Fprintln(w, "store: not looked at yet")
+		return
+	}
+	fmt.Fprintf(w, "store: up=%t (looked %s ago)\n", storeUp, time.Since(checked).Round(time.Millisecond))
+	if !bearerOK(r, s.adminToken) {
+		// The masters' addresses and errors are for operators: anyone
+		// who reaches the admin port (a probe, a scraper) sees only up.
+		fmt.Fprintln(w, "  (each master's address and error: send the admin token, admin.token_file, as a bearer token)")
+		return
+	}
+	for _, line := range describe(masters) {
+		fmt.Fprintln(w, "  master "+line)
+	}
+}

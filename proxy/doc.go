@@ -18,8 +18,9 @@
 //     exchange, everything else to the pass-through proxy (forward.go,
 //     upgrade.go, transport.go).
 //   - exchange.go: one protected request from admission to its answer:
-//     serve, admission.go (identity.go, xfcc.go, jwt.go, webhook.go;
-//     key.go, bodykey.go; firstsent.go), the body (pool.go, within limits.go), the
+//     serve, admission.go (identity.go, xfcc.go, jwt.go, webhook.go with
+//     providers.go; key.go, bodykey.go; firstsent.go), the body (pool.go,
+//     within limits.go), every store call (storecall.go), the
 //     fingerprint (fingerprint.go, headers.go), the claim and what an
 //     existing record answers (replay, wait, 409, 422); every answer
 //     idemproxy writes itself goes through answer (a problem) or

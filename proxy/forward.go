@@ -1,12 +1,13 @@
 package proxy
 
 import (
-	"go.opentelemetry.io/otel/trace"
 	"io"
 	"net/http"
 	"net/http/httputil"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // forwarder is a pair of ReverseProxies to the upstream: protected with

@@ -338,36 +338,3 @@ func (h *Handler) requestID(r *http.Request) string {
 	r.Header.Set(RequestIDHeader, id)
 	return id
 }
-
-func visibleASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x21 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return true
-}
-
-// storeOp runs store operation op (one of storeOps) with ctx, timed and
-// traced as op: every store call of a request goes through it.
-func (x *exchange) storeOp(ctx context.Context, op string, call func(context.Context) error) error {
-	start := time.Now()
-	err := call(ctx)
-	x.observeStore(op, start, err)
-	return err
-}
-
-// detached is storeOp on a context of its own: detached from the client,
-// whose hanging up cannot unsend a write, and bounded (settleCtx).
-func (x *exchange) detached(op string, call func(context.Context) error) error {
-	ctx, cancel := settleCtx()
-	defer cancel()
-	return x.storeOp(ctx, op, call)
-}
-
-// observeStore times store operation op, which started at start, and
-// traces it.
-func (x *exchange) observeStore(op string, start time.Time, err error) {
-	x.h.metrics.storeSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	x.storeSpan(op, start, err)
-}

@@ -76,3 +76,12 @@ func unquote(v string) (string, error) {
 	}
 	return "", errKeyQuoting
 }
+
+func visibleASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

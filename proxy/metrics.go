@@ -2,9 +2,7 @@ package proxy
 
 import (
 	"strconv"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -251,56 +249,4 @@ func (m *Metrics) initRoutes(rt *router) {
 			m.overloaded.WithLabelValues(name, r)
 		}
 	}
-}
-
-// claimAges is the Handler's registry of its in-flight owners: Abandon
-// cancels their calls, and the gauges read their number and the age of the
-// oldest (a claim held far past the upstream timeout means a stuck
-// upstream call or a bug, and is worth an alert).
-type claimAges struct {
-	mu      sync.Mutex // guards started
-	started map[*owner]time.Time
-	now     func() time.Time
-}
-
-func (c *claimAges) add(o *owner) {
-	c.mu.Lock()
-	c.started[o] = c.now()
-	c.mu.Unlock()
-}
-
-func (c *claimAges) remove(o *owner) {
-	c.mu.Lock()
-	delete(c.started, o)
-	c.mu.Unlock()
-}
-
-// each calls f for every in-flight claim, under the lock: f must not block.
-func (c *claimAges) each(f func(*owner)) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for o := range c.started {
-		f(o)
-	}
-}
-
-func (c *claimAges) count() float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return float64(len(c.started))
-}
-
-func (c *claimAges) oldest() float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var first time.Time
-	for _, t := range c.started {
-		if first.IsZero() || t.Before(first) {
-			first = t
-		}
-	}
-	if first.IsZero() {
-		return 0
-	}
-	return c.now().Sub(first).Seconds()
 }

@@ -4,15 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 	"log/slog"
 	"net/http"
 	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
 )
@@ -256,4 +257,56 @@ func (x *exchange) answeredTimeout(detail string) {
 		x.span.End()
 	}
 	x.timedOut.Store(true)
+}
+
+// claimAges is the Handler's registry of its in-flight owners: Abandon
+// cancels their calls, and the gauges read their number and the age of the
+// oldest (a claim held far past the upstream timeout means a stuck
+// upstream call or a bug, and is worth an alert).
+type claimAges struct {
+	mu      sync.Mutex // guards started
+	started map[*owner]time.Time
+	now     func() time.Time
+}
+
+func (c *claimAges) add(o *owner) {
+	c.mu.Lock()
+	c.started[o] = c.now()
+	c.mu.Unlock()
+}
+
+func (c *claimAges) remove(o *owner) {
+	c.mu.Lock()
+	delete(c.started, o)
+	c.mu.Unlock()
+}
+
+// each calls f for every in-flight claim, under the lock: f must not block.
+func (c *claimAges) each(f func(*owner)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for o := range c.started {
+		f(o)
+	}
+}
+
+func (c *claimAges) count() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return float64(len(c.started))
+}
+
+func (c *claimAges) oldest() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var first time.Time
+	for _, t := range c.started {
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+	}
+	if first.IsZero() {
+		return 0
+	}
+	return c.now().Sub(first).Seconds()
 }
