@@ -224,20 +224,6 @@ func (d *decoder) route(m map[string]any, path string, defaults Settings) Route 
 	return r
 }
 
-// webhookSettings are a webhook route's own defaults where it sets none:
-// no new-key quota and the whole in-flight share. Every delivery is the
-// provider's one principal, so defaults meant for one client's keys
-// (quota.new_keys, max_in_flight_principal_share) would refuse a busy
-// provider's real deliveries; only a valid signature creates a key.
-func (r *Route) webhookSettings() {
-	if !r.set["quota.new_keys"] {
-		r.Settings.Quota.NewKeys = 0
-	}
-	if !r.set["max_in_flight_principal_share"] {
-		r.Settings.MaxInFlightPrincipalShare = 1
-	}
-}
-
 // leafKeys flattens a nested mapping into dotted keys.
 func leafKeys(m map[string]any, prefix string) []string {
 	var keys []string

@@ -1,0 +1,115 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+)
+
+// Route is one protected endpoint.
+type Route struct {
+	// Name labels metrics and logs, and scopes keys.
+	Name string `yaml:"name"`
+	// Match is a Go http.ServeMux pattern with a method, e.g.
+	// "POST /orders/{id}/capture".
+	Match string `yaml:"match"`
+	// Settings are the route's own, each defaulting to defaults:'s.
+	Settings Settings `yaml:",inline"`
+	// Webhook, when its provider is set, makes the route a webhook
+	// receiver: deliveries are verified by the provider's signature, the
+	// principal is the provider and the key its delivery id.
+	Webhook Webhook `yaml:"webhook"`
+
+	// set holds the setting keys the route's YAML gave, so a bad value it
+	// inherited is reported once, at defaults:, not again for every route.
+	// Nil (a Route built in code) validates every setting.
+	set map[string]bool
+}
+
+func (c *Config) validateRoutes(add problemf) {
+	names := map[string]int{}
+	mux := http.NewServeMux()
+	for i, r := range c.Routes {
+		path := fmt.Sprintf("routes[%d]", i)
+		switch prev, dup := names[r.Name]; {
+		case r.Name == "":
+			add(path+".name", "must not be empty")
+		case dup:
+			add(path+".name", "duplicate route name %q (also routes[%d])", r.Name, prev)
+		default:
+			names[r.Name] = i
+		}
+		if err := checkPattern(mux, CanonicalPattern(r.Match)); err != nil {
+			add(path+".match", "%v", err)
+		}
+		r.Webhook.validate(path+".webhook.", add)
+		r.Settings.validate(path+".", func(p, format string, args ...any) {
+			k := settingKey(strings.TrimPrefix(p, path+"."))
+			if r.set == nil || r.set[k] || k == "retention" && r.set["lease"] {
+				add(p, format, args...)
+			}
+		})
+	}
+}
+
+// settingKey maps a problem's path within a route to the key that causes
+// it: "release_on[1]" to "release_on". A retention shorter than the lease
+// is the route's doing if it set either.
+func settingKey(p string) string {
+	if i := strings.IndexByte(p, '['); i >= 0 {
+		p = p[:i]
+	}
+	return p
+}
+
+// checkPattern registers pattern on mux, which both parses it and detects
+// conflicts with the routes before it. net/http offers pattern parsing only
+// through Handle, which panics on a bad pattern; the panic is translated to
+// an error here, at the boundary, and nowhere else.
+func checkPattern(mux *http.ServeMux, pattern string) (err error) {
+	method, path, ok := strings.Cut(strings.TrimSpace(pattern), " ")
+	if !ok || method == "" || !strings.HasPrefix(strings.TrimSpace(path), "/") {
+		return fmt.Errorf("must be a method and a path, like \"POST /payments\", got %q", pattern)
+	}
+	if !validToken(method) {
+		return fmt.Errorf("%q is not an HTTP method", method)
+	}
+	path = strings.TrimSpace(path)
+	// Each of these would leave a route that never protects what it names,
+	// or protects far more, with nothing to say so at run time.
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		return fmt.Errorf("%q contains %q: a route matches the path only, never the query or fragment", pattern, path[i:i+1])
+	}
+	if path == "/" {
+		return fmt.Errorf("%q matches every path; use \"/{$}\" for the root only, or \"/{path...}\" to protect everything", pattern)
+	}
+	if strings.HasSuffix(path, "/") {
+		return fmt.Errorf("%q ends in /, which matches a whole subtree; name the exact path (or end it with {$})", pattern)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			msg := registeredAt.ReplaceAllString(fmt.Sprint(r), "")
+			err = errors.New(strings.ReplaceAll(msg, ":\n", ": "))
+		}
+	}()
+	mux.Handle(pattern, http.NotFoundHandler())
+	return nil
+}
+
+// registeredAt is the source position net/http adds to conflict messages;
+// it names this file, which helps nobody reading a config error.
+var registeredAt = regexp.MustCompile(`\s*\(registered at [^)]*\)`)
+
+// CanonicalPattern is a route's match pattern as it is registered: the
+// method upper-cased and single spaces. Request methods are matched
+// case-insensitively, so "post /payments" must protect POST /payments,
+// and must conflict with "POST /payments".
+func CanonicalPattern(match string) string {
+	method, path, ok := strings.Cut(strings.TrimSpace(match), " ")
+	if !ok {
+		return match
+	}
+	return strings.ToUpper(method) + " " + strings.TrimSpace(path)
+}

@@ -1,0 +1,147 @@
+package config
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Store configures Redis.
+type Store struct {
+	// Redis says how to reach the deployment.
+	Redis Redis `yaml:"redis"`
+	// RecordFormat is the stored format written: 1 (what v0.3.0 reads,
+	// the default), 2 (fingerprints keyed with KeySecretFile: turn it on
+	// once every replica runs v0.4.0 or later) or 3 (2, plus compact
+	// completed records and compressed bodies with Compression: once
+	// every replica runs v0.5.0 or later).
+	// Every version reads the formats before it.
+	RecordFormat int `yaml:"record_format"`
+	// Compression is none or zstd: completed bodies from 256 bytes on
+	// stored zstd-compressed, written only under RecordFormat 3.
+	Compression string `yaml:"compression"`
+	// KeyPrefix is prepended to every Redis key.
+	KeyPrefix string `yaml:"key_prefix"`
+	// Pipeline coalesces concurrent store operations into pipelines
+	// (group commit); false sends each on its own. No effect with
+	// WaitReplicas, whose WAIT would hold up a whole batch.
+	Pipeline bool `yaml:"pipeline"`
+	// WaitReplicas, when positive, makes every claim and completion wait
+	// for that many replicas to acknowledge it (Redis WAIT), up to
+	// WaitTimeout. Zero never waits. Not consensus. On a Cluster the WAIT
+	// goes to the key's master.
+	WaitReplicas int `yaml:"wait_replicas"`
+	// WaitTimeout bounds each WAIT.
+	WaitTimeout time.Duration `yaml:"wait_timeout"`
+	// ClaimMemoryLimit is the share of Redis' maxmemory above which new
+	// claims are refused (503 store-full) so that claims in flight can
+	// still store their outcome; 0 refuses none. Without a maxmemory it
+	// has no effect.
+	ClaimMemoryLimit float64 `yaml:"claim_memory_limit"`
+	// Encryption seals what records hold of the upstream's answers.
+	Encryption Encryption `yaml:"encryption"`
+	// KeySecretFile, when set, holds the secret (base64) that keys the
+	// derivation of Redis keys (HMAC-SHA-256); without it, with encryption
+	// on, a subkey of the first key file is used.
+	KeySecretFile string `yaml:"key_secret_file"`
+}
+
+// Encryption configures sealed records.
+type Encryption struct {
+	// KeyFiles each hold 32 random bytes, base64-encoded. The first seals,
+	// all open: rotate by prepending a new key, and drop the old one once
+	// retention has passed. Empty stores records unsealed.
+	KeyFiles []string `yaml:"key_files"`
+	// Required makes an unsealed record unreadable (500 record-unreadable)
+	// instead of trusted.
+	Required bool `yaml:"required"`
+}
+
+// Redis is the connection to the Redis deployment.
+type Redis struct {
+	// Addrs empty selects the embedded in-memory store (development only);
+	// one address is a standalone server; several are a Cluster.
+	Addrs []string `yaml:"addrs"`
+	// MasterName set selects Sentinel, with Addrs naming the sentinels.
+	MasterName string `yaml:"master_name"`
+	// Username is the ACL user of the data nodes.
+	Username string `yaml:"username"`
+	// Password is the data nodes' password (prefer PasswordFile).
+	Password string `yaml:"password"`
+	// PasswordFile, when set, holds the password (a mounted Secret); it is
+	// read at start, surrounding whitespace removed.
+	PasswordFile string `yaml:"password_file"`
+	// SentinelUsername and SentinelPassword (or SentinelPasswordFile)
+	// authenticate to the sentinels when theirs differ from the data
+	// nodes'; when all are empty the data nodes' credentials are used.
+	SentinelUsername     string `yaml:"sentinel_username"`
+	SentinelPassword     string `yaml:"sentinel_password"`
+	SentinelPasswordFile string `yaml:"sentinel_password_file"`
+	// TLS connects with TLS, verifying the server against TLSCAFile (PEM;
+	// empty uses the system roots) and TLSServerName (empty uses the host
+	// of the address).
+	TLS           bool   `yaml:"tls"`
+	TLSCAFile     string `yaml:"tls_ca_file"`
+	TLSServerName string `yaml:"tls_server_name"`
+}
+
+// Record compressions (store.compression).
+const (
+	CompressionNone = "none"
+	CompressionZstd = "zstd"
+)
+
+func (c *Config) validateStore(add problemf) {
+	st := &c.Store
+	if st.RecordFormat < 1 || st.RecordFormat > 3 {
+		add("store.record_format", "must be 1, 2 or 3, got %d", st.RecordFormat)
+	}
+	oneOf("store.compression", st.Compression, add, CompressionNone, CompressionZstd)
+	if st.RecordFormat == 2 && st.KeySecretFile == "" {
+		add("store.record_format", "2 keys fingerprints with store.key_secret_file (never a sealing key, which rotates), which is not set: set it, or keep 1")
+	}
+	if st.KeyPrefix == "" {
+		add("store.key_prefix", "must not be empty: it keeps idemproxy's keys apart from other data")
+	}
+	r := st.Redis
+	if r.Password != "" && r.PasswordFile != "" {
+		add("store.redis.password_file", "set either store.redis.password or store.redis.password_file, not both")
+	}
+	if r.MasterName == "" {
+		for key, v := range map[string]string{"sentinel_username": r.SentinelUsername, "sentinel_password": r.SentinelPassword, "sentinel_password_file": r.SentinelPasswordFile} {
+			if v != "" {
+				add("store.redis."+key, "is only used with Sentinel: set store.redis.master_name, or remove it")
+			}
+		}
+	} else if r.SentinelPassword != "" && r.SentinelPasswordFile != "" {
+		add("store.redis.sentinel_password_file", "set either store.redis.sentinel_password or store.redis.sentinel_password_file, not both")
+	}
+	for i, a := range r.Addrs {
+		if err := hostPort(a); err != nil {
+			add(fmt.Sprintf("store.redis.addrs[%d]", i), "%v", err)
+		}
+	}
+	if r.MasterName != "" && len(r.Addrs) == 0 {
+		add("store.redis.addrs", "must list the sentinels when store.redis.master_name is set")
+	}
+	if !r.TLS && (r.TLSCAFile != "" || r.TLSServerName != "") {
+		add("store.redis.tls", "must be true when store.redis.tls_ca_file or tls_server_name is set")
+	}
+	if st.ClaimMemoryLimit < 0 || st.ClaimMemoryLimit > 1 {
+		add("store.claim_memory_limit", "must be between 0%% and 100%%, got %g%%", st.ClaimMemoryLimit*100)
+	}
+	if st.Encryption.Required && len(st.Encryption.KeyFiles) == 0 {
+		add("store.encryption.required", "needs store.encryption.key_files")
+	}
+	for i, f := range st.Encryption.KeyFiles {
+		if strings.TrimSpace(f) == "" {
+			add(fmt.Sprintf("store.encryption.key_files[%d]", i), "must name a file")
+		}
+	}
+	if st.WaitReplicas < 0 {
+		add("store.wait_replicas", "must not be negative, got %d", st.WaitReplicas)
+	}
+	if st.WaitReplicas > 0 && st.WaitTimeout <= 0 {
+		add("store.wait_timeout", "must be positive when store.wait_replicas is set, got %s", st.WaitTimeout)
+	}
+}

@@ -1,0 +1,106 @@
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+)
+
+// Warnings are settings that are valid but dangerous enough to say so at
+// every start: each names its key.
+func (c *Config) Warnings() []string {
+	var w []string
+	if len(c.Routes) == 0 {
+		w = append(w, "routes: none: every request is forwarded unprotected; list the endpoints to protect under routes:")
+	}
+	for i, p := range c.Identity.TrustedProxies {
+		if p.Bits() == 0 {
+			w = append(w, fmt.Sprintf("identity.trusted_proxies[%d]: %s trusts every peer: any client can send %s and be any principal, and read another principal's replays; list only the auth proxy or mesh in the pod", i, p, c.Identity.Header))
+		}
+	}
+	for _, all := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
+		if covers(c.Identity.TrustedProxies, all) && !slices.ContainsFunc(c.Identity.TrustedProxies, func(p netip.Prefix) bool { return p.Bits() == 0 && p.Addr().Is4() == all.Addr().Is4() }) {
+			w = append(w, fmt.Sprintf("identity.trusted_proxies: together the prefixes cover every %s address: any client can send %s and be any principal; list only the auth proxy or mesh in the pod", map[bool]string{true: "IPv4", false: "IPv6"}[all.Addr().Is4()], c.Identity.Header))
+		}
+	}
+	if len(c.Store.Encryption.KeyFiles) > 1 && c.Store.KeySecretFile == "" {
+		w = append(w, "store.encryption.key_files: several keys and no store.key_secret_file: Redis keys are derived from the first key file, so prepending a key moves every key; records stored before are no longer found and their retries execute again; set store.key_secret_file before rotating")
+	}
+	switch {
+	case c.Store.Compression == CompressionZstd && c.Store.RecordFormat < 3:
+		w = append(w, "store.compression: zstd is written only under store.record_format: 3 (releases before v0.5.0 cannot read compressed records): set 3 once every replica runs v0.5.0 or later")
+	case c.Store.KeySecretFile != "" && c.Store.RecordFormat < 2:
+		w = append(w, "store.record_format: 1: fingerprints are stored as plain SHA-256, which someone who reads Redis can check guessed request bodies against; set 2 (keyed with store.key_secret_file) once every replica runs v0.4.0 or later (CHANGELOG.md)")
+	}
+	if c.Tracing.TrustIncoming == TraceTrustAll {
+		w = append(w, "tracing.trust_incoming: all: any client's traceparent parents idemproxy's spans and can force them sampled (and exported); trusted_peers keeps that to the proxies in identity.trusted_proxies")
+	}
+	for i, p := range c.PassThroughUpgrades {
+		if !strings.EqualFold(p, "websocket") {
+			w = append(w, fmt.Sprintf("pass_through_upgrades[%d]: %s is tunnelled for every peer: an upstream that goes on parsing HTTP inside the tunnel (h2c) reads headers idemproxy never stripped", i, p))
+		}
+	}
+	if len(c.Store.Encryption.KeyFiles) > 0 && !c.Store.Encryption.Required {
+		w = append(w, "store.encryption.required: false with key_files: an unsealed record planted in Redis is replayed as it is; keep it only while records written before sealing can exist (one retention), then remove it (true is the default with key_files)")
+	}
+	for i, r := range c.Routes {
+		if r.Webhook.Provider == "" || r.set == nil {
+			continue
+		}
+		if !r.set["quota.new_keys"] && c.Defaults.Quota.NewKeys > 0 {
+			w = append(w, fmt.Sprintf("routes[%d].quota.new_keys: not set, so defaults.quota.new_keys (%d) does not apply to this webhook route (%s): every delivery is the provider's, and a busy provider would be refused 429 too-many-keys past %d events a window; set it on the route to bound the provider's new keys", i, c.Defaults.Quota.NewKeys, r.Name, c.Defaults.Quota.NewKeys))
+		}
+		if r.set["scope"] && r.Settings.Scope == ScopePrincipal {
+			w = append(w, fmt.Sprintf("routes[%d].scope: principal is not applied to a webhook route (%s): its deliveries are always scoped by route; records v0.5.0 stored under the shared scope are still read for one retention", i, r.Name))
+		}
+	}
+	if c.Defaults.Quota.NewKeys == 0 {
+		for i, r := range c.Routes {
+			if r.Settings.Quota.NewKeys == 0 && r.Webhook.Provider == "" {
+				w = append(w, fmt.Sprintf("routes[%d].quota.new_keys: 0 (%s): one principal can claim new keys without bound and fill the store for the whole retention (503 store-full for everyone); set defaults.quota.new_keys (docs/security.md, Trust rules, sizes it)", i, r.Name))
+			}
+		}
+	}
+	if len(c.Store.Redis.Addrs) == 0 {
+		w = append(w, "store.redis.addrs: empty: the embedded in-memory store is in use: single instance, not durable, no authentication, lost on every restart (a retry after a restart executes again); development only, set store.redis.addrs in production")
+	}
+	w = append(w, c.exposedSecrets(os.Getgroups)...)
+	if need := c.Upstream.Budget(); c.Drain.Timeout > 0 && c.Drain.Timeout < need {
+		w = append(w, fmt.Sprintf("drain.timeout: %s is shorter than upstream.timeout + upstream.late_answer_window (%s): a rollout can cut off a request still upstream after the upstream acted; its key is then settled by unknown_outcome (keep: a retry may execute again once the lease lapses; fail: retries get 502 outcome-unknown) instead of its answer being stored; 0 waits %s", c.Drain.Timeout, need, need+DrainExtra))
+	}
+	if c.Upstream.LateAnswerWindow > 0 && c.Upstream.MaxLateCalls == 0 {
+		w = append(w, "upstream.max_late_calls: 0 holds no late call: upstream.late_answer_window has no effect, every call is cancelled at upstream.timeout")
+	}
+	return w
+}
+
+// covers reports whether the union of prefixes contains all of p.
+func covers(prefixes []netip.Prefix, p netip.Prefix) bool {
+	for _, q := range prefixes {
+		if q.Addr().Is4() == p.Addr().Is4() && q.Bits() <= p.Bits() && q.Contains(p.Addr()) {
+			return true
+		}
+	}
+	if p.Bits() >= p.Addr().BitLen() {
+		return false
+	}
+	// Split p in halves; a half no prefix reaches into ends the search.
+	lo := netip.PrefixFrom(p.Addr(), p.Bits()+1)
+	hiAddr := p.Addr().AsSlice()
+	hiAddr[p.Bits()/8] |= 0x80 >> (p.Bits() % 8)
+	hi, _ := netip.AddrFromSlice(hiAddr)
+	return reaches(prefixes, lo) && reaches(prefixes, netip.PrefixFrom(hi, p.Bits()+1)) &&
+		covers(prefixes, lo) && covers(prefixes, netip.PrefixFrom(hi, p.Bits()+1))
+}
+
+// reaches reports whether some prefix overlaps p.
+func reaches(prefixes []netip.Prefix, p netip.Prefix) bool {
+	for _, q := range prefixes {
+		if q.Overlaps(p) {
+			return true
+		}
+	}
+	return false
+}
