@@ -141,7 +141,7 @@ var consumers = map[string]struct{ file, reads string }{
 	"tracing.enabled":                    {"tracing.go", "cfg.Enabled"},
 	"tracing.trust_incoming":             {"adapt.go", "t.TrustIncoming"}, // proxy.Options.TraceTrust
 	"admin.token_file":                   {"secrets.go", "cfg.Admin.TokenFile"},
-	"admin.readiness_requires_store":     {"storewatch.go", "s.cfg.Admin.ReadinessRequiresStore"},
+	"admin.readiness_requires_store":     {"server.go", "s.cfg.Admin.ReadinessRequiresStore"},
 	"store.redis.addrs":                  {"adapt.go", "slices.Clone(r.Addrs)"},
 	"store.redis.master_name":            {"adapt.go", "r.MasterName"},
 	"store.redis.username":               {"adapt.go", "r.Username"},
