@@ -203,36 +203,14 @@ func describeVersions(scs []*sidecar) string {
 	return strings.Join(parts, ", ")
 }
 
-// buildPrevious builds the release PREVIOUS_RELEASE names, from git
-// archive of its commit (the checkout is untouched), into dir.
+// buildPrevious builds the release PREVIOUS_RELEASE names into dir.
 func buildPrevious(dir string) (bin, version string, err error) {
-	root, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	r, err := binarytest.Previous()
 	if err != nil {
-		return "", "", fmt.Errorf("-mixed needs a git checkout: %w", err)
+		return "", "", fmt.Errorf("-mixed: %w", err)
 	}
-	top := strings.TrimSpace(string(root))
-	b, err := os.ReadFile(filepath.Join(top, "PREVIOUS_RELEASE"))
-	if err != nil {
-		return "", "", err
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return "", "", fmt.Errorf("PREVIOUS_RELEASE holds %q, want \"<version> <commit>\"", b)
-	}
-	version = f[0]
-	src := filepath.Join(dir, "previous")
-	if err := os.MkdirAll(src, 0o755); err != nil {
-		return "", "", err
-	}
-	extract := exec.Command("sh", "-c", `git -C "$1" archive --format=tar "$2" | tar -x -C "$3"`, "sh", top, f[1], src)
-	if out, err := extract.CombinedOutput(); err != nil {
-		return "", "", fmt.Errorf("git archive %s (%s): %v\n%s", version, f[1], err, out)
-	}
-	bin = filepath.Join(dir, "idemproxy-"+version)
-	if err := binarytest.Build(src, ".", bin); err != nil {
-		return "", "", err
-	}
-	return bin, version, nil
+	bin, err = r.Build(dir)
+	return bin, r.Version, err
 }
 
 // startSidecars starts o.sidecars sidecars in front of upstream, sidecar i

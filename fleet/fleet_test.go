@@ -22,70 +22,15 @@ import (
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
-// requirePrevious, when "1" (.ci/run sets it), fails the test instead of
-// skipping it when the previous release's commit is not in the clone.
-const requirePrevious = "IDEMPROXY_REQUIRE_PREVIOUS"
-
-// repoRoot is the top of the git checkout this test runs in.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	out, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
-	if err != nil {
-		t.Skip("not in a git checkout: cannot build the previous release")
-	}
-	return strings.TrimSpace(string(out))
-}
-
-// previous reads PREVIOUS_RELEASE: "<version> <commit>".
-func previous(t *testing.T, root string) (version, commit string) {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(root, "PREVIOUS_RELEASE"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		t.Fatalf("PREVIOUS_RELEASE holds %q, want \"<version> <commit>\"", b)
-	}
-	return f[0], f[1]
-}
-
-// build builds the previous release (from git archive of its commit, so
-// the checkout is untouched) and this tree, and returns their binaries.
+// build builds the previous release and this tree, and returns their
+// binaries.
 func build(t *testing.T) (old, cur string) {
 	t.Helper()
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("go not in PATH")
 	}
-	root := repoRoot(t)
-	version, commit := previous(t, root)
-	if err := exec.Command("git", "-C", root, "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
-		msg := fmt.Sprintf("the previous release %s (%s) is not in this clone (shallow?): git fetch --unshallow", version, commit)
-		if os.Getenv(requirePrevious) == "1" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
-	}
-	dir := t.TempDir()
-	src := filepath.Join(dir, "previous")
-	if err := os.MkdirAll(src, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	archive := exec.Command("git", "-C", root, "archive", "--format=tar", commit)
-	untar := exec.Command("tar", "-x", "-C", src)
-	pipe, _ := archive.StdoutPipe()
-	untar.Stdin = pipe
-	if err := untar.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := archive.Run(); err != nil {
-		t.Fatalf("git archive %s: %v", commit, err)
-	}
-	if err := untar.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	old = filepath.Join(dir, "idemproxy-"+version)
-	if err := binarytest.Build(src, ".", old); err != nil {
+	old, err := binarytest.PreviousT(t).Build(t.TempDir())
+	if err != nil {
 		t.Fatal(err)
 	}
 	return old, binarytest.TestBinary(t)

@@ -3,6 +3,7 @@ package binarytest
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -113,4 +114,18 @@ func (r *Recorder) Total() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.total
+}
+
+// PreviousT is the previous release for a test: it skips when the release
+// is not in the clone, or fails when RequirePreviousEnv is "1".
+func PreviousT(tb testing.TB) Release {
+	tb.Helper()
+	r, err := Previous()
+	switch {
+	case errors.Is(err, ErrNoPrevious) && os.Getenv(RequirePreviousEnv) != "1":
+		tb.Skip(err)
+	case err != nil:
+		tb.Fatal(err)
+	}
+	return r
 }

@@ -2,7 +2,6 @@ package validate
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -15,6 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 )
 
 // releaseVersion is the version CHANGELOG.md is at: the Unreleased
@@ -83,31 +84,12 @@ func TestManifestsFollowTheRelease(t *testing.T) {
 // IDEMPROXY_REQUIRE_PREVIOUS=1.
 func previousChart(t *testing.T) (dir, version string) {
 	t.Helper()
-	b, err := os.ReadFile("../../../PREVIOUS_RELEASE")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		t.Fatalf("PREVIOUS_RELEASE holds %q", b)
-	}
-	version, commit := f[0], f[1]
-	if err := exec.Command("git", "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
-		if os.Getenv("IDEMPROXY_REQUIRE_PREVIOUS") == "1" {
-			t.Fatalf("the previous release %s (%s) is not in this clone", version, commit)
-		}
-		t.Skipf("the previous release %s (%s) is not in this clone (shallow?)", version, commit)
-	}
+	r := binarytest.PreviousT(t)
 	dir = t.TempDir()
-	top, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
-	if err != nil {
-		t.Fatal(err)
+	if err := r.Extract(dir, "deploy/helm/idemproxy"); err != nil {
+		t.Fatalf("extract the %s chart: %v", r.Version, err)
 	}
-	extract := exec.Command("sh", "-c", `git -C "$1" archive --format=tar "$2" deploy/helm/idemproxy | tar -x -C "$3"`, "sh", strings.TrimSpace(string(top)), commit, dir)
-	if out, err := extract.CombinedOutput(); err != nil {
-		t.Fatalf("extract the %s chart: %v\n%s", version, err, out)
-	}
-	return filepath.Join(dir, "deploy/helm/idemproxy"), version
+	return filepath.Join(dir, "deploy/helm/idemproxy"), r.Version
 }
 
 // TestUpgradeKeepsEndpoints (issue 32): rendered from the previous
