@@ -74,43 +74,54 @@ type exchange struct {
 	more     []*lentBody
 }
 
-// serve runs steps 2 to 8 of the request flow (route match is done):
-// admit the request, read its body, then claim the key and either own
+// admitted is what a route's admission let through.
+type admitted struct {
+	key  string
+	body []byte
+	// legacyID, on a webhook route, is the id v0.5.0 keyed the delivery
+	// by (useLegacyKey).
+	legacyID string
+}
+
+// serve runs steps 2 to 8 of the request flow (route match is done): the
+// route's admission (admitClient: the forwarded identity and the key; or
+// admitDelivery: a webhook delivery's signature), which reads the body,
+// then one tail: fingerprint the request, claim the key and either own
 // the request or answer from the record already there.
 func (x *exchange) serve() {
-	if x.rt.settings.Webhook != nil {
-		x.serveWebhook()
-		return
-	}
-	key, ok := x.admit()
+	in, ok := x.rt.admit(x)
 	if !ok {
 		return
+	}
+	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, in.body)
+	x.hashedKey = x.h.store.Key(x.principal, x.rt.scope, in.key)
+	if in.legacyID != "" && !x.useLegacyKey(in.legacyID) {
+		return
+	}
+	x.ownOrAnswer(x.newClaim(fp), in.body)
+}
+
+// admitClient is the admission of a route whose principals come from
+// identity (header, JWT or XFCC): the key, the principal, the body, a key
+// in the body, and a first-sent time. False when it answered.
+func (x *exchange) admitClient() (admitted, bool) {
+	key, ok := x.admit()
+	if !ok {
+		return admitted{}, false
 	}
 	body, ok := x.readBody()
 	if !ok {
-		return
+		return admitted{}, false
 	}
 	if x.rt.keyPointer != nil {
 		if key, ok = x.keyInBody(key, body); !ok {
-			return
+			return admitted{}, false
 		}
 	}
-	if s := x.rt.settings.FirstSent; len(s) > 0 {
-		t, ok, err := firstSent(s, x.r.Header, key)
-		if err == nil && ok && t.After(time.Now().Add(x.rt.settings.FirstSentSkew)) {
-			// A date in the future (year 9999) would switch the check
-			// off for this request: refused, like a malformed one.
-			err = errors.New("the first-sent time " + t.UTC().Format(time.RFC3339) + " is in the future (more than first_sent_skew ahead of this sidecar's clock)")
-		}
-		if err != nil {
-			x.answer(outcomeRejected, probFirstSentInvalid.with(err.Error()))
-			return
-		}
-		x.firstSent, x.hasFirstSent = t, ok
+	if !x.readFirstSent(key) {
+		return admitted{}, false
 	}
-	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, body)
-	x.hashedKey = x.h.store.Key(x.principal, x.rt.scope, key)
-	x.ownOrAnswer(x.newClaim(fp), body)
+	return admitted{key: key, body: body}, true
 }
 
 // newClaim is the in-progress record this attempt claims the key with.

@@ -141,3 +141,26 @@ func (x *exchange) refuseUnrecorded(rec *claim.Record) bool {
 func (x *exchange) releaseClaim(rec *claim.Record) {
 	_ = x.detached("release", func(ctx context.Context) error { return x.h.store.Release(ctx, x.hashedKey, rec.Token) })
 }
+
+// readFirstSent reads when the request was first sent, from the route's
+// first_sent sources (x.firstSent, x.hasFirstSent). A malformed time, or
+// one further ahead than first_sent_skew, is refused: false when it
+// answered.
+func (x *exchange) readFirstSent(key string) bool {
+	s := x.rt.settings.FirstSent
+	if len(s) == 0 {
+		return true
+	}
+	t, ok, err := firstSent(s, x.r.Header, key)
+	if err == nil && ok && t.After(time.Now().Add(x.rt.settings.FirstSentSkew)) {
+		// A date in the future (year 9999) would switch the check off for
+		// this request: refused, like a malformed one.
+		err = errors.New("the first-sent time " + t.UTC().Format(time.RFC3339) + " is in the future (more than first_sent_skew ahead of this sidecar's clock)")
+	}
+	if err != nil {
+		x.answer(outcomeRejected, probFirstSentInvalid.with(err.Error()))
+		return false
+	}
+	x.firstSent, x.hasFirstSent = t, ok
+	return true
+}

@@ -140,17 +140,17 @@ func (wh *Webhook) deliveryID(h http.Header, key string) string {
 	return key
 }
 
-// serveWebhook is serve for a webhook route: the signature headers, the
-// body, the signature, the key, then the claim as for any protected
-// request.
-func (x *exchange) serveWebhook() {
+// admitDelivery is the admission of a webhook route: the signature
+// headers, the body, the signature, then the key from what is signed.
+// False when it answered.
+func (x *exchange) admitDelivery() (admitted, bool) {
 	wh := x.rt.settings.Webhook
 	if x.r.URL.Path != x.path {
 		x.answer(outcomeRejected, probPathNotCanonical.with("send it to "+x.path+", the path this route protects"))
-		return
+		return admitted{}, false
 	}
 	if !x.keyHeaderAdmitted() {
-		return
+		return admitted{}, false
 	}
 	// Until its signature verifies, a delivery's bytes are its sending
 	// peer's: unsigned bodies must not fill the provider's share, which
@@ -162,35 +162,30 @@ func (x *exchange) serveWebhook() {
 		// body before writing the answer.
 		x.w.Header().Set("Connection", "close")
 		x.signatureInvalid(err)
-		return
+		return admitted{}, false
 	}
 	body, ok := x.readBody()
 	if !ok {
-		return
+		return admitted{}, false
 	}
 	if err := wh.verify(d, body); err != nil {
 		x.signatureInvalid(err)
-		return
+		return admitted{}, false
 	}
 	if !x.holdAs(wh.principal()) {
-		return
+		return admitted{}, false
 	}
 	key, err := wh.key(d, body)
 	switch {
 	case errors.Is(err, errKeyMissing):
 		x.answer(outcomeRejected, probKeyMissing.with(err.Error()))
-		return
+		return admitted{}, false
 	case err != nil:
 		x.answer(outcomeRejected, probKeyMalformed.with(err.Error()))
-		return
+		return admitted{}, false
 	}
 	x.r.Header.Set(x.rt.settings.KeyHeader, key) // the upstream can dedupe on it too
-	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, body)
-	x.hashedKey = x.h.store.Key(x.principal, x.rt.scope, key)
-	if !x.useLegacyKey(wh.deliveryID(x.r.Header, key)) {
-		return
-	}
-	x.ownOrAnswer(x.newClaim(fp), body)
+	return admitted{key: key, body: body, legacyID: wh.deliveryID(x.r.Header, key)}, true
 }
 
 func (x *exchange) signatureInvalid(err error) {
