@@ -90,89 +90,112 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "route (a configured route's name), principal and key are required", http.StatusBadRequest)
 		return
 	}
-	redisKey := a.store.Key(principal, scope, key)
+	c := &keyCall{keysAPI: a, w: w, q: q, redisKey: a.store.Key(principal, scope, key)}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	result, status, recState, bodyRead := "", http.StatusOK, "", false
 	defer func() {
-		a.log.Warn("admin key API", "method", r.Method, "route", routeName, "key", redisKey,
-			"principal_hash", principalDigest(a.token, principal), "state", recState, "body_read", bodyRead,
-			"force", q.Get("force") == "true", "result", result, "remote", r.RemoteAddr)
+		a.log.Warn("admin key API", "method", r.Method, "route", routeName, "key", c.redisKey,
+			"principal_hash", principalDigest(a.token, principal), "state", c.recState, "body_read", c.bodyRead,
+			"force", q.Get("force") == "true", "result", c.result, "remote", r.RemoteAddr)
 	}()
 	switch r.Method {
 	case http.MethodGet:
-		rec, left, err := a.store.Get(ctx, redisKey)
-		if err != nil {
-			result, status = err.Error(), http.StatusServiceUnavailable
-			http.Error(w, err.Error(), status)
-			return
-		}
-		info := keyInfo{RedisKey: redisKey, State: "absent"}
-		if rec != nil {
-			info.State, info.Status, info.RequestID = rec.State.String(), rec.Status, rec.RequestID
-			info.Fingerprint = hex.EncodeToString(rec.Fingerprint[:])
-			info.LeftSeconds, info.Orphaned, info.BodyOmitted = left.Seconds(), rec.Orphaned(left), rec.BodyOmitted
-			if !rec.Created.IsZero() {
-				info.Created = &rec.Created
-			}
-			if !rec.Completed.IsZero() {
-				info.Completed = &rec.Completed
-			}
-			if q.Get("body") == "true" && rec.State == claim.Completed {
-				n, err := rec.InflatedLen()
-				if err == nil {
-					err = rec.Inflate(make([]byte, 0, n))
-				}
-				if err != nil {
-					result, status = err.Error(), http.StatusInternalServerError
-					http.Error(w, "the stored body cannot be read: "+err.Error(), status)
-					return
-				}
-				b := string(rec.Body)
-				info.Body, bodyRead = &b, true
-			}
-		}
-		result, recState = info.State, info.State
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(info)
+		c.get(ctx)
 	case http.MethodDelete:
-		state := map[string]claim.State{"in_progress": claim.InProgress, "completed": claim.Completed}[q.Get("state")]
-		if state == 0 {
-			result = "refused: no state"
-			http.Error(w, "state=in_progress (release a stuck claim) or state=completed (forget a stored answer) is required", http.StatusBadRequest)
-			return
-		}
-		rec, left, err := a.store.Get(ctx, redisKey)
-		if err != nil {
-			result, status = err.Error(), http.StatusServiceUnavailable
-			http.Error(w, err.Error(), status)
-			return
-		}
-		if rec != nil {
-			recState = rec.State.String()
-		}
-		if rec != nil && rec.State == claim.InProgress && state == claim.InProgress && left > 0 && q.Get("force") != "true" {
-			// Its owner may still be forwarding: a retry after the delete
-			// would execute beside it, and its answer be lost (fence_lost).
-			result, status = "refused: claim live", http.StatusConflict
-			http.Error(w, fmt.Sprintf("the claim is live (its owner renews it; %s of lease left): a retry after a delete would execute beside it. Wait for the lease to lapse, or add force=true if its owner is gone", left.Round(time.Millisecond)), status)
-			return
-		}
-		err = a.store.Forget(ctx, redisKey, state)
-		switch {
-		case errors.Is(err, claim.ErrStateChanged):
-			result, status = "left alone: not "+q.Get("state"), http.StatusConflict
-		case err != nil:
-			result, status = err.Error(), http.StatusServiceUnavailable
-		default:
-			result = "deleted " + q.Get("state")
-		}
-		w.WriteHeader(status)
-		fmt.Fprintln(w, result)
+		c.delete(ctx)
 	default:
-		result = "refused: method"
-		http.Error(w, "GET or DELETE", http.StatusMethodNotAllowed)
+		c.fail(http.StatusMethodNotAllowed, "refused: method", "GET or DELETE")
 	}
+}
+
+// keyCall is one call of the key API, and what its audit line says.
+type keyCall struct {
+	keysAPI
+	w        http.ResponseWriter
+	q        url.Values
+	redisKey string
+	// result, recState and bodyRead are audited.
+	result, recState string
+	bodyRead         bool
+}
+
+// fail answers status with msg, audited as result.
+func (c *keyCall) fail(status int, result, msg string) {
+	c.result = result
+	http.Error(c.w, msg, status)
+}
+
+// get answers what is stored under the key (with body=true, the stored
+// body too).
+func (c *keyCall) get(ctx context.Context) {
+	rec, left, err := c.store.Get(ctx, c.redisKey)
+	if err != nil {
+		c.fail(http.StatusServiceUnavailable, err.Error(), err.Error())
+		return
+	}
+	info := keyInfo{RedisKey: c.redisKey, State: "absent"}
+	if rec != nil {
+		info.State, info.Status, info.RequestID = rec.State.String(), rec.Status, rec.RequestID
+		info.Fingerprint = hex.EncodeToString(rec.Fingerprint[:])
+		info.LeftSeconds, info.Orphaned, info.BodyOmitted = left.Seconds(), rec.Orphaned(left), rec.BodyOmitted
+		if !rec.Created.IsZero() {
+			info.Created = &rec.Created
+		}
+		if !rec.Completed.IsZero() {
+			info.Completed = &rec.Completed
+		}
+		if c.q.Get("body") == "true" && rec.State == claim.Completed {
+			n, err := rec.InflatedLen()
+			if err == nil {
+				err = rec.Inflate(make([]byte, 0, n))
+			}
+			if err != nil {
+				c.fail(http.StatusInternalServerError, err.Error(), "the stored body cannot be read: "+err.Error())
+				return
+			}
+			b := string(rec.Body)
+			info.Body, c.bodyRead = &b, true
+		}
+	}
+	c.result, c.recState = info.State, info.State
+	c.w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(c.w).Encode(info)
+}
+
+// delete forgets the key's record in the state asked for: a live claim
+// only with force=true.
+func (c *keyCall) delete(ctx context.Context) {
+	want := c.q.Get("state")
+	state := map[string]claim.State{"in_progress": claim.InProgress, "completed": claim.Completed}[want]
+	if state == 0 {
+		c.fail(http.StatusBadRequest, "refused: no state", "state=in_progress (release a stuck claim) or state=completed (forget a stored answer) is required")
+		return
+	}
+	rec, left, err := c.store.Get(ctx, c.redisKey)
+	if err != nil {
+		c.fail(http.StatusServiceUnavailable, err.Error(), err.Error())
+		return
+	}
+	if rec != nil {
+		c.recState = rec.State.String()
+	}
+	if rec != nil && rec.State == claim.InProgress && state == claim.InProgress && left > 0 && c.q.Get("force") != "true" {
+		// Its owner may still be forwarding: a retry after the delete
+		// would execute beside it, and its answer be lost (fence_lost).
+		c.fail(http.StatusConflict, "refused: claim live", fmt.Sprintf("the claim is live (its owner renews it; %s of lease left): a retry after a delete would execute beside it. Wait for the lease to lapse, or add force=true if its owner is gone", left.Round(time.Millisecond)))
+		return
+	}
+	status := http.StatusOK
+	switch err := c.store.Forget(ctx, c.redisKey, state); {
+	case errors.Is(err, claim.ErrStateChanged):
+		c.result, status = "left alone: not "+want, http.StatusConflict
+	case err != nil:
+		c.result, status = err.Error(), http.StatusServiceUnavailable
+	default:
+		c.result = "deleted " + want
+	}
+	c.w.WriteHeader(status)
+	fmt.Fprintln(c.w, c.result)
 }
 
 // runKeys is "idemproxy keys get|delete": the key API from the command

@@ -82,22 +82,6 @@ func WithEpochObserver(observe func(Epoch)) Option {
 	return func(s *Store) { s.epochs.onLoss = observe }
 }
 
-// epochScript returns the master's epoch marker, creating it from Redis'
-// clock when it is missing, marked ":lost" when the caller says the
-// previous one was seen.
-//
-// KEYS[1] the marker; ARGV[1] "lost" or "new". Returns {created (0/1),
-// its value: microseconds, then ":lost" for an epoch after a loss}.
-var epochScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if v then return {0, v} end
-local t = redis.call('TIME')
-v = t[1] .. string.format('%06d', tonumber(t[2]))
-if ARGV[1] == 'lost' then v = v .. ':lost' end
-redis.call('SET', KEYS[1], v, 'NX')
-return {1, redis.call('GET', KEYS[1])}
-`)
-
 // epochKey is the marker's key on a master one of whose slots is slot
 // (-1: not a Cluster).
 func (s *Store) epochKey(slot int) string {
@@ -222,17 +206,6 @@ func (s *Store) lookEpoch(ctx context.Context, name string, c redis.Scripter, sl
 	}
 	return e, nil
 }
-
-// epochLostScript marks an epoch marker as following a loss, if it is
-// still the one the caller read.
-//
-// KEYS[1] the marker; ARGV[1] its value as read (without ":lost").
-var epochLostScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1] .. ':lost')
-end
-return 1
-`)
 
 // EpochStart is when the epoch of key's master began after the store lost
 // its data: requests first sent before it may have lost their records.

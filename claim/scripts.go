@@ -152,3 +152,30 @@ redis.call('DEL', KEYS[1])
 redis.pcall(ARGV[2], KEYS[1], '')
 return 1
 `)
+
+// epochScript returns the master's epoch marker, creating it from Redis'
+// clock when it is missing, marked ":lost" when the caller says the
+// previous one was seen.
+//
+// KEYS[1] the marker; ARGV[1] "lost" or "new". Returns {created (0/1),
+// its value: microseconds, then ":lost" for an epoch after a loss}.
+var epochScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then return {0, v} end
+local t = redis.call('TIME')
+v = t[1] .. string.format('%06d', tonumber(t[2]))
+if ARGV[1] == 'lost' then v = v .. ':lost' end
+redis.call('SET', KEYS[1], v, 'NX')
+return {1, redis.call('GET', KEYS[1])}
+`)
+
+// epochLostScript marks an epoch marker as following a loss, if it is
+// still the one the caller read.
+//
+// KEYS[1] the marker; ARGV[1] its value as read (without ":lost").
+var epochLostScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1] .. ':lost')
+end
+return 1
+`)

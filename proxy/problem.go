@@ -30,51 +30,52 @@ type problem struct {
 	retryAfter time.Duration
 }
 
-// The problems idemproxy answers with, one per case. Titles never change
-// with the request; detail says what was wrong with this one.
+// The problems idemproxy answers with, one per case, each declared once.
+// Titles never change with the request; detail says what was wrong with
+// this one.
 var (
-	probKeyMissing            = problem{Type: "key-missing", Status: http.StatusBadRequest, Title: "Idempotency key required"}
-	probKeyMalformed          = problem{Type: "key-malformed", Status: http.StatusBadRequest, Title: "Malformed idempotency key"}
-	probIdentityMissing       = problem{Type: "identity-missing", Status: http.StatusUnauthorized, Title: "Authenticated principal required"}
-	probTokenInvalid          = problem{Type: "token-invalid", Status: http.StatusUnauthorized, Title: "Bearer token not valid"}
-	probIdentityInvalid       = problem{Type: "identity-invalid", Status: http.StatusBadRequest, Title: "Ambiguous principal"}
-	probHopByHop              = problem{Type: "hop-by-hop-forbidden", Status: http.StatusBadRequest, Title: "A header idemproxy relies on was nominated as hop-by-hop"}
-	probPathNotCanonical      = problem{Type: "path-not-canonical", Status: http.StatusBadRequest, Title: "The request path is not in canonical form"}
-	probBodyTooLarge          = problem{Type: "body-too-large", Status: http.StatusRequestEntityTooLarge, Title: "Request body too large"}
-	probBodyUnreadable        = problem{Type: "body-unreadable", Status: http.StatusBadRequest, Title: "Request body could not be read"}
-	probMismatch              = problem{Type: "key-reused", Status: http.StatusUnprocessableEntity, Title: "Idempotency key reused with a different request"}
-	probInProgress            = problem{Type: "request-in-progress", Status: http.StatusConflict, Title: "A request with this idempotency key is in progress"}
-	probNotReplayable         = problem{Type: "response-not-replayable", Status: http.StatusConflict, Title: "The original response was too large to store and cannot be replayed"}
-	probOverloaded            = problem{Type: "overloaded", Status: http.StatusServiceUnavailable, Title: "The route forwards as many requests as it may"}
-	probBuffersFull           = problem{Type: "buffers-full", Status: http.StatusServiceUnavailable, Title: "idemproxy holds as many request bytes as it may"}
-	probTooManyKeys           = problem{Type: "too-many-keys", Status: http.StatusTooManyRequests, Title: "Too many new idempotency keys"}
-	probTooManyBytes          = problem{Type: "too-many-bytes", Status: http.StatusTooManyRequests, Title: "This principal holds its whole share of request buffers"}
-	probStoreFull             = problem{Type: "store-full", Status: http.StatusServiceUnavailable, Title: "Idempotency store full"}
-	probStoreUnavailable      = problem{Type: "store-unavailable", Status: http.StatusServiceUnavailable, Title: "Idempotency store unavailable"}
-	probRecordCorrupt         = problem{Type: "record-unreadable", Status: http.StatusInternalServerError, Title: "Stored idempotency record could not be read"}
-	probUpstreamDown          = problem{Type: "upstream-unreachable", Status: http.StatusBadGateway, Title: "Upstream unreachable; the request was not sent"}
-	probUpstreamFailed        = problem{Type: "upstream-failed", Status: http.StatusBadGateway, Title: "Upstream connection failed after the request was sent"}
-	probUpstreamTimeout       = problem{Type: "upstream-timeout", Status: http.StatusGatewayTimeout, Title: "Upstream did not answer in time"}
-	probReplayForbidden       = problem{Type: "replay-forbidden", Status: http.StatusForbidden, Title: "Not authorized to see the stored response"}
-	probAuthorizerUnavailable = problem{Type: "authorizer-unavailable", Status: http.StatusServiceUnavailable, Title: "The replay authorizer is unavailable"}
-	probUpgradeRefused        = problem{Type: "upgrade-refused", Status: http.StatusBadRequest, Title: "Protocol upgrade refused"}
-	probSignatureInvalid      = problem{Type: "signature-invalid", Status: http.StatusUnauthorized, Title: "Webhook signature missing, wrong or outside the tolerance"}
-	probFirstSentInvalid      = problem{Type: "first-sent-invalid", Status: http.StatusBadRequest, Title: "Malformed first-sent time"}
-	probKeyExpired            = problem{Type: "key-expired", Status: http.StatusPreconditionFailed, Title: "The request was first sent longer ago than its record is kept"}
-	probRecordLost            = problem{Type: "record-lost", Status: http.StatusPreconditionFailed, Title: "The request was first sent before the store lost its records"}
-	probOutcomeUnknown        = problem{Type: "outcome-unknown", Status: http.StatusBadGateway, Title: "The outcome of the request sent with this idempotency key is unknown"}
+	probKeyMissing            = declare("key-missing", http.StatusBadRequest, "Idempotency key required")
+	probKeyMalformed          = declare("key-malformed", http.StatusBadRequest, "Malformed idempotency key")
+	probIdentityMissing       = declare("identity-missing", http.StatusUnauthorized, "Authenticated principal required")
+	probTokenInvalid          = declare("token-invalid", http.StatusUnauthorized, "Bearer token not valid")
+	probIdentityInvalid       = declare("identity-invalid", http.StatusBadRequest, "Ambiguous principal")
+	probHopByHop              = declare("hop-by-hop-forbidden", http.StatusBadRequest, "A header idemproxy relies on was nominated as hop-by-hop")
+	probPathNotCanonical      = declare("path-not-canonical", http.StatusBadRequest, "The request path is not in canonical form")
+	probBodyTooLarge          = declare("body-too-large", http.StatusRequestEntityTooLarge, "Request body too large")
+	probBodyUnreadable        = declare("body-unreadable", http.StatusBadRequest, "Request body could not be read")
+	probMismatch              = declare("key-reused", http.StatusUnprocessableEntity, "Idempotency key reused with a different request")
+	probInProgress            = declare("request-in-progress", http.StatusConflict, "A request with this idempotency key is in progress")
+	probNotReplayable         = declare("response-not-replayable", http.StatusConflict, "The original response was too large to store and cannot be replayed")
+	probOverloaded            = declare("overloaded", http.StatusServiceUnavailable, "The route forwards as many requests as it may")
+	probBuffersFull           = declare("buffers-full", http.StatusServiceUnavailable, "idemproxy holds as many request bytes as it may")
+	probTooManyKeys           = declare("too-many-keys", http.StatusTooManyRequests, "Too many new idempotency keys")
+	probTooManyBytes          = declare("too-many-bytes", http.StatusTooManyRequests, "This principal holds its whole share of request buffers")
+	probStoreFull             = declare("store-full", http.StatusServiceUnavailable, "Idempotency store full")
+	probStoreUnavailable      = declare("store-unavailable", http.StatusServiceUnavailable, "Idempotency store unavailable")
+	probRecordCorrupt         = declare("record-unreadable", http.StatusInternalServerError, "Stored idempotency record could not be read")
+	probUpstreamDown          = declare("upstream-unreachable", http.StatusBadGateway, "Upstream unreachable; the request was not sent")
+	probUpstreamFailed        = declare("upstream-failed", http.StatusBadGateway, "Upstream connection failed after the request was sent")
+	probUpstreamTimeout       = declare("upstream-timeout", http.StatusGatewayTimeout, "Upstream did not answer in time")
+	probReplayForbidden       = declare("replay-forbidden", http.StatusForbidden, "Not authorized to see the stored response")
+	probAuthorizerUnavailable = declare("authorizer-unavailable", http.StatusServiceUnavailable, "The replay authorizer is unavailable")
+	probUpgradeRefused        = declare("upgrade-refused", http.StatusBadRequest, "Protocol upgrade refused")
+	probSignatureInvalid      = declare("signature-invalid", http.StatusUnauthorized, "Webhook signature missing, wrong or outside the tolerance")
+	probFirstSentInvalid      = declare("first-sent-invalid", http.StatusBadRequest, "Malformed first-sent time")
+	probKeyExpired            = declare("key-expired", http.StatusPreconditionFailed, "The request was first sent longer ago than its record is kept")
+	probRecordLost            = declare("record-lost", http.StatusPreconditionFailed, "The request was first sent before the store lost its records")
+	probOutcomeUnknown        = declare("outcome-unknown", http.StatusBadGateway, "The outcome of the request sent with this idempotency key is unknown")
 )
 
-// problems lists every problem above: the docs/configuration.md's table of problem types
-// must name each (TestReadmeListsEveryProblemType). A new problem is
-// declared above and added here.
-var problems = []problem{
-	probKeyMissing, probKeyMalformed, probIdentityMissing, probTokenInvalid, probIdentityInvalid,
-	probHopByHop, probPathNotCanonical, probBodyTooLarge, probBodyUnreadable, probMismatch,
-	probInProgress, probNotReplayable, probOverloaded, probBuffersFull, probTooManyKeys, probTooManyBytes,
-	probStoreFull, probStoreUnavailable, probRecordCorrupt, probUpstreamDown, probUpstreamFailed,
-	probUpstreamTimeout, probReplayForbidden, probAuthorizerUnavailable, probOutcomeUnknown, probUpgradeRefused,
-	probSignatureInvalid, probFirstSentInvalid, probKeyExpired, probRecordLost,
+// problems lists every problem above, in order, as declare made them:
+// docs/configuration.md's table of problem types must name each
+// (TestReadmeListsEveryProblemType). A new problem is one declare line.
+var problems []problem
+
+// declare makes a problem type and lists it in problems.
+func declare(typ string, status int, title string) problem {
+	p := problem{Type: typ, Status: status, Title: title}
+	problems = append(problems, p)
+	return p
 }
 
 // problemContentType is the media type of every problem answer.
