@@ -89,18 +89,27 @@ func postAnswerAs(t *testing.T, url, principal, key, body string) (*http.Respons
 	return postWith(t, url, principal, key, body, nil)
 }
 
-// postWith is postAnswerAs with header's fields added to the request.
-func postWith(t *testing.T, url, principal, key, body string, header http.Header) (*http.Response, string) {
-	t.Helper()
+// payRequest is the common protected request of these tests: a JSON POST
+// of body to url as alice (X-Forwarded-User, honoured from loopback) with
+// key (none when empty). Safe to build in a goroutine.
+func payRequest(url, key, body string) *http.Request {
 	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	for k, vs := range header {
-		req.Header[k] = vs
-	}
-	req.Header.Set("X-Forwarded-User", principal)
+	req.Header.Set("X-Forwarded-User", "alice")
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
+	return req
+}
+
+// postWith is postAnswerAs with header's fields added to the request.
+func postWith(t *testing.T, url, principal, key, body string, header http.Header) (*http.Response, string) {
+	t.Helper()
+	req := payRequest(url, key, body)
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	req.Header.Set("X-Forwarded-User", principal)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

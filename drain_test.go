@@ -47,10 +47,7 @@ func TestDrainStoresInFlightRequest(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/payments", strings.NewReader("{}"))
-		req.Header.Set("X-Forwarded-User", "alice")
-		req.Header.Set("Idempotency-Key", "drain-1")
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := http.DefaultClient.Do(payRequest("http://"+addr+"/payments", "drain-1", "{}"))
 		if err != nil {
 			done <- result{err: err}
 			return

@@ -76,10 +76,7 @@ routes:
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	first := start()
 	go func() {
-		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/payments", strings.NewReader("{}"))
-		req.Header.Set("X-Forwarded-User", "alice")
-		req.Header.Set("Idempotency-Key", "killed-1")
-		if resp, err := http.DefaultClient.Do(req); err == nil {
+		if resp, err := http.DefaultClient.Do(payRequest("http://"+addr+"/payments", "killed-1", "{}")); err == nil {
 			resp.Body.Close()
 		}
 	}()

@@ -96,16 +96,7 @@ func startTest(t *testing.T, cfg *config.Config, path string, logger *slog.Logge
 // pay sends one protected POST and returns its status and body.
 func pay(t *testing.T, addr, key string) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/payments", strings.NewReader("{}"))
-	req.Header.Set("X-Forwarded-User", "alice")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("POST /payments: %v", err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return post(t, "http://"+addr+"/payments", key, "{}")
 }
 
 // TestPprofOnlyOnItsOwnLoopbackListener: pprof is never served next to the

@@ -204,10 +204,7 @@ func TestLogLevelReloads(t *testing.T) {
 	client, admin := startFromFileLogging(t, path, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	keyed := func(key string) {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, client+"/a", strings.NewReader("{}"))
-		req.Header.Set("X-Forwarded-User", "alice")
-		req.Header.Set("Idempotency-Key", key)
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := http.DefaultClient.Do(payRequest(client+"/a", key, "{}"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -64,10 +64,7 @@ routes:
 			}()
 			answered := make(chan [2]any, 1)
 			go func() {
-				req, _ := http.NewRequest(http.MethodPost, first.Client+"/payments", strings.NewReader(`{"amount":1}`))
-				req.Header.Set("X-Forwarded-User", "alice")
-				req.Header.Set("Idempotency-Key", "stalled")
-				resp, err := http.DefaultClient.Do(req)
+				resp, err := http.DefaultClient.Do(payRequest(first.Client+"/payments", "stalled", `{"amount":1}`))
 				if err != nil {
 					answered <- [2]any{0, err.Error()}
 					return
