@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -180,9 +181,11 @@ routes:
 	resumed = true
 	poll.Until(t, "A forwarded", func() bool { return upstream.Executions("k") == 1 })
 
-	// B's claim finds A's record (a bulk reply, on time); the reply after
-	// it (B's read of the key's TTL: an integer or an array) comes 0.85s late.
-	late := linkB.DelayNextReply(func(b []byte) bool { return len(b) > 0 && (b[0] == ':' || b[0] == '*') }, 850*time.Millisecond)
+	// B's claim finds A's record: the claim script's reply (an array of
+	// four: the record, its PTTL and Redis' TIME) comes 0.85s late. Only
+	// that reply: the store watcher's TIME (an array of two) or epoch
+	// look, sent between arming and B's claim, must not take the delay.
+	late := linkB.DelayNextReply(func(b []byte) bool { return bytes.HasPrefix(b, []byte("*4\r\n")) }, 850*time.Millisecond)
 	status, body := post(t, b.Client+"/payments", "k", `{"amount":1}`)
 	select {
 	case <-late:

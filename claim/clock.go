@@ -17,18 +17,18 @@ import (
 // is from Redis': an owner marks its claims (MarkClaimed, which is what
 // lets a later attempt free one) only while it has measured, recently and
 // without a step of its own wall clock since, that its clock is within
-// MaxClockOffset of every master's. Each measurement is one TIME round
+// maxClockOffset of every master's. Each measurement is one TIME round
 // trip: Redis read its clock somewhere between the moments the command
 // was sent and answered, so the offset lies in an interval as wide as the
 // round trip. A measurement is good when the whole interval is within
-// MaxClockOffset, bad when none of it is, and tells nothing otherwise (a
+// maxClockOffset, bad when none of it is, and tells nothing otherwise (a
 // slow reply): it then neither confirms nor withdraws the last good one.
 
-// MaxClockOffset is how far a sidecar's clock may be from Redis' while it
+// maxClockOffset is how far a sidecar's clock may be from Redis' while it
 // marks its claims. NTP keeps hosts within milliseconds; a host further
 // off than this stops marking (its claims are then never freed early:
 // 409s, or outcome-unknown, instead) until it is back within it.
-const MaxClockOffset = 500 * time.Millisecond
+const maxClockOffset = 500 * time.Millisecond
 
 const (
 	// clockValid is how long one good measurement lets claims be
@@ -47,11 +47,11 @@ type ClockReading struct {
 	Min, Max time.Duration
 }
 
-// Good reports that the whole interval is within MaxClockOffset.
-func (c ClockReading) Good() bool { return -MaxClockOffset <= c.Min && c.Max <= MaxClockOffset }
+// Good reports that the whole interval is within maxClockOffset.
+func (c ClockReading) Good() bool { return -maxClockOffset <= c.Min && c.Max <= maxClockOffset }
 
-// Bad reports that none of the interval is within MaxClockOffset.
-func (c ClockReading) Bad() bool { return c.Min > MaxClockOffset || c.Max < -MaxClockOffset }
+// Bad reports that none of the interval is within maxClockOffset.
+func (c ClockReading) Bad() bool { return c.Min > maxClockOffset || c.Max < -maxClockOffset }
 
 // Offset is the middle of the interval.
 func (c ClockReading) Offset() time.Duration { return (c.Min + c.Max) / 2 }
@@ -103,7 +103,7 @@ func (s *Store) noteClocks(readings []ClockReading, answered bool, end time.Time
 
 // CheckClocks measures this process' clock against every master's, as the
 // store watcher does every second (Health): claims are marked only while
-// a recent measurement was good (see MaxClockOffset).
+// a recent measurement was good (see maxClockOffset).
 func (s *Store) CheckClocks(ctx context.Context) {
 	var (
 		mu       sync.Mutex

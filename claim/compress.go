@@ -19,9 +19,9 @@ import (
 // flagCompressed marks a completed record whose body is zstd-compressed.
 const flagCompressed = 32
 
-// CompressThreshold is the smallest body compressed: below it the frame's
+// compressThreshold is the smallest body compressed: below it the frame's
 // overhead eats the saving.
-const CompressThreshold = 256
+const compressThreshold = 256
 
 // Reading. A record planted in Redis can carry a zstd bomb (1,945 stored
 // bytes inflate to 60 MiB), so a body is never inflated on read: a Store
@@ -32,9 +32,9 @@ const CompressThreshold = 256
 // beyond that buffer's capacity, so a frame that inflates to more than it
 // declared, or a second frame, is refused, not followed.
 
-// MaxInflated bounds any decompressed body: no route may set a larger
+// maxInflated bounds any decompressed body: no route may set a larger
 // max_response_body.
-const MaxInflated = 64 << 20
+const maxInflated = 64 << 20
 
 // maxWindow is the largest zstd window a stored frame may declare: the
 // writer's (SpeedDefault) is 8 MiB at most.
@@ -49,13 +49,13 @@ var (
 func zstdCodecs() (*zstd.Encoder, *zstd.Decoder) {
 	zstdOnce.Do(func() {
 		zstdEnc, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithEncoderConcurrency(1), zstd.WithZeroFrames(true))
-		zstdDec, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(MaxInflated), zstd.WithDecoderMaxWindow(maxWindow), zstd.WithDecodeAllCapLimit(true))
+		zstdDec, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(maxInflated), zstd.WithDecoderMaxWindow(maxWindow), zstd.WithDecodeAllCapLimit(true))
 	})
 	return zstdEnc, zstdDec
 }
 
 // WithCompression compresses completed records' bodies (zstd) from
-// CompressThreshold bytes on. Records written so are read only by v0.5.0
+// compressThreshold bytes on. Records written so are read only by v0.5.0
 // and later: give it once every replica runs one (store.record_format 3).
 func WithCompression() Option {
 	return func(s *Store) { s.compress = true }
@@ -64,7 +64,7 @@ func WithCompression() Option {
 // compressedBody is rec's body compressed, when this store compresses
 // and it pays; ok is false otherwise.
 func (s *Store) compressedBody(rec *Record) (body []byte, ok bool) {
-	if !s.compress || rec.State != Completed || rec.BodyCompressed || len(rec.Body) < CompressThreshold || rec.Header.Get("Content-Encoding") != "" {
+	if !s.compress || rec.State != Completed || rec.BodyCompressed || len(rec.Body) < compressThreshold || rec.Header.Get("Content-Encoding") != "" {
 		return nil, false
 	}
 	enc, _ := zstdCodecs()
@@ -77,14 +77,14 @@ func (s *Store) compressedBody(rec *Record) (body []byte, ok bool) {
 
 // InflatedLen is the length of rec's body as answered: for a compressed
 // body the content size its zstd frame declares, else the body's own. A
-// compressed body that declares none, or more than MaxInflated, is
+// compressed body that declares none, or more than maxInflated, is
 // unreadable (ErrCorrupt).
 func (rec *Record) InflatedLen() (int, error) {
 	if !rec.BodyCompressed {
 		return len(rec.Body), nil
 	}
 	var h zstd.Header
-	if err := h.Decode(rec.Body); err != nil || !h.HasFCS || h.Skippable || h.FrameContentSize > MaxInflated {
+	if err := h.Decode(rec.Body); err != nil || !h.HasFCS || h.Skippable || h.FrameContentSize > maxInflated {
 		return 0, &RecordError{ReasonCorrupt}
 	}
 	return int(h.FrameContentSize), nil

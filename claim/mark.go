@@ -116,19 +116,19 @@ func (r *Record) forwardable(pttl time.Duration, redisNow time.Time) bool {
 	}
 	created := fromMilli(unixMilli(r.Created))
 	ran := redisNow.Add(pttl - stored.Lease - tail)
-	return ran.Sub(created) <= ConfirmWindow(stored.Lease)+MaxClockOffset
+	return ran.Sub(created) <= ConfirmWindow(stored.Lease)+maxClockOffset
 }
 
 // neverForwarded reports whether r, found in progress with pttl left on
 // its key when Redis' clock read redisNow (both in one script), is a claim
 // its owner can never have forwarded: its TTL was set by the claim, and
 // the claim ran later than its owner would act on it (ConfirmWindow after
-// Created, plus MaxClockOffset between the owner's clock and Redis').
+// Created, plus maxClockOffset between the owner's clock and Redis').
 // pttl <= 0 or a zero redisNow (not known) never concludes.
 func (r *Record) neverForwarded(pttl time.Duration, redisNow time.Time) bool {
 	if r.State != InProgress || r.Mark != MarkClaimed || r.Lease <= 0 || pttl <= 0 || redisNow.IsZero() || r.Created.IsZero() {
 		return false
 	}
 	ran := redisNow.Add(pttl - r.Lease - r.Tail) // when the claim's SET ran, on Redis' clock
-	return ran.Sub(r.Created) > ConfirmWindow(r.Lease)+MaxClockOffset+markMargin
+	return ran.Sub(r.Created) > ConfirmWindow(r.Lease)+maxClockOffset+markMargin
 }

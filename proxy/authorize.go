@@ -18,7 +18,7 @@ const (
 
 // authorizedHeaders are the request headers the authorizer sees, besides
 // the identity header: what decides who the caller is now.
-var authorizedHeaders = []string{"Authorization", "Cookie", RequestIDHeader}
+var authorizedHeaders = []string{"Authorization", "Cookie", requestIDHeader}
 
 // authorize asks the route's authorizer, as nginx auth_request does,
 // whether the caller may still learn what is stored under its key: a

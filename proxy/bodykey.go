@@ -69,7 +69,7 @@ func bodyKey(body []byte, pointer []string) (key string, found bool, err error) 
 	switch {
 	case key == "":
 		return "", true, errKeyEmpty
-	case len(key) > MaxKeyLen:
+	case len(key) > maxKeyLen:
 		return "", true, errKeyTooLong
 	case !visibleASCII(key):
 		return "", true, errKeyChars

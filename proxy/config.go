@@ -17,7 +17,7 @@ type Config struct {
 	// UpstreamTimeout is how long a client waits for the upstream's answer.
 	UpstreamTimeout time.Duration
 	// BodyReadTimeout bounds reading a protected request's body, and how
-	// long a pass-through body may pause. Zero uses DefaultBodyReadTimeout.
+	// long a pass-through body may pause. Zero uses defaultBodyReadTimeout.
 	BodyReadTimeout time.Duration
 	// LateAnswerWindow is how much longer than UpstreamTimeout an owner
 	// keeps the upstream call open to store its late answer. Zero cancels
@@ -51,7 +51,7 @@ type Config struct {
 	PrincipalShare int64
 	// ProblemTypeBase starts every problem's type: a documentation URL
 	// whose pages are named after the types, or "" for the URN
-	// ProblemTypePrefix.
+	// problemTypePrefix.
 	ProblemTypeBase string
 	// ProblemDocsURL, when set, is linked from every 400, 409 and 422 as
 	// Link: <...>; rel="describedby" (the IETF draft asks for it).

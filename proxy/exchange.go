@@ -398,9 +398,9 @@ func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
 		h[k] = vs
 	}
 	if replayed {
-		h.Set(ReplayedHeader, "true")
+		h.Set(replayedHeader, "true")
 		if x.rt.settings.AdvertiseRetention {
-			h.Set(RetentionHeader, retentionSeconds(x.rt.settings.Retention))
+			h.Set(retentionHeader, retentionSeconds(x.rt.settings.Retention))
 		}
 	}
 	x.w.WriteHeader(rec.Status)

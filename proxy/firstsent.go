@@ -34,8 +34,8 @@ const (
 	FirstSentUUIDv7
 )
 
-// FirstSentHeaderName is the OASIS Repeatable Requests header.
-const FirstSentHeaderName = "Repeatability-First-Sent"
+// firstSentHeaderName is the OASIS Repeatable Requests header.
+const firstSentHeaderName = "Repeatability-First-Sent"
 
 // Reasons of a 412, the values of idemproxy_first_sent_refused_total's
 // reason label.
@@ -44,7 +44,7 @@ const (
 	refusedRecordLost = "record-lost"
 )
 
-var errFirstSentTwice = errors.New(FirstSentHeaderName + " appears more than once")
+var errFirstSentTwice = errors.New(firstSentHeaderName + " appears more than once")
 
 // firstSent is when the request was first sent, from the route's sources
 // in order: ok is false when none says; an error is a malformed value.
@@ -52,7 +52,7 @@ func firstSent(sources []FirstSentSource, h http.Header, key string) (t time.Tim
 	for _, src := range sources {
 		switch src {
 		case FirstSentHeader:
-			vs := h.Values(FirstSentHeaderName)
+			vs := h.Values(firstSentHeaderName)
 			if len(vs) == 0 {
 				continue
 			}
@@ -61,7 +61,7 @@ func firstSent(sources []FirstSentSource, h http.Header, key string) (t time.Tim
 			}
 			t, err := http.ParseTime(strings.TrimSpace(vs[0]))
 			if err != nil {
-				return time.Time{}, false, errors.New(FirstSentHeaderName + " must be an HTTP date, like Tue, 01 Dec 2026 15:04:05 GMT")
+				return time.Time{}, false, errors.New(firstSentHeaderName + " must be an HTTP date, like Tue, 01 Dec 2026 15:04:05 GMT")
 			}
 			return t, true, nil
 		case FirstSentUUIDv7:

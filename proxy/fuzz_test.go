@@ -16,7 +16,7 @@ func FuzzParseKey(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if len(key) < 1 || len(key) > MaxKeyLen || !visibleASCII(key) {
+		if len(key) < 1 || len(key) > maxKeyLen || !visibleASCII(key) {
 			t.Fatalf("parseKey(%q) accepted %q", v, key)
 		}
 		// The two accepted forms name the same key.

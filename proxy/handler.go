@@ -45,15 +45,15 @@ var _ Store = (*claim.Store)(nil)
 
 // Header names idemproxy sets.
 const (
-	// ReplayedHeader marks a response replayed from the store.
-	ReplayedHeader = "Idempotent-Replayed"
-	// RetentionHeader advertises, in seconds, how long a route replays a
+	// replayedHeader marks a response replayed from the store.
+	replayedHeader = "Idempotent-Replayed"
+	// retentionHeader advertises, in seconds, how long a route replays a
 	// settled answer (defaults.advertise_retention). Not a standard
 	// header: the IETF draft leaves how to publish the expiry policy open.
-	RetentionHeader = "Idempotency-Retention"
-	// RequestIDHeader is passed through, or generated when absent, and
+	retentionHeader = "Idempotency-Retention"
+	// requestIDHeader is passed through, or generated when absent, and
 	// forwarded to the upstream.
-	RequestIDHeader = "X-Request-Id"
+	requestIDHeader = "X-Request-Id"
 )
 
 // Options are the optional collaborators of a Handler.
@@ -73,7 +73,7 @@ type Options struct {
 	Rand io.Reader
 	// WaitSafetyPoll is the longest a waiting retry goes without looking
 	// at the key, should the message that wakes it be lost. Zero uses
-	// DefaultWaitSafetyPoll.
+	// defaultWaitSafetyPoll.
 	WaitSafetyPoll time.Duration
 	// TracerProvider, when set, traces protected requests (trace.go);
 	// Propagator reads and writes trace context in headers, nil using W3C
@@ -94,13 +94,13 @@ type Options struct {
 	Version string
 }
 
-// DefaultWaitSafetyPoll is how often, at least, a waiting retry looks at
+// defaultWaitSafetyPoll is how often, at least, a waiting retry looks at
 // its key when no message wakes it.
-const DefaultWaitSafetyPoll = 5 * time.Second
+const defaultWaitSafetyPoll = 5 * time.Second
 
-// DefaultBodyReadTimeout is how long a client may take to send a protected
+// defaultBodyReadTimeout is how long a client may take to send a protected
 // request's body.
-const DefaultBodyReadTimeout = 30 * time.Second
+const defaultBodyReadTimeout = 30 * time.Second
 
 // Handler is the idemproxy HTTP handler: protected routes go through the
 // claim protocol, everything else streams straight to the upstream.
@@ -176,14 +176,14 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		upstream:        cfg.Upstream,
 		upstreamTimeout: cfg.UpstreamTimeout,
 		lateWindow:      cfg.LateAnswerWindow,
-		problemBase:     cmp.Or(cfg.ProblemTypeBase, ProblemTypePrefix),
+		problemBase:     cmp.Or(cfg.ProblemTypeBase, problemTypePrefix),
 		buffers:         budget{limit: cfg.MaxBufferedBytes, share: cfg.PrincipalShare},
 		late:            lateCalls{max: int64(cfg.MaxLateCalls), share: int64(cfg.LateCallsPrincipalShare)},
 		log:             opts.Logger,
 		metrics:         opts.Metrics,
 		rand:            opts.Rand,
 		bodyTimeout:     cfg.BodyReadTimeout,
-		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, DefaultWaitSafetyPoll),
+		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, defaultWaitSafetyPoll),
 		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.StoreAddress, opts.TraceTrust, opts.Version),
 		owners:          claimAges{started: map[*owner]time.Time{}, now: time.Now},
 		passUpgrades:    slices.Clone(cfg.PassThroughUpgrades),
@@ -191,7 +191,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	}
 	h.unconfirmed = unconfirmed{h: h, now: time.Now}
 	if h.bodyTimeout <= 0 {
-		h.bodyTimeout = DefaultBodyReadTimeout
+		h.bodyTimeout = defaultBodyReadTimeout
 	}
 	h.relied = append(slices.Clone(forwardingHeaders), h.id.header)
 	if cfg.ProblemDocsURL != "" {
@@ -295,7 +295,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if rt == nil {
 		if refused.Status != 0 {
-			h.writeProblem(w, refused, r.Header.Get(RequestIDHeader), nil)
+			h.writeProblem(w, refused, r.Header.Get(requestIDHeader), nil)
 			return
 		}
 		h.passThrough(w, r, trusted)
@@ -329,12 +329,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // requestID returns the client's X-Request-Id when it is a reasonable
 // token, or a new random one, and sets it on r so the upstream sees it.
 func (h *Handler) requestID(r *http.Request) string {
-	if id := r.Header.Get(RequestIDHeader); id != "" && len(id) <= 128 && visibleASCII(id) {
+	if id := r.Header.Get(requestIDHeader); id != "" && len(id) <= 128 && visibleASCII(id) {
 		return id
 	}
 	var b [16]byte
 	_, _ = io.ReadFull(h.rand, b[:]) // crypto/rand does not fail
 	id := hex.EncodeToString(b[:])
-	r.Header.Set(RequestIDHeader, id)
+	r.Header.Set(requestIDHeader, id)
 	return id
 }

@@ -55,7 +55,7 @@ func (s nameSet) has(name string) bool {
 
 // forwardingHeaders are the headers idemproxy itself sets or passes on as
 // trust-bearing; none of them may be nominated as hop-by-hop.
-var forwardingHeaders = nameSet{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", RequestIDHeader}
+var forwardingHeaders = nameSet{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", requestIDHeader}
 
 // nominated returns the first header of guarded that h's Connection header
 // names (ReverseProxy would strip it after idemproxy read it), or "".

@@ -54,7 +54,7 @@ type source interface {
 
 func newIdentity(cfg Identity, client *http.Client) identity {
 	id := identity{header: http.CanonicalHeaderKey(cfg.Header), trusted: cfg.TrustedProxies}
-	id.untrustedHeaders = nameSet{id.header, XFCCHeader}
+	id.untrustedHeaders = nameSet{id.header, xFCCHeader}
 	for _, h := range cfg.StripFromUntrusted {
 		if !id.untrustedHeaders.has(h) {
 			id.untrustedHeaders = append(id.untrustedHeaders, h)
@@ -63,7 +63,7 @@ func newIdentity(cfg Identity, client *http.Client) identity {
 	id.read = id.header
 	switch cfg.Source {
 	case SourceXFCC:
-		id.src, id.read, id.replace = xfccSource{}, XFCCHeader, true
+		id.src, id.read, id.replace = xfccSource{}, xFCCHeader, true
 	case SourceJWT:
 		id.src, id.replace = newJWTSource(cfg.JWT, client), true
 	default:
@@ -127,7 +127,7 @@ func (s headerSource) missing() string { return "an authenticated principal in "
 type xfccSource struct{}
 
 func (xfccSource) principal(_ context.Context, r *http.Request, _ bool) (string, error) {
-	v := r.Header.Get(XFCCHeader)
+	v := r.Header.Get(xFCCHeader)
 	if v == "" {
 		return "", nil
 	}
@@ -135,5 +135,5 @@ func (xfccSource) principal(_ context.Context, r *http.Request, _ bool) (string,
 }
 
 func (xfccSource) missing() string {
-	return "a mesh identity (" + XFCCHeader + " with a URI SAN) from the proxy in the pod"
+	return "a mesh identity (" + xFCCHeader + " with a URI SAN) from the proxy in the pod"
 }

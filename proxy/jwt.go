@@ -27,12 +27,12 @@ type JWTConfig struct {
 	// Claim holds the principal; "" uses sub.
 	Claim string
 	// Leeway is how far past exp (and before nbf) a token is accepted;
-	// zero uses DefaultJWTLeeway.
+	// zero uses defaultJWTLeeway.
 	Leeway time.Duration
 }
 
-// DefaultJWTLeeway is JWTConfig.Leeway's default.
-const DefaultJWTLeeway = 30 * time.Second
+// defaultJWTLeeway is JWTConfig.Leeway's default.
+const defaultJWTLeeway = 30 * time.Second
 
 // jwtAlgorithms are the signatures accepted: asymmetric only, so that a
 // key set can never be used to forge a token.
@@ -76,7 +76,7 @@ type jwtSource struct {
 
 func newJWTSource(cfg JWTConfig, client *http.Client) *jwtSource {
 	if cfg.Leeway <= 0 {
-		cfg.Leeway = DefaultJWTLeeway
+		cfg.Leeway = defaultJWTLeeway
 	}
 	s := &jwtSource{cfg: cfg, client: client}
 	s.keys.Store(&jose.JSONWebKeySet{})

@@ -6,8 +6,8 @@ import (
 	"strings"
 )
 
-// MaxKeyLen is the longest idempotency key accepted, after unquoting.
-const MaxKeyLen = 255
+// maxKeyLen is the longest idempotency key accepted, after unquoting.
+const maxKeyLen = 255
 
 var (
 	errKeyMissing   = errors.New("no idempotency key")
@@ -41,7 +41,7 @@ func parseKey(h http.Header, name string) (string, error) {
 	switch {
 	case v == "":
 		return "", errKeyEmpty
-	case len(v) > MaxKeyLen:
+	case len(v) > maxKeyLen:
 		return "", errKeyTooLong
 	}
 	if !visibleASCII(v) {

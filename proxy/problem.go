@@ -9,9 +9,9 @@ import (
 	"github.com/idemproxy/idemproxy/internal/problemfmt"
 )
 
-// ProblemTypePrefix starts the type URI of every problem idemproxy answers
+// problemTypePrefix starts the type URI of every problem idemproxy answers
 // with. The part after it is stable and listed in docs/configuration.md.
-const ProblemTypePrefix = "urn:idemproxy:problem:"
+const problemTypePrefix = "urn:idemproxy:problem:"
 
 // problem is an RFC 9457 problem detail. Status and Type are always set;
 // the extension members are omitted when empty.

@@ -55,7 +55,7 @@ func TestProblemBodyRendersEveryProblem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &Handler{problemBase: ProblemTypePrefix, log: slog.New(slog.DiscardHandler)}
+	h := &Handler{problemBase: problemTypePrefix, log: slog.New(slog.DiscardHandler)}
 	for _, p := range problems {
 		p = p.with(`a detail with "quotes" and \ and a newline
 `)
@@ -72,7 +72,7 @@ func TestProblemBodyRendersEveryProblem(t *testing.T) {
 			t.Errorf("%s: %s %s, want valid JSON", p.Type, ct, body)
 			continue
 		}
-		if got.Error.Type != p.Type || got.Error.URI != ProblemTypePrefix+p.Type || got.Error.Status != p.Status || got.Error.RetryAfter != 2 {
+		if got.Error.Type != p.Type || got.Error.URI != problemTypePrefix+p.Type || got.Error.Status != p.Status || got.Error.RetryAfter != 2 {
 			t.Errorf("%s: rendered %+v", p.Type, got.Error)
 		}
 	}

@@ -155,7 +155,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		rec.Header.Del(h)
 	}
 	if x.rt.settings.AdvertiseRetention {
-		resp.Header.Set(RetentionHeader, retentionSeconds(x.rt.settings.Retention))
+		resp.Header.Set(retentionHeader, retentionSeconds(x.rt.settings.Retention))
 	}
 	// max_response_body caps the whole stored response, headers included:
 	// an upstream answering with megabytes of headers cannot fill Redis.
@@ -176,7 +176,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	return nil
 }
 
-// retentionSeconds is d in whole seconds, for RetentionHeader.
+// retentionSeconds is d in whole seconds, for retentionHeader.
 func retentionSeconds(d time.Duration) string {
 	return strconv.FormatInt(int64(d/time.Second), 10)
 }

@@ -124,7 +124,7 @@ func (wh *Webhook) key(d signed, body []byte) (string, error) {
 	switch {
 	case err != nil:
 		return "", err
-	case len(id) > MaxKeyLen:
+	case len(id) > maxKeyLen:
 		return "", errKeyTooLong
 	case !visibleASCII(id):
 		return "", errKeyChars

@@ -5,10 +5,10 @@ import (
 	"strings"
 )
 
-// XFCCHeader is where Envoy (Istio) hands the peer's client certificate.
-const XFCCHeader = "X-Forwarded-Client-Cert"
+// xFCCHeader is where Envoy (Istio) hands the peer's client certificate.
+const xFCCHeader = "X-Forwarded-Client-Cert"
 
-var errXFCC = errors.New("malformed " + XFCCHeader)
+var errXFCC = errors.New("malformed " + xFCCHeader)
 
 // xfccPrincipal returns the workload identity in an XFCC header value: the
 // first URI SAN (spiffe://...) of the last element, the one the proxy in
