@@ -14,7 +14,8 @@
 // client, drain), upstream.go, store.go, identity.go, settings.go (defaults:
 // and what each route overrides), routes.go, webhook.go; validate.go runs
 // the checks, warnings.go says what is valid but dangerous, decode.go reads
-// the YAML and the environment, load.go and schema.go the file.
+// the YAML and the environment (values.go: each kind of value), load.go and
+// schema.go the file.
 package config
 
 import (
