@@ -431,16 +431,7 @@ routes:
 		}
 	}
 	// A trusted peer (loopback) asserting a provider's principal.
-	req, _ := http.NewRequest(http.MethodPost, sc.Client+"/payments", strings.NewReader(`{}`))
-	req.Header.Set("X-Forwarded-User", "webhook:stripe")
-	req.Header.Set("Idempotency-Key", "k-1")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "identity-invalid") {
+	if resp, b := postAnswerAs(t, sc.Client+"/payments", "webhook:stripe", "k-1", `{}`); resp.StatusCode != http.StatusBadRequest || !strings.Contains(b, "identity-invalid") {
 		t.Errorf("X-Forwarded-User: webhook:stripe: %d %s, want 400 identity-invalid", resp.StatusCode, b)
 	}
 }

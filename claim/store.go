@@ -7,7 +7,8 @@
 // formats before it, CHANGELOG.md), not the Go API; a Store comes from New.
 //
 // Every write touches exactly one key in one atomic command, a Lua script
-// (the claim reads the key's PTTL and Redis' clock in the same script). So each works on Redis Cluster and is safe when go-redis
+// (the claim reads the key's PTTL and Redis' clock in the same script). So
+// each works on Redis Cluster and is safe when go-redis
 // resends a command after a lost reply: a resent claim finds our own token
 // and a resent completion finds our own completed record, and both count
 // as success.

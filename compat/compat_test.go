@@ -565,16 +565,7 @@ func TestStripeWebhook(t *testing.T) {
 	os.WriteFile(path, []byte(secret), 0o400)
 	url := sidecarRoutes(t, l, "", fmt.Sprintf("  - name: stripe-events\n    match: \"POST /v1/charges\"\n    webhook:\n      provider: stripe\n      secret_files: [%q]\n", path))
 	deliver := func(payload []byte, signed *webhook.SignedPayload) (int, string) {
-		req, _ := http.NewRequest(http.MethodPost, url+"/v1/charges", bytes.NewReader(payload))
-		req.Header.Set("Stripe-Signature", signed.Header)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, resp.Header.Get("Idempotent-Replayed") + " " + string(b)
+		return postDelivery(t, url+"/v1/charges", payload, http.Header{"Stripe-Signature": {signed.Header}})
 	}
 	event := []byte(`{"id":"evt_1NG8Du2eZvKYlo2CUI79vXWy","object":"event","type":"payment_intent.succeeded","data":{"object":{"amount":2000}}}`)
 	sign := func(secret string, at time.Time) *webhook.SignedPayload {
@@ -636,17 +627,11 @@ func TestStandardWebhooksSigners(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				req, _ := http.NewRequest(http.MethodPost, url+"/v1/charges", bytes.NewReader(body))
-				req.Header.Set(tc.prefix+"Id", id)
-				req.Header.Set(tc.prefix+"Timestamp", strconv.FormatInt(at.Unix(), 10))
-				req.Header.Set(tc.prefix+"Signature", sig)
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer resp.Body.Close()
-				b, _ := io.ReadAll(resp.Body)
-				return resp.StatusCode, resp.Header.Get("Idempotent-Replayed") + " " + string(b)
+				h := http.Header{}
+				h.Set(tc.prefix+"Id", id)
+				h.Set(tc.prefix+"Timestamp", strconv.FormatInt(at.Unix(), 10))
+				h.Set(tc.prefix+"Signature", sig)
+				return postDelivery(t, url+"/v1/charges", body, h)
 			}
 			status, first := deliver(tc.sign, time.Now())
 			if status != http.StatusOK {
@@ -664,4 +649,23 @@ func TestStandardWebhooksSigners(t *testing.T) {
 			}
 		})
 	}
+}
+
+// postDelivery posts a JSON webhook delivery of payload to url with the
+// signature headers in h; it answers the status and the Idempotent-Replayed
+// header, a space and the body.
+func postDelivery(t *testing.T, url string, payload []byte, h http.Header) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(payload))
+	for k, vs := range h {
+		req.Header[k] = vs
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("Idempotent-Replayed") + " " + string(b)
 }

@@ -373,12 +373,7 @@ func (x *exchange) inflate(rec *claim.Record) bool {
 	buf := getBody(n)
 	if err := x.h.buffers.take(x.principal, cap(buf)); err != nil {
 		putBody(buf)
-		p := probBuffersFull.with("idemproxy holds as many bytes as limits.max_buffered_bytes allows; the stored answer is kept, retry later")
-		if errors.Is(err, errOverShare) {
-			p = probTooManyBytes.with("this principal's requests in flight hold their whole share of limits.max_buffered_bytes; the stored answer is kept, retry later")
-		}
-		p.retryAfter = time.Second
-		x.answer(outcomeRejected, p)
+		x.bufferRefused(err, "the stored answer is kept")
 		return false
 	}
 	x.inflated = buf // given back with the others
@@ -387,6 +382,18 @@ func (x *exchange) inflate(rec *claim.Record) bool {
 		return false
 	}
 	return true
+}
+
+// bufferRefused answers a request refused room in the buffer budget (err
+// is errOverBudget or errOverShare): 503 buffers-full or 429
+// too-many-bytes, retry after a second; kept says what was left as it was.
+func (x *exchange) bufferRefused(err error, kept string) {
+	p := probBuffersFull.with("idemproxy holds as many bytes as limits.max_buffered_bytes allows; " + kept + ", retry later")
+	if errors.Is(err, errOverShare) {
+		p = probTooManyBytes.with("this principal's requests in flight hold their whole share of limits.max_buffered_bytes; " + kept + ", retry later")
+	}
+	p.retryAfter = time.Second
+	x.answer(outcomeRejected, p)
 }
 
 // writeRecord writes a completed record's response, marked as a replay
@@ -466,12 +473,7 @@ func (x *exchange) readBody() ([]byte, bool) {
 	x.reqBuf = body
 	if errors.Is(err, errOverBudget) || errors.Is(err, errOverShare) {
 		x.w.Header().Set("Connection", "close")
-		p := probBuffersFull.with("idemproxy holds as many request bytes as limits.max_buffered_bytes allows; nothing was claimed or forwarded, retry later")
-		if errors.Is(err, errOverShare) {
-			p = probTooManyBytes.with("this principal's requests in flight hold their whole share of limits.max_buffered_bytes; nothing was claimed or forwarded, retry later")
-		}
-		p.retryAfter = time.Second
-		x.answer(outcomeRejected, p)
+		x.bufferRefused(err, "nothing was claimed or forwarded")
 		return nil, false
 	}
 	if err != nil {

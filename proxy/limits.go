@@ -40,6 +40,15 @@ type bound struct {
 	minReserve int64
 }
 
+// principalMax is the most one principal may hold: the share, or max when
+// the share is unset or larger.
+func (b bound) principalMax() int64 {
+	if b.share <= 0 || b.share > b.max {
+		return b.max
+	}
+	return b.share
+}
+
 // unbounded counts without refusing.
 var unbounded = bound{max: math.MaxInt64}
 
@@ -53,10 +62,7 @@ type held struct {
 // take adds amount for principal within b, or reserves nothing and says
 // why not.
 func (h *held) take(principal string, amount int64, b bound) (refused string) {
-	share := b.share
-	if share <= 0 || share > b.max {
-		share = b.max
-	}
+	share := b.principalMax()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	mine, n := h.by[principal], h.n.Load()
@@ -82,10 +88,7 @@ func (h *held) force(principal string, amount int64) {
 // move makes amount of what from holds to's, within to's share of b (the
 // total is unchanged).
 func (h *held) move(from, to string, amount int64, b bound) (refused string) {
-	share := b.share
-	if share <= 0 || share > b.max {
-		share = b.max
-	}
+	share := b.principalMax()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.by[to]+amount > share {

@@ -6,7 +6,9 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 )
 
@@ -147,9 +149,7 @@ var providers = map[string]provider{
 }
 
 // Providers are the webhook providers' names, sorted.
-func Providers() []string {
-	return []string{WebhookGitHub, WebhookShopify, WebhookStandard, WebhookStripe}
-}
+func Providers() []string { return slices.Sorted(maps.Keys(providers)) }
 
 // bodyMAC is the HMAC-SHA256 of the body alone.
 func bodyMAC(secret []byte, _ signed, body []byte) []byte { return mac(secret, body) }

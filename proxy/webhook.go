@@ -75,11 +75,7 @@ func (wh *Webhook) principal() string { return webhookPrincipals + wh.Provider }
 // the body is read, so that a sender without a plausible signature holds
 // no buffer for long.
 func (wh *Webhook) headers(h http.Header, now time.Time) (signed, error) {
-	p, ok := providers[wh.Provider]
-	if !ok {
-		return signed{}, fmt.Errorf("unknown webhook provider %q", wh.Provider)
-	}
-	d, err := p.headers(h)
+	d, err := providers[wh.Provider].headers(h) // New refused an unknown one
 	if err != nil || d.ts == "" {
 		return d, err
 	}
@@ -231,9 +227,7 @@ func (x *exchange) sendingPeer() string {
 func (x *exchange) holdAs(principal string) bool {
 	if err := x.h.buffers.move(x.principal, principal, cap(x.reqBuf)); err != nil {
 		x.w.Header().Set("Connection", "close")
-		p := probTooManyBytes.with("this provider's verified deliveries in flight hold its whole share of limits.max_buffered_bytes; nothing was claimed or forwarded, retry later")
-		p.retryAfter = time.Second
-		x.answer(outcomeRejected, p)
+		x.bufferRefused(err, "nothing was claimed or forwarded")
 		return false
 	}
 	x.principal = principal
@@ -251,7 +245,7 @@ func (x *exchange) useLegacyKey(id string) bool {
 		return true
 	}
 	legacy := x.h.store.Key(x.principal, x.rt.legacyScope, id)
-	if legacy == x.hashedKey || !x.h.keyChange.reading(x.h.store, x.rt.settings.Retention) {
+	if legacy == x.hashedKey || !x.h.keyChange.reading(x) {
 		return true
 	}
 	var rec *claim.Record
@@ -282,18 +276,20 @@ type keyChange struct {
 	mu    sync.Mutex   // one read at a time
 }
 
-// reading reports whether a delivery on a route that keeps records for
-// retention still looks for v0.5.0's key: while the store may hold one,
-// and whenever the marker cannot be read.
-func (k *keyChange) reading(store Store, retention time.Duration) bool {
+// reading reports whether x, a delivery, still looks for v0.5.0's key:
+// within its route's retention of the change, and whenever the marker
+// cannot be read (a store call of x's).
+func (k *keyChange) reading(x *exchange) bool {
 	since := k.since.Load()
 	if since == 0 {
 		k.mu.Lock()
 		defer k.mu.Unlock()
 		if since = k.since.Load(); since == 0 {
-			ctx, cancel := settleCtx()
-			defer cancel()
-			t, err := store.Since(ctx, keyChangeMarker, time.Now())
+			var t time.Time
+			err := x.detached("get", func(ctx context.Context) (err error) {
+				t, err = x.h.store.Since(ctx, keyChangeMarker, time.Now())
+				return err
+			})
 			if err != nil {
 				return true
 			}
@@ -301,7 +297,7 @@ func (k *keyChange) reading(store Store, retention time.Duration) bool {
 			k.since.Store(since)
 		}
 	}
-	return time.Now().Before(time.Unix(0, since).Add(retention))
+	return time.Now().Before(time.Unix(0, since).Add(x.rt.settings.Retention))
 }
 
 // webhookOutcome is a delivery's result label, from its outcome.
