@@ -187,9 +187,9 @@ routes:
 	// look, sent between arming and B's claim, must not take the delay.
 	late := linkB.DelayNextReply(func(b []byte) bool { return bytes.HasPrefix(b, []byte("*4\r\n")) }, 850*time.Millisecond)
 	status, body := post(t, b.Client+"/payments", "k", `{"amount":1}`)
-	select {
+	select { // closed once the link's write returned, which B's read may beat
 	case <-late:
-	default:
+	case <-time.After(2 * time.Second):
 		t.Errorf("no reply was delayed on B's link: the test did not exercise a late reply (B answered %d %s)", status, body)
 	}
 	if status != http.StatusConflict {

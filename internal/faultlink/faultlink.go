@@ -79,7 +79,8 @@ func (l *Link) Partition(on bool) { l.blocked.Store(on) }
 // any connection) for which match reports true (nil matches any), by d:
 // one late reply, as a retransmitted segment or a slow command queued
 // ahead of it makes. What follows it on that connection waits behind it,
-// as on TCP. The returned channel is closed once that chunk is delivered.
+// as on TCP. The returned channel is closed once that chunk is written to
+// the client, which may have read it (and acted on it) before then.
 func (l *Link) DelayNextReply(match func([]byte) bool, d time.Duration) <-chan struct{} {
 	p := &pendingDelay{match: match, delay: d, done: make(chan struct{})}
 	l.mu.Lock()
