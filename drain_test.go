@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -47,7 +48,7 @@ func TestDrainStoresInFlightRequest(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		resp, err := http.DefaultClient.Do(payRequest("http://"+addr+"/payments", "drain-1", "{}"))
+		resp, err := http.DefaultClient.Do(binarytest.PayRequest("http://"+addr+"/payments", "drain-1", "{}"))
 		if err != nil {
 			done <- result{err: err}
 			return

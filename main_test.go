@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 )
 
 func TestCheckFlag(t *testing.T) {
@@ -96,7 +97,7 @@ func startTest(t *testing.T, cfg *config.Config, path string, logger *slog.Logge
 // pay sends one protected POST and returns its status and body.
 func pay(t *testing.T, addr, key string) (int, string) {
 	t.Helper()
-	return post(t, "http://"+addr+"/payments", key, "{}")
+	return binarytest.Post(t, "http://"+addr+"/payments", key, "{}")
 }
 
 // TestPprofOnlyOnItsOwnLoopbackListener: pprof is never served next to the

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/syncbuf"
 )
@@ -55,21 +56,12 @@ func status(t *testing.T, url string) int {
 	return resp.StatusCode
 }
 
+// scrape returns admin's /metrics.
+var scrape = binarytest.Scrape
+
 func metric(t *testing.T, admin, line string) bool {
 	t.Helper()
 	return strings.Contains(scrape(t, admin), line)
-}
-
-// scrape returns admin's /metrics.
-func scrape(t *testing.T, admin string) string {
-	t.Helper()
-	resp, err := http.Get(admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
 }
 
 // TestReloadFollowsAConfigMapUpdate lays the file out as a Kubernetes
@@ -204,7 +196,7 @@ func TestLogLevelReloads(t *testing.T) {
 	client, admin := startFromFileLogging(t, path, slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	keyed := func(key string) {
 		t.Helper()
-		resp, err := http.DefaultClient.Do(payRequest(client+"/a", key, "{}"))
+		resp, err := http.DefaultClient.Do(binarytest.PayRequest(client+"/a", key, "{}"))
 		if err != nil {
 			t.Fatal(err)
 		}

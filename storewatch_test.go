@@ -15,23 +15,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
-// storeUp reads idemproxy_store_up from admin's /metrics: whether any
-// series is there yet, and whether every master is up.
-func storeUp(t *testing.T, admin string) (seen, up bool) {
-	t.Helper()
-	up = true
-	for line := range strings.SplitSeq(scrape(t, admin), "\n") {
-		if rest, ok := strings.CutPrefix(line, "idemproxy_store_up{"); ok {
-			seen = true
-			up = up && strings.HasSuffix(rest, "} 1")
-		}
-	}
-	return seen, seen && up
-}
+// storeUp reads idemproxy_store_up (internal/binarytest).
+var storeUp = binarytest.StoreUp
 
 // TestStoreFullKeepsRoomForCompletions: once Redis is above
 // store.claim_memory_limit, new claims get 503 store-full and nothing is

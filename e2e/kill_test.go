@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"fmt"
@@ -84,19 +84,19 @@ routes:
 	first.Process.Kill() // SIGKILL, by the PID this test started
 	first.Wait()
 	start()
-	if status, body := pay(t, addr, "killed-1"); status != http.StatusConflict {
+	if status, body := post(t, "http://"+addr+"/payments", "killed-1", "{}"); status != http.StatusConflict {
 		t.Fatalf("retry during the dead owner's lease: %d %s, want 409", status, body)
 	}
 	var status int
 	var body string
 	poll.Until(t, "the dead owner's lease lapses", func() bool {
-		status, body = pay(t, addr, "killed-1")
+		status, body = post(t, "http://"+addr+"/payments", "killed-1", "{}")
 		return status != http.StatusConflict
 	})
 	if status != http.StatusBadGateway || !strings.Contains(body, "outcome-unknown") {
 		t.Fatalf("retry after the lease: %d %s, want 502 outcome-unknown", status, body)
 	}
-	if again, body2 := pay(t, addr, "killed-1"); again != status || body2 != body {
+	if again, body2 := post(t, "http://"+addr+"/payments", "killed-1", "{}"); again != status || body2 != body {
 		t.Fatalf("next retry: %d %s, want the same 502", again, body2)
 	}
 	if n := calls.Load(); n != 1 {

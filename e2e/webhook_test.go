@@ -1,9 +1,7 @@
-package main
+package e2e
 
 import (
 	"bufio"
-	"bytes"
-	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -15,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -375,12 +374,12 @@ routes:
 `, upstream.URL, file, file)
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	os.WriteFile(path, []byte(yaml), 0o600)
-	var out bytes.Buffer
-	if err := run(context.Background(), []string{"-config", path, "-check"}, &out, io.Discard); err != nil {
-		t.Fatal(err)
+	out, err := exec.Command(buildBinary(t), "-config", path, "-check").CombinedOutput()
+	if err != nil {
+		t.Fatalf("-check: %v\n%s", err, out)
 	}
-	if !strings.Contains(out.String(), "warning: routes[0].quota.new_keys: not set, so defaults.quota.new_keys (2) does not apply to this webhook route (stripe-a)") {
-		t.Errorf("-check does not warn that the quota is not inherited:\n%s", out.String())
+	if !strings.Contains(string(out), "warning: routes[0].quota.new_keys: not set, so defaults.quota.new_keys (2) does not apply to this webhook route (stripe-a)") {
+		t.Errorf("-check does not warn that the quota is not inherited:\n%s", out)
 	}
 	sc := startBinary(t, yaml)
 	send := func(route, event string, extra http.Header) (int, string) {

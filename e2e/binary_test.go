@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -49,29 +49,26 @@ func payConfig(upstream, redis, extra string) string {
 	return fmt.Sprintf("upstream:\n  url: %q\nstore:\n  redis:\n    addrs: [%q]\n%sroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream, redis, extra)
 }
 
-// get answers status and body of a GET.
-func get(t *testing.T, url string) (int, string) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
-// post sends a protected-style POST as alice with key (none when empty).
-func post(t *testing.T, url, key, body string) (int, string) {
-	t.Helper()
-	resp, b := postAnswer(t, url, key, body)
-	return resp.StatusCode, b
-}
+// The common requests and reads (internal/binarytest).
+var (
+	get        = binarytest.Get
+	post       = binarytest.Post
+	postWith   = binarytest.PostWith
+	payRequest = binarytest.PayRequest
+	scrape     = binarytest.Scrape
+	storeUp    = binarytest.StoreUp
+)
 
 // postAnswer is post, returning the whole answer (its body read).
 func postAnswer(t *testing.T, url, key, body string) (*http.Response, string) {
 	t.Helper()
-	return postAnswerAs(t, url, "alice", key, body)
+	return postWith(t, url, "alice", key, body, nil)
+}
+
+// postAnswerAs is postAnswer as principal.
+func postAnswerAs(t *testing.T, url, principal, key, body string) (*http.Response, string) {
+	t.Helper()
+	return postWith(t, url, principal, key, body, nil)
 }
 
 // postFirstSent posts a payment as alice with key, saying it was first
@@ -83,40 +80,10 @@ func postFirstSent(t *testing.T, url, key string, firstSent time.Time) (int, str
 	return resp.StatusCode, b
 }
 
-// postAnswerAs is postAnswer as principal.
-func postAnswerAs(t *testing.T, url, principal, key, body string) (*http.Response, string) {
+// metric reports whether admin's /metrics holds line.
+func metric(t *testing.T, admin, line string) bool {
 	t.Helper()
-	return postWith(t, url, principal, key, body, nil)
-}
-
-// payRequest is the common protected request of these tests: a JSON POST
-// of body to url as alice (X-Forwarded-User, honoured from loopback) with
-// key (none when empty). Safe to build in a goroutine.
-func payRequest(url, key, body string) *http.Request {
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("X-Forwarded-User", "alice")
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
-	}
-	return req
-}
-
-// postWith is postAnswerAs with header's fields added to the request.
-func postWith(t *testing.T, url, principal, key, body string, header http.Header) (*http.Response, string) {
-	t.Helper()
-	req := payRequest(url, key, body)
-	for k, vs := range header {
-		req.Header[k] = vs
-	}
-	req.Header.Set("X-Forwarded-User", principal)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
+	return strings.Contains(scrape(t, admin), line)
 }
 
 // outcome reads idemproxy_requests_total for route and outcome from admin.
@@ -409,7 +376,16 @@ func TestBuildInfoMetric(t *testing.T) {
 			line = l
 		}
 	}
-	if os.Getenv("IDEMPROXY_TEST_BINARY") == "" && (!strings.Contains(line, `version="`+version+`"`) || !strings.Contains(line, `goversion="`+runtime.Version()+`"`) || !strings.HasSuffix(line, " 1")) {
+	out, err := exec.Command(buildBinary(t), "-version").Output()
+	if err != nil {
+		t.Fatalf("-version: %v", err)
+	}
+	fields := strings.Fields(string(out)) // "idemproxy <version> ...": root's TestVersionFlag and TestVersionMatchesChangelog
+	if len(fields) < 2 {
+		t.Fatalf("-version printed %q", out)
+	}
+	version := fields[1]
+	if !strings.Contains(line, `version="`+version+`"`) || !strings.Contains(line, `goversion="`+runtime.Version()+`"`) || !strings.HasSuffix(line, " 1") {
 		t.Errorf("idemproxy_build_info: %q, want version %s and goversion %s, value 1", line, version, runtime.Version())
 	}
 	if !strings.Contains(line, `revision="`) {
