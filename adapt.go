@@ -18,8 +18,9 @@ import (
 // configures: config validates, these translate, proxy and claim take
 // their own typed options and import nothing from config.
 
-// proxyConfig is cfg as the proxy serves it. cfg is valid.
-func proxyConfig(cfg *config.Config) (proxy.Config, error) {
+// proxyConfig is cfg as the proxy serves it, with the webhook routes'
+// secrets read by readSecrets. cfg is valid.
+func proxyConfig(cfg *config.Config, hooks webhookSecrets) (proxy.Config, error) {
 	u, err := url.Parse(cfg.Upstream.URL)
 	if err != nil {
 		return proxy.Config{}, fmt.Errorf("upstream.url: %w", err)
@@ -42,7 +43,7 @@ func proxyConfig(cfg *config.Config) (proxy.Config, error) {
 			TrustedProxies:     slices.Clone(cfg.Identity.TrustedProxies),
 			StripFromUntrusted: slices.Clone(cfg.Identity.StripFromUntrusted),
 		},
-		Routes: proxyRoutes(cfg.Routes),
+		Routes: proxyRoutes(cfg.Routes, hooks),
 		// Both were parsed, validated and documented and never handed over
 		// before v0.5.0: every Upgrade was refused, WebSocket included.
 		PassThroughUpgrades: slices.Clone(cfg.PassThroughUpgrades),
@@ -95,8 +96,9 @@ func bufferBudget(configured int64) int64 {
 	return 0
 }
 
-// proxyRoutes compiles the routes' YAML settings into typed ones.
-func proxyRoutes(routes []config.Route) []proxy.Route {
+// proxyRoutes compiles the routes' YAML settings into typed ones, each
+// webhook route with its secrets from hooks.
+func proxyRoutes(routes []config.Route, hooks webhookSecrets) []proxy.Route {
 	out := make([]proxy.Route, 0, len(routes))
 	for _, r := range routes {
 		s := r.Settings
@@ -131,7 +133,7 @@ func proxyRoutes(routes []config.Route) []proxy.Route {
 			MaxInFlight:        s.MaxInFlight,
 			MaxInFlightShare:   shareOf(s.MaxInFlight, s.MaxInFlightPrincipalShare),
 			FirstSent:          firstSentSources(s.FirstSent),
-			Webhook:            webhookOf(r.Webhook),
+			Webhook:            webhookOf(r.Webhook, hooks[r.Name]),
 			FirstSentSkew:      s.FirstSentSkew,
 			KeyJSONPointer:     s.KeyJSONPointer,
 			Problems:           problemFormat(s),
@@ -223,11 +225,11 @@ func firstSentSources(names []string) []proxy.FirstSentSource {
 	return out
 }
 
-// webhookOf is a route's webhook block for the proxy; nil without a
-// provider. Its secrets were read by readWebhookSecrets.
-func webhookOf(w config.Webhook) *proxy.Webhook {
+// webhookOf is a route's webhook block for the proxy, with the secrets
+// its files hold; nil without a provider.
+func webhookOf(w config.Webhook, secrets [][]byte) *proxy.Webhook {
 	if w.Provider == "" {
 		return nil
 	}
-	return &proxy.Webhook{Provider: w.Provider, Secrets: slices.Clone(w.Secrets), Tolerance: w.Tolerance}
+	return &proxy.Webhook{Provider: w.Provider, Secrets: slices.Clone(secrets), Tolerance: w.Tolerance}
 }

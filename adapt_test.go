@@ -21,7 +21,7 @@ func TestProxyRoutes(t *testing.T) {
 	got := proxyRoutes([]config.Route{
 		{Name: "a", Match: "post  /payments", Settings: s},
 		{Name: "b", Match: "POST /refunds", Settings: config.DefaultSettings()},
-	})
+	}, nil)
 	a, b := got[0], got[1]
 	if a.Pattern != "POST /payments" || !a.SharedScope || !a.Wait || a.Unknown != proxy.Keep || !a.FailOpen {
 		t.Errorf("route a = %+v", a)
@@ -30,7 +30,7 @@ func TestProxyRoutes(t *testing.T) {
 		t.Errorf("route b = %+v", b)
 	}
 	s.UnknownOutcome = config.OutcomeRelease
-	if r := proxyRoutes([]config.Route{{Name: "c", Match: "POST /c", Settings: s}}); r[0].Unknown != proxy.Release {
+	if r := proxyRoutes([]config.Route{{Name: "c", Match: "POST /c", Settings: s}}, nil); r[0].Unknown != proxy.Release {
 		t.Errorf("release mapped to %v", r[0].Unknown)
 	}
 }
@@ -40,7 +40,7 @@ func TestProxyRoutes(t *testing.T) {
 // the config and forgotten in proxyRoutes fails here.
 func TestEverySettingReachesTheProxy(t *testing.T) {
 	base := config.Route{Name: "pay", Match: "POST /payments", Settings: config.DefaultSettings()}
-	want := proxyRoutes([]config.Route{base})[0]
+	want := proxyRoutes([]config.Route{base}, nil)[0]
 	var walk func(v reflect.Value, path string)
 	walk = func(v reflect.Value, path string) {
 		for i := range v.NumField() {
@@ -56,19 +56,19 @@ func TestEverySettingReachesTheProxy(t *testing.T) {
 			switch p {
 			case "ProblemContentType": // it goes with a problem_body
 				r.Settings.ProblemBody = `{"error":{{json .Code}}}`
-				wantHere = proxyRoutes([]config.Route{r})[0]
+				wantHere = proxyRoutes([]config.Route{r}, nil)[0]
 			case "MaxInFlightPrincipalShare": // a share of a max_in_flight
 				r.Settings.MaxInFlight = 8
-				wantHere = proxyRoutes([]config.Route{r})[0]
+				wantHere = proxyRoutes([]config.Route{r}, nil)[0]
 			case "FirstSent": // a list of known sources: add the other one
 				r.Settings.FirstSent = []string{config.FirstSentHeader, config.FirstSentUUIDv7}
-				if got := proxyRoutes([]config.Route{r})[0]; reflect.DeepEqual(got, wantHere) {
+				if got := proxyRoutes([]config.Route{r}, nil)[0]; reflect.DeepEqual(got, wantHere) {
 					t.Errorf("config.Settings.%s does not reach proxy.Route", p)
 				}
 				continue
 			}
 			changeLeaf(t, reflect.ValueOf(&r.Settings).Elem().FieldByIndex(fieldIndex(v, path, sf)), p)
-			if got := proxyRoutes([]config.Route{r})[0]; reflect.DeepEqual(got, wantHere) {
+			if got := proxyRoutes([]config.Route{r}, nil)[0]; reflect.DeepEqual(got, wantHere) {
 				t.Errorf("config.Settings.%s does not reach proxy.Route", p)
 			}
 		}
@@ -176,7 +176,7 @@ var consumers = map[string]struct{ file, reads string }{
 func TestEveryKeyIsConsumed(t *testing.T) {
 	base := config.Default()
 	base.Routes = []config.Route{{Name: "pay", Match: "POST /payments", Settings: base.Defaults}}
-	want, err := proxyConfig(base)
+	want, err := proxyConfig(base, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,11 +206,11 @@ func TestEveryKeyIsConsumed(t *testing.T) {
 			}
 			wantHere := want
 			if p == "defaults.problem_content_type" {
-				wantHere, _ = proxyConfig(cfg)
+				wantHere, _ = proxyConfig(cfg, nil)
 			}
 			f := reflect.ValueOf(cfg).Elem().FieldByIndex(idx)
 			changeConfigLeaf(t, f, p)
-			got, err := proxyConfig(cfg)
+			got, err := proxyConfig(cfg, nil)
 			if err != nil {
 				t.Fatalf("%s changed: %v", p, err)
 			}
@@ -286,7 +286,7 @@ func TestEveryConfigValueReachesTheProxy(t *testing.T) {
 		cfg := config.Default()
 		cfg.Routes = []config.Route{{Name: "r", Match: "POST /r", Settings: config.DefaultSettings()}}
 		mutate(cfg)
-		pcfg, err := proxyConfig(cfg)
+		pcfg, err := proxyConfig(cfg, webhookSecrets{"r": {[]byte("a signing secret")}})
 		if err != nil {
 			return err
 		}
@@ -300,7 +300,7 @@ func TestEveryConfigValueReachesTheProxy(t *testing.T) {
 	}
 	for _, v := range config.WebhookProviders {
 		if err := build(func(c *config.Config) {
-			c.Routes[0].Webhook = config.Webhook{Provider: v, Secrets: [][]byte{[]byte("s")}}
+			c.Routes[0].Webhook = config.Webhook{Provider: v, SecretFiles: []string{"/run/secrets/hook"}}
 		}); err != nil {
 			t.Errorf("webhook.provider %s: %v", v, err)
 		}
@@ -322,7 +322,7 @@ func TestEveryConfigValueReachesTheProxy(t *testing.T) {
 		t.Error("identity.source ldap built a handler")
 	}
 	if err := build(func(c *config.Config) {
-		c.Routes[0].Webhook = config.Webhook{Provider: "paypal", Secrets: [][]byte{[]byte("s")}}
+		c.Routes[0].Webhook = config.Webhook{Provider: "paypal", SecretFiles: []string{"/run/secrets/hook"}}
 	}); err == nil {
 		t.Error("webhook.provider paypal built a handler")
 	}

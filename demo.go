@@ -13,6 +13,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -46,6 +48,17 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	go upstream.Serve(upstreamLn)
 	defer upstream.Close()
 
+	// The webhook route's signing secret, in a file as a mounted Secret is.
+	dir, err := os.MkdirTemp("", "idemproxy-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	secretFile := filepath.Join(dir, "webhook-secret")
+	if err := os.WriteFile(secretFile, []byte(demoWebhookSecret), 0o600); err != nil {
+		return err
+	}
+
 	cfg := config.Default()
 	cfg.Listen = demoPort
 	if ln, err := net.Listen("tcp", demoPort); err != nil {
@@ -64,7 +77,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		{Name: "create-payment", Match: "POST /payments", Settings: cfg.Defaults},
 		{Name: "create-order", Match: "POST /orders", Settings: wait},
 		{Name: "payment-events", Match: "POST /webhooks/payments", Settings: cfg.Defaults,
-			Webhook: config.Webhook{Provider: config.WebhookGitHub, Tolerance: config.DefaultWebhookTolerance, Secrets: [][]byte{[]byte(demoWebhookSecret)}}},
+			Webhook: config.Webhook{Provider: config.WebhookGitHub, Tolerance: config.DefaultWebhookTolerance, SecretFiles: []string{secretFile}}},
 	}
 	if err := cfg.Validate(); err != nil {
 		return err

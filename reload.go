@@ -113,11 +113,12 @@ func (r *reloader) reload(trigger string, force bool) {
 		return
 	}
 	cfg, err := config.Load(r.path)
+	var hooks webhookSecrets
 	if err == nil {
-		err = readWebhookSecrets(cfg) // a rotated webhook secret reloads with its route
+		hooks, err = readWebhookSecrets(cfg) // a rotated webhook secret reloads with its route
 	}
 	if err == nil {
-		err = r.handler.Reload(proxyRoutes(cfg.Routes))
+		err = r.handler.Reload(proxyRoutes(cfg.Routes, hooks))
 	}
 	if err != nil {
 		r.fail(trigger, err)

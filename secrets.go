@@ -23,7 +23,14 @@ type secrets struct {
 	keySecret []byte
 	// adminToken enables the key API when not nil.
 	adminToken []byte
+	// webhooks are the webhook routes' signing secrets.
+	webhooks webhookSecrets
 }
+
+// webhookSecrets are the contents of each webhook route's secret_files,
+// by route name (unique: validated); kept out of the config, which is
+// logged, compared at a reload and printed by tests.
+type webhookSecrets map[string][][]byte
 
 // minAdminToken is the shortest admin.token_file accepted.
 const minAdminToken = 16
@@ -60,7 +67,7 @@ func readSecrets(cfg *config.Config) (*secrets, error) {
 			sec.adminToken = []byte(strings.TrimSpace(string(b)))
 		}
 	}
-	if err := readWebhookSecrets(cfg); err != nil {
+	if sec.webhooks, err = readWebhookSecrets(cfg); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -142,18 +149,13 @@ func readPasswords(r *config.Redis) error {
 	return errors.Join(errs...)
 }
 
-// readWebhookSecrets reads every webhook route's secret files into the
-// route (config.Webhook.Secrets): at start, by -check and at a reload.
-// Each problem names the file's YAML path.
-func readWebhookSecrets(cfg *config.Config) error {
+// readWebhookSecrets reads every webhook route's secret files: at start,
+// by -check and at a reload. Each problem names the file's YAML path.
+func readWebhookSecrets(cfg *config.Config) (webhookSecrets, error) {
 	var errs []error
-	for i := range cfg.Routes {
-		w := &cfg.Routes[i].Webhook
-		if len(w.SecretFiles) == 0 {
-			continue // none to read (a route built in code carries its own)
-		}
-		w.Secrets = nil
-		for j, f := range w.SecretFiles {
+	out := webhookSecrets{}
+	for i, r := range cfg.Routes {
+		for j, f := range r.Webhook.SecretFiles {
 			b, err := os.ReadFile(f)
 			s := strings.TrimSpace(string(b))
 			switch {
@@ -162,9 +164,9 @@ func readWebhookSecrets(cfg *config.Config) error {
 			case len(s) < 8:
 				errs = append(errs, fmt.Errorf("routes[%d].webhook.secret_files[%d]: %s holds %d characters, want the provider's signing secret", i, j, f, len(s)))
 			default:
-				w.Secrets = append(w.Secrets, []byte(s))
+				out[r.Name] = append(out[r.Name], []byte(s))
 			}
 		}
 	}
-	return errors.Join(errs...)
+	return out, errors.Join(errs...)
 }

@@ -107,7 +107,7 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 	if err := s.openStore(ctx, sec); err != nil {
 		return err
 	}
-	pcfg, err := proxyConfig(cfg)
+	pcfg, err := proxyConfig(cfg, sec.webhooks)
 	if err != nil {
 		return err
 	}

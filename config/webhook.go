@@ -26,9 +26,6 @@ type Webhook struct {
 	// Tolerance is how far a signed timestamp (stripe, standard) may be
 	// from now.
 	Tolerance time.Duration `yaml:"tolerance"`
-	// Secrets are the files' contents, read at start, by -check and at a
-	// reload (main's readWebhookSecrets); nil until then.
-	Secrets [][]byte `yaml:"-"`
 }
 
 func (w Webhook) validate(path string, add problemf) {
@@ -39,7 +36,7 @@ func (w Webhook) validate(path string, add problemf) {
 		return
 	}
 	oneOf(path+"provider", w.Provider, add, WebhookProviders...)
-	if len(w.SecretFiles) == 0 && len(w.Secrets) == 0 { // Secrets: a route built in code (the demo)
+	if len(w.SecretFiles) == 0 {
 		add(path+"secret_files", "must name at least one file holding the provider's signing secret")
 	}
 	if w.Tolerance <= 0 || w.Tolerance > time.Hour {
