@@ -160,6 +160,9 @@ type Route struct {
 	FirstSentSkew time.Duration
 	// Webhook, when set, makes the route a webhook receiver (webhook.go).
 	Webhook *Webhook
+	// Reconcile, when set, asks the upstream what happened where the
+	// outcome would be unknown (reconcile.go).
+	Reconcile *Reconcile
 	// KeyJSONPointer, when set, takes the key from this member of a JSON
 	// body when the key header is absent (a string, or an integer in
 	// decimal); the route then reads bodies before the key.

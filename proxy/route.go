@@ -86,6 +86,14 @@ func newRouter(routes []Route) (*router, error) {
 			}
 			r.admit = (*exchange).admitDelivery
 		}
+		if rc.Reconcile != nil {
+			if rc.Webhook != nil {
+				return nil, fmt.Errorf("routes[%d]: reconcile on a webhook route: a provider is never asked", i)
+			}
+			if err := checkReconcile(rc.Reconcile); err != nil {
+				return nil, fmt.Errorf("routes[%d]: %w", i, err)
+			}
+		}
 		if r.keyPointer, err = keyPointer(rc.KeyJSONPointer); err != nil {
 			return nil, fmt.Errorf("routes[%d]: key_json_pointer: %w", i, err)
 		}
