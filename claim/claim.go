@@ -32,7 +32,7 @@ type Result struct {
 	Renewed bool
 
 	// pttl and redisNow are the key's PTTL and Redis' clock, read in the
-	// claim's own round trip (zero when not read).
+	// claim's own round trip (zero when not read): SetAt and ReadAt.
 	pttl     time.Duration
 	redisNow time.Time
 }

@@ -135,7 +135,65 @@ redis.pcall(ARGV[5], KEYS[1], '')
 return 1
 `)
 
-var scripts = []*redis.Script{claimScript, ttlScript, epochScript, epochLostScript, renewScript, completeScript, releaseScript, orphanScript, forgetScript, releaseUnforwardedScript}
+var scripts = []*redis.Script{claimScript, ttlScript, epochScript, epochLostScript, renewScript, completeScript, releaseScript, orphanScript, forgetScript, releaseUnforwardedScript, takeOverScript, freeAbsentScript}
+
+// takeOverScript replaces a record whose outcome is unknown with the
+// caller's in-progress claim, so that it alone asks the upstream
+// (reconcile.go): an orphan (fenced on its token and on its lease being
+// over) or a completed record (fenced on its token). It returns since, a
+// time on Redis' clock no earlier than the first attempt's last sign of
+// life, from which an "absent" answer is judged: for an orphan, when its
+// TTL would have been its tail alone (its last renewal, or claim, came no
+// later); for a completed record, the caller's since (the first attempt's
+// claim, as its owner measured it on Redis' clock), or now when it has
+// none.
+//
+// KEYS[1] key; ARGV[1] the old record's token; ARGV[2] the new encoded
+// in-progress record; ARGV[3] its TTL ms; ARGV[4] the orphan's tail ms;
+// ARGV[5] the completed record's since (Unix ms on Redis' clock; 0: none).
+// Returns {1, since ms, now ms} taken over, {0} gone, {-1} changed, {-3}
+// the orphan's owner renewed its lease.
+var takeOverScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then return {0} end
+if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return {-1} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local since
+if string.byte(cur, 2) == 1 then
+  local pttl = redis.call('PTTL', KEYS[1])
+  local tail = tonumber(ARGV[4])
+  if pttl > tail then return {-3} end
+  since = now - (tail - pttl)
+else
+  since = tonumber(ARGV[5])
+  if since <= 0 or since > now then since = now end
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return {1, since, now}
+`)
+
+// freeAbsentScript frees a key the caller took over to reconcile, once
+// the upstream said it never acted: fenced on the caller's token and its
+// claim still in progress, and only when at least ARGV[3] ms have passed
+// since ARGV[2] on Redis' clock, read here, so that no clock but Redis'
+// and no earlier reading decides it.
+//
+// KEYS[1] key; ARGV[1] token; ARGV[2] since (Unix ms, Redis' clock);
+// ARGV[3] the age an absent answer needs (ms); ARGV[4] the publish command.
+// Returns {1} freed, {0} gone, {-1} changed, {-4, ms still to wait}.
+var freeAbsentScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then return {0} end
+if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] or string.byte(cur, 2) ~= 1 then return {-1} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local left = tonumber(ARGV[2]) + tonumber(ARGV[3]) - now
+if left > 0 then return {-4, left} end
+redis.call('DEL', KEYS[1])
+redis.pcall(ARGV[4], KEYS[1], '')
+return {1}
+`)
 
 // forgetScript deletes the key only while its record is in the given state,
 // so that an operator clearing a stuck claim never deletes an answer that

@@ -94,6 +94,7 @@ func TestContract(t *testing.T) {
 		{"CompressedRecords", testCompressedRecords},
 		{"CompactRecords", testCompactRecords},
 		{"KeyedFingerprints", testKeyedFingerprints},
+		{"TakeOverFenced", testTakeOverFenced},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
