@@ -134,6 +134,7 @@ func proxyRoutes(routes []config.Route, hooks webhookSecrets) []proxy.Route {
 			MaxInFlightShare:   shareOf(s.MaxInFlight, s.MaxInFlightPrincipalShare),
 			FirstSent:          firstSentSources(s.FirstSent),
 			Webhook:            webhookOf(r.Webhook, hooks[r.Name]),
+			Reconcile:          reconcileOf(r.Reconcile),
 			FirstSentSkew:      s.FirstSentSkew,
 			KeyJSONPointer:     s.KeyJSONPointer,
 			Problems:           problemFormat(s),
@@ -223,6 +224,15 @@ func firstSentSources(names []string) []proxy.FirstSentSource {
 		out = append(out, firstSentByName[n]) // validated
 	}
 	return out
+}
+
+// reconcileOf is a route's reconcile block for the proxy; nil without a
+// url.
+func reconcileOf(rc config.Reconcile) *proxy.Reconcile {
+	if rc.URL == "" {
+		return nil
+	}
+	return &proxy.Reconcile{URL: rc.URL, Found: slices.Clone(rc.Found), Absent: slices.Clone(rc.Absent), Status: rc.Status, Timeout: rc.Timeout, AbsentAfter: rc.AbsentAfter}
 }
 
 // webhookOf is a route's webhook block for the proxy, with the secrets

@@ -125,6 +125,18 @@ func TestInvalidFixtures(t *testing.T) {
 			`routes[1].webhook.provider: must be one of stripe, github, shopify, standard, got "paypal"`,
 			`routes[2].webhook.provider: must be set with secret_files: stripe, github, shopify or standard`,
 		},
+		"bad_reconcile": {
+			`routes[0].reconcile.url: must carry {key}, or every key would get the same answer: "/payments/by-key"`,
+			`routes[1].reconcile.absent: status 404 is also in found: one answer cannot say both`,
+			`routes[1].reconcile.absent_after: must be at least upstream.timeout + upstream.late_answer_window (5m30s), the longest a request runs in the app, got 1m0s: an absent answer before then may be a request still running`,
+			`routes[1].reconcile.timeout: must be between 1ms and 1m, got 2m0s`,
+			`routes[1].reconcile.url: only {key}, {principal} and {route} are replaced: "/payments/{key}?who={user}"`,
+			`routes[2].reconcile.absent_after: must be shorter than the route's retention (24h0m0s), or an absent answer is never believed, got 48h0m0s`,
+			`routes[2].reconcile.status: must be 0 (the lookup's own) or an HTTP status between 200 and 599, got 99`,
+			`routes[2].reconcile.url: must be a path on upstream.url starting with /, got "http://elsewhere/{key}"`,
+			`routes[2].unknown_outcome: must be fail on a route that reconciles, in this release (keep frees the key or lets it lapse: nothing would be left to ask about), got keep`,
+			`routes[3].reconcile.url: a webhook route cannot reconcile: its provider, not the upstream, decides what a redelivery means`,
+		},
 		"routes_not_list": {
 			`routes: must be a list of routes, got a mapping`,
 		},

@@ -106,9 +106,13 @@ func reference(meaning map[string]string) (table string, undocumented []string) 
 		}
 		row(k.path, formatDefault(k.field), reload)
 	}
-	for _, k := range keysOf(&Route{}, "") {
-		if k.path == "name" || k.path == "match" {
+	r := Route{Reconcile: defaultReconcile()}
+	for _, k := range keysOf(&r, "") {
+		switch {
+		case k.path == "name" || k.path == "match":
 			row("routes[]."+k.path, "required", "yes")
+		case strings.HasPrefix(k.path, "reconcile."):
+			row("routes[]."+k.path, formatDefault(k.field), "yes")
 		}
 	}
 	return b.String(), undocumented

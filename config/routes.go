@@ -21,6 +21,9 @@ type Route struct {
 	// receiver: deliveries are verified by the provider's signature, the
 	// principal is the provider and the key its delivery id.
 	Webhook Webhook `yaml:"webhook"`
+	// Reconcile, when its url is set, asks the upstream what happened
+	// where the outcome would be unknown.
+	Reconcile Reconcile `yaml:"reconcile"`
 
 	// set holds the setting keys the route's YAML gave, so a bad value it
 	// inherited is reported once, at defaults:, not again for every route.
@@ -45,6 +48,7 @@ func (c *Config) validateRoutes(add problemf) {
 			add(path+".match", "%v", err)
 		}
 		r.Webhook.validate(path+".webhook.", add)
+		r.Reconcile.validate(path+".reconcile.", r, c.Upstream, add)
 		r.Settings.validate(path+".", func(p, format string, args ...any) {
 			k := settingKey(strings.TrimPrefix(p, path+"."))
 			if r.set == nil || r.set[k] || k == "retention" && r.set["lease"] {

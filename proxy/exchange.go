@@ -31,6 +31,12 @@ type exchange struct {
 
 	// hashedKey is the Redis key, the only form of the key that is logged.
 	hashedKey string
+	// idemKey is the idempotency key as the client sent it: never logged,
+	// only sent to the upstream (a reconcile lookup).
+	idemKey string
+	// claimSetAt is when this attempt's claim ran on Redis' clock, as the
+	// claim's own round trip read it; zero when not read.
+	claimSetAt time.Time
 	// outcome and status are what finish counts and logs.
 	outcome string
 	status  int
@@ -94,7 +100,7 @@ func (x *exchange) serve() {
 		return
 	}
 	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, in.body)
-	x.hashedKey = x.h.store.Key(x.principal, x.rt.scope, in.key)
+	x.hashedKey, x.idemKey = x.h.store.Key(x.principal, x.rt.scope, in.key), in.key
 	if in.legacyID != "" && !x.useLegacyKey(in.legacyID) {
 		return
 	}
@@ -174,6 +180,7 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 				"route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
 		}
 		if res.Claimed {
+			x.claimSetAt = res.SetAt()
 			if x.refuseUnrecorded(rec) {
 				return
 			}
@@ -206,6 +213,14 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 			}
 			if existing == nil {
 				continue // released or lapsed: claim it ourselves
+			}
+		}
+		if since, ok := x.reconcilable(existing, rec, ttl); ok && attempt < maxOrphanSettles {
+			switch x.reconcileExisting(existing, rec, since) {
+			case reconcileAnswered:
+				return
+			case reconcileAgain:
+				continue // freed, or changed under us: claim again
 			}
 		}
 		if x.h.store.SameRequest(existing, rec.Fingerprint) && existing.Orphaned(ttl) && attempt < maxOrphanSettles {
@@ -250,7 +265,7 @@ const maxOrphanSettles = 3
 // answered nothing, when the key changed first.
 func (x *exchange) settleOrphan(orphan *claim.Record) error {
 	x.linkTo(orphan)
-	rec := x.h.outcomeUnknownRecord(orphan, claim.Token{}, time.Now(), true, x.rt.settings.Problems)
+	rec := x.h.outcomeUnknownRecord(orphan, claim.Token{}, time.Now(), true, x.rt.settings.Problems, false, time.Time{})
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
 	err := x.detached("complete", func(ctx context.Context) error {
 		return x.h.store.SettleOrphan(ctx, x.hashedKey, orphan, rec, x.rt.settings.Retention)

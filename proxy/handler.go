@@ -32,6 +32,8 @@ type Store interface {
 	Renew(ctx context.Context, key string, rec *claim.Record, lease time.Duration) error
 	Complete(ctx context.Context, key string, rec *claim.Record, retention time.Duration) (claim.Completion, error)
 	SettleOrphan(ctx context.Context, key string, orphan, rec *claim.Record, retention time.Duration) error
+	TakeOver(ctx context.Context, key string, old, rec *claim.Record, lease time.Duration, since time.Time) (time.Time, error)
+	FreeAbsent(ctx context.Context, key string, token claim.Token, since time.Time, after time.Duration) error
 	Release(ctx context.Context, key string, token claim.Token) error
 	ReleaseUnconfirmed(ctx context.Context, key string, token claim.Token) (found bool, err error)
 	ReleaseUnforwarded(ctx context.Context, key string, ghost *claim.Record) error

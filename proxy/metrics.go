@@ -33,17 +33,20 @@ const (
 	// upstream.timeout while the upstream call went on; how that late
 	// call ended is idemproxy_late_answers_total's, a second event.
 	outcomeUpstreamTimeout = "upstream_timeout"
+	// outcomeReconciled: answered from what the upstream's reconcile
+	// lookup said happened (reconcile.go).
+	outcomeReconciled = "reconciled"
 )
 
 // outcomes lists every outcome, to create each series at zero.
 var outcomes = []string{
 	outcomeClaimed, outcomeReplayed, outcomeConflict, outcomeMismatch, outcomeReleased,
 	outcomeStored, outcomeBypassed, outcomeStoreError, outcomeFenceLost, outcomeRejected,
-	outcomeStoreUnavailable, outcomeRecordUnreadable, outcomeUpstreamTimeout,
+	outcomeStoreUnavailable, outcomeRecordUnreadable, outcomeUpstreamTimeout, outcomeReconciled,
 }
 
 // storeOps are the values of the op label.
-var storeOps = []string{"claim", "get", "renew", "complete", "release", "epoch"}
+var storeOps = []string{"claim", "get", "renew", "complete", "release", "epoch", "take_over", "free_absent"}
 
 // Metrics are the proxy's Prometheus collectors.
 type Metrics struct {
@@ -74,6 +77,9 @@ type Metrics struct {
 	// authorizations counts replay authorizations by result (allowed,
 	// forbidden, unavailable); authorizeSeconds times them.
 	authorizations *prometheus.CounterVec
+	// reconciled counts reconcile lookups by route and result (found,
+	// absent, too_early, unresolved).
+	reconciled *prometheus.CounterVec
 	// unconfirmed counts claims whose reply never came, by how they were
 	// cleaned up (unconfirmed.go).
 	unconfirmed *prometheus.CounterVec
@@ -150,6 +156,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_record_errors_total",
 			Help: "Stored records that could not be read (never replayed, nothing forwarded), by reason: corrupt, tampered, unknown_key, unsealed, no_keys.",
 		}, []string{"reason"}),
+		reconciled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_reconciled_total",
+			Help: "Reconcile lookups (routes[].reconcile) by route and result: found (the upstream's answer stored), absent (the key freed), too_early (absent before absent_after), unresolved (the answer stays outcome-unknown).",
+		}, []string{"route", "result"}),
 		authorizations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_replay_authorizations_total",
 			Help: "Replay authorizations (replay.authorize_url) by route and result (allowed, forbidden, unavailable).",
@@ -213,7 +223,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			})
 		}
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
-			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.webhooks, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.webhooks, m.reconciled, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
 				func(h *Handler) float64 { return h.owners.count() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",
@@ -240,6 +250,11 @@ func (m *Metrics) initRoutes(rt *router) {
 		}
 		for _, r := range lateResults {
 			m.lateAnswers.WithLabelValues(name, r)
+		}
+		if rt.reconciles[name] {
+			for _, r := range reconcileResults {
+				m.reconciled.WithLabelValues(name, r)
+			}
 		}
 		for _, r := range []string{refusedKeyExpired, refusedRecordLost} {
 			m.firstSentRefused.WithLabelValues(name, r)

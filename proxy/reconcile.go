@@ -8,8 +8,11 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // Reconcile is how a route asks the upstream what happened to a key
@@ -171,4 +174,229 @@ func (h *Handler) lookup(ctx context.Context, rt *route, principal, key string, 
 		status = rc.Status
 	}
 	return lookupAnswer{result: lookupFound, status: status, header: header, body: body}
+}
+
+// Header names of reconciled and reconcilable records.
+const (
+	// reconciledHeader marks an answer the upstream's lookup gave; it is
+	// stored with it, so every replay carries it.
+	reconciledHeader = "Idempotent-Reconciled"
+	// unknownSinceHeader is stored on a reconcile route's outcome-unknown
+	// record: when the first attempt's claim ran, Unix milliseconds on
+	// Redis' clock (0 when not read), from which an absent answer is
+	// judged. It tells such a record from any other answer by what the
+	// previous release already stores and replays: a header.
+	unknownSinceHeader = "Idempotent-Unknown-Since"
+)
+
+// reconcileResults are the values of idemproxy_reconciled_total's result.
+var reconcileResults = []string{lookupFound, lookupAbsent, lookupTooEarly, lookupUnresolved}
+
+// absentMargin is what an absent answer waits beyond absent_after: the
+// route's lease, more than the confirm window between a claim and its
+// request's sending, and room for a small step of Redis' clock.
+func absentMargin(s *Route) time.Duration { return s.Lease }
+
+// reconcilable reports whether existing, found by a retry of the same
+// request on a reconcile route, is one to ask the upstream about: a claim
+// whose owner vanished (since zero: TakeOver judges from the orphan), or
+// a stored outcome-unknown record (since: its first attempt's claim) not
+// asked about within the lookup's timeout.
+func (x *exchange) reconcilable(existing, rec *claim.Record, ttl time.Duration) (since time.Time, ok bool) {
+	rc := x.rt.settings.Reconcile
+	if rc == nil || !x.h.store.SameRequest(existing, rec.Fingerprint) {
+		return time.Time{}, false
+	}
+	if existing.State == claim.InProgress {
+		return time.Time{}, existing.Orphaned(ttl)
+	}
+	v := existing.Header.Get(unknownSinceHeader)
+	if v == "" {
+		return time.Time{}, false
+	}
+	if time.Since(existing.Completed) < rc.Timeout {
+		return time.Time{}, false // asked a moment ago: spaced, at most one lookup per timeout
+	}
+	if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 {
+		since = time.UnixMilli(ms)
+	}
+	return since, true
+}
+
+// What reconcileExisting did.
+const (
+	reconcileAnswered = iota // the client has its answer
+	reconcileAgain           // the key is free, or changed: claim again
+)
+
+// reconcileExisting takes the key over from existing (an orphan, or a
+// stored outcome-unknown record) and asks the upstream what happened:
+// found stores and answers the upstream's answer; absent, once the first
+// attempt is old enough on Redis' clock, frees the key for this request
+// to claim and execute; too early answers the route's in-progress status
+// with Retry-After; anything else leaves the key answered outcome-unknown,
+// to be asked again by the next retry.
+func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Time) int {
+	s := &x.rt.settings
+	rc := s.Reconcile
+	x.linkTo(existing)
+	taker := *rec
+	taker.State, taker.Created, taker.RequestID = claim.InProgress, time.Now(), x.requestID
+	taker.Mark, taker.Lease, taker.ReadEpoch = claim.MarkNone, 0, false // never taken for a claim not forwarded
+	taker.Tail = s.Retention                                            // a taker that vanishes leaves an orphan to ask about
+	_, _ = io.ReadFull(x.h.rand, taker.Token[:])
+	err := x.detached("take_over", func(ctx context.Context) (err error) {
+		since, err = x.h.store.TakeOver(ctx, x.hashedKey, existing, &taker, s.Lease+rc.Timeout, since)
+		return err
+	})
+	switch {
+	case errors.Is(err, claim.ErrLeaseLost):
+		return reconcileAgain
+	case err != nil:
+		x.storeFailed("take_over", err, nil)
+		return reconcileAnswered
+	}
+	ans := x.h.lookup(context.WithoutCancel(x.r.Context()), x.rt, x.principal, x.idemKey, s.MaxResponseBody)
+	if ans.result == lookupAbsent {
+		err := x.detached("free_absent", func(ctx context.Context) error {
+			return x.h.store.FreeAbsent(ctx, x.hashedKey, taker.Token, since, rc.AbsentAfter+absentMargin(s))
+		})
+		var early *claim.TooEarlyError
+		switch {
+		case err == nil:
+			x.reconciled(lookupAbsent, existing, "")
+			return reconcileAgain
+		case errors.As(err, &early):
+			ans.result = lookupTooEarly
+			x.reconciled(lookupTooEarly, existing, "")
+			x.putBackUnknown(existing, &taker, since)
+			x.tooEarly(early.Left)
+			return reconcileAnswered
+		case errors.Is(err, claim.ErrLeaseLost):
+			return reconcileAgain
+		}
+		ans = lookupAnswer{result: lookupUnresolved, why: "freeing the key: " + err.Error()}
+	}
+	if ans.result == lookupFound {
+		found := x.foundRecord(existing, &taker, ans)
+		err := x.detached("complete", func(ctx context.Context) error {
+			_, err := x.h.store.Complete(ctx, x.hashedKey, found, s.Retention)
+			return err
+		})
+		switch {
+		case err == nil:
+			x.reconciled(lookupFound, existing, "")
+			x.outcome, x.original = outcomeReconciled, existing.RequestID
+			x.writeRecord(found, true)
+			return reconcileAnswered
+		case errors.Is(err, claim.ErrLeaseLost):
+			return reconcileAgain
+		}
+		ans = lookupAnswer{result: lookupUnresolved, why: "storing the found answer: " + err.Error()}
+	}
+	x.reconciled(lookupUnresolved, existing, ans.why)
+	unknown := x.putBackUnknown(existing, &taker, since)
+	x.replay(unknown)
+	x.detail = "reconcile lookup unresolved (" + ans.why + "): outcome-unknown kept, the next retry asks again"
+	return reconcileAnswered
+}
+
+// ownerReconciles is the owner of a first attempt whose outcome is unknown
+// asking the upstream before it settles the key as outcome-unknown, so that
+// its own client can get the real answer. It reports false when the
+// lookup was unresolved: the caller stores outcome-unknown as without
+// reconcile. An absent answer is too early for the owner (its own call
+// just ended): the key is left outcome-unknown, and the client is told
+// when to ask again.
+func (x *exchange) ownerReconciles(o *owner) bool {
+	s := &x.rt.settings
+	rc := s.Reconcile
+	ans := x.h.lookup(context.WithoutCancel(x.r.Context()), x.rt, x.principal, x.idemKey, s.MaxResponseBody)
+	switch ans.result {
+	case lookupFound:
+		found := x.foundRecord(o.rec, o.rec, ans)
+		o.settle(func() verdict {
+			v := o.complete(found)
+			if v.outcome == outcomeStored {
+				v.outcome = outcomeReconciled
+				v.detail = x.unknown + "; the reconcile lookup found the effect: its answer stored and replayed"
+			}
+			return v
+		})
+		x.reconciled(lookupFound, o.rec, "")
+		x.writeRecord(found, false)
+		return true
+	case lookupAbsent:
+		unknown := x.h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), false, s.Problems, true, x.claimSetAt)
+		o.settle(func() verdict {
+			v := o.complete(unknown)
+			v.detail = x.unknown + "; the reconcile lookup said absent before absent_after: outcome-unknown stored, a retry asks again"
+			return v
+		})
+		x.reconciled(lookupTooEarly, o.rec, "")
+		x.tooEarly(rc.AbsentAfter + absentMargin(s) - time.Since(o.rec.Created))
+		return true
+	}
+	x.reconciled(lookupUnresolved, o.rec, ans.why)
+	return false
+}
+
+// reconciled counts and logs one lookup's result.
+func (x *exchange) reconciled(result string, first *claim.Record, why string) {
+	x.h.metrics.reconciled.WithLabelValues(x.rt.name, result).Inc()
+	args := []any{"route", x.rt.name, "key", x.hashedKey, "result", result, "original_request_id", first.RequestID, "request_id", x.requestID}
+	if why != "" {
+		x.h.log.Warn("reconcile lookup", append(args, "error", why)...)
+		return
+	}
+	x.h.log.Info("reconcile lookup", args...)
+}
+
+// foundRecord is the completed record a found answer settles the key
+// with, fenced on writer's token: the upstream's status (or the route's
+// reconcile.status), headers and body, marked reconciled.
+func (x *exchange) foundRecord(first, writer *claim.Record, ans lookupAnswer) *claim.Record {
+	header := ans.header
+	header.Set(reconciledHeader, "true")
+	return &claim.Record{
+		State:            claim.Completed,
+		Token:            writer.Token,
+		Fingerprint:      first.Fingerprint,
+		KeyedFingerprint: first.KeyedFingerprint,
+		Created:          first.Created,
+		Completed:        time.Now(),
+		RequestID:        first.RequestID,
+		Trace:            first.Trace,
+		Status:           ans.status,
+		Header:           header,
+		Body:             ans.body,
+	}
+}
+
+// putBackUnknown settles the taken-over key as outcome-unknown again,
+// fenced on the taker's token, keeping since for the next lookup. Should
+// the write fail, the taker's claim outlives its lease and is an orphan the
+// next retry asks about: nothing executes.
+func (x *exchange) putBackUnknown(first, taker *claim.Record, since time.Time) *claim.Record {
+	s := &x.rt.settings
+	rec := x.h.outcomeUnknownRecord(first, taker.Token, time.Now(), true, s.Problems, true, since)
+	if err := x.detached("complete", func(ctx context.Context) error {
+		_, err := x.h.store.Complete(ctx, x.hashedKey, rec, s.Retention)
+		return err
+	}); err != nil {
+		x.h.log.Warn("reconcile: could not store outcome-unknown again; the claim lapses into an orphan a retry asks about",
+			"route", x.rt.name, "key", x.hashedKey, "error", err)
+	}
+	return rec
+}
+
+// tooEarly answers a retry whose lookup said absent before absent_after:
+// the first attempt may still be running in the app.
+func (x *exchange) tooEarly(left time.Duration) {
+	p := probInProgress.with("the upstream has no record of this key yet, and its first attempt may still be running; retry after the time in Retry-After")
+	if st := x.rt.settings.InProgressStatus; st != 0 {
+		p.Status = st
+	}
+	p.retryAfter = max(left, time.Second)
+	x.answer(outcomeConflict, p)
 }

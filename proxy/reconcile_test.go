@@ -49,7 +49,7 @@ func TestLookupCountsOnlyAnswersThatEchoTheKey(t *testing.T) {
 	defer upstream.Close()
 	u, _ := url.Parse(upstream.URL + "/api/")
 	rc := &Reconcile{URL: "/payments/by-key/{key}?who={principal}&r={route}", Found: []int{200}, Absent: []int{404}, Status: http.StatusCreated, Timeout: 100 * time.Millisecond, AbsentAfter: time.Minute}
-	h, err := New(Config{Upstream: u, Identity: Identity{Header: "X-Forwarded-User"}, Routes: []Route{{Name: "pay", Pattern: "POST /payments", KeyHeader: "Idempotency-Key", Reconcile: rc, ExcludeHeaders: []string{"Set-Cookie"}}}}, nil, Options{})
+	h, err := New(Config{Upstream: u, Identity: Identity{Header: "X-Forwarded-User"}, Routes: []Route{{Name: "pay", Pattern: "POST /payments", KeyHeader: "Idempotency-Key", Reconcile: rc, Unknown: Fail, ExcludeHeaders: []string{"Set-Cookie"}}}}, nil, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestReconcileTemplates(t *testing.T) {
 	if err := checkReconcile(&Reconcile{URL: "/p/{key}", Found: []int{200, 404}, Absent: []int{404}}); err == nil {
 		t.Error("a status both found and absent was accepted")
 	}
-	if _, err := New(Config{Routes: []Route{{Name: "w", Pattern: "POST /w", KeyHeader: "Idempotency-Key", Webhook: &Webhook{Provider: "stripe", Secrets: [][]byte{[]byte("whsec_x")}}, Reconcile: &Reconcile{URL: "/p/{key}", Found: []int{200}, Absent: []int{404}}}}}, nil, Options{}); err == nil {
+	if _, err := New(Config{Routes: []Route{{Name: "w", Pattern: "POST /w", KeyHeader: "Idempotency-Key", Webhook: &Webhook{Provider: "stripe", Secrets: [][]byte{[]byte("whsec_x")}}, Unknown: Fail, Reconcile: &Reconcile{URL: "/p/{key}", Found: []int{200}, Absent: []int{404}}}}}, nil, Options{}); err == nil {
 		t.Error("reconcile on a webhook route was accepted")
 	}
 }

@@ -58,6 +58,8 @@ type router struct {
 	scopes map[string]string
 	// retention is each route's, by name (idemproxy_route_retention_seconds).
 	retention map[string]time.Duration
+	// reconciles holds the routes that reconcile, by name.
+	reconciles map[string]bool
 	// prefixes are, per method, the literal starts of the routes' paths
 	// (up to their first wildcard): a request whose method no route uses,
 	// or whose path starts with none of its method's prefixes (most
@@ -68,12 +70,13 @@ type router struct {
 }
 
 func newRouter(routes []Route) (*router, error) {
-	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string), scopes: make(map[string]string), retention: make(map[string]time.Duration)}
+	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string), scopes: make(map[string]string), retention: make(map[string]time.Duration), reconciles: make(map[string]bool)}
 	for i, rc := range routes {
 		rt.names = append(rt.names, rc.Name)
 		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.SharedScope && rc.Webhook == nil), legacyScope: KeyScope(rc.Name, rc.SharedScope), settings: rc, keyHeader: http.CanonicalHeaderKey(rc.KeyHeader), keyNames: nameSet{rc.KeyHeader}}
 		rt.scopes[rc.Name] = r.scope
 		rt.retention[rc.Name] = rc.Retention
+		rt.reconciles[rc.Name] = rc.Reconcile != nil
 		fp, err := newFingerprinter(rc.FingerprintHeaders, rc.IgnoreJSONFields)
 		if err != nil {
 			return nil, fmt.Errorf("routes[%d]: %w", i, err)
@@ -89,6 +92,9 @@ func newRouter(routes []Route) (*router, error) {
 		if rc.Reconcile != nil {
 			if rc.Webhook != nil {
 				return nil, fmt.Errorf("routes[%d]: reconcile on a webhook route: a provider is never asked", i)
+			}
+			if rc.Unknown != Fail {
+				return nil, fmt.Errorf("routes[%d]: reconcile needs unknown_outcome fail this release (%s frees or lets lapse what there is to ask about)", i, rc.Unknown)
 			}
 			if err := checkReconcile(rc.Reconcile); err != nil {
 				return nil, fmt.Errorf("routes[%d]: %w", i, err)

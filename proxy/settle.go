@@ -226,7 +226,11 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy.String()).Inc()
 	switch policy {
 	case Fail:
-		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout, x.rt.settings.Problems)
+		reconcile := x.rt.settings.Reconcile != nil
+		if reconcile && x.ownerReconciles(o) {
+			return
+		}
+		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout, x.rt.settings.Problems, reconcile, x.claimSetAt)
 		o.settle(func() verdict {
 			v := o.complete(rec)
 			if v.outcome == outcomeStored {
@@ -251,14 +255,31 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 // outcomeUnknownRecord is the completed record that settles a key whose
 // request may or may not have been executed (unknown_outcome: fail): a
 // 502 outcome-unknown problem, replayed to every retry, so nothing
-// executes again. orig is the claim it settles, token the writer's.
-func (h *Handler) outcomeUnknownRecord(orig *claim.Record, token claim.Token, now time.Time, timeout bool, problems *problemfmt.Format) *claim.Record {
+// executes again. orig is the claim it settles, token the writer's. On a
+// reconcile route the record keeps since (the first attempt's claim on
+// Redis' clock) for the next lookup, and tells the client to retry with
+// the same key: a retry asks the upstream again.
+func (h *Handler) outcomeUnknownRecord(orig *claim.Record, token claim.Token, now time.Time, timeout bool, problems *problemfmt.Format, reconcile bool, since time.Time) *claim.Record {
 	what := "the connection to the upstream broke after the request was sent"
 	if timeout {
 		what = "the upstream did not answer in time"
 	}
 	p := probOutcomeUnknown.with(what + "; it may have acted on the request. It will not be executed again with this idempotency key: check the state of the resource, and to try again send a new key")
+	if reconcile {
+		p = probOutcomeUnknown.with(what + "; it may have acted on the request, and the upstream could not tell yet. Retry with the same idempotency key: a retry asks the upstream again, and gets its answer, or executes once the upstream says it never acted")
+	}
 	body, contentType := h.renderProblem(p, orig.RequestID, problems)
+	header := http.Header{
+		"Content-Type":  {contentType},
+		"Cache-Control": {"no-store"},
+	}
+	if reconcile {
+		ms := int64(0)
+		if !since.IsZero() {
+			ms = since.UnixMilli()
+		}
+		header.Set(unknownSinceHeader, strconv.FormatInt(ms, 10))
+	}
 	return &claim.Record{
 		State:            claim.Completed,
 		Token:            token,
@@ -269,11 +290,8 @@ func (h *Handler) outcomeUnknownRecord(orig *claim.Record, token claim.Token, no
 		RequestID:        orig.RequestID,
 		Trace:            orig.Trace,
 		Status:           p.Status,
-		Header: http.Header{
-			"Content-Type":  {contentType},
-			"Cache-Control": {"no-store"},
-		},
-		Body: body,
+		Header:           header,
+		Body:             body,
 	}
 }
 
