@@ -74,7 +74,10 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	wait := cfg.Defaults
 	wait.Concurrent = config.ConcurrentWait
 	cfg.Routes = []config.Route{
-		{Name: "create-payment", Match: "POST /payments", Settings: cfg.Defaults},
+		{Name: "create-payment", Match: "POST /payments", Settings: cfg.Defaults, Reconcile: config.Reconcile{
+			URL: "/payments/by-key/{key}", Found: []int{200}, Absent: []int{404}, Status: http.StatusCreated,
+			Timeout: 2 * time.Second, AbsentAfter: 10 * time.Minute,
+		}},
 		{Name: "create-order", Match: "POST /orders", Settings: wait},
 		{Name: "payment-events", Match: "POST /webhooks/payments", Settings: cfg.Defaults,
 			Webhook: config.Webhook{Provider: config.WebhookGitHub, Tolerance: config.DefaultWebhookTolerance, SecretFiles: []string{secretFile}}},
@@ -131,9 +134,10 @@ type demoShow struct {
 }
 
 type demoResult struct {
-	status   int
-	replayed bool
-	body     string
+	status     int
+	replayed   bool
+	reconciled bool
+	body       string
 }
 
 func (s *demoShow) post(path, user, key, body string) (demoResult, error) {
@@ -159,7 +163,7 @@ func send(req *http.Request) (demoResult, error) {
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return demoResult{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", body: string(b)}, err
+	return demoResult{status: resp.StatusCode, replayed: resp.Header.Get("Idempotent-Replayed") == "true", reconciled: resp.Header.Get("Idempotent-Reconciled") == "true", body: string(b)}, err
 }
 
 // burst sends n identical requests at once and tallies the answers.
@@ -276,6 +280,19 @@ func (s *demoShow) run() error {
 	}
 	s.row("no Idempotency-Key on a required route", fmt.Sprintf("%d key-missing", r.status))
 
+	// The bank charges, then its connection dies before it answers: the
+	// sidecar asks the bank (reconcile) instead of answering 502.
+	lost := `{"amount":700,"simulate":"reset_after_charge"}`
+	r, err = s.post("/payments", "alice", "lost-1", lost)
+	if err != nil {
+		return err
+	}
+	r2, err = s.post("/payments", "alice", "lost-1", lost)
+	if err != nil {
+		return err
+	}
+	s.row("charged, then the connection died (reconcile)", fmt.Sprintf("%d with the real charge (reconciled: %v), retry %d replayed: %v", r.status, r.reconciled, r2.status, r2.replayed))
+
 	// A webhook: the provider redelivers; a forgery never reaches the app.
 	event := `{"action":"paid","amount":800}`
 	forged, err := s.webhook("dlv-1", event, "not-the-secret")
@@ -301,14 +318,34 @@ func (s *demoShow) run() error {
 }
 
 // legacyBank is the demo's unmodified upstream: it charges on every POST
-// it receives, slowly, with no idempotency of its own.
+// it receives, slowly, with no idempotency of its own. It keeps each
+// charge's answer by principal and key, as the README asks, and answers
+// GET /payments/by-key/{key} from it: the reconcile lookup.
 type legacyBank struct {
-	mu   sync.Mutex
-	n    int
-	busy map[string]bool
+	mu      sync.Mutex
+	n       int
+	busy    map[string]bool
+	answers map[string][]byte
 }
 
-func newLegacyBank() *legacyBank { return &legacyBank{busy: map[string]bool{}} }
+func newLegacyBank() *legacyBank {
+	return &legacyBank{busy: map[string]bool{}, answers: map[string][]byte{}}
+}
+
+// lookup answers what the bank did for the key: 200 and the charge's
+// answer, or 404; either echoes the key.
+func (b *legacyBank) lookup(w http.ResponseWriter, r *http.Request, key string) {
+	b.mu.Lock()
+	answer, ok := b.answers[r.Header.Get("X-Forwarded-User")+"\x00"+key]
+	b.mu.Unlock()
+	w.Header().Set("Idempotency-Key", key)
+	if !ok {
+		http.Error(w, `{"error":"no charge for this key"}`, http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(answer)
+}
 
 func (b *legacyBank) charges() int {
 	b.mu.Lock()
@@ -317,6 +354,10 @@ func (b *legacyBank) charges() int {
 }
 
 func (b *legacyBank) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if key, ok := strings.CutPrefix(r.URL.Path, "/payments/by-key/"); ok && r.Method == http.MethodGet {
+		b.lookup(w, r, key)
+		return
+	}
 	var in map[string]any
 	body, _ := io.ReadAll(r.Body)
 	_ = json.Unmarshal(body, &in)
@@ -337,6 +378,15 @@ func (b *legacyBank) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(&out).Encode(map[string]any{
 		"id": fmt.Sprintf("ch_%04d", id), "path": r.URL.Path, "for": r.Header.Get("X-Forwarded-User"), "request": in,
 	})
+	b.mu.Lock()
+	b.answers[r.Header.Get("X-Forwarded-User")+"\x00"+key] = out.Bytes()
+	b.mu.Unlock()
+	if in["simulate"] == "reset_after_charge" {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close() // charged, and the answer is lost
+		}
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	w.Write(out.Bytes())

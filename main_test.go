@@ -50,6 +50,7 @@ func TestDemoShowsTheGuarantees(t *testing.T) {
 		"503 released, retry 201 executed",
 		"1 x 201, 9 x 201 replayed; 1 distinct success body",
 		"400 key-missing",
+		"201 with the real charge (reconciled: true), retry 201 replayed: true  5",
 		"401 signature-invalid, 201 executed, 201 replayed: true",
 	} {
 		if !strings.Contains(text, want) {
