@@ -48,6 +48,7 @@ type keysAPI struct {
 	// routes finds a route's key scope in the routes serving now.
 	routes interface {
 		RouteScope(name string) (string, bool)
+		ReconcileKey(ctx context.Context, route, principal, key string) (result string, status int, body []byte, err error)
 	}
 	store *claim.Store
 	log   *slog.Logger
@@ -103,8 +104,14 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.get(ctx)
 	case http.MethodDelete:
 		c.delete(ctx)
+	case http.MethodPost:
+		if q.Get("action") != "reconcile" {
+			c.fail(http.StatusBadRequest, "refused: no action", "POST needs action=reconcile (ask the upstream now about a key left outcome-unknown or held by a vanished owner)")
+			return
+		}
+		c.reconcile(r.Context(), routeName, principal, key)
 	default:
-		c.fail(http.StatusMethodNotAllowed, "refused: method", "GET or DELETE")
+		c.fail(http.StatusMethodNotAllowed, "refused: method", "GET, DELETE or POST action=reconcile")
 	}
 }
 
@@ -162,6 +169,32 @@ func (c *keyCall) get(ctx context.Context) {
 	_ = json.NewEncoder(c.w).Encode(info)
 }
 
+// reconcileAnswer is what POST action=reconcile answers: what the lookup
+// said and what a retry gets now.
+type reconcileAnswer struct {
+	RedisKey string `json:"redis_key"`
+	Result   string `json:"result"`
+	Status   int    `json:"status,omitempty"`
+	Body     string `json:"body,omitempty"`
+}
+
+// reconcile asks the upstream now about the key, as a retry would
+// (routes[].reconcile): nothing executes; an absent answer frees the key
+// for the next retry. Bounded by the route's reconcile.timeout, not the
+// API's 2s.
+func (c *keyCall) reconcile(ctx context.Context, route, principal, key string) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	result, status, body, err := c.routes.ReconcileKey(ctx, route, principal, key)
+	if err != nil {
+		c.fail(http.StatusConflict, err.Error(), err.Error())
+		return
+	}
+	c.result = "reconcile: " + result
+	c.w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(c.w).Encode(reconcileAnswer{RedisKey: c.redisKey, Result: result, Status: status, Body: string(body)})
+}
+
 // delete forgets the key's record in the state asked for: a live claim
 // only with force=true.
 func (c *keyCall) delete(ctx context.Context) {
@@ -198,15 +231,15 @@ func (c *keyCall) delete(ctx context.Context) {
 	fmt.Fprintln(c.w, c.result)
 }
 
-// runKeys is "idemproxy keys get|delete": the key API from the command
-// line, against a running sidecar's admin port.
+// runKeys is "idemproxy keys get|delete|reconcile": the key API from the
+// command line, against a running sidecar's admin port.
 func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const keysUsage = "usage: idemproxy keys get|delete -route R -principal P -key K [-state in_progress|completed] [-body] [-admin URL] [-token-file F]"
+	const keysUsage = "usage: idemproxy keys get|delete|reconcile -route R -principal P -key K [-state in_progress|completed] [-body] [-admin URL] [-token-file F]"
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
 		fmt.Fprintln(stderr, keysUsage)
 		return nil
 	}
-	if len(args) == 0 || (args[0] != "get" && args[0] != "delete") {
+	if len(args) == 0 || (args[0] != "get" && args[0] != "delete" && args[0] != "reconcile") {
 		return errors.New(keysUsage)
 	}
 	fs := flag.NewFlagSet("idemproxy keys "+args[0], flag.ContinueOnError)
@@ -228,13 +261,17 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	q := url.Values{"route": {*route}, "principal": {*principal}, "key": {*key}}
 	method := http.MethodGet
-	if args[0] == "delete" {
+	switch {
+	case args[0] == "delete":
 		method = http.MethodDelete
 		q.Set("state", *state)
 		if *force {
 			q.Set("force", "true")
 		}
-	} else if *body {
+	case args[0] == "reconcile":
+		method = http.MethodPost
+		q.Set("action", "reconcile")
+	case *body:
 		q.Set("body", "true")
 	}
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(*admin, "/")+"/v1/keys?"+q.Encode(), nil)

@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -271,6 +274,34 @@ func TestReconcileThroughTheBinary(t *testing.T) {
 		}
 		if !sawTooEarly {
 			t.Log("no retry asked while the upstream still worked (slow machine): the early-absent rule was not exercised this run")
+		}
+	})
+
+	t.Run("the key API reconciles one key now", func(t *testing.T) {
+		tokenFile := filepath.Join(t.TempDir(), "token")
+		os.WriteFile(tokenFile, []byte("0123456789abcdef-admin\n"), 0o400)
+		a := startBinary(t, cfg+fmt.Sprintf("admin:\n  token_file: %q\n", tokenFile))
+		l.mu.Lock()
+		l.first["api-1"] = "act-reset"
+		l.mu.Unlock()
+		l.lookupDown.Store(true)
+		status, body := post(t, a.Client+"/payments", "api-1", `{"amount":1}`)
+		l.lookupDown.Store(false)
+		if status != http.StatusBadGateway {
+			t.Fatalf("first attempt with the lookup down: %d %s, want 502", status, body)
+		}
+		time.Sleep(600 * time.Millisecond) // lookups are spaced by the lookup timeout
+		out, err := exec.Command(buildBinary(t), "keys", "reconcile", "-admin", a.Admin, "-token-file", tokenFile,
+			"-route", "pay", "-principal", "alice", "-key", "api-1").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), `"result":"found"`) || !strings.Contains(string(out), `"status":201`) {
+			t.Fatalf("idemproxy keys reconcile: %v\n%s", err, out)
+		}
+		resp, again := postAnswer(t, a.Client+"/payments", "api-1", `{"amount":1}`)
+		if resp.StatusCode != http.StatusCreated || again != `{"id":"ch_api-1_1"}` || resp.Header.Get("Idempotent-Reconciled") != "true" {
+			t.Errorf("retry after reconcile-now: %d %s", resp.StatusCode, again)
+		}
+		if n := l.executions("api-1"); n != 1 {
+			t.Errorf("upstream executed %d times, want 1", n)
 		}
 	})
 

@@ -37,6 +37,9 @@ type exchange struct {
 	// claimSetAt is when this attempt's claim ran on Redis' clock, as the
 	// claim's own round trip read it; zero when not read.
 	claimSetAt time.Time
+	// reconcileResult is the last reconcile lookup's result; empty when
+	// none was made.
+	reconcileResult string
 	// outcome and status are what finish counts and logs.
 	outcome string
 	status  int

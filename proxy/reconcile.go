@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -242,6 +243,8 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 	x.linkTo(existing)
 	taker := *rec
 	taker.State, taker.Created, taker.RequestID = claim.InProgress, time.Now(), x.requestID
+	taker.Completed, taker.Status, taker.Header, taker.Body = time.Time{}, 0, nil, nil
+	taker.BodyOmitted, taker.BodyCompressed, taker.Compact = false, false, false
 	taker.Mark, taker.Lease, taker.ReadEpoch = claim.MarkNone, 0, false // never taken for a claim not forwarded
 	taker.Tail = s.Retention                                            // a taker that vanishes leaves an orphan to ask about
 	_, _ = io.ReadFull(x.h.rand, taker.Token[:])
@@ -343,6 +346,7 @@ func (x *exchange) ownerReconciles(o *owner) bool {
 
 // reconciled counts and logs one lookup's result.
 func (x *exchange) reconciled(result string, first *claim.Record, why string) {
+	x.reconcileResult = result
 	x.h.metrics.reconciled.WithLabelValues(x.rt.name, result).Inc()
 	args := []any{"route", x.rt.name, "key", x.hashedKey, "result", result, "original_request_id", first.RequestID, "request_id", x.requestID}
 	if why != "" {
@@ -399,4 +403,63 @@ func (x *exchange) tooEarly(left time.Duration) {
 	}
 	p.retryAfter = max(left, time.Second)
 	x.answer(outcomeConflict, p)
+}
+
+// ReconcileKey is the key API's reconcile-now: on route, it asks the
+// upstream about principal's key as a retry would, when the key holds a
+// vanished owner's claim or a stored outcome-unknown; nothing executes
+// (an absent answer only frees the key, for the next retry to execute).
+// It answers what it did (found, absent, too_early, unresolved; or
+// not_reconcilable with the key's state) and the answer a retry would get
+// now (status and body; none when the key was freed).
+func (h *Handler) ReconcileKey(ctx context.Context, routeName, principal, key string) (result string, status int, body []byte, err error) {
+	rt := h.routes.Load().byName[routeName]
+	if rt == nil || rt.settings.Reconcile == nil {
+		return "", 0, nil, fmt.Errorf("route %q does not reconcile", routeName)
+	}
+	hashed := h.store.Key(principal, rt.scope, key)
+	existing, ttl, err := h.store.Get(ctx, hashed)
+	if err != nil {
+		return "", 0, nil, err
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "/", nil)
+	w := &answerRecorder{header: http.Header{}}
+	x := &exchange{h: h, rt: rt, w: w, r: req, principal: principal, hashedKey: hashed, idemKey: key, requestID: h.requestID(req), start: time.Now()}
+	if existing == nil {
+		return "not_reconcilable: absent", 0, nil, nil
+	}
+	since, ok := x.reconcilable(existing, existing, ttl)
+	if !ok {
+		return "not_reconcilable: " + existing.State.String(), 0, nil, nil
+	}
+	if x.reconcileExisting(existing, existing, since) == reconcileAgain {
+		if x.reconcileResult == lookupAbsent {
+			return lookupAbsent, 0, nil, nil // freed: the next retry executes
+		}
+		return "not_reconcilable: the key changed meanwhile", 0, nil, nil
+	}
+	if x.reconcileResult == "" {
+		return "not_reconcilable: the store failed", w.status, w.body.Bytes(), nil
+	}
+	return x.reconcileResult, w.status, w.body.Bytes(), nil
+}
+
+// answerRecorder keeps the answer an exchange run for the key API wrote.
+type answerRecorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *answerRecorder) Header() http.Header { return r.header }
+
+func (r *answerRecorder) WriteHeader(status int) {
+	if r.status == 0 {
+		r.status = status
+	}
+}
+
+func (r *answerRecorder) Write(b []byte) (int, error) {
+	r.WriteHeader(http.StatusOK)
+	return r.body.Write(b)
 }

@@ -58,8 +58,10 @@ type router struct {
 	scopes map[string]string
 	// retention is each route's, by name (idemproxy_route_retention_seconds).
 	retention map[string]time.Duration
-	// reconciles holds the routes that reconcile, by name.
+	// reconciles holds the routes that reconcile, by name; byName every
+	// route.
 	reconciles map[string]bool
+	byName     map[string]*route
 	// prefixes are, per method, the literal starts of the routes' paths
 	// (up to their first wildcard): a request whose method no route uses,
 	// or whose path starts with none of its method's prefixes (most
@@ -70,11 +72,12 @@ type router struct {
 }
 
 func newRouter(routes []Route) (*router, error) {
-	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string), scopes: make(map[string]string), retention: make(map[string]time.Duration), reconciles: make(map[string]bool)}
+	rt := &router{mux: http.NewServeMux(), prefixes: make(map[string][]string), scopes: make(map[string]string), retention: make(map[string]time.Duration), reconciles: make(map[string]bool), byName: make(map[string]*route)}
 	for i, rc := range routes {
 		rt.names = append(rt.names, rc.Name)
 		r := &route{name: rc.Name, scope: KeyScope(rc.Name, rc.SharedScope && rc.Webhook == nil), legacyScope: KeyScope(rc.Name, rc.SharedScope), settings: rc, keyHeader: http.CanonicalHeaderKey(rc.KeyHeader), keyNames: nameSet{rc.KeyHeader}}
 		rt.scopes[rc.Name] = r.scope
+		rt.byName[rc.Name] = r
 		rt.retention[rc.Name] = rc.Retention
 		rt.reconciles[rc.Name] = rc.Reconcile != nil
 		fp, err := newFingerprinter(rc.FingerprintHeaders, rc.IgnoreJSONFields)
