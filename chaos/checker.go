@@ -328,6 +328,10 @@ func statusLabel(a attempt) string {
 		return "502 outcome-unknown replayed"
 	case outcomeUnknown(a):
 		return "502 outcome-unknown"
+	case a.Reconciled && a.Replayed:
+		return fmt.Sprintf("%d reconciled, replayed", a.Status)
+	case a.Reconciled:
+		return fmt.Sprintf("%d reconciled", a.Status)
 	case a.Replayed:
 		return fmt.Sprintf("%d replayed", a.Status)
 	}

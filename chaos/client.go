@@ -32,8 +32,10 @@ type attempt struct {
 	End       time.Time `json:"end"`
 	Status    int       `json:"status"` // 0: transport error or client gave up
 	Replayed  bool      `json:"replayed"`
-	Body      string    `json:"body"`
-	Err       string    `json:"err,omitempty"`
+	// Reconciled: the answer came from a reconcile lookup (-reconcile).
+	Reconciled bool   `json:"reconciled,omitempty"`
+	Body       string `json:"body"`
+	Err        string `json:"err,omitempty"`
 }
 
 // settled reports whether a client would stop retrying on this answer:
@@ -196,6 +198,7 @@ func (w *workload) send(sc *sidecar, op, n int, principal, key, path, body strin
 		} else {
 			a.Status = resp.StatusCode
 			a.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+			a.Reconciled = resp.Header.Get("Idempotent-Reconciled") == "true"
 			a.Body = string(b)
 		}
 	}

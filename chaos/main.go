@@ -68,6 +68,8 @@ type options struct {
 	strict bool
 	// mixed runs sidecar 0 on the previous release (PREVIOUS_RELEASE).
 	mixed bool
+	// reconcile gives every route a reconcile lookup on the ledger.
+	reconcile bool
 	// tolerateUnknown is how many unexplained wrong outcome-unknowns a
 	// -mixed run accepts.
 	tolerateUnknown int
@@ -87,12 +89,16 @@ func run() error {
 	flag.IntVar(&o.tolerateUnknown, "allow-unexplained-unknown", 0, "with -mixed: accept up to this many operations answered a wrong outcome-unknown that no documented cause explains (an open finding of the v0.5.0 work, about 1 in 20,000 operations in mixed fleets: docs/reliability.md); duplicates are never accepted")
 	flag.BoolVar(&o.mixed, "mixed", false, "run sidecar 0 on the previous release named in PREVIOUS_RELEASE (built from this clone's history), the others on this tree: a rolling upgrade")
 	keep := flag.Bool("keep", false, "run every route with unknown_outcome: keep (v0.3.0's default) instead of the default fail; duplicates after upstream resets are then expected")
+	flag.BoolVar(&o.reconcile, "reconcile", false, "give every route a reconcile lookup on the upstream's ledger (routes[].reconcile; late_answer_window 2s, absent_after 5s): outcome-unknown answers then remain only where the lookup itself failed")
 	retired := flag.Bool("strict", false, "retired: the default run is the strict one since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
 	flag.Parse()
 	if *retired {
 		return errors.New("-strict is retired: the default run is strict since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
 	}
 	o.strict = !*keep
+	if o.reconcile && (o.mixed || !o.strict) {
+		return errors.New("-reconcile runs on this tree with unknown_outcome: fail: not with -mixed (v0.5.0 refuses the key) or -keep")
+	}
 	if *short {
 		o.ops, o.duration, o.rate = 1500, 75*time.Second, 25
 	}
@@ -223,7 +229,7 @@ func startSidecars(o options, dir string, bins, versions []string, upstream stri
 		p2, _ := loopback.FreePort()
 		v := min(i, len(bins)-1)
 		sc := &sidecar{id: i, version: versions[v], port: p1, adminPort: p2, logDir: dir}
-		config, err := sc.writeConfig(dir, upstream, links[i].Addr(), o.strict)
+		config, err := sc.writeConfig(dir, upstream, links[i].Addr(), o.strict, o.reconcile)
 		if err != nil {
 			return scs, err
 		}
@@ -267,6 +273,9 @@ func judge(o options, dir string, rdb *redisProc, scs []*sidecar, w *workload, l
 	mode := "-keep (unknown_outcome: keep, v0.3.0's default)"
 	if o.strict {
 		mode = "defaults (unknown_outcome: fail)"
+	}
+	if o.reconcile {
+		mode = "-reconcile (unknown_outcome: fail, every route reconciling against the ledger; late_answer_window 2s, absent_after 5s)"
 	}
 	text := fmt.Sprintf("Run: %d operations in %s (%.0f/s, %d workers, %d sidecars, a fault every ~%s), %s.\n\n%s\n",
 		ops, elapsed.Round(time.Second), o.rate, o.workers, o.sidecars, o.faultEvery, mode, rep.markdown())

@@ -130,18 +130,25 @@ func (s *sidecar) kill() { s.Kill() }
 // signal sends sig to the sidecar, by the PID this harness started.
 func (s *sidecar) signal(sig syscall.Signal) { s.Signal(sig) }
 
-func (s *sidecar) writeConfig(dir, upstream, redisAddr string, strict bool) (string, error) {
+func (s *sidecar) writeConfig(dir, upstream, redisAddr string, strict, reconcile bool) (string, error) {
 	config := filepath.Join(dir, fmt.Sprintf("sidecar-%d.yaml", s.id))
 	unknown := "keep"
 	if strict {
 		unknown = "fail"
+	}
+	late, lookup := "", ""
+	if reconcile {
+		// The ledger answers the execution's own status and body: the
+		// checker compares reconciled answers with executions as any.
+		late = "  late_answer_window: 2s\n"
+		lookup = "    reconcile: {url: \"/payments/by-key/{key}\", found: [201, 500], absent: [404], timeout: 1s, absent_after: 5s}\n"
 	}
 	return config, os.WriteFile(config, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
 admin_listen: "127.0.0.1:%d"
 upstream:
   url: %q
   timeout: 2s
-drain:
+%sdrain:
   timeout: 3s
 store:
   redis:
@@ -153,9 +160,9 @@ defaults:
 routes:
   - name: pay
     match: "POST /payments"
-  - name: pay-wait
+%s  - name: pay-wait
     match: "POST /payments-wait"
     concurrent: wait
     max_wait: 3s
-`, s.port, s.adminPort, upstream, redisAddr, unknown)), 0o644)
+%s`, s.port, s.adminPort, upstream, late, redisAddr, unknown, lookup, lookup)), 0o644)
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,10 @@ func (l *ledger) executions() []execution {
 }
 
 func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if key, ok := strings.CutPrefix(r.URL.Path, "/payments/by-key/"); ok && r.Method == http.MethodGet {
+		l.lookup(w, r.Header.Get("X-Forwarded-User"), key)
+		return
+	}
 	body, _ := io.ReadAll(r.Body)
 	mode := l.mode.Load()
 	roll := rand.Float64()
@@ -105,4 +110,33 @@ func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(ex.Status)
 	w.Write(resp)
+}
+
+// lookup is the reconcile lookup (chaos -reconcile): the ledger's latest
+// execution for principal's key, with its own status and body, or 404;
+// both echo the key. It reads what the executions wrote, whatever mode
+// the upstream's POSTs are in: the database answers while the app
+// misbehaves.
+func (l *ledger) lookup(w http.ResponseWriter, principal, key string) {
+	l.mu.Lock()
+	var found *execution
+	for i := len(l.execs) - 1; i >= 0; i-- {
+		if e := &l.execs[i]; e.Principal == principal && e.Key == key {
+			found = e
+			break
+		}
+	}
+	var ex execution
+	if found != nil {
+		ex = *found
+	}
+	l.mu.Unlock()
+	w.Header().Set("Idempotency-Key", key)
+	if found == nil {
+		http.Error(w, `{"error":"no such key"}`, http.StatusNotFound)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(ex.Status)
+	w.Write([]byte(ex.Response))
 }

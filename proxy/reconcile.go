@@ -118,10 +118,12 @@ const (
 // for an unresolved one.
 type lookupAnswer struct {
 	result string
-	status int
-	header http.Header
-	body   []byte
-	why    string
+	// status is what a found answer is stored with; upstreamStatus what
+	// the lookup answered (zero: no answer).
+	status, upstreamStatus int
+	header                 http.Header
+	body                   []byte
+	why                    string
 }
 
 // lookupHeaders are never stored from a found answer: they describe the
@@ -150,6 +152,14 @@ func (h *Handler) lookup(ctx context.Context, rt *route, principal, key string, 
 		return lookupAnswer{result: lookupUnresolved, why: err.Error()}
 	}
 	defer resp.Body.Close()
+	ans := h.lookupVerdict(rt, resp, key, max)
+	ans.upstreamStatus = resp.StatusCode
+	return ans
+}
+
+// lookupVerdict reads one lookup answer.
+func (h *Handler) lookupVerdict(rt *route, resp *http.Response, key string, max int64) lookupAnswer {
+	rc := rt.settings.Reconcile
 	body, err := io.ReadAll(io.LimitReader(resp.Body, max+1))
 	switch {
 	case err != nil:
@@ -259,7 +269,7 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 		x.storeFailed("take_over", err, nil)
 		return reconcileAnswered
 	}
-	ans := x.h.lookup(context.WithoutCancel(x.r.Context()), x.rt, x.principal, x.idemKey, s.MaxResponseBody)
+	ans := x.ask()
 	if ans.result == lookupAbsent {
 		err := x.detached("free_absent", func(ctx context.Context) error {
 			return x.h.store.FreeAbsent(ctx, x.hashedKey, taker.Token, since, rc.AbsentAfter+absentMargin(s))
@@ -314,7 +324,7 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 func (x *exchange) ownerReconciles(o *owner) bool {
 	s := &x.rt.settings
 	rc := s.Reconcile
-	ans := x.h.lookup(context.WithoutCancel(x.r.Context()), x.rt, x.principal, x.idemKey, s.MaxResponseBody)
+	ans := x.ask()
 	switch ans.result {
 	case lookupFound:
 		found := x.foundRecord(o.rec, o.rec, ans)
@@ -462,4 +472,12 @@ func (r *answerRecorder) WriteHeader(status int) {
 func (r *answerRecorder) Write(b []byte) (int, error) {
 	r.WriteHeader(http.StatusOK)
 	return r.body.Write(b)
+}
+
+// ask is one lookup for this exchange's key, traced.
+func (x *exchange) ask() lookupAnswer {
+	start := time.Now()
+	ans := x.h.lookup(context.WithoutCancel(x.r.Context()), x.rt, x.principal, x.idemKey, x.rt.settings.MaxResponseBody)
+	x.lookupSpan(start, ans)
+	return ans
 }

@@ -130,3 +130,14 @@ func TestReconcileTemplates(t *testing.T) {
 		t.Error("reconcile on a webhook route was accepted")
 	}
 }
+
+// TestEveryStoreOpNamesItsSpan: each store operation's span is named
+// after the Redis command it sends (an op missing here made a span with
+// no name: epoch, before this test).
+func TestEveryStoreOpNamesItsSpan(t *testing.T) {
+	for _, op := range storeOps {
+		if storeCommands[op] == "" {
+			t.Errorf("store op %q has no command in storeCommands", op)
+		}
+	}
+}

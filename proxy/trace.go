@@ -93,11 +93,36 @@ func hostPort(addr, defaultPort string) []attribute.KeyValue {
 // names its span (the database semantic conventions): a read is GET, the
 // claim and every fenced write a Lua script.
 var storeCommands = map[string]string{
-	"claim":    "EVALSHA",
-	"get":      "GET",
-	"renew":    "EVALSHA",
-	"complete": "EVALSHA",
-	"release":  "EVALSHA",
+	"claim":       "EVALSHA",
+	"get":         "GET",
+	"renew":       "EVALSHA",
+	"complete":    "EVALSHA",
+	"release":     "EVALSHA",
+	"epoch":       "EVALSHA",
+	"take_over":   "EVALSHA",
+	"free_absent": "EVALSHA",
+}
+
+// lookupSpan records a reconcile lookup, which started at start, as a
+// client span (HTTP semantic conventions) with its result; an unresolved
+// lookup is an error.
+func (x *exchange) lookupSpan(start time.Time, ans lookupAnswer) {
+	if x.span == nil {
+		return
+	}
+	attrs := []attribute.KeyValue{
+		attribute.String("http.request.method", http.MethodGet),
+		attribute.String("idemproxy.reconcile.result", ans.result),
+	}
+	if ans.upstreamStatus != 0 {
+		attrs = append(attrs, attribute.Int("http.response.status_code", ans.upstreamStatus))
+	}
+	_, sp := x.h.tracing.tracer.Start(x.r.Context(), http.MethodGet,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	if ans.result == lookupUnresolved {
+		sp.SetStatus(codes.Error, ans.why)
+	}
+	sp.End()
 }
 
 // startTrace starts the exchange's server span, continuing the client's
