@@ -134,7 +134,6 @@ func TestInvalidFixtures(t *testing.T) {
 			`routes[2].reconcile.absent_after: must be shorter than the route's retention (24h0m0s), or an absent answer is never believed, got 48h0m0s`,
 			`routes[2].reconcile.status: must be 0 (the lookup's own) or an HTTP status between 200 and 599, got 99`,
 			`routes[2].reconcile.url: must be a path on upstream.url starting with /, got "http://elsewhere/{key}"`,
-			`routes[2].unknown_outcome: must be fail on a route that reconciles, in this release (keep frees the key or lets it lapse: nothing would be left to ask about), got keep`,
 			`routes[3].reconcile.url: a webhook route cannot reconcile: its provider, not the upstream, decides what a redelivery means`,
 		},
 		"routes_not_list": {

@@ -87,7 +87,4 @@ func (rc Reconcile) validate(path string, r Route, u Upstream, add problemf) {
 	if r.Webhook.Provider != "" {
 		add(path+"url", "a webhook route cannot reconcile: its provider, not the upstream, decides what a redelivery means")
 	}
-	if r.Settings.UnknownOutcome != OutcomeFail {
-		add(strings.TrimSuffix(path, "reconcile.")+"unknown_outcome", "must be fail on a route that reconciles, in this release (%s frees the key or lets it lapse: nothing would be left to ask about), got %s", r.Settings.UnknownOutcome, r.Settings.UnknownOutcome)
-	}
 }

@@ -336,4 +336,72 @@ func TestReconcileThroughTheBinary(t *testing.T) {
 			t.Error("unresolved lookups not counted")
 		}
 	})
+
+	keep := strings.Replace(cfg, "defaults:\n", "defaults:\n  unknown_outcome: keep\n", 1)
+	t.Run("keep: the upstream acted, then reset: the first client gets the real answer", func(t *testing.T) {
+		a := startBinary(t, keep)
+		l.mu.Lock()
+		l.first["keep-acted-1"] = "act-reset"
+		l.mu.Unlock()
+		resp, body := postAnswer(t, a.Client+"/payments", "keep-acted-1", `{"amount":1}`)
+		if resp.StatusCode != http.StatusCreated || body != `{"id":"ch_keep-acted-1_1"}` || resp.Header.Get("Idempotent-Reconciled") != "true" {
+			t.Fatalf("first attempt under keep: %d %s, want 201 with the upstream's record", resp.StatusCode, body)
+		}
+		time.Sleep(1500 * time.Millisecond) // past keep's extra lease: v0.5.0 would execute again now
+		if status, again := post(t, a.Client+"/payments", "keep-acted-1", `{"amount":1}`); status != http.StatusCreated || again != body {
+			t.Errorf("retry: %d %s, want the replay", status, again)
+		}
+		if n := l.executions("keep-acted-1"); n != 1 {
+			t.Errorf("upstream executed %d times, want 1", n)
+		}
+	})
+
+	t.Run("keep: the owner killed after acting: a retry asks before it executes again", func(t *testing.T) {
+		a, b := startBinary(t, keep), startBinary(t, keep)
+		l.mu.Lock()
+		l.first["keep-killed-1"] = "hang"
+		l.mu.Unlock()
+		go func() { // its sidecar is killed: no answer comes
+			if resp, err := http.DefaultClient.Do(payRequest(a.Client+"/payments", "keep-killed-1", `{"amount":1}`)); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		poll.Until(t, "the upstream acted", func() bool {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			return l.charges["keep-killed-1"] != ""
+		})
+		a.Kill()
+		var resp *http.Response
+		var body string
+		poll.Until(t, "the retry is answered", func() bool {
+			resp, body = postAnswer(t, b.Client+"/payments", "keep-killed-1", `{"amount":1}`)
+			return resp.StatusCode != http.StatusConflict
+		})
+		if resp.StatusCode != http.StatusCreated || body != `{"id":"ch_keep-killed-1_1"}` || resp.Header.Get("Idempotent-Reconciled") != "true" {
+			t.Fatalf("retry after the owner vanished under keep: %d %s, want 201 with the upstream's record", resp.StatusCode, body)
+		}
+		if n := l.executions("keep-killed-1"); n != 1 {
+			t.Errorf("upstream executed %d times, want 1", n)
+		}
+	})
+
+	t.Run("keep: never acted, then reset: a retry executes again as keep says", func(t *testing.T) {
+		a := startBinary(t, keep)
+		l.mu.Lock()
+		l.first["keep-never-1"] = "reset"
+		l.mu.Unlock()
+		if status, body := post(t, a.Client+"/payments", "keep-never-1", `{"amount":1}`); status != http.StatusBadGateway {
+			t.Fatalf("first attempt: %d %s, want 502 upstream-failed (keep)", status, body)
+		}
+		var status int
+		var body string
+		poll.Until(t, "a retry executes", func() bool {
+			status, body = post(t, a.Client+"/payments", "keep-never-1", `{"amount":1}`)
+			return status == http.StatusCreated
+		})
+		if body != `{"id":"ch_keep-never-1_2"}` || l.executions("keep-never-1") != 2 {
+			t.Errorf("retry: %s after %d calls, want the second call's answer", body, l.executions("keep-never-1"))
+		}
+	})
 }

@@ -146,9 +146,10 @@ func (x *exchange) newClaim(fp claim.Fingerprint) *claim.Record {
 		ReadEpoch: x.hasFirstSent,
 	}
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
-	if x.rt.settings.Unknown == Fail {
+	if x.rt.settings.Unknown == Fail || x.rt.settings.Reconcile != nil {
 		// The claim outlives its lease, so that an owner that vanishes
-		// leaves an orphan the next attempt settles, not a free key.
+		// leaves an orphan the next attempt settles (or asks the upstream
+		// about, on a reconcile route), not a free key.
 		rec.Tail = x.rt.settings.Retention
 	}
 	return rec

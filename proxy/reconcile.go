@@ -211,8 +211,8 @@ func absentMargin(s *Route) time.Duration { return s.Lease }
 // reconcilable reports whether existing, found by a retry of the same
 // request on a reconcile route, is one to ask the upstream about: a claim
 // whose owner vanished (since zero: TakeOver judges from the orphan), or
-// a stored outcome-unknown record (since: its first attempt's claim) not
-// asked about within the lookup's timeout.
+// (unknown_outcome: fail) a stored outcome-unknown record (since: its
+// first attempt's claim) not asked about within the lookup's timeout.
 func (x *exchange) reconcilable(existing, rec *claim.Record, ttl time.Duration) (since time.Time, ok bool) {
 	rc := x.rt.settings.Reconcile
 	if rc == nil || !x.h.store.SameRequest(existing, rec.Fingerprint) {
@@ -270,6 +270,17 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 		return reconcileAnswered
 	}
 	ans := x.ask()
+	if s.Unknown != Fail && ans.result != lookupFound {
+		// keep and release: a vanished owner's key executes again when
+		// its claim lapses; asked first, it does unless found.
+		x.reconciled(ans.result, existing, ans.why)
+		err := x.detached("release", func(ctx context.Context) error { return x.h.store.Release(ctx, x.hashedKey, taker.Token) })
+		if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
+			x.storeFailed("release", err, nil)
+			return reconcileAnswered
+		}
+		return reconcileAgain
+	}
 	if ans.result == lookupAbsent {
 		err := x.detached("free_absent", func(ctx context.Context) error {
 			return x.h.store.FreeAbsent(ctx, x.hashedKey, taker.Token, since, rc.AbsentAfter+absentMargin(s))
@@ -315,12 +326,12 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 }
 
 // ownerReconciles is the owner of a first attempt whose outcome is unknown
-// asking the upstream before it settles the key as outcome-unknown, so that
-// its own client can get the real answer. It reports false when the
-// lookup was unresolved: the caller stores outcome-unknown as without
-// reconcile. An absent answer is too early for the owner (its own call
-// just ended): the key is left outcome-unknown, and the client is told
-// when to ask again.
+// asking the upstream before it settles the key as unknown_outcome says,
+// so that its own client can get the real answer. It reports false when
+// the caller is to settle as without reconcile: the lookup was
+// unresolved, or (keep, release) said anything but found. Under fail an
+// absent answer is too early for the owner (its own call just ended): the
+// key is left outcome-unknown, and the client is told when to ask again.
 func (x *exchange) ownerReconciles(o *owner) bool {
 	s := &x.rt.settings
 	rc := s.Reconcile
@@ -340,6 +351,10 @@ func (x *exchange) ownerReconciles(o *owner) bool {
 		x.writeRecord(found, false)
 		return true
 	case lookupAbsent:
+		if s.Unknown != Fail {
+			x.reconciled(lookupTooEarly, o.rec, "")
+			return false // keep holds the claim one lease, release frees it: as without reconcile
+		}
 		unknown := x.h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), false, s.Problems, true, x.claimSetAt)
 		o.settle(func() verdict {
 			v := o.complete(unknown)

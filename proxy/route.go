@@ -96,9 +96,6 @@ func newRouter(routes []Route) (*router, error) {
 			if rc.Webhook != nil {
 				return nil, fmt.Errorf("routes[%d]: reconcile on a webhook route: a provider is never asked", i)
 			}
-			if rc.Unknown != Fail {
-				return nil, fmt.Errorf("routes[%d]: reconcile needs unknown_outcome fail this release (%s frees or lets lapse what there is to ask about)", i, rc.Unknown)
-			}
 			if err := checkReconcile(rc.Reconcile); err != nil {
 				return nil, fmt.Errorf("routes[%d]: %w", i, err)
 			}

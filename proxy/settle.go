@@ -224,12 +224,12 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	timeout := isTimeout(err) || errors.Is(err, errLateCap) || errors.Is(err, errAbandoned)
 	policy := x.rt.settings.Unknown
 	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy.String()).Inc()
+	reconcile := x.rt.settings.Reconcile != nil
+	if reconcile && x.ownerReconciles(o) {
+		return
+	}
 	switch policy {
 	case Fail:
-		reconcile := x.rt.settings.Reconcile != nil
-		if reconcile && x.ownerReconciles(o) {
-			return
-		}
 		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout, x.rt.settings.Problems, reconcile, x.claimSetAt)
 		o.settle(func() verdict {
 			v := o.complete(rec)
