@@ -39,10 +39,13 @@ type attempt struct {
 }
 
 // settled reports whether a client would stop retrying on this answer:
-// the outcome, or (unknown_outcome: fail) word that it is unknown.
+// the outcome, or (unknown_outcome: fail) word that it is unknown, unless
+// that word says to retry with the same key (a reconcile route: a retry
+// asks the upstream again).
 func settled(a attempt) bool {
 	return a.Status == http.StatusCreated || a.Status == http.StatusInternalServerError ||
-		a.Status == http.StatusUnprocessableEntity || outcomeUnknown(a) ||
+		a.Status == http.StatusUnprocessableEntity ||
+		outcomeUnknown(a) && !strings.Contains(a.Body, "Retry with the same idempotency key") ||
 		a.Status == http.StatusPreconditionFailed // key-expired, record-lost: reconcile, new key
 }
 

@@ -225,9 +225,6 @@ func (x *exchange) reconcilable(existing, rec *claim.Record, ttl time.Duration) 
 	if v == "" {
 		return time.Time{}, false
 	}
-	if time.Since(existing.Completed) < rc.Timeout {
-		return time.Time{}, false // asked a moment ago: spaced, at most one lookup per timeout
-	}
 	if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 {
 		since = time.UnixMilli(ms)
 	}
@@ -251,6 +248,20 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 	s := &x.rt.settings
 	rc := s.Reconcile
 	x.linkTo(existing)
+	if existing.State == claim.Completed {
+		if left := rc.Timeout - time.Since(existing.Completed); left > 0 {
+			// Asked a moment ago: lookups of one key are spaced, at most
+			// one per timeout. The key is being reconciled: in progress.
+			p := probInProgress.with("the upstream was asked about this key a moment ago; retry after the time in Retry-After, with the same key")
+			if st := s.InProgressStatus; st != 0 {
+				p.Status = st
+			}
+			p.retryAfter = max(left, time.Second)
+			x.answer(outcomeConflict, p)
+			x.reconcileResult = "spaced: asked within reconcile.timeout"
+			return reconcileAnswered
+		}
+	}
 	taker := *rec
 	taker.State, taker.Created, taker.RequestID = claim.InProgress, time.Now(), x.requestID
 	taker.Completed, taker.Status, taker.Header, taker.Body = time.Time{}, 0, nil, nil
