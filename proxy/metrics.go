@@ -45,9 +45,6 @@ var outcomes = []string{
 	outcomeStoreUnavailable, outcomeRecordUnreadable, outcomeUpstreamTimeout, outcomeReconciled,
 }
 
-// storeOps are the values of the op label.
-var storeOps = []string{"claim", "get", "renew", "complete", "release", "epoch", "take_over", "free_absent"}
-
 // Metrics are the proxy's Prometheus collectors.
 type Metrics struct {
 	requests     *prometheus.CounterVec
@@ -201,8 +198,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	// Series that exist from the start make rate() and absent-based alerts
 	// work before the first error.
-	for _, op := range storeOps {
-		m.storeErrors.WithLabelValues(op)
+	for _, s := range storeOps {
+		m.storeErrors.WithLabelValues(s.op)
 	}
 	for _, r := range []string{"ok", "lost", "error"} {
 		m.renewals.WithLabelValues(r)

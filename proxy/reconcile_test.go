@@ -132,12 +132,14 @@ func TestReconcileTemplates(t *testing.T) {
 }
 
 // TestEveryStoreOpNamesItsSpan: each store operation's span is named
-// after the Redis command it sends (an op missing here made a span with
-// no name: epoch, before this test).
+// after the Redis command it sends (epoch's span had no name while the
+// commands were a table of their own).
 func TestEveryStoreOpNamesItsSpan(t *testing.T) {
-	for _, op := range storeOps {
-		if storeCommands[op] == "" {
-			t.Errorf("store op %q has no command in storeCommands", op)
+	seen := map[string]bool{}
+	for _, s := range storeOps {
+		if s.command == "" || seen[s.op] {
+			t.Errorf("store op %q: command %q, listed before: %v", s.op, s.command, seen[s.op])
 		}
+		seen[s.op] = true
 	}
 }

@@ -89,20 +89,6 @@ func hostPort(addr, defaultPort string) []attribute.KeyValue {
 	return out
 }
 
-// storeCommands is the Redis command each store operation sends, which
-// names its span (the database semantic conventions): a read is GET, the
-// claim and every fenced write a Lua script.
-var storeCommands = map[string]string{
-	"claim":       "EVALSHA",
-	"get":         "GET",
-	"renew":       "EVALSHA",
-	"complete":    "EVALSHA",
-	"release":     "EVALSHA",
-	"epoch":       "EVALSHA",
-	"take_over":   "EVALSHA",
-	"free_absent": "EVALSHA",
-}
-
 // lookupSpan records a reconcile lookup, which started at start, as a
 // client span (HTTP semantic conventions) with its result; an unresolved
 // lookup is an error.
@@ -262,7 +248,7 @@ func (x *exchange) storeSpan(op string, start time.Time, err error) {
 		return
 	}
 	t := x.h.tracing
-	cmd := storeCommands[op]
+	cmd := storeCommand(op)
 	_, sp := t.tracer.Start(x.r.Context(), cmd,
 		trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithTimestamp(start),
