@@ -342,17 +342,24 @@ func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl t
 	case !x.h.store.SameRequest(rec, fp):
 		x.answer(outcomeMismatch, probMismatch.with("this idempotency key was first used with a different method, path, query, body or fingerprinted header"))
 	case rec.State == claim.InProgress:
-		p := probInProgress.with("retry after the time in Retry-After; the first attempt is still running")
-		if st := x.rt.settings.InProgressStatus; st != 0 {
-			p.Status = st // 429 or 503: what generic retrying clients retry
-		}
-		p.retryAfter = ttl
-		x.answer(outcomeConflict, p)
+		x.inProgress("retry after the time in Retry-After; the first attempt is still running", ttl)
 	case rec.BodyOmitted:
 		x.notReplayable(rec)
 	default:
 		x.replay(rec)
 	}
+}
+
+// inProgress answers a retry while the key's first attempt (or a lookup
+// about it) runs: the route's in_progress_status (409, or 429 / 503, what
+// generic retrying clients retry) with Retry-After.
+func (x *exchange) inProgress(detail string, retryAfter time.Duration) {
+	p := probInProgress.with(detail)
+	if st := x.rt.settings.InProgressStatus; st != 0 {
+		p.Status = st
+	}
+	p.retryAfter = retryAfter
+	x.answer(outcomeConflict, p)
 }
 
 // notReplayable answers a retry of a key whose first attempt was executed

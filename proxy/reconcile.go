@@ -252,12 +252,7 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 		if left := rc.Timeout - time.Since(existing.Completed); left > 0 {
 			// Asked a moment ago: lookups of one key are spaced, at most
 			// one per timeout. The key is being reconciled: in progress.
-			p := probInProgress.with("the upstream was asked about this key a moment ago; retry after the time in Retry-After, with the same key")
-			if st := s.InProgressStatus; st != 0 {
-				p.Status = st
-			}
-			p.retryAfter = max(left, time.Second)
-			x.answer(outcomeConflict, p)
+			x.inProgress("the upstream was asked about this key a moment ago; retry after the time in Retry-After, with the same key", max(left, time.Second))
 			x.reconcileResult = "spaced: asked within reconcile.timeout"
 			return reconcileAnswered
 		}
@@ -302,7 +297,6 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 			x.reconciled(lookupAbsent, existing, "")
 			return reconcileAgain
 		case errors.As(err, &early):
-			ans.result = lookupTooEarly
 			x.reconciled(lookupTooEarly, existing, "")
 			x.putBackUnknown(existing, &taker, since)
 			x.tooEarly(early.Left)
@@ -433,12 +427,7 @@ func (x *exchange) putBackUnknown(first, taker *claim.Record, since time.Time) *
 // tooEarly answers a retry whose lookup said absent before absent_after:
 // the first attempt may still be running in the app.
 func (x *exchange) tooEarly(left time.Duration) {
-	p := probInProgress.with("the upstream has no record of this key yet, and its first attempt may still be running; retry after the time in Retry-After")
-	if st := x.rt.settings.InProgressStatus; st != 0 {
-		p.Status = st
-	}
-	p.retryAfter = max(left, time.Second)
-	x.answer(outcomeConflict, p)
+	x.inProgress("the upstream has no record of this key yet, and its first attempt may still be running; retry after the time in Retry-After", max(left, time.Second))
 }
 
 // ReconcileKey is the key API's reconcile-now: on route, it asks the
