@@ -320,8 +320,10 @@ func TestReconcileThroughTheBinary(t *testing.T) {
 			t.Fatalf("first attempt with the lookup down: %d %s, want 502 outcome-unknown saying to retry with the same key", status, body)
 		}
 		time.Sleep(600 * time.Millisecond) // lookups are spaced by the lookup timeout
-		if again, b := post(t, a.Client+"/payments", "down-1", `{"amount":1}`); again != http.StatusBadGateway {
-			t.Fatalf("retry with the lookup still down: %d %s, want the 502", again, b)
+		if again, b := post(t, a.Client+"/payments", "down-1", `{"amount":1}`); again != http.StatusBadGateway || b != body {
+			// The 502 is put back after each failed lookup: still the
+			// first attempt's, byte for byte.
+			t.Fatalf("retry with the lookup still down: %d %s, want the first 502 %s", again, b, body)
 		}
 		l.lookupDown.Store(false)
 		var resp *http.Response

@@ -337,7 +337,7 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 // unresolved, or (keep, release) said anything but found. Under fail an
 // absent answer is too early for the owner (its own call just ended): the
 // key is left outcome-unknown, and the client is told when to ask again.
-func (x *exchange) ownerReconciles(o *owner) bool {
+func (x *exchange) ownerReconciles(o *owner, timeout bool) bool {
 	s := &x.rt.settings
 	rc := s.Reconcile
 	ans := x.ask()
@@ -360,7 +360,7 @@ func (x *exchange) ownerReconciles(o *owner) bool {
 			x.reconciled(lookupTooEarly, o.rec, "")
 			return false // keep holds the claim one lease, release frees it: as without reconcile
 		}
-		unknown := x.h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), false, s.Problems, true, x.claimSetAt)
+		unknown := x.h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout, s.Problems, true, x.claimSetAt)
 		o.settle(func() verdict {
 			v := o.complete(unknown)
 			v.detail = x.unknown + "; the reconcile lookup said absent before absent_after: outcome-unknown stored, a retry asks again"
@@ -408,12 +408,25 @@ func (x *exchange) foundRecord(first, writer *claim.Record, ans lookupAnswer) *c
 }
 
 // putBackUnknown settles the taken-over key as outcome-unknown again,
-// fenced on the taker's token, keeping since for the next lookup. Should
-// the write fail, the taker's claim outlives its lease and is an orphan the
-// next retry asks about: nothing executes.
+// fenced on the taker's token, keeping since for the next lookup: a stored
+// outcome-unknown goes back as it was (every retry keeps getting the same
+// bytes), an orphan is settled as settleOrphan would. Should the write
+// fail, the taker's claim outlives its lease and is an orphan the next
+// retry asks about: nothing executes.
 func (x *exchange) putBackUnknown(first, taker *claim.Record, since time.Time) *claim.Record {
 	s := &x.rt.settings
-	rec := x.h.outcomeUnknownRecord(first, taker.Token, time.Now(), true, s.Problems, true, since)
+	var rec *claim.Record
+	if first.State == claim.Completed {
+		again := *first
+		again.Token, again.Completed = taker.Token, time.Now() // Completed spaces the next lookup
+		// since as TakeOver judged it: a record stored without one (0)
+		// keeps the time of its first lookup from now on.
+		again.Header = first.Header.Clone()
+		again.Header.Set(unknownSinceHeader, strconv.FormatInt(since.UnixMilli(), 10))
+		rec = &again
+	} else {
+		rec = x.h.outcomeUnknownRecord(first, taker.Token, time.Now(), true, s.Problems, true, since)
+	}
 	if err := x.detached("complete", func(ctx context.Context) error {
 		_, err := x.h.store.Complete(ctx, x.hashedKey, rec, s.Retention)
 		return err

@@ -225,7 +225,7 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	policy := x.rt.settings.Unknown
 	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy.String()).Inc()
 	reconcile := x.rt.settings.Reconcile != nil
-	if reconcile && x.ownerReconciles(o) {
+	if reconcile && x.ownerReconciles(o, timeout) {
 		return
 	}
 	switch policy {
