@@ -24,11 +24,11 @@ var authorizedHeaders = []string{"Authorization", "Cookie", requestIDHeader}
 // whether the caller may still learn what is stored under its key: a
 // replay, or the 409/422 that says the key exists. The stored response was
 // authorized when it was computed; the caller's permissions may have
-// changed since. It answers the client and reports false when not.
-func (x *exchange) authorize() bool {
+// changed since. It returns the reply when not, nil when it may.
+func (x *exchange) authorize() *reply {
 	s := &x.rt.settings
 	if s.AuthorizeURL == nil {
-		return true
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(x.r.Context(), s.AuthorizeTimeout)
 	defer cancel()
@@ -60,19 +60,17 @@ func (x *exchange) authorize() bool {
 	x.h.metrics.authorizations.WithLabelValues(x.rt.name, result).Inc()
 	switch result {
 	case authAllowed:
-		return true
+		return nil
 	case authForbidden:
 		p := probReplayForbidden.with("the authorizer no longer allows this caller to see what is stored under this idempotency key")
 		p.Status = status
-		x.answer(outcomeRejected, p)
-	default:
-		why := fmt.Sprintf("answered %d", status)
-		if err != nil {
-			why = err.Error()
-		}
-		p := probAuthorizerUnavailable.with("the replay authorizer could not be asked (" + why + "); retry later")
-		p.retryAfter = time.Second
-		x.answer(outcomeRejected, p)
+		return refuse(outcomeRejected, p)
 	}
-	return false
+	why := fmt.Sprintf("answered %d", status)
+	if err != nil {
+		why = err.Error()
+	}
+	p := probAuthorizerUnavailable.with("the replay authorizer could not be asked (" + why + "); retry later")
+	p.retryAfter = time.Second
+	return refuse(outcomeRejected, p)
 }

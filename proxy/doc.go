@@ -22,10 +22,10 @@
 //     providers.go; key.go, bodykey.go; firstsent.go), the body (pool.go,
 //     within limits.go), every store call (storecall.go), the
 //     fingerprint (fingerprint.go, headers.go), the claim and what an
-//     existing record answers (replay, wait, 409, 422); every answer
-//     idemproxy writes itself goes through answer (a problem) or
-//     writeRecord (a stored answer), and finish counts and logs the
-//     request once (metrics.go, logline.go).
+//     existing record answers (replay, wait, 409, 422). Each step returns
+//     the reply it decided (reply.go: a problem, a stored answer, or an
+//     unprotected forward) and respond alone writes it; finish counts and
+//     logs the request once (metrics.go, logline.go).
 //   - owner.go: the claim's owner forwards through a gate (gate.go) that
 //     holds the answer until it is stored, renews the lease, and answers
 //     504 at upstream.timeout while a late call goes on; settle.go stores

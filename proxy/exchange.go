@@ -96,41 +96,50 @@ type admitted struct {
 // route's admission (admitClient: the forwarded identity and the key; or
 // admitDelivery: a webhook delivery's signature), which reads the body,
 // then one tail: fingerprint the request, claim the key and either own
-// the request or answer from the record already there.
+// the request or answer from the record already there. What a step
+// decides is written once, by respond.
 func (x *exchange) serve() {
-	in, ok := x.rt.admit(x)
-	if !ok {
-		return
+	x.respond(x.decide())
+}
+
+// decide is serve's steps: the reply they decided, nil when the owner
+// answered with the upstream's.
+func (x *exchange) decide() *reply {
+	in, rep := x.rt.admit(x)
+	if rep != nil {
+		return rep
 	}
 	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, in.body)
 	x.hashedKey, x.idemKey = x.h.store.Key(x.principal, x.rt.scope, in.key), in.key
-	if in.legacyID != "" && !x.useLegacyKey(in.legacyID) {
-		return
+	if in.legacyID != "" {
+		if rep := x.useLegacyKey(in.legacyID); rep != nil {
+			return rep
+		}
 	}
-	x.ownOrAnswer(x.newClaim(fp), in.body)
+	return x.ownOrAnswer(x.newClaim(fp), in.body)
 }
 
 // admitClient is the admission of a route whose principals come from
 // identity (header, JWT or XFCC): the key, the principal, the body, a key
-// in the body, and a first-sent time. False when it answered.
-func (x *exchange) admitClient() (admitted, bool) {
-	key, ok := x.admit()
-	if !ok {
-		return admitted{}, false
+// in the body, and a first-sent time; or the reply that refused it.
+func (x *exchange) admitClient() (admitted, *reply) {
+	key, rep := x.admit()
+	if rep != nil {
+		return admitted{}, rep
 	}
-	body, ok := x.readBody()
-	if !ok {
-		return admitted{}, false
+	body, rep := x.readBody()
+	if rep != nil {
+		return admitted{}, rep
 	}
 	if x.rt.keyPointer != nil {
-		if key, ok = x.keyInBody(key, body); !ok {
-			return admitted{}, false
+		if key, rep = x.keyInBody(key, body); rep != nil {
+			return admitted{}, rep
 		}
 	}
-	if !x.readFirstSent(key) {
-		return admitted{}, false
+	if rep := x.readFirstSent(key); rep != nil {
+		return admitted{}, rep
 	}
-	return admitted{key: key, body: body}, true
+	return admitted{key: key, body: body}, nil
 }
 
 // newClaim is the in-progress record this attempt claims the key with.
@@ -159,8 +168,9 @@ func (x *exchange) newClaim(fp claim.Fingerprint) *claim.Record {
 // answers from the record already there: waiting for a first attempt in
 // progress (concurrent: wait), settling an orphan, or replaying, 409 or
 // 422. A key freed while waiting, or an orphan that changed under us, is
-// claimed again.
-func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
+// claimed again. It returns the reply decided, nil when it owned the
+// request (the owner answered).
+func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) *reply {
 	s := &x.rt.settings
 	var waitUntil time.Time
 	if s.Wait {
@@ -176,8 +186,7 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 			continue
 		}
 		if err != nil {
-			x.storeFailed("claim", err, body)
-			return
+			return x.storeFailed("claim", err, body)
 		}
 		if res.Renewed {
 			x.h.log.Warn("claim renewed before forwarding: its SET ran, on Redis' clock, too long after this sidecar sent it for a retry not to take it for never forwarded (a clock off or stepped, on Redis' host or this one); claims are written unmarked until the clocks are measured close again",
@@ -185,63 +194,60 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) {
 		}
 		if res.Claimed {
 			x.claimSetAt = res.SetAt()
-			if x.refuseUnrecorded(rec) {
-				return
+			if rep := x.refuseUnrecorded(rec); rep != nil {
+				return rep
 			}
 			slot, refused := x.h.forwarding.take(x.rt.name, x.principal, x.rt.settings.MaxInFlight, x.rt.settings.MaxInFlightShare)
 			if slot == nil {
-				x.shed(rec, refused)
-				return
+				return x.shed(rec, refused)
 			}
 			defer slot.give()
 			x.own(rec, body, slot)
-			return
+			return nil
 		}
 		if res.Unforwarded && attempt < maxOrphanSettles {
 			// A claim that was never confirmed in time: its owner never
 			// forwarded and never will. Nothing happened; free it.
-			if !x.clearUnforwarded(res.Existing) {
-				return
+			if rep := x.clearUnforwarded(res.Existing); rep != nil {
+				return rep
 			}
 			continue
 		}
-		if attempt == 0 && !x.authorize() {
-			return // the caller may no longer learn anything about this key
+		if attempt == 0 {
+			if rep := x.authorize(); rep != nil {
+				return rep // the caller may no longer learn anything about this key
+			}
 		}
 		existing, ttl := res.Existing, res.TTL
 		if existing.State == claim.InProgress && x.h.store.SameRequest(existing, rec.Fingerprint) && !existing.Orphaned(ttl) && time.Now().Before(waitUntil) {
 			existing, ttl, err = x.wait(waitUntil)
 			if err != nil {
-				x.storeFailed("get", err, nil)
-				return
+				return x.storeFailed("get", err, nil)
 			}
 			if existing == nil {
 				continue // released or lapsed: claim it ourselves
 			}
 		}
 		if since, ok := x.reconcilable(existing, rec, ttl); ok && attempt < maxOrphanSettles {
-			switch x.reconcileExisting(existing, rec, since) {
-			case reconcileAnswered:
-				return
-			case reconcileAgain:
-				continue // freed, or changed under us: claim again
+			if rep := x.reconcileExisting(existing, rec, since); rep != nil {
+				return rep
 			}
+			continue // freed, or changed under us: claim again
 		}
 		if x.h.store.SameRequest(existing, rec.Fingerprint) && existing.Orphaned(ttl) && attempt < maxOrphanSettles {
-			if err := x.settleOrphan(existing); err == nil || !errors.Is(err, claim.ErrLeaseLost) {
-				return
+			if rep := x.settleOrphan(existing); rep != nil {
+				return rep
 			}
 			continue // the key changed under us: look again
 		}
-		x.answerExisting(existing, rec.Fingerprint, ttl)
-		return
+		return x.answerExisting(existing, rec.Fingerprint, ttl)
 	}
 }
 
 // shed answers a request whose route forwards max_in_flight first attempts
 // already: its claim is released (nothing was forwarded, so a retry
 // really retries) and the client told when to come back.
-func (x *exchange) shed(rec *claim.Record, refused string) {
+func (x *exchange) shed(rec *claim.Record, refused string) *reply {
 	err := x.detached("release", func(ctx context.Context) error { return x.h.store.Release(ctx, x.hashedKey, rec.Token) })
 	detail := "the route forwards max_in_flight requests already; nothing was forwarded and the key is free, retry later"
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
@@ -256,7 +262,7 @@ func (x *exchange) shed(rec *claim.Record, refused string) {
 	x.h.metrics.overloaded.WithLabelValues(x.rt.name, refused).Inc()
 	p := probOverloaded.with(detail)
 	p.retryAfter = time.Second
-	x.answer(outcomeRejected, p)
+	return refuse(outcomeRejected, p)
 }
 
 // maxOrphanSettles bounds how often one request tries to settle an
@@ -265,9 +271,9 @@ const maxOrphanSettles = 3
 
 // settleOrphan settles a claim whose owner vanished (unknown_outcome:
 // fail) as outcome-unknown, and answers with it: the request may have
-// executed, so this attempt must not. It returns ErrLeaseLost, having
-// answered nothing, when the key changed first.
-func (x *exchange) settleOrphan(orphan *claim.Record) error {
+// executed, so this attempt must not. It returns nil, having decided
+// nothing, when the key changed first.
+func (x *exchange) settleOrphan(orphan *claim.Record) *reply {
 	x.linkTo(orphan)
 	rec := x.h.outcomeUnknownRecord(orphan, claim.Token{}, time.Now(), true, x.rt.settings.Problems, false, time.Time{})
 	_, _ = io.ReadFull(x.h.rand, rec.Token[:])
@@ -276,15 +282,12 @@ func (x *exchange) settleOrphan(orphan *claim.Record) error {
 	})
 	switch {
 	case errors.Is(err, claim.ErrLeaseLost):
-		return err
+		return nil
 	case err != nil:
-		x.storeFailed("complete", err, nil)
-		return err
+		return x.storeFailed("complete", err, nil)
 	}
 	x.h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, unknownOrphan).Inc()
-	x.replay(rec)
-	x.detail = "the claim's owner vanished without settling (lease lapsed): settled as 502 outcome-unknown"
-	return nil
+	return x.replay(rec).withDetail("the claim's owner vanished without settling (lease lapsed): settled as 502 outcome-unknown")
 }
 
 // claim runs the one-round-trip claim-or-read, timed. The record's
@@ -319,125 +322,100 @@ func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
 
 // clearUnforwarded frees a claim its owner never forwarded (res.Existing,
 // found with res.Unforwarded), so this attempt can claim the key. It
-// reports false when it answered (the store failed).
-func (x *exchange) clearUnforwarded(ghost *claim.Record) bool {
+// returns the reply when the store failed, nil to claim again.
+func (x *exchange) clearUnforwarded(ghost *claim.Record) *reply {
 	err := x.detached("release", func(ctx context.Context) error { return x.h.store.ReleaseUnforwarded(ctx, x.hashedKey, ghost) })
 	switch {
 	case err == nil:
 		x.h.metrics.unconfirmed.WithLabelValues(unconfirmedOnRetry).Inc()
 		x.h.log.Info("unconfirmed claim", "route", x.rt.name, "key", x.hashedKey, "result", unconfirmedOnRetry,
 			"original_request_id", ghost.RequestID, "request_id", x.requestID)
-		return true
+		return nil
 	case errors.Is(err, claim.ErrLeaseLost):
-		return true // it changed under us: look again
+		return nil // it changed under us: look again
 	}
-	x.storeFailed("release", err, nil)
-	return false
+	return x.storeFailed("release", err, nil)
 }
 
 // answerExisting answers from a record another attempt wrote.
-func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl time.Duration) {
+func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl time.Duration) *reply {
 	x.linkTo(rec)
 	switch {
 	case !x.h.store.SameRequest(rec, fp):
-		x.answer(outcomeMismatch, probMismatch.with("this idempotency key was first used with a different method, path, query, body or fingerprinted header"))
+		return refuse(outcomeMismatch, probMismatch.with("this idempotency key was first used with a different method, path, query, body or fingerprinted header"))
 	case rec.State == claim.InProgress:
-		x.inProgress("retry after the time in Retry-After; the first attempt is still running", ttl)
+		return x.inProgress("retry after the time in Retry-After; the first attempt is still running", ttl)
 	case rec.BodyOmitted:
-		x.notReplayable(rec)
-	default:
-		x.replay(rec)
+		return notReplayable(rec)
 	}
+	return x.replay(rec)
 }
 
 // inProgress answers a retry while the key's first attempt (or a lookup
 // about it) runs: the route's in_progress_status (409, or 429 / 503, what
 // generic retrying clients retry) with Retry-After.
-func (x *exchange) inProgress(detail string, retryAfter time.Duration) {
+func (x *exchange) inProgress(detail string, retryAfter time.Duration) *reply {
 	p := probInProgress.with(detail)
 	if st := x.rt.settings.InProgressStatus; st != 0 {
 		p.Status = st
 	}
 	p.retryAfter = retryAfter
-	x.answer(outcomeConflict, p)
+	return refuse(outcomeConflict, p)
 }
 
 // notReplayable answers a retry of a key whose first attempt was executed
 // with an answer too large to store (or to replay) on this route.
-func (x *exchange) notReplayable(rec *claim.Record) {
+func notReplayable(rec *claim.Record) *reply {
 	p := probNotReplayable.with(fmt.Sprintf("the first attempt was executed and answered %d, with a body larger than this route's max_response_body", rec.Status))
 	p.OriginalStatus = rec.Status
-	x.answer(outcomeConflict, p)
+	return refuse(outcomeConflict, p)
 }
 
-// replay writes the stored response, byte for byte, marked as a replay.
-func (x *exchange) replay(rec *claim.Record) {
-	if rec.BodyCompressed && !x.inflate(rec) {
-		return
+// replay is the stored response, byte for byte, marked as a replay.
+func (x *exchange) replay(rec *claim.Record) *reply {
+	if rec.BodyCompressed {
+		if rep := x.inflate(rec); rep != nil {
+			return rep
+		}
 	}
-	x.outcome = outcomeReplayed
-	x.original = rec.RequestID
-	x.writeRecord(rec, true)
+	return replayOf(rec, outcomeReplayed)
 }
 
 // inflate decompresses a stored body for its replay into a buffer of the
 // length its frame declares, held in the buffer budget as an upstream's
 // answer is, and never longer than the route's max_response_body (a
 // record planted in Redis can declare anything: one larger than the route
-// stores is not replayable here). It reports false when it answered
-// instead.
-func (x *exchange) inflate(rec *claim.Record) bool {
+// stores is not replayable here). It returns the reply when it cannot.
+func (x *exchange) inflate(rec *claim.Record) *reply {
 	n, err := rec.InflatedLen()
 	if err != nil {
-		x.storeFailed("get", err, nil)
-		return false
+		return x.storeFailed("get", err, nil)
 	}
 	if int64(n) > x.rt.settings.MaxResponseBody {
-		x.notReplayable(rec)
-		return false
+		return notReplayable(rec)
 	}
 	buf := getBody(n)
 	if err := x.h.buffers.take(x.principal, cap(buf)); err != nil {
 		putBody(buf)
-		x.bufferRefused(err, "the stored answer is kept")
-		return false
+		return bufferRefused(err, "the stored answer is kept")
 	}
 	x.inflated = buf // given back with the others
 	if err := rec.Inflate(buf); err != nil {
-		x.storeFailed("get", err, nil)
-		return false
+		return x.storeFailed("get", err, nil)
 	}
-	return true
+	return nil
 }
 
 // bufferRefused answers a request refused room in the buffer budget (err
 // is errOverBudget or errOverShare): 503 buffers-full or 429
 // too-many-bytes, retry after a second; kept says what was left as it was.
-func (x *exchange) bufferRefused(err error, kept string) {
+func bufferRefused(err error, kept string) *reply {
 	p := probBuffersFull.with("idemproxy holds as many bytes as limits.max_buffered_bytes allows; " + kept + ", retry later")
 	if errors.Is(err, errOverShare) {
 		p = probTooManyBytes.with("this principal's requests in flight hold their whole share of limits.max_buffered_bytes; " + kept + ", retry later")
 	}
 	p.retryAfter = time.Second
-	x.answer(outcomeRejected, p)
-}
-
-// writeRecord writes a completed record's response, marked as a replay
-// when replayed.
-func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
-	x.status = rec.Status
-	h := x.w.Header()
-	for k, vs := range rec.Header {
-		h[k] = vs
-	}
-	if replayed {
-		h.Set(replayedHeader, "true")
-		if x.rt.settings.AdvertiseRetention {
-			h.Set(retentionHeader, retentionSeconds(x.rt.settings.Retention))
-		}
-	}
-	x.w.WriteHeader(rec.Status)
-	_, _ = x.w.Write(rec.Body)
+	return refuse(outcomeRejected, p)
 }
 
 // wait watches the key until its first attempt settles or is orphaned, the
@@ -482,12 +460,12 @@ func (x *exchange) wait(until time.Time) (*claim.Record, time.Duration, error) {
 // confirmed; and the shortest interval between its polls.
 const firstLook = 50 * time.Millisecond
 
-// readBody reads the request body up to max_request_body.
-func (x *exchange) readBody() ([]byte, bool) {
+// readBody reads the request body up to max_request_body; or the reply
+// that refused it.
+func (x *exchange) readBody() ([]byte, *reply) {
 	limit := x.rt.settings.MaxRequestBody
 	if x.r.ContentLength > limit {
-		x.answer(outcomeRejected, probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
-		return nil, false
+		return nil, refuse(outcomeRejected, probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
 	}
 	// A client trickling its body (slow loris) must not hold a handler
 	// forever; the deadline covers only this read.
@@ -499,8 +477,7 @@ func (x *exchange) readBody() ([]byte, bool) {
 	x.reqBuf = body
 	if errors.Is(err, errOverBudget) || errors.Is(err, errOverShare) {
 		x.w.Header().Set("Connection", "close")
-		x.bufferRefused(err, "nothing was claimed or forwarded")
-		return nil, false
+		return nil, bufferRefused(err, "nothing was claimed or forwarded")
 	}
 	if err != nil {
 		// Close after answering: otherwise net/http reads the rest of the
@@ -508,41 +485,34 @@ func (x *exchange) readBody() ([]byte, bool) {
 		// one. The read deadline stays, so that read cannot hang either.
 		x.w.Header().Set("Connection", "close")
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			x.answer(outcomeRejected, probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
-		} else {
-			x.answer(outcomeRejected, probBodyUnreadable.with(err.Error()))
+			return nil, refuse(outcomeRejected, probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
 		}
-		return nil, false
+		return nil, refuse(outcomeRejected, probBodyUnreadable.with(err.Error()))
 	}
 	_ = rc.SetReadDeadline(time.Time{})
-	return body, true
+	return body, nil
 }
 
-// storeFailed answers when store operation op failed before anything was
-// forwarded: per store_unavailable, 503 or an unprotected forward. A
+// storeFailed is the reply when store operation op failed before anything
+// was forwarded: per store_unavailable, 503 or an unprotected forward. A
 // record that cannot be decoded is never overwritten or worked around. A
 // client that went away is not a store error.
-func (x *exchange) storeFailed(op string, err error, body []byte) {
+func (x *exchange) storeFailed(op string, err error, body []byte) *reply {
 	if errors.Is(err, context.Canceled) && x.r.Context().Err() != nil {
-		x.outcome, x.detail = outcomeRejected, "client went away"
-		return
+		return &reply{outcome: outcomeRejected, detail: "client went away", gone: true}
 	}
 	if qe, ok := errors.AsType[*claim.QuotaError](err); ok {
-		x.detail = "new-key quota reached"
 		x.h.metrics.quotaRefusals.WithLabelValues(x.rt.name).Inc()
 		p := probTooManyKeys.with(fmt.Sprintf("this principal has used the %d new idempotency keys this route allows per %s; retries of existing keys still work", x.rt.settings.QuotaNewKeys, x.rt.settings.QuotaWindow))
 		p.retryAfter = qe.RetryAfter
-		x.answer(outcomeRejected, p)
-		return
+		return refuse(outcomeRejected, p).withDetail("new-key quota reached")
 	}
 	if errors.Is(err, claim.ErrFull) {
 		// Not a store error: Redis keeps its last room for the claims in
 		// flight, whose completions must not be refused.
-		x.detail = err.Error()
 		p := probStoreFull.with("the idempotency store is nearly full and keeps its room for requests in flight; nothing was forwarded, retry later")
 		p.retryAfter = time.Second
-		x.answer(outcomeRejected, p)
-		return
+		return refuse(outcomeRejected, p).withDetail(err.Error())
 	}
 	x.h.metrics.storeErrors.WithLabelValues(op).Inc()
 	if errors.Is(err, claim.ErrCorrupt) {
@@ -551,53 +521,15 @@ func (x *exchange) storeFailed(op string, err error, body []byte) {
 			reason = re.Reason
 		}
 		x.h.metrics.recordErrors.WithLabelValues(reason).Inc()
-		x.detail = err.Error()
-		x.answer(outcomeRecordUnreadable, probRecordCorrupt.with("the record stored for this key is not one idemproxy can read; nothing was forwarded"))
-		return
+		return refuse(outcomeRecordUnreadable, probRecordCorrupt.with("the record stored for this key is not one idemproxy can read; nothing was forwarded")).withDetail(err.Error())
 	}
 	if x.rt.settings.FailOpen && body != nil {
 		x.h.log.Warn("store unavailable, forwarding unprotected (fail_open)", "route", x.rt.name, "request_id", x.requestID, "err", err)
-		x.bypass(body, "store unavailable, fail_open: "+err.Error())
-		return
+		return bypassWith(body, "store unavailable, fail_open: "+err.Error())
 	}
-	x.detail = err.Error()
 	p := probStoreUnavailable.with("the idempotency store cannot be reached; nothing was forwarded, retry later")
 	p.retryAfter = time.Second
-	x.answer(outcomeStoreUnavailable, p)
-}
-
-// bypass forwards the request without protection. body, when not nil, is
-// the already-read request body.
-func (x *exchange) bypass(body []byte, why string) {
-	x.outcome, x.detail = outcomeBypassed, why
-	r := x.r.WithContext(x.r.Context()) // a copy; ReverseProxy clones it again
-	r.Trailer = nil                     // request trailers never reach the upstream of a protected route
-	if body != nil {
-		r.Body = x.lend(body)
-		r.ContentLength = int64(len(body))
-	}
-	sw := &statusWriter{ResponseWriter: x.w}
-	x.fwd.protected.ServeHTTP(sw, r)
-	x.status = sw.status
-}
-
-// answer is where a protected request gets an answer idemproxy writes
-// itself: the problem p (problem+json in the route's problem_body), and
-// outcome, what finish counts and logs once the handler returns
-// (outcomeRejected: not acceptable, nothing forwarded or stored; empty:
-// the outcome the owner's settlement decided stays). The other answers
-// are a stored one (writeRecord) and the upstream's own, which the owner
-// forwards through its gate (owner.go). The steps decide; nothing else
-// writes.
-func (x *exchange) answer(outcome string, p problem) {
-	if outcome != "" {
-		x.outcome = outcome
-	}
-	if x.detail == "" {
-		x.detail = p.Detail
-	}
-	x.status = p.Status
-	x.h.writeProblem(x.w, p, x.requestID, x.rt.settings.Problems)
+	return refuse(outcomeStoreUnavailable, p).withDetail(err.Error())
 }
 
 // finish counts and logs the request once.

@@ -94,11 +94,11 @@ func uuidv7Time(s string) (time.Time, bool) {
 // record was there), whether its first-sent time says a record should
 // have been: first sent longer ago than the retention (key-expired), or
 // before the store's epoch began (record-lost). Then the claim is
-// released, the request answered 412 and nothing forwarded; it reports
-// true when it answered.
-func (x *exchange) refuseUnrecorded(rec *claim.Record) bool {
+// released, the request answered 412 and nothing forwarded: it returns
+// that reply, nil when the request goes on.
+func (x *exchange) refuseUnrecorded(rec *claim.Record) *reply {
 	if !x.hasFirstSent {
-		return false
+		return nil
 	}
 	s := &x.rt.settings
 	reason := ""
@@ -117,24 +117,21 @@ func (x *exchange) refuseUnrecorded(rec *claim.Record) bool {
 			// Whether the store lost this key's record cannot be told:
 			// nothing is forwarded, the claim is released.
 			x.releaseClaim(rec)
-			x.storeFailed("epoch", err, nil)
-			return true
+			return x.storeFailed("epoch", err, nil)
 		}
 		if !epoch.IsZero() && x.firstSent.Before(epoch.Add(-s.FirstSentSkew)) {
 			reason = refusedRecordLost
 		}
 	}
 	if reason == "" {
-		return false
+		return nil
 	}
 	x.releaseClaim(rec)
 	x.h.metrics.firstSentRefused.WithLabelValues(x.rt.name, reason).Inc()
 	if reason == refusedKeyExpired {
-		x.answer(outcomeRejected, probKeyExpired.with("the request was first sent at "+x.firstSent.UTC().Format(time.RFC3339)+", longer ago than this route keeps records ("+s.Retention.String()+"): it may have executed and its record expired; nothing was forwarded. Look the resource up; send a new request with a new key"))
-	} else {
-		x.answer(outcomeRejected, probRecordLost.with("the request was first sent at "+x.firstSent.UTC().Format(time.RFC3339)+", before the idempotency store lost its records: it may have executed; nothing was forwarded. Look the resource up; send a new request with a new key"))
+		return refuse(outcomeRejected, probKeyExpired.with("the request was first sent at "+x.firstSent.UTC().Format(time.RFC3339)+", longer ago than this route keeps records ("+s.Retention.String()+"): it may have executed and its record expired; nothing was forwarded. Look the resource up; send a new request with a new key"))
 	}
-	return true
+	return refuse(outcomeRejected, probRecordLost.with("the request was first sent at "+x.firstSent.UTC().Format(time.RFC3339)+", before the idempotency store lost its records: it may have executed; nothing was forwarded. Look the resource up; send a new request with a new key"))
 }
 
 // releaseClaim frees rec's claim (fenced): nothing was forwarded.
@@ -144,12 +141,12 @@ func (x *exchange) releaseClaim(rec *claim.Record) {
 
 // readFirstSent reads when the request was first sent, from the route's
 // first_sent sources (x.firstSent, x.hasFirstSent). A malformed time, or
-// one further ahead than first_sent_skew, is refused: false when it
-// answered.
-func (x *exchange) readFirstSent(key string) bool {
+// one further ahead than first_sent_skew, is refused: the reply, nil
+// when it was read.
+func (x *exchange) readFirstSent(key string) *reply {
 	s := x.rt.settings.FirstSent
 	if len(s) == 0 {
-		return true
+		return nil
 	}
 	t, ok, err := firstSent(s, x.r.Header, key)
 	if err == nil && ok && t.After(time.Now().Add(x.rt.settings.FirstSentSkew)) {
@@ -158,9 +155,8 @@ func (x *exchange) readFirstSent(key string) bool {
 		err = errors.New("the first-sent time " + t.UTC().Format(time.RFC3339) + " is in the future (more than first_sent_skew ahead of this sidecar's clock)")
 	}
 	if err != nil {
-		x.answer(outcomeRejected, probFirstSentInvalid.with(err.Error()))
-		return false
+		return refuse(outcomeRejected, probFirstSentInvalid.with(err.Error()))
 	}
 	x.firstSent, x.hasFirstSent = t, ok
-	return true
+	return nil
 }

@@ -322,7 +322,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// http.ErrAbortHandler while the response is copied, is still counted.
 	defer x.finish()
 	if refused.Status != 0 {
-		x.answer(outcomeRejected, refused)
+		x.respond(refuse(outcomeRejected, refused))
 		return
 	}
 	x.serve()

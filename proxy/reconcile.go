@@ -231,20 +231,15 @@ func (x *exchange) reconcilable(existing, rec *claim.Record, ttl time.Duration) 
 	return since, true
 }
 
-// What reconcileExisting did.
-const (
-	reconcileAnswered = iota // the client has its answer
-	reconcileAgain           // the key is free, or changed: claim again
-)
-
 // reconcileExisting takes the key over from existing (an orphan, or a
 // stored outcome-unknown record) and asks the upstream what happened:
 // found stores and answers the upstream's answer; absent, once the first
 // attempt is old enough on Redis' clock, frees the key for this request
 // to claim and execute; too early answers the route's in-progress status
 // with Retry-After; anything else leaves the key answered outcome-unknown,
-// to be asked again by the next retry.
-func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Time) int {
+// to be asked again by the next retry. It returns the reply decided, nil
+// when the key is free or changed: claim again.
+func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Time) *reply {
 	s := &x.rt.settings
 	rc := s.Reconcile
 	x.linkTo(existing)
@@ -252,9 +247,8 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 		if left := rc.Timeout - time.Since(existing.Completed); left > 0 {
 			// Asked a moment ago: lookups of one key are spaced, at most
 			// one per timeout. The key is being reconciled: in progress.
-			x.inProgress("the upstream was asked about this key a moment ago; retry after the time in Retry-After, with the same key", max(left, time.Second))
 			x.reconcileResult = "spaced: asked within reconcile.timeout"
-			return reconcileAnswered
+			return x.inProgress("the upstream was asked about this key a moment ago; retry after the time in Retry-After, with the same key", max(left, time.Second))
 		}
 	}
 	taker := *rec
@@ -270,10 +264,9 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 	})
 	switch {
 	case errors.Is(err, claim.ErrLeaseLost):
-		return reconcileAgain
+		return nil
 	case err != nil:
-		x.storeFailed("take_over", err, nil)
-		return reconcileAnswered
+		return x.storeFailed("take_over", err, nil)
 	}
 	ans := x.ask()
 	if s.Unknown != Fail && ans.result != lookupFound {
@@ -282,10 +275,9 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 		x.reconciled(ans.result, existing, ans.why)
 		err := x.detached("release", func(ctx context.Context) error { return x.h.store.Release(ctx, x.hashedKey, taker.Token) })
 		if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
-			x.storeFailed("release", err, nil)
-			return reconcileAnswered
+			return x.storeFailed("release", err, nil)
 		}
-		return reconcileAgain
+		return nil
 	}
 	if ans.result == lookupAbsent {
 		err := x.detached("free_absent", func(ctx context.Context) error {
@@ -295,14 +287,13 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 		switch {
 		case err == nil:
 			x.reconciled(lookupAbsent, existing, "")
-			return reconcileAgain
+			return nil
 		case errors.As(err, &early):
 			x.reconciled(lookupTooEarly, existing, "")
 			x.putBackUnknown(existing, &taker, since)
-			x.tooEarly(early.Left)
-			return reconcileAnswered
+			return x.tooEarly(early.Left)
 		case errors.Is(err, claim.ErrLeaseLost):
-			return reconcileAgain
+			return nil
 		}
 		ans = lookupAnswer{result: lookupUnresolved, why: "freeing the key: " + err.Error()}
 	}
@@ -315,29 +306,26 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 		switch {
 		case err == nil:
 			x.reconciled(lookupFound, existing, "")
-			x.outcome, x.original = outcomeReconciled, existing.RequestID
-			x.writeRecord(found, true)
-			return reconcileAnswered
+			return replayOf(found, outcomeReconciled)
 		case errors.Is(err, claim.ErrLeaseLost):
-			return reconcileAgain
+			return nil
 		}
 		ans = lookupAnswer{result: lookupUnresolved, why: "storing the found answer: " + err.Error()}
 	}
 	x.reconciled(lookupUnresolved, existing, ans.why)
 	unknown := x.putBackUnknown(existing, &taker, since)
-	x.replay(unknown)
-	x.detail = "reconcile lookup unresolved (" + ans.why + "): outcome-unknown kept, the next retry asks again"
-	return reconcileAnswered
+	return x.replay(unknown).withDetail("reconcile lookup unresolved (" + ans.why + "): outcome-unknown kept, the next retry asks again")
 }
 
 // ownerReconciles is the owner of a first attempt whose outcome is unknown
 // asking the upstream before it settles the key as unknown_outcome says,
-// so that its own client can get the real answer. It reports false when
-// the caller is to settle as without reconcile: the lookup was
-// unresolved, or (keep, release) said anything but found. Under fail an
+// so that its own client can get the real answer: the reply, once it
+// settled. It returns nil when the caller is to settle as without
+// reconcile: the lookup was unresolved, or (keep, release) said anything
+// but found. Under fail an
 // absent answer is too early for the owner (its own call just ended): the
 // key is left outcome-unknown, and the client is told when to ask again.
-func (x *exchange) ownerReconciles(o *owner, timeout bool) bool {
+func (x *exchange) ownerReconciles(o *owner, timeout bool) *reply {
 	s := &x.rt.settings
 	rc := s.Reconcile
 	ans := x.ask()
@@ -353,12 +341,11 @@ func (x *exchange) ownerReconciles(o *owner, timeout bool) bool {
 			return v
 		})
 		x.reconciled(lookupFound, o.rec, "")
-		x.writeRecord(found, false)
-		return true
+		return &reply{record: found}
 	case lookupAbsent:
 		if s.Unknown != Fail {
 			x.reconciled(lookupTooEarly, o.rec, "")
-			return false // keep holds the claim one lease, release frees it: as without reconcile
+			return nil // keep holds the claim one lease, release frees it: as without reconcile
 		}
 		unknown := x.h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout, s.Problems, true, x.claimSetAt)
 		o.settle(func() verdict {
@@ -367,11 +354,10 @@ func (x *exchange) ownerReconciles(o *owner, timeout bool) bool {
 			return v
 		})
 		x.reconciled(lookupTooEarly, o.rec, "")
-		x.tooEarly(rc.AbsentAfter + absentMargin(s) - time.Since(o.rec.Created))
-		return true
+		return x.tooEarly(rc.AbsentAfter + absentMargin(s) - time.Since(o.rec.Created))
 	}
 	x.reconciled(lookupUnresolved, o.rec, ans.why)
-	return false
+	return nil
 }
 
 // reconciled counts and logs one lookup's result.
@@ -439,8 +425,8 @@ func (x *exchange) putBackUnknown(first, taker *claim.Record, since time.Time) *
 
 // tooEarly answers a retry whose lookup said absent before absent_after:
 // the first attempt may still be running in the app.
-func (x *exchange) tooEarly(left time.Duration) {
-	x.inProgress("the upstream has no record of this key yet, and its first attempt may still be running; retry after the time in Retry-After", max(left, time.Second))
+func (x *exchange) tooEarly(left time.Duration) *reply {
+	return x.inProgress("the upstream has no record of this key yet, and its first attempt may still be running; retry after the time in Retry-After", max(left, time.Second))
 }
 
 // ReconcileKey is the key API's reconcile-now: on route, it asks the
@@ -470,19 +456,22 @@ func (h *Handler) ReconcileKey(ctx context.Context, routeName, principal, key st
 	if !ok {
 		return "not_reconcilable: " + existing.State.String(), 0, nil, nil
 	}
-	if x.reconcileExisting(existing, existing, since) == reconcileAgain {
+	rep := x.reconcileExisting(existing, existing, since)
+	if rep == nil {
 		if x.reconcileResult == lookupAbsent {
 			return lookupAbsent, 0, nil, nil // freed: the next retry executes
 		}
 		return "not_reconcilable: the key changed meanwhile", 0, nil, nil
 	}
+	x.respond(rep)
 	if x.reconcileResult == "" {
 		return "not_reconcilable: the store failed", w.status, w.body.Bytes(), nil
 	}
 	return x.reconcileResult, w.status, w.body.Bytes(), nil
 }
 
-// answerRecorder keeps the answer an exchange run for the key API wrote.
+// answerRecorder keeps the reply an exchange run for the key API decided,
+// as respond writes it.
 type answerRecorder struct {
 	header http.Header
 	status int

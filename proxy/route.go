@@ -28,7 +28,7 @@ type route struct {
 	keyPointer []string
 	// admit is the route's admission, chosen once: admitClient, or
 	// admitDelivery on a webhook route.
-	admit func(*exchange) (admitted, bool)
+	admit func(*exchange) (admitted, *reply)
 }
 
 // KeyScope is what a route hashes into its Redis keys beside the principal

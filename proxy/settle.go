@@ -201,7 +201,14 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		h.passThroughError(w, r, err)
 		return
 	}
-	x := o.x
+	o.x.respond(o.failed(r, err))
+}
+
+// failed settles the claim of a request the upstream gave no usable
+// answer to, and is the reply its client gets: the outcome decided by the
+// settlement.
+func (o *owner) failed(r *http.Request, err error) *reply {
+	x, h := o.x, o.x.h
 	if x.upstream == 0 {
 		x.upstream = time.Since(o.sent)
 	}
@@ -209,13 +216,11 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 		o.settle(func() verdict { return o.release(err.Error() + ": nothing forwarded") })
 		p := probStoreUnavailable.with("the idempotency store confirmed the claim too late to forward safely; nothing was forwarded, retry later")
 		p.retryAfter = time.Second
-		x.answer(outcomeStoreUnavailable, p)
-		return
+		return refuse(outcomeStoreUnavailable, p)
 	}
 	if !o.wrote.Load() {
 		o.settle(func() verdict { return o.release("upstream unreachable, request never sent: " + err.Error()) })
-		x.answer("", probUpstreamDown.with("the request was not sent to the upstream; it is safe to retry")) // the release decided the outcome
-		return
+		return refuse("", probUpstreamDown.with("the request was not sent to the upstream; it is safe to retry")) // the release decided the outcome
 	}
 	if cause := context.Cause(r.Context()); cause != nil && cause != r.Context().Err() {
 		err = fmt.Errorf("%w (%w)", cause, err)
@@ -225,8 +230,10 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	policy := x.rt.settings.Unknown
 	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy.String()).Inc()
 	reconcile := x.rt.settings.Reconcile != nil
-	if reconcile && x.ownerReconciles(o, timeout) {
-		return
+	if reconcile {
+		if rep := x.ownerReconciles(o, timeout); rep != nil {
+			return rep
+		}
 	}
 	switch policy {
 	case Fail:
@@ -238,8 +245,7 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 			}
 			return v
 		})
-		x.writeRecord(rec, false)
-		return
+		return &reply{record: rec}
 	case Release:
 		o.settle(func() verdict { return o.release(x.unknown) })
 	default:
@@ -249,7 +255,7 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 	if timeout {
 		p = probUpstreamTimeout.with(fmt.Sprintf("no answer within %s; the upstream may have acted", h.upstreamTimeout))
 	}
-	x.answer("", p) // the settlement decided the outcome
+	return refuse("", p) // the settlement decided the outcome
 }
 
 // outcomeUnknownRecord is the completed record that settles a key whose

@@ -138,15 +138,14 @@ func (wh *Webhook) deliveryID(h http.Header, key string) string {
 
 // admitDelivery is the admission of a webhook route: the signature
 // headers, the body, the signature, then the key from what is signed.
-// False when it answered.
-func (x *exchange) admitDelivery() (admitted, bool) {
+// Or the reply that refused it.
+func (x *exchange) admitDelivery() (admitted, *reply) {
 	wh := x.rt.settings.Webhook
 	if x.r.URL.Path != x.path {
-		x.answer(outcomeRejected, probPathNotCanonical.with("send it to "+x.path+", the path this route protects"))
-		return admitted{}, false
+		return admitted{}, refuse(outcomeRejected, probPathNotCanonical.with("send it to "+x.path+", the path this route protects"))
 	}
-	if !x.keyHeaderAdmitted() {
-		return admitted{}, false
+	if rep := x.keyHeaderAdmitted(); rep != nil {
+		return admitted{}, rep
 	}
 	// Until its signature verifies, a delivery's bytes are its sending
 	// peer's: unsigned bodies must not fill the provider's share, which
@@ -157,36 +156,32 @@ func (x *exchange) admitDelivery() (admitted, bool) {
 		// Close after answering: otherwise net/http reads the unread
 		// body before writing the answer.
 		x.w.Header().Set("Connection", "close")
-		x.signatureInvalid(err)
-		return admitted{}, false
+		return admitted{}, x.signatureInvalid(err)
 	}
-	body, ok := x.readBody()
-	if !ok {
-		return admitted{}, false
+	body, rep := x.readBody()
+	if rep != nil {
+		return admitted{}, rep
 	}
 	if err := wh.verify(d, body); err != nil {
-		x.signatureInvalid(err)
-		return admitted{}, false
+		return admitted{}, x.signatureInvalid(err)
 	}
-	if !x.holdAs(wh.principal()) {
-		return admitted{}, false
+	if rep := x.holdAs(wh.principal()); rep != nil {
+		return admitted{}, rep
 	}
 	key, err := wh.key(d, body)
 	switch {
 	case errors.Is(err, errKeyMissing):
-		x.answer(outcomeRejected, probKeyMissing.with(err.Error()))
-		return admitted{}, false
+		return admitted{}, refuse(outcomeRejected, probKeyMissing.with(err.Error()))
 	case err != nil:
-		x.answer(outcomeRejected, probKeyMalformed.with(err.Error()))
-		return admitted{}, false
+		return admitted{}, refuse(outcomeRejected, probKeyMalformed.with(err.Error()))
 	}
 	x.r.Header.Set(x.rt.settings.KeyHeader, key) // the upstream can dedupe on it too
-	return admitted{key: key, body: body, legacyID: wh.deliveryID(x.r.Header, key)}, true
+	return admitted{key: key, body: body, legacyID: wh.deliveryID(x.r.Header, key)}, nil
 }
 
-func (x *exchange) signatureInvalid(err error) {
+func (x *exchange) signatureInvalid(err error) *reply {
 	x.webhookResult = webhookSigInvalid
-	x.answer(outcomeRejected, probSignatureInvalid.with(err.Error()+"; nothing was claimed or forwarded"))
+	return refuse(outcomeRejected, probSignatureInvalid.with(err.Error()+"; nothing was claimed or forwarded"))
 }
 
 // sendingPeer is whom a delivery's bytes count against until its
@@ -222,16 +217,15 @@ func (x *exchange) sendingPeer() string {
 }
 
 // holdAs moves the request body's bytes from the sending peer to
-// principal, the provider, once the signature verified; false when it
-// answered, the provider's share being full.
-func (x *exchange) holdAs(principal string) bool {
+// principal, the provider, once the signature verified; or the reply
+// that refused it, the provider's share being full.
+func (x *exchange) holdAs(principal string) *reply {
 	if err := x.h.buffers.move(x.principal, principal, cap(x.reqBuf)); err != nil {
 		x.w.Header().Set("Connection", "close")
-		x.bufferRefused(err, "nothing was claimed or forwarded")
-		return false
+		return bufferRefused(err, "nothing was claimed or forwarded")
 	}
 	x.principal = principal
-	return true
+	return nil
 }
 
 // useLegacyKey makes the Redis key v0.5.0 stored this delivery under the
@@ -239,14 +233,11 @@ func (x *exchange) holdAs(principal string) bool {
 // or scoped by principal then): a redelivery across the upgrade is
 // answered from that record instead of executing again. It looks for one
 // retention after this store first served a release with the new keys
-// (Store.Since). It reports false when it answered: the store failed.
-func (x *exchange) useLegacyKey(id string) bool {
-	if id == "" {
-		return true
-	}
+// (Store.Since). It returns the reply when the store failed.
+func (x *exchange) useLegacyKey(id string) *reply {
 	legacy := x.h.store.Key(x.principal, x.rt.legacyScope, id)
 	if legacy == x.hashedKey || !x.h.keyChange.reading(x) {
-		return true
+		return nil
 	}
 	var rec *claim.Record
 	err := x.detached("get", func(ctx context.Context) (err error) {
@@ -254,13 +245,12 @@ func (x *exchange) useLegacyKey(id string) bool {
 		return err
 	})
 	if err != nil {
-		x.storeFailed("get", err, nil)
-		return false
+		return x.storeFailed("get", err, nil)
 	}
 	if rec != nil {
 		x.hashedKey = legacy
 	}
-	return true
+	return nil
 }
 
 // keyChangeMarker names the store's marker (Store.Since) of when it first

@@ -1,0 +1,118 @@
+package proxy
+
+import (
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// reply is the answer a step of the exchange decided: a problem idemproxy
+// writes itself, a stored record, or a forward without protection. Steps
+// return one (nil: nothing decided, go on) and respond alone writes it;
+// the one other answer is the upstream's own, which the owner forwards
+// through its gate (owner.go).
+type reply struct {
+	// outcome is what finish counts and logs once the handler returns
+	// (outcomeRejected: not acceptable, nothing forwarded or stored;
+	// empty: the outcome the owner's settlement decided stays).
+	outcome string
+	// detail, when set, is the log line's detail in place of the
+	// problem's.
+	detail string
+	// problem is the answer when record is nil and bypass is not set:
+	// problem+json in the route's problem_body.
+	problem problem
+	// record, when set, is a completed record whose response is written;
+	// replayed marks it a replay, of the attempt that stored it.
+	record   *claim.Record
+	replayed bool
+	// bypass forwards the request without protection; body, when not
+	// nil, is the request body already read.
+	bypass bool
+	body   []byte
+	// gone: the client went away; nothing is written.
+	gone bool
+}
+
+// refuse is the reply that answers problem p, counted as outcome.
+func refuse(outcome string, p problem) *reply {
+	return &reply{outcome: outcome, problem: p}
+}
+
+// withDetail sets what the log line says of the reply.
+func (r *reply) withDetail(detail string) *reply {
+	r.detail = detail
+	return r
+}
+
+// replayOf is the reply that writes rec's stored response as a replay,
+// counted as outcome (outcomeReplayed, or outcomeReconciled).
+func replayOf(rec *claim.Record, outcome string) *reply {
+	return &reply{outcome: outcome, record: rec, replayed: true}
+}
+
+// bypassWith is the reply that forwards the request unprotected.
+func bypassWith(body []byte, why string) *reply {
+	return &reply{outcome: outcomeBypassed, detail: why, bypass: true, body: body}
+}
+
+// respond writes rep, the answer a step decided, and keeps what finish
+// counts and logs of it. A nil rep was answered already (the owner's
+// forward).
+func (x *exchange) respond(rep *reply) {
+	if rep == nil {
+		return
+	}
+	if rep.outcome != "" {
+		x.outcome = rep.outcome
+	}
+	if rep.detail != "" {
+		x.detail = rep.detail
+	}
+	switch {
+	case rep.gone:
+	case rep.bypass:
+		x.bypass(rep.body)
+	case rep.record != nil:
+		if rep.replayed {
+			x.original = rep.record.RequestID
+		}
+		x.writeRecord(rep.record, rep.replayed)
+	default:
+		if x.detail == "" {
+			x.detail = rep.problem.Detail
+		}
+		x.status = rep.problem.Status
+		x.h.writeProblem(x.w, rep.problem, x.requestID, x.rt.settings.Problems)
+	}
+}
+
+// writeRecord writes a completed record's response, marked as a replay
+// when replayed.
+func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
+	x.status = rec.Status
+	h := x.w.Header()
+	for k, vs := range rec.Header {
+		h[k] = vs
+	}
+	if replayed {
+		h.Set(replayedHeader, "true")
+		if x.rt.settings.AdvertiseRetention {
+			h.Set(retentionHeader, retentionSeconds(x.rt.settings.Retention))
+		}
+	}
+	x.w.WriteHeader(rec.Status)
+	_, _ = x.w.Write(rec.Body)
+}
+
+// bypass forwards the request without protection. body, when not nil, is
+// the already-read request body.
+func (x *exchange) bypass(body []byte) {
+	r := x.r.WithContext(x.r.Context()) // a copy; ReverseProxy clones it again
+	r.Trailer = nil                     // request trailers never reach the upstream of a protected route
+	if body != nil {
+		r.Body = x.lend(body)
+		r.ContentLength = int64(len(body))
+	}
+	sw := &statusWriter{ResponseWriter: x.w}
+	x.fwd.protected.ServeHTTP(sw, r)
+	x.status = sw.status
+}
