@@ -128,6 +128,14 @@ type Record struct {
 	// store that lost its data since the last look is known before
 	// EpochStart answers for this claim (epoch.go).
 	ReadEpoch bool
+	// StreamEnd, AliveUntil and StreamLen describe a Streamed record
+	// (stream.go) as read: how it ended so far, until when (Redis'
+	// clock) its owner's lease runs while it runs, and the stored value's
+	// length, where a reader following it reads on. Body holds the chunks
+	// so far.
+	StreamEnd  StreamEnd
+	AliveUntil time.Time
+	StreamLen  int
 }
 
 // TraceContext is a W3C trace id (16 bytes) and span id (8 bytes).
@@ -255,6 +263,9 @@ func decode(b []byte) (*Record, error) {
 		Compact:          flags&flagCompact != 0,
 	}
 	copy(r.Token[:], b[offToken:])
+	if r.State == Streamed {
+		return decodeStream(r, b)
+	}
 	var rest []byte
 	var ok bool
 	if r.Compact {

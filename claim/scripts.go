@@ -135,7 +135,7 @@ redis.pcall(ARGV[5], KEYS[1], '')
 return 1
 `)
 
-var scripts = []*redis.Script{claimScript, ttlScript, epochScript, epochLostScript, renewScript, completeScript, releaseScript, orphanScript, forgetScript, releaseUnforwardedScript, takeOverScript, freeAbsentScript}
+var scripts = []*redis.Script{claimScript, ttlScript, epochScript, epochLostScript, renewScript, completeScript, releaseScript, orphanScript, forgetScript, releaseUnforwardedScript, takeOverScript, freeAbsentScript, streamStartScript, streamAppendScript, streamEndScript, streamReadScript}
 
 // takeOverScript replaces a record whose outcome is unknown with the
 // caller's in-progress claim, so that it alone asks the upstream
@@ -236,4 +236,130 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[1] .. ':lost')
 end
 return 1
+`)
+
+// The streamed-record scripts (stream.go) share two helpers: be8 writes a
+// number of milliseconds as the 8 big-endian bytes of a record's time
+// slot, rd8 reads one (1-based position).
+const streamLua = `
+local function be8(n)
+  local s = ''
+  for i = 1, 8 do
+    s = string.char(n % 256) .. s
+    n = math.floor(n / 256)
+  end
+  return s
+end
+local function rd8(s, at)
+  local n = 0
+  for i = at, at + 7 do n = n * 256 + string.byte(s, i) end
+  return n
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+`
+
+// streamStartScript replaces the owner's in-progress claim with the head
+// of its streamed answer, its lease (from now on Redis' clock) in the
+// completed slot, kept for retention. As completeScript, a key that
+// lapsed with nobody claiming it since is written anyway.
+//
+// KEYS[1] key; ARGV[1] token; ARGV[2] the head; ARGV[3] retention ms;
+// ARGV[4] lease ms; ARGV[5] the publish command.
+// Returns 1 started, 2 started after the lease lapsed, 3 already started
+// by us (resent), -1 owned by someone else, -2 completed.
+var streamStartScript = redis.NewScript(streamLua + `
+local cur = redis.call('GETRANGE', KEYS[1], 0, 18)
+local how = 1
+if cur == '' then
+  how = 2
+else
+  if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
+  if string.byte(cur, 2) == 3 then return 3 end
+  if string.byte(cur, 2) ~= 1 then return -2 end
+end
+local v = ARGV[2]
+v = string.sub(v, 1, 59) .. be8(now + tonumber(ARGV[4])) .. string.sub(v, 68)
+redis.call('SET', KEYS[1], v, 'PX', ARGV[3])
+redis.pcall(ARGV[5], KEYS[1], '')
+return how
+`)
+
+// streamAppendScript appends a chunk to the owner's running stream, fenced
+// on its token and the value's length (a resent append is a no-op), and
+// renews the owner's lease. Once the lease ran out on Redis' clock nothing
+// more is appended: the stream is marked aborted, as readers already take
+// it.
+//
+// KEYS[1] key; ARGV[1] token; ARGV[2] the length expected; ARGV[3] the
+// chunk (empty: a renewal); ARGV[4] lease ms; ARGV[5] the publish command.
+// Returns {1, new length}, {0} gone, {-1} not ours, {-2} ended, {-3} the
+// lease had run out, {-5, length} another length.
+var streamAppendScript = redis.NewScript(streamLua + `
+local cur = redis.call('GETRANGE', KEYS[1], 0, 73)
+if cur == '' then return {0} end
+if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] or string.byte(cur, 2) ~= 3 then return {-1} end
+if string.byte(cur, 70) ~= 0 then return {-2} end
+if rd8(cur, 60) < now then
+  redis.call('SETRANGE', KEYS[1], 69, '\2')
+  redis.pcall(ARGV[5], KEYS[1], '')
+  return {-3}
+end
+local n = redis.call('STRLEN', KEYS[1])
+if n ~= tonumber(ARGV[2]) then return {-5, n} end
+if #ARGV[3] > 0 then n = redis.call('APPEND', KEYS[1], ARGV[3]) end
+redis.call('SETRANGE', KEYS[1], 59, be8(now + tonumber(ARGV[4])))
+if #ARGV[3] > 0 then redis.pcall(ARGV[5], KEYS[1], '') end
+return {1, n}
+`)
+
+// streamEndScript records how the owner's running stream ended, and when.
+// A normal end is fenced on the value's length (every chunk sent is
+// there) and on the lease not having run out (readers took the stream
+// for aborted then).
+//
+// KEYS[1] key; ARGV[1] token; ARGV[2] the end (1 ended, 2 aborted, 3 too
+// large); ARGV[3] the length expected (-1: any); ARGV[4] the publish
+// command.
+// Returns {1} recorded (or already, the same), {0} gone, {-1} not ours,
+// {-2} ended otherwise, {-5, length} another length.
+var streamEndScript = redis.NewScript(streamLua + `
+local cur = redis.call('GETRANGE', KEYS[1], 0, 73)
+if cur == '' then return {0} end
+if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] or string.byte(cur, 2) ~= 3 then return {-1} end
+local e = tonumber(ARGV[2])
+local was = string.byte(cur, 70)
+if was ~= 0 then
+  if was == e then return {1} end
+  return {-2}
+end
+local at = tonumber(ARGV[3])
+if at >= 0 then
+  local n = redis.call('STRLEN', KEYS[1])
+  if n ~= at then return {-5, n} end
+end
+if e == 1 and rd8(cur, 60) < now then
+  redis.call('SETRANGE', KEYS[1], 69, '\2')
+  redis.pcall(ARGV[4], KEYS[1], '')
+  return {-2}
+end
+redis.call('SETRANGE', KEYS[1], 69, string.char(e))
+redis.call('SETRANGE', KEYS[1], 59, be8(now))
+redis.pcall(ARGV[4], KEYS[1], '')
+return {1}
+`)
+
+// streamReadScript reads a streamed value from an offset, with its fixed
+// part and Redis' clock, so that a reader judges the owner's lease by
+// Redis' clock in the same round trip.
+//
+// KEYS[1] key; ARGV[1] offset (0-based); ARGV[2] at most this many bytes.
+// Returns {the first 74 bytes, the value's length, the bytes, now ms}.
+var streamReadScript = redis.NewScript(streamLua + `
+local head = redis.call('GETRANGE', KEYS[1], 0, 73)
+local n = redis.call('STRLEN', KEYS[1])
+local from = tonumber(ARGV[1])
+local data = ''
+if from < n then data = redis.call('GETRANGE', KEYS[1], from, from + tonumber(ARGV[2]) - 1) end
+return {head, n, data, now}
 `)

@@ -95,6 +95,7 @@ func TestContract(t *testing.T) {
 		{"CompactRecords", testCompactRecords},
 		{"KeyedFingerprints", testKeyedFingerprints},
 		{"TakeOverFenced", testTakeOverFenced},
+		{"StreamedRecords", testStreamedRecords},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
