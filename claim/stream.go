@@ -7,8 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"time"
-
-	)
+)
 
 // Streamed records (store.record_format 4): an answer relayed as it
 // arrives is stored in the claim's own key, its status and headers first
