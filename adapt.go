@@ -43,7 +43,8 @@ func proxyConfig(cfg *config.Config, hooks webhookSecrets) (proxy.Config, error)
 			TrustedProxies:     slices.Clone(cfg.Identity.TrustedProxies),
 			StripFromUntrusted: slices.Clone(cfg.Identity.StripFromUntrusted),
 		},
-		Routes: proxyRoutes(cfg.Routes, hooks),
+		Routes:  proxyRoutes(cfg.Routes, hooks),
+		Streams: cfg.Store.RecordFormat >= 4 && len(cfg.Store.Encryption.KeyFiles) == 0,
 		// Both were parsed, validated and documented and never handed over
 		// before v0.5.0: every Upgrade was refused, WebSocket included.
 		PassThroughUpgrades: slices.Clone(cfg.PassThroughUpgrades),
@@ -135,6 +136,7 @@ func proxyRoutes(routes []config.Route, hooks webhookSecrets) []proxy.Route {
 			FirstSent:          firstSentSources(s.FirstSent),
 			Webhook:            webhookOf(r.Webhook, hooks[r.Name]),
 			Reconcile:          reconcileOf(r.Reconcile),
+			Stream:             r.Stream != config.StreamOff && r.Webhook.Provider == "",
 			FirstSentSkew:      s.FirstSentSkew,
 			KeyJSONPointer:     s.KeyJSONPointer,
 			Problems:           problemFormat(s),

@@ -198,14 +198,7 @@ func (r *Record) encodeInto(buf []byte) []byte {
 		binary.BigEndian.PutUint16(b[offStatus:], uint16(r.Status))
 	}
 	b = appendString(b, r.RequestID)
-	b = binary.AppendUvarint(b, uint64(len(r.Header)))
-	for k, vs := range r.Header {
-		b = appendString(b, k)
-		b = binary.AppendUvarint(b, uint64(len(vs)))
-		for _, v := range vs {
-			b = appendString(b, v)
-		}
-	}
+	b = appendHeader(b, r.Header)
 	b = binary.AppendUvarint(b, uint64(len(r.Body)))
 	b = append(b, r.Body...)
 	return r.appendTrace(b)
@@ -235,6 +228,19 @@ func fromMilli(ms int64) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMilli(ms)
+}
+
+// appendHeader writes h as decoder.header reads it.
+func appendHeader(b []byte, h http.Header) []byte {
+	b = binary.AppendUvarint(b, uint64(len(h)))
+	for k, vs := range h {
+		b = appendString(b, k)
+		b = binary.AppendUvarint(b, uint64(len(vs)))
+		for _, v := range vs {
+			b = appendString(b, v)
+		}
+	}
+	return b
 }
 
 func appendString(b []byte, s string) []byte {
@@ -319,18 +325,7 @@ func decodeFixed(r *Record, b []byte) (rest []byte, ok bool) {
 	copy(r.Fingerprint[:], b[offFingerprint:])
 	d := decoder{b: b[headerLen:]}
 	r.RequestID = d.string()
-	if nh := d.count(); nh > 0 {
-		r.Header = make(http.Header, nh)
-		for range nh {
-			k := d.string()
-			nv := d.count()
-			vs := make([]string, 0, min(nv, 16))
-			for range nv {
-				vs = append(vs, d.string())
-			}
-			r.Header[k] = vs
-		}
-	}
+	r.Header = d.header()
 	if n := d.count(); n > 0 {
 		r.Body = d.bytes(n)
 	}
@@ -377,6 +372,26 @@ func (d *decoder) bytes(n int) []byte {
 	out := d.b[:n:n]
 	d.b = d.b[n:]
 	return out
+}
+
+// header reads a header map: its count, then each name and its values;
+// nil when empty.
+func (d *decoder) header() http.Header {
+	nh := d.count()
+	if nh == 0 {
+		return nil
+	}
+	h := make(http.Header, nh)
+	for range nh {
+		k := d.string()
+		nv := d.count()
+		vs := make([]string, 0, min(nv, 16))
+		for range nv {
+			vs = append(vs, d.string())
+		}
+		h[k] = vs
+	}
+	return h
 }
 
 func (d *decoder) string() string {

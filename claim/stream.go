@@ -91,14 +91,7 @@ func (r *Record) encodeStreamHead() []byte {
 	binary.BigEndian.PutUint64(b[offCreated:], uint64(unixMilli(r.Created)))
 	binary.BigEndian.PutUint16(b[offStatus:], uint16(r.Status))
 	b = appendString(b, r.RequestID)
-	b = binary.AppendUvarint(b, uint64(len(r.Header)))
-	for k, vs := range r.Header {
-		b = appendString(b, k)
-		b = binary.AppendUvarint(b, uint64(len(vs)))
-		for _, v := range vs {
-			b = appendString(b, v)
-		}
-	}
+	b = appendHeader(b, r.Header)
 	b = r.appendTrace(b)
 	binary.BigEndian.PutUint32(b[offStreamHead:], uint32(len(b)-streamPrefix))
 	return b
@@ -137,18 +130,7 @@ func decodeStream(r *Record, b []byte) (*Record, error) {
 	}
 	d := decoder{b: b[streamPrefix : streamPrefix+n]}
 	r.RequestID = d.string()
-	if nh := d.count(); nh > 0 {
-		r.Header = make(http.Header, nh)
-		for range nh {
-			k := d.string()
-			nv := d.count()
-			vs := make([]string, 0, min(nv, 16))
-			for range nv {
-				vs = append(vs, d.string())
-			}
-			r.Header[k] = vs
-		}
-	}
+	r.Header = d.header()
 	if b[offFlags]&flagTrace != 0 {
 		copy(r.Trace.TraceID[:], d.bytes(16))
 		copy(r.Trace.SpanID[:], d.bytes(8))

@@ -136,7 +136,7 @@ var removedKeys = map[string]string{
 }
 
 func (d *decoder) route(m map[string]any, path string, defaults Settings) Route {
-	r := Route{Settings: clone(defaults), set: map[string]bool{}, Webhook: Webhook{Tolerance: DefaultWebhookTolerance}, Reconcile: defaultReconcile()}
+	r := Route{Settings: clone(defaults), set: map[string]bool{}, Webhook: Webhook{Tolerance: DefaultWebhookTolerance}, Reconcile: defaultReconcile(), Stream: StreamAuto}
 	known := map[string]bool{}
 	for _, k := range routeKeyPaths {
 		known[k] = true

@@ -8,6 +8,12 @@ import (
 	"strings"
 )
 
+// Stream values (routes[].stream).
+const (
+	StreamAuto = "auto"
+	StreamOff  = "off"
+)
+
 // Route is one protected endpoint.
 type Route struct {
 	// Name labels metrics and logs, and scopes keys.
@@ -24,6 +30,11 @@ type Route struct {
 	// Reconcile, when its url is set, asks the upstream what happened
 	// where the outcome would be unknown.
 	Reconcile Reconcile `yaml:"reconcile"`
+	// Stream says what becomes of an answer that streams (text/event-stream
+	// or application/x-ndjson without Content-Length): StreamAuto relays
+	// it as it arrives, stored chunk by chunk (under store.record_format
+	// 4), StreamOff buffers it whole. Empty is StreamAuto.
+	Stream string `yaml:"stream"`
 
 	// set holds the setting keys the route's YAML gave, so a bad value it
 	// inherited is reported once, at defaults:, not again for every route.
@@ -49,6 +60,9 @@ func (c *Config) validateRoutes(add problemf) {
 		}
 		r.Webhook.validate(path+".webhook.", add)
 		r.Reconcile.validate(path+".reconcile.", r, c.Upstream, add)
+		if r.Stream != "" {
+			oneOf(path+".stream", r.Stream, add, StreamAuto, StreamOff)
+		}
 		r.Settings.validate(path+".", func(p, format string, args ...any) {
 			k := settingKey(strings.TrimPrefix(p, path+"."))
 			if r.set == nil || r.set[k] || k == "retention" && r.set["lease"] {

@@ -93,8 +93,8 @@ const (
 
 func (c *Config) validateStore(add problemf) {
 	st := &c.Store
-	if st.RecordFormat < 1 || st.RecordFormat > 3 {
-		add("store.record_format", "must be 1, 2 or 3, got %d", st.RecordFormat)
+	if st.RecordFormat < 1 || st.RecordFormat > 4 {
+		add("store.record_format", "must be 1, 2, 3 or 4, got %d", st.RecordFormat)
 	}
 	oneOf("store.compression", st.Compression, add, CompressionNone, CompressionZstd)
 	if st.RecordFormat == 2 && st.KeySecretFile == "" {

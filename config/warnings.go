@@ -34,6 +34,15 @@ func (c *Config) Warnings() []string {
 	case c.Store.KeySecretFile != "" && c.Store.RecordFormat < 2:
 		w = append(w, "store.record_format: 1: fingerprints are stored as plain SHA-256, which someone who reads Redis can check guessed request bodies against; set 2 (keyed with store.key_secret_file) once every replica runs v0.4.0 or later (CHANGELOG.md)")
 	}
+	for i, r := range c.Routes {
+		switch {
+		case r.Stream != StreamAuto || r.set == nil || !r.set["stream"]:
+		case c.Store.RecordFormat < 4:
+			w = append(w, fmt.Sprintf("routes[%d].stream: auto: streamed answers (text/event-stream, application/x-ndjson) are buffered whole until store.record_format: 4, which releases before v0.6.0 cannot read: set it once every replica runs v0.6.0", i))
+		case len(c.Store.Encryption.KeyFiles) > 0:
+			w = append(w, fmt.Sprintf("routes[%d].stream: auto: streamed answers are buffered whole on a sealing store (store.encryption): this release does not seal chunk by chunk", i))
+		}
+	}
 	if c.Tracing.TrustIncoming == TraceTrustAll {
 		w = append(w, "tracing.trust_incoming: all: any client's traceparent parents idemproxy's spans and can force them sampled (and exported); trusted_peers keeps that to the proxies in identity.trusted_proxies")
 	}

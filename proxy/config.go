@@ -56,6 +56,10 @@ type Config struct {
 	// ProblemDocsURL, when set, is linked from every 400, 409 and 422 as
 	// Link: <...>; rel="describedby" (the IETF draft asks for it).
 	ProblemDocsURL string
+	// Streams says the store writes streamed records (store.record_format
+	// 4, not sealed): only then do routes with Stream relay streamed
+	// answers as they arrive. Restart-only.
+	Streams bool
 	// Routes are the protected routes. Requests no route matches pass
 	// through unprotected.
 	Routes []Route
@@ -163,6 +167,9 @@ type Route struct {
 	// Reconcile, when set, asks the upstream what happened where the
 	// outcome would be unknown (reconcile.go).
 	Reconcile *Reconcile
+	// Stream relays a streamed answer (stream.go) as it arrives, stored
+	// chunk by chunk, when Config.Streams allows; false buffers it whole.
+	Stream bool
 	// KeyJSONPointer, when set, takes the key from this member of a JSON
 	// body when the key header is absent (a string, or an integer in
 	// decimal); the route then reads bodies before the key.

@@ -345,6 +345,8 @@ func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl t
 		return refuse(outcomeMismatch, probMismatch.with("this idempotency key was first used with a different method, path, query, body or fingerprinted header"))
 	case rec.State == claim.InProgress:
 		return x.inProgress("retry after the time in Retry-After; the first attempt is still running", ttl)
+	case rec.State == claim.Streamed:
+		return x.attach(rec)
 	case rec.BodyOmitted:
 		return notReplayable(rec)
 	}

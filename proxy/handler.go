@@ -41,6 +41,10 @@ type Store interface {
 	Watch(ctx context.Context, key string) *claim.Watch
 	EpochStart(ctx context.Context, key string) (time.Time, error)
 	Since(ctx context.Context, name string, now time.Time) (time.Time, error)
+	StreamStart(ctx context.Context, key string, rec *claim.Record, retention, lease time.Duration) (int, error)
+	StreamAppend(ctx context.Context, key string, token claim.Token, at int, data []byte, lease time.Duration) (int, error)
+	StreamFinish(ctx context.Context, key string, token claim.Token, end claim.StreamEnd, at int) error
+	StreamRead(ctx context.Context, key string, from, max int) (claim.StreamPart, error)
 }
 
 var _ Store = (*claim.Store)(nil)
@@ -157,6 +161,10 @@ type Handler struct {
 	unconfirmed unconfirmed
 	// keyChange bounds how long webhook routes read v0.5.0's keys.
 	keyChange keyChange
+	// streams is Config.Streams; streamReaders counts the retries
+	// following each stream here (stream.go).
+	streams       bool
+	streamReaders attached
 }
 
 // New builds a Handler for cfg, which the caller has validated: a route
@@ -190,6 +198,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		owners:          claimAges{started: map[*owner]time.Time{}, now: time.Now},
 		passUpgrades:    slices.Clone(cfg.PassThroughUpgrades),
 		problems:        cfg.Problems,
+		streams:         cfg.Streams,
 	}
 	h.unconfirmed = unconfirmed{h: h, now: time.Now}
 	if h.bodyTimeout <= 0 {

@@ -77,6 +77,10 @@ type Metrics struct {
 	// reconciled counts reconcile lookups by route and result (found,
 	// absent, too_early, unresolved).
 	reconciled *prometheus.CounterVec
+	// streamChunks, streamAttached and streamFirstByte are the streamed
+	// answers' (stream.go), by route.
+	streamChunks, streamAttached *prometheus.CounterVec
+	streamFirstByte              *prometheus.HistogramVec
 	// unconfirmed counts claims whose reply never came, by how they were
 	// cleaned up (unconfirmed.go).
 	unconfirmed *prometheus.CounterVec
@@ -153,6 +157,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_record_errors_total",
 			Help: "Stored records that could not be read (never replayed, nothing forwarded), by reason: corrupt, tampered, unknown_key, unsealed, no_keys.",
 		}, []string{"reason"}),
+		streamChunks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_stream_chunks_total",
+			Help: "Chunks of streamed answers (routes[].stream) stored before their client got them, by route.",
+		}, []string{"route"}),
+		streamAttached: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_stream_attached_total",
+			Help: "Retries that attached to a streamed answer still running and followed it live, by route.",
+		}, []string{"route"}),
+		streamFirstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemproxy_stream_first_byte_seconds",
+			Help:    "Time from a streamed answer's request arriving to its first chunk stored (and sent), by route.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"route"}),
 		reconciled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_reconciled_total",
 			Help: "Reconcile lookups (routes[].reconcile) by route and result: found (the upstream's answer stored), absent (the key freed), too_early (absent before absent_after), unresolved (the answer stays outcome-unknown).",
@@ -220,7 +237,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			})
 		}
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
-			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.webhooks, m.reconciled, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.webhooks, m.reconciled, m.streamChunks, m.streamAttached, m.streamFirstByte, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
 				func(h *Handler) float64 { return h.owners.count() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",

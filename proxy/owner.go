@@ -35,6 +35,9 @@ type owner struct {
 	// forwarding is the request's max_in_flight slot, given back once the
 	// client is answered (a late call) or the call ends.
 	forwarding *slot
+	// stream, once the answer is a stream relayed as it arrives, is its
+	// pump (stream.go); set on the handler's goroutine.
+	stream *streamPump
 	// cancel ends the upstream call with a cause: the late-call cap, or a
 	// drain that ran out of time.
 	cancel context.CancelCauseFunc
@@ -108,7 +111,12 @@ func (x *exchange) own(rec *claim.Record, body []byte, forwarding *slot) {
 	out.Body = x.lend(body)
 	out.ContentLength = int64(len(body))
 	o.sent = time.Now()
+	// A streamed answer's pump outlives the copy to the client (a client
+	// that went away, which unwinds ServeHTTP): the call's context stays
+	// until the stream ended and was recorded.
+	defer o.waitStream()
 	x.fwd.protected.ServeHTTP(g, out)
+	o.waitStream()
 	status, closed := g.seal()
 	if x.status == 0 || status != 0 {
 		x.status = status
@@ -118,6 +126,14 @@ func (x *exchange) own(rec *claim.Record, body []byte, forwarding *slot) {
 		h.late.give(x.principal)
 		h.metrics.lateCalls.Dec()
 		o.lateSettled()
+	}
+}
+
+// waitStream returns once a streamed answer, if any, ended and was
+// recorded.
+func (o *owner) waitStream() {
+	if o.stream != nil {
+		o.stream.wait()
 	}
 }
 

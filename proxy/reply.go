@@ -24,6 +24,9 @@ type reply struct {
 	// replayed marks it a replay, of the attempt that stored it.
 	record   *claim.Record
 	replayed bool
+	// stream: record is a streamed one, followed while it runs
+	// (stream.go).
+	stream bool
 	// bypass forwards the request without protection; body, when not
 	// nil, is the request body already read.
 	bypass bool
@@ -74,6 +77,10 @@ func (x *exchange) respond(rep *reply) {
 	case rep.record != nil:
 		if rep.replayed {
 			x.original = rep.record.RequestID
+		}
+		if rep.stream {
+			x.follow(rep.record)
+			return
 		}
 		x.writeRecord(rep.record, rep.replayed)
 	default:

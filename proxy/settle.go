@@ -125,6 +125,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		})
 		return nil
 	}
+	if h.streams && x.rt.settings.Stream && isStream(resp) && o.startStream(resp) {
+		return nil
+	}
 	limit := x.rt.settings.MaxResponseBody
 	expected := resp.ContentLength
 	if expected > limit {

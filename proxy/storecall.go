@@ -23,6 +23,10 @@ var storeOps = []struct{ op, command string }{
 	{"epoch", "EVALSHA"},
 	{"take_over", "EVALSHA"},
 	{"free_absent", "EVALSHA"},
+	{"stream_start", "EVALSHA"},
+	{"stream_append", "EVALSHA"},
+	{"stream_end", "EVALSHA"},
+	{"stream_read", "EVALSHA"},
 }
 
 // storeCommand is the Redis command store operation op sends.

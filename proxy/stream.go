@@ -1,0 +1,467 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"mime"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// Streamed answers (routes[].stream: auto, store.record_format 4): an
+// answer without Content-Length whose Content-Type is text/event-stream
+// or application/x-ndjson is relayed as it arrives instead of buffered.
+// Its status and headers replace the owner's claim (claim.StreamStart),
+// then every chunk is appended to the key's record before any client
+// sees it: the owner's streamPump reads the upstream at the upstream's
+// pace (read) and stores whatever arrived while the last append was in
+// flight in the next (store); its own client follows what was stored,
+// as an attached retry does on any sidecar (follow). A stream that
+// breaks off (the upstream reset, the store failed, the owner's budget or
+// a drain ran out) is recorded as aborted, and every reader ends it
+// abnormally after the same prefix: a chunked body closed without its
+// last chunk. Past max_response_body the first client's stream goes on
+// and the record says it is not replayable.
+
+// streamTypes are the media types relayed as they arrive.
+var streamTypes = map[string]bool{"text/event-stream": true, "application/x-ndjson": true}
+
+// isStream reports whether resp is an answer to relay as it arrives.
+func isStream(resp *http.Response) bool {
+	if resp.ContentLength != -1 {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	return err == nil && streamTypes[mt]
+}
+
+const (
+	// streamPending bounds what the pump holds read from the upstream
+	// and not yet stored, and what its own client has not yet taken:
+	// past it the upstream is read no faster than they go.
+	streamPending = 1 << 20
+	// streamReadMax is the most one follower's read takes from Redis.
+	streamReadMax = 256 << 10
+	// streamPoll is how often a follower looks when no message woke it.
+	streamPoll = 250 * time.Millisecond
+	// maxAttached bounds the retries following one stream on this
+	// sidecar; past it they get the route's in_progress_status.
+	maxAttached = 64
+)
+
+// errStreamAborted ends a stream abnormally for its own client.
+var errStreamAborted = errors.New("the stream broke off; what was stored is kept and replayed with the same abnormal end")
+
+// streamPump relays one streamed answer for its owner.
+type streamPump struct {
+	o     *owner
+	body  io.ReadCloser // the upstream's
+	at    int           // the stored value's length
+	start time.Time
+
+	mu      sync.Mutex
+	cond    *sync.Cond // signals pending room and out's growth
+	pending []byte     // read from the upstream, not stored yet
+	readErr error      // how the upstream's body ended (io.EOF: normally)
+	read    bool       // the upstream's body ended
+	out     []byte     // stored, not yet taken by the owner's client
+	outErr  error      // set with outDone: io.EOF, or errStreamAborted
+	outDone bool
+	gone    bool // the owner's client went away: out is not kept
+	wake    chan struct{}
+	done    chan struct{}
+	stored  int64
+	first   bool
+	tooBig  bool
+}
+
+// startStream begins relaying resp, a stream, as its owner: the head is
+// stored in place of the claim, and resp's body becomes what was stored.
+// It reports false when resp is to be buffered after all (its headers
+// alone are over max_response_body).
+func (o *owner) startStream(resp *http.Response) bool {
+	x := o.x
+	s := &x.rt.settings
+	head := &claim.Record{
+		State:       claim.Streamed,
+		Token:       o.rec.Token,
+		Fingerprint: o.rec.Fingerprint,
+		Created:     o.rec.Created,
+		RequestID:   o.rec.RequestID,
+		Trace:       o.rec.Trace,
+		Status:      resp.StatusCode,
+		Header:      resp.Header.Clone(),
+	}
+	for _, name := range s.ExcludeHeaders {
+		head.Header.Del(name)
+	}
+	if headerSize(head.Header) > s.MaxResponseBody {
+		return false
+	}
+	if s.AdvertiseRetention {
+		resp.Header.Set(retentionHeader, retentionSeconds(s.Retention))
+	}
+	var at int
+	var err error
+	for _, wait := range storeRetryWaits {
+		time.Sleep(wait)
+		err = x.detached("stream_start", func(ctx context.Context) (err error) {
+			at, err = x.h.store.StreamStart(ctx, x.hashedKey, head, s.Retention, s.Lease)
+			return err
+		})
+		if err == nil || errors.Is(err, claim.ErrLeaseLost) {
+			break
+		}
+		x.h.metrics.storeErrors.WithLabelValues("stream_start").Inc()
+	}
+	if err != nil {
+		// As for a buffered answer that cannot be stored: the upstream
+		// acted, its client gets the answer (unrecorded), and the window
+		// is counted.
+		o.settle(func() verdict {
+			if errors.Is(err, claim.ErrLeaseLost) {
+				return verdict{outcomeFenceLost, "the lease lapsed and another attempt holds the key; the stream was relayed unrecorded"}
+			}
+			return verdict{outcomeStoreError, "upstream answered a stream whose head could not be stored (dual-write window), relayed unrecorded: " + err.Error()}
+		})
+		return true
+	}
+	o.settle(func() verdict { return verdict{outcome: outcomeStored, detail: "streamed"} })
+	p := &streamPump{o: o, body: resp.Body, at: at, start: x.start, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	p.cond = sync.NewCond(&p.mu)
+	o.stream = p
+	resp.Body = p
+	go p.readUpstream()
+	go p.store()
+	return true
+}
+
+// readUpstream reads the upstream's body at its pace into pending.
+func (p *streamPump) readUpstream() {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := p.body.Read(buf)
+		p.mu.Lock()
+		for len(p.pending) >= streamPending && !p.outDone {
+			p.cond.Wait()
+		}
+		p.pending = append(p.pending, buf[:n]...)
+		if err != nil {
+			p.read, p.readErr = true, err
+		}
+		over := p.outDone
+		p.mu.Unlock()
+		select {
+		case p.wake <- struct{}{}:
+		default:
+		}
+		if err != nil || over {
+			return
+		}
+	}
+}
+
+// store appends what was read to the key's record, then hands it to the
+// owner's client; it renews the owner's lease while nothing arrives, and
+// records how the stream ended.
+func (p *streamPump) store() {
+	defer close(p.done)
+	defer p.body.Close()
+	x := p.o.x
+	s := &x.rt.settings
+	renew := time.NewTimer(s.Lease / 3)
+	defer renew.Stop()
+	for {
+		renewing := false
+		select {
+		case <-p.wake:
+		case <-renew.C:
+			renewing = true
+		}
+		p.mu.Lock()
+		chunk, read, readErr := p.pending, p.read, p.readErr
+		p.pending = nil
+		p.cond.Broadcast()
+		p.mu.Unlock()
+		if len(chunk) > 0 || renewing {
+			if !p.append(chunk) {
+				p.end(claim.StreamAborted, errStreamAborted)
+				return
+			}
+			renew.Reset(s.Lease / 3)
+		}
+		if !read {
+			continue
+		}
+		if readErr != io.EOF {
+			x.unknown = "the stream broke off: " + readErr.Error()
+			p.end(claim.StreamAborted, errStreamAborted)
+			return
+		}
+		p.end(claim.StreamEnded, io.EOF)
+		return
+	}
+}
+
+// append stores chunk (empty: renews the lease) and hands it to the
+// owner's client; false when it could not be stored. Past
+// max_response_body nothing more is stored and the record says so: the
+// first client's stream goes on.
+func (p *streamPump) append(chunk []byte) bool {
+	x := p.o.x
+	s := &x.rt.settings
+	if !p.tooBig && p.stored+int64(len(chunk)) > s.MaxResponseBody {
+		p.tooBig = true
+		_ = x.detached("stream_end", func(ctx context.Context) error {
+			return x.h.store.StreamFinish(ctx, x.hashedKey, p.o.rec.Token, claim.StreamTooLarge, -1)
+		})
+		x.detail = "streamed past max_response_body: the record is not replayable, the first client's stream went on"
+	}
+	if p.tooBig {
+		p.hand(chunk)
+		return true
+	}
+	var err error
+	for _, wait := range storeRetryWaits {
+		time.Sleep(wait)
+		var n int
+		err = x.detached("stream_append", func(ctx context.Context) (err error) {
+			n, err = x.h.store.StreamAppend(ctx, x.hashedKey, p.o.rec.Token, p.at, chunk, s.Lease)
+			return err
+		})
+		if err == nil {
+			p.at = n
+			break
+		}
+		if !errors.Is(err, claim.ErrUnavailable) {
+			break // fenced off, over, or out of step: retrying cannot help
+		}
+		x.h.metrics.storeErrors.WithLabelValues("stream_append").Inc()
+	}
+	if err != nil {
+		x.h.log.Warn("stream chunk not stored: the stream ends here for every reader", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
+		x.detail = "a chunk could not be stored, so it was never sent: the stream ended abnormally: " + err.Error()
+		return false
+	}
+	if len(chunk) > 0 {
+		p.stored += int64(len(chunk))
+		x.h.metrics.streamChunks.WithLabelValues(x.rt.name).Inc()
+		if !p.first {
+			p.first = true
+			x.h.metrics.streamFirstByte.WithLabelValues(x.rt.name).Observe(time.Since(p.start).Seconds())
+		}
+	}
+	p.hand(chunk)
+	return true
+}
+
+// hand gives chunk to the owner's client, holding the pump while that
+// client is more than streamPending behind.
+func (p *streamPump) hand(chunk []byte) {
+	if len(chunk) == 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.out) >= streamPending && !p.gone {
+		p.cond.Wait()
+	}
+	if !p.gone {
+		p.out = append(p.out, chunk...)
+	}
+	p.cond.Broadcast()
+}
+
+// end records how the stream ended (a normal end only once every chunk
+// is stored, fenced on the stored length) and ends the owner's client's
+// stream the same way: a normal end that cannot be recorded is an
+// abnormal one for every reader.
+func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
+	x := p.o.x
+	if !p.tooBig {
+		at := -1
+		if how == claim.StreamEnded {
+			at = p.at
+		}
+		var err error
+		for _, wait := range storeRetryWaits {
+			time.Sleep(wait)
+			err = x.detached("stream_end", func(ctx context.Context) error {
+				return x.h.store.StreamFinish(ctx, x.hashedKey, p.o.rec.Token, how, at)
+			})
+			if err == nil || !errors.Is(err, claim.ErrUnavailable) {
+				break
+			}
+			x.h.metrics.storeErrors.WithLabelValues("stream_end").Inc()
+		}
+		if err != nil && how == claim.StreamEnded {
+			clientErr = errStreamAborted
+			x.detail = "the stream's end could not be recorded; it ends abnormally for every reader: " + err.Error()
+		}
+		x.h.metrics.storedBytes.Observe(float64(p.stored))
+	}
+	if clientErr != io.EOF && x.detail == "" {
+		x.detail = "the stream ended abnormally"
+	}
+	p.mu.Lock()
+	p.outDone, p.outErr = true, clientErr
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// Read is the owner's client's body: what was stored, as it is.
+func (p *streamPump) Read(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for len(p.out) == 0 && !p.outDone {
+		p.cond.Wait()
+	}
+	if len(p.out) > 0 {
+		n := copy(b, p.out)
+		p.out = p.out[n:]
+		if len(p.out) == 0 {
+			p.out = nil
+		}
+		p.cond.Broadcast()
+		return n, nil
+	}
+	return 0, p.outErr
+}
+
+// Close is the owner's client going away (or done): the stream goes on,
+// stored, for the retries.
+func (p *streamPump) Close() error {
+	p.mu.Lock()
+	p.gone, p.out = true, nil
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	return nil
+}
+
+// wait returns once the stream ended and was recorded.
+func (p *streamPump) wait() { <-p.done }
+
+// attached counts the retries following each stream on this sidecar.
+type attached struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (a *attached) take(key string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n == nil {
+		a.n = map[string]int{}
+	}
+	if a.n[key] >= maxAttached {
+		return false
+	}
+	a.n[key]++
+	return true
+}
+
+func (a *attached) give(key string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n[key]--; a.n[key] <= 0 {
+		delete(a.n, key)
+	}
+}
+
+// attach is the reply to a retry of a streamed answer: the stream as
+// stored so far, then as it grows, marked as a replay; 409
+// response-not-replayable past max_response_body.
+func (x *exchange) attach(rec *claim.Record) *reply {
+	if rec.StreamEnd == claim.StreamTooLarge {
+		return notReplayable(rec)
+	}
+	if rec.StreamEnd == claim.StreamRunning && !x.h.streamReaders.take(x.hashedKey) {
+		return x.inProgress("this stream has as many retries following it as this sidecar allows; retry after the time in Retry-After", time.Second)
+	}
+	return &reply{outcome: outcomeReplayed, record: rec, replayed: true, stream: true}
+}
+
+// follow writes a streamed record's answer: what is stored, then, while
+// the stream runs, each new chunk as it is stored, until it ends. An
+// abnormal end is the protocol's own (the handler aborts, so that the
+// chunked body is closed without its last chunk).
+func (x *exchange) follow(rec *claim.Record) {
+	if rec.StreamEnd == claim.StreamRunning {
+		x.h.metrics.streamAttached.WithLabelValues(x.rt.name).Inc()
+		defer x.h.streamReaders.give(x.hashedKey)
+	}
+	x.writeRecord(rec, true)
+	rc := http.NewResponseController(x.w)
+	_ = rc.Flush()
+	end, at := rec.StreamEnd, rec.StreamLen
+	if end == claim.StreamRunning {
+		end, at = x.followLive(rc, at)
+	}
+	if end == claim.StreamEnded {
+		return
+	}
+	x.detail = "replayed a stream that ended abnormally (" + end.String() + "): same prefix, same abnormal end"
+	if end == streamClientGone {
+		x.detail = "the client went away while following the stream"
+	}
+	_ = at
+	panic(http.ErrAbortHandler)
+}
+
+// streamClientGone is followLive's end when the client went away.
+const streamClientGone claim.StreamEnd = 255
+
+// followLive writes a running stream's new chunks from at as they are
+// stored, until it ends; it returns how.
+func (x *exchange) followLive(rc *http.ResponseController, at int) (claim.StreamEnd, int) {
+	ctx := x.r.Context()
+	watch := x.h.store.Watch(ctx, x.hashedKey)
+	defer watch.Stop()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	failures := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return streamClientGone, at
+		case <-watch.C:
+		case <-timer.C:
+		}
+		var part claim.StreamPart
+		err := x.storeOp(ctx, "stream_read", func(ctx context.Context) (err error) {
+			part, err = x.h.store.StreamRead(ctx, x.hashedKey, at, streamReadMax)
+			return err
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return streamClientGone, at
+			}
+			if failures++; failures > len(storeRetryWaits) || !errors.Is(err, claim.ErrUnavailable) {
+				x.h.log.Warn("stream follower cut: the stream could not be read", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
+				return claim.StreamAborted, at
+			}
+			timer.Reset(100 * time.Millisecond)
+			continue
+		}
+		failures = 0
+		if len(part.Data) > 0 {
+			if _, err := x.w.Write(part.Data); err != nil {
+				return streamClientGone, at
+			}
+			_ = rc.Flush()
+			at += len(part.Data)
+		}
+		if at < part.Len {
+			timer.Reset(0) // more to read now
+			continue
+		}
+		if part.End != claim.StreamRunning {
+			return part.End, at
+		}
+		timer.Reset(streamPoll)
+	}
+}

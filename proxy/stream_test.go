@@ -1,0 +1,179 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/internal/poll"
+)
+
+// sse is an upstream answering a server-sent-events stream one event per
+// step it is given, and ending (or breaking off) when steps closes.
+type sse struct {
+	steps chan string // an event to send; "" breaks the connection off
+}
+
+func (s *sse) serve(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	http.NewResponseController(w).Flush()
+	for ev := range s.steps {
+		if ev == "" {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close() // the chunked body ends without its last chunk
+			}
+			return
+		}
+		fmt.Fprintf(w, "data: %s\n\n", ev)
+		http.NewResponseController(w).Flush()
+	}
+}
+
+func streamEnv(t *testing.T, maxBody int64) (*env, *sse) {
+	up := &sse{steps: make(chan string)}
+	e := newEnv(t, up.serve, func(c *setup) {
+		c.Streams = true
+		c.Routes[0].Stream = true
+		if maxBody > 0 {
+			c.Routes[0].MaxResponseBody = maxBody
+		}
+	})
+	return e, up
+}
+
+// open sends alice's request under key and returns the answer with its
+// body unread.
+func (e *env) open(t *testing.T, key string) *http.Response {
+	t.Helper()
+	hr, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, e.front.URL+"/payments", strings.NewReader(`{"prompt":"hi"}`))
+	hr.Header.Set("Content-Type", "application/json")
+	hr.Header.Set("X-Forwarded-User", "alice")
+	hr.Header.Set("Idempotency-Key", key)
+	resp, err := e.front.Client().Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+// event reads one event (through its blank line) from r.
+func event(t *testing.T, r *bufio.Reader) string {
+	t.Helper()
+	var b strings.Builder
+	for {
+		line, err := r.ReadString('\n')
+		b.WriteString(line)
+		if err != nil {
+			t.Fatalf("reading an event: %q, %v", b.String(), err)
+		}
+		if line == "\n" {
+			return b.String()
+		}
+	}
+}
+
+// A streamed answer reaches its client event by event while the upstream
+// is still running; a retry during the stream attaches, gets every event
+// so far and follows live; a retry after the end gets the same bytes; the
+// upstream executed once.
+func TestStreamRelayedAttachedReplayed(t *testing.T) {
+	e, up := streamEnv(t, 0)
+	first := e.open(t, "s1")
+	if first.StatusCode != http.StatusOK || first.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("first: %d %v", first.StatusCode, first.Header)
+	}
+	a := bufio.NewReader(first.Body)
+	up.steps <- "1"
+	if got := event(t, a); got != "data: 1\n\n" {
+		t.Fatalf("first event = %q", got)
+	}
+	retry := e.open(t, "s1")
+	if retry.StatusCode != http.StatusOK || retry.Header.Get("Idempotent-Replayed") != "true" || retry.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("attached retry: %d %v", retry.StatusCode, retry.Header)
+	}
+	b := bufio.NewReader(retry.Body)
+	if got := event(t, b); got != "data: 1\n\n" {
+		t.Fatalf("attached retry's first event = %q", got)
+	}
+	up.steps <- "2"
+	if got := event(t, a); got != "data: 2\n\n" {
+		t.Fatalf("first client's second event = %q", got)
+	}
+	if got := event(t, b); got != "data: 2\n\n" {
+		t.Fatalf("attached retry's second event = %q (it follows live)", got)
+	}
+	close(up.steps)
+	for name, r := range map[string]*bufio.Reader{"first": a, "attached": b} {
+		if rest, err := io.ReadAll(r); err != nil || len(rest) != 0 {
+			t.Fatalf("%s client's end: %q, %v; want a normal end", name, rest, err)
+		}
+	}
+	after := e.do(req{user: "alice", key: "s1", body: `{"prompt":"hi"}`})
+	if after.status != http.StatusOK || after.body != "data: 1\n\ndata: 2\n\n" || after.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after the end: %d %q %v", after.status, after.body, after.header)
+	}
+	if n := e.ledger.total(); n != 1 {
+		t.Fatalf("upstream executions = %d, want 1", n)
+	}
+	if other := e.do(req{user: "alice", key: "s1", body: `{"prompt":"other"}`}); other.status != http.StatusUnprocessableEntity {
+		t.Fatalf("the key reused with another body = %d, want 422", other.status)
+	}
+}
+
+// A stream the upstream breaks off keeps what was stored: the first
+// client, and every retry, get the same prefix and the same abnormal end;
+// nothing executes again.
+func TestStreamBrokenOffReplayedAsItEnded(t *testing.T) {
+	e, up := streamEnv(t, 0)
+	first := e.open(t, "s2")
+	a := bufio.NewReader(first.Body)
+	up.steps <- "1"
+	event(t, a)
+	up.steps <- ""
+	if rest, err := io.ReadAll(a); err == nil {
+		t.Fatalf("first client's stream ended normally (%q) after the upstream broke off", rest)
+	}
+	retry := e.open(t, "s2")
+	if retry.StatusCode != http.StatusOK || retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d %v", retry.StatusCode, retry.Header)
+	}
+	body, err := io.ReadAll(retry.Body)
+	if err == nil || string(body) != "data: 1\n\n" {
+		t.Fatalf("retry of a broken stream = %q, %v; want the same prefix and an abnormal end", body, err)
+	}
+	if n := e.ledger.total(); n != 1 {
+		t.Fatalf("upstream executions = %d, want 1", n)
+	}
+}
+
+// Past max_response_body the first client's stream goes on, and a retry
+// gets 409 response-not-replayable, as for a buffered answer too large.
+func TestStreamPastMaxResponseBody(t *testing.T) {
+	e, up := streamEnv(t, 2048)
+	first := e.open(t, "s3")
+	a := bufio.NewReader(first.Body)
+	big := strings.Repeat("x", 1500)
+	for i := range 3 {
+		up.steps <- big
+		if got := event(t, a); got != "data: "+big+"\n\n" {
+			t.Fatalf("event %d cut short", i)
+		}
+	}
+	close(up.steps)
+	if _, err := io.ReadAll(a); err != nil {
+		t.Fatalf("the first client's stream past max_response_body: %v; want it to go on and end normally", err)
+	}
+	poll.Until(t, "the record says not replayable", func() bool {
+		return e.do(req{user: "alice", key: "s3", body: `{"prompt":"hi"}`}).status == http.StatusConflict
+	})
+	if n := e.ledger.total(); n != 1 {
+		t.Fatalf("upstream executions = %d, want 1", n)
+	}
+}
