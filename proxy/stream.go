@@ -391,7 +391,6 @@ func (x *exchange) attach(rec *claim.Record) *reply {
 // chunked body is closed without its last chunk).
 func (x *exchange) follow(rec *claim.Record) {
 	if rec.StreamEnd == claim.StreamRunning {
-		x.h.metrics.streamAttached.WithLabelValues(x.rt.name).Inc()
 		defer x.h.streamReaders.give(x.hashedKey)
 	}
 	x.writeRecord(rec, true)
@@ -423,7 +422,7 @@ func (x *exchange) followLive(rc *http.ResponseController, at int) (claim.Stream
 	defer watch.Stop()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	failures := 0
+	failures, counted := 0, false
 	for {
 		select {
 		case <-ctx.Done():
@@ -448,6 +447,11 @@ func (x *exchange) followLive(rc *http.ResponseController, at int) (claim.Stream
 			continue
 		}
 		failures = 0
+		if !counted && (part.End == claim.StreamRunning || at < part.Len) {
+			// Attached: the stream still ran (or grew) when first read.
+			counted = true
+			x.h.metrics.streamAttached.WithLabelValues(x.rt.name).Inc()
+		}
 		if len(part.Data) > 0 {
 			if _, err := x.w.Write(part.Data); err != nil {
 				return streamClientGone, at

@@ -1,0 +1,168 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// streamUpstream answers POST /payments with server-sent events, one per
+// value sent on steps, counting executions.
+type streamUpstream struct {
+	*httptest.Server
+	steps chan string
+	calls atomic.Int64
+}
+
+func newStreamUpstream(t *testing.T) *streamUpstream {
+	u := &streamUpstream{steps: make(chan string)}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		u.calls.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		for {
+			select {
+			case ev, ok := <-u.steps:
+				if !ok {
+					return
+				}
+				fmt.Fprintf(w, "data: %s\n\n", ev)
+				http.NewResponseController(w).Flush()
+			case <-r.Context().Done():
+				return
+			}
+		}
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func streamConfig(upstream, redis string, format int) string {
+	return payConfig(upstream, redis, fmt.Sprintf("  record_format: %d\ndefaults:\n  lease: 1s\n", format))
+}
+
+// readEvent reads one server-sent event (through its blank line).
+func readEvent(t *testing.T, r *bufio.Reader) string {
+	t.Helper()
+	var b strings.Builder
+	for {
+		line, err := r.ReadString('\n')
+		b.WriteString(line)
+		if err != nil {
+			t.Fatalf("reading an event: %q, %v", b.String(), err)
+		}
+		if line == "\n" {
+			return b.String()
+		}
+	}
+}
+
+func openStream(t *testing.T, url, key string) (*http.Response, *bufio.Reader) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(payRequest(url+"/payments", key, `{"prompt":"hi"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp, bufio.NewReader(resp.Body)
+}
+
+// Through the running binary, under record_format 4: the first event
+// reaches the client while the upstream still streams; a retry through
+// another sidecar attaches and follows live; the owner's sidecar killed
+// mid-stream ends every reader's stream abnormally after the same prefix,
+// and a retry after that gets that prefix and that end; one execution.
+func TestStreamThroughTheBinary(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store
+	srv := redistest.Start(t)
+	up := newStreamUpstream(t)
+	owner := startBinary(t, streamConfig(up.URL, srv.Addr, 4))
+	other := startBinary(t, streamConfig(up.URL, srv.Addr, 4))
+
+	first, a := openStream(t, owner.Client, "chat-1")
+	if first.StatusCode != http.StatusOK || first.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("first: %d %v", first.StatusCode, first.Header)
+	}
+	up.steps <- "1"
+	if got := readEvent(t, a); got != "data: 1\n\n" {
+		t.Fatalf("first event = %q", got)
+	}
+	retry, b := openStream(t, other.Client, "chat-1")
+	if retry.StatusCode != http.StatusOK || retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry through another sidecar: %d %v, want 200 attached", retry.StatusCode, retry.Header)
+	}
+	if got := readEvent(t, b); got != "data: 1\n\n" {
+		t.Fatalf("attached retry's first event = %q", got)
+	}
+	up.steps <- "2"
+	readEvent(t, a)
+	if got := readEvent(t, b); got != "data: 2\n\n" {
+		t.Fatalf("attached retry's live event = %q", got)
+	}
+
+	owner.Kill() // SIGKILL, by the PID this test started
+	if rest, err := io.ReadAll(a); err == nil {
+		t.Fatalf("the killed owner's client ended normally: %q", rest)
+	}
+	if rest, err := io.ReadAll(b); err == nil || len(rest) != 0 {
+		t.Fatalf("the attached retry after the owner was killed: %q, %v; want an abnormal end once its lease ran out", rest, err)
+	}
+	late, c := openStream(t, other.Client, "chat-1")
+	body, err := io.ReadAll(c)
+	if late.StatusCode != http.StatusOK || err == nil || string(body) != "data: 1\n\ndata: 2\n\n" {
+		t.Fatalf("retry after the owner died: %d %q, %v; want the stored prefix and an abnormal end", late.StatusCode, body, err)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream executed %d times, want 1", n)
+	}
+	if m := scrape(t, other.Admin); !strings.Contains(m, `idemproxy_stream_attached_total{route="pay"} 1`) {
+		t.Errorf("idemproxy_stream_attached_total not counted:\n%s", grepLines(m, "idemproxy_stream"))
+	}
+}
+
+// Below record_format 4 a streamed answer is buffered whole (what v0.5.0
+// reads), and -check says so where stream: auto is written.
+func TestStreamBufferedBelowFormat4(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	up := newStreamUpstream(t)
+	s := startBinary(t, streamConfig(up.URL, srv.Addr, 3))
+	done := make(chan string, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(payRequest(s.Client+"/payments", "chat-2", `{}`))
+		if err != nil {
+			done <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- string(b)
+	}()
+	up.steps <- "1"
+	up.steps <- "2"
+	close(up.steps)
+	if got := <-done; got != "data: 1\n\ndata: 2\n\n" {
+		t.Fatalf("buffered stream = %q", got)
+	}
+	if _, body := post(t, s.Client+"/payments", "chat-2", `{}`); body != "data: 1\n\ndata: 2\n\n" {
+		t.Fatalf("replay of the buffered stream = %q", body)
+	}
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(cfg, []byte(streamConfig(up.URL, srv.Addr, 3)+"    stream: auto\n"), 0o600)
+	out, _ := exec.Command(buildBinary(t), "-config", cfg, "-check").CombinedOutput()
+	if !strings.Contains(string(out), "routes[0].stream") || !strings.Contains(string(out), "record_format: 4") {
+		t.Fatalf("-check on stream: auto under format 3 says:\n%s", out)
+	}
+}
