@@ -147,7 +147,13 @@ func sidecar(t *testing.T, l *ledger, extra string) string {
 // sidecarRoutes is sidecar with routes of its own.
 func sidecarRoutes(t *testing.T, l *ledger, extra, routes string) string {
 	t.Helper()
-	up := httptest.NewServer(l)
+	return sidecarFor(t, l, extra, routes)
+}
+
+// sidecarFor is sidecarRoutes in front of any upstream.
+func sidecarFor(t *testing.T, upstream http.Handler, extra, routes string) string {
+	t.Helper()
+	up := httptest.NewServer(upstream)
 	t.Cleanup(up.Close)
 	port, admin := freePort(t), freePort(t)
 	path := filepath.Join(t.TempDir(), "config.yaml")
@@ -668,4 +674,103 @@ func postDelivery(t *testing.T, url string, payload []byte, h http.Header) (int,
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, resp.Header.Get("Idempotent-Replayed") + " " + string(b)
+}
+
+// chatUpstream is a small OpenAI-compatible upstream: POST
+// /v1/chat/completions with stream: true answers server-sent events, one
+// chunk per word of its answer, then [DONE]. A prompt "slow" holds its
+// headers 1.2 s (longer than the client's timeout); "long" holds its
+// chunks after the first until the application, having got that first
+// one, asks GET /release (5 s at most: the answer then says
+// "unreleased"), so that the stream is live when a second call attaches.
+// It counts executions per prompt.
+type chatUpstream struct {
+	mu      sync.Mutex
+	execs   map[string]int
+	release chan struct{} // closed by GET /release
+	once    sync.Once
+}
+
+func (c *chatUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && r.URL.Path == "/release" {
+		c.once.Do(func() { close(c.release) })
+		return
+	}
+	var req struct {
+		Stream   bool `json:"stream"`
+		Messages []struct {
+			Content string `json:"content"`
+		} `json:"messages"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || !req.Stream || len(req.Messages) == 0 {
+		http.Error(w, "want a streamed chat completion", http.StatusBadRequest)
+		return
+	}
+	prompt := req.Messages[0].Content
+	c.mu.Lock()
+	c.execs[prompt]++
+	n := c.execs[prompt]
+	c.mu.Unlock()
+	pause := 10 * time.Millisecond
+	switch prompt {
+	case "slow":
+		time.Sleep(1200 * time.Millisecond)
+	case "long":
+		pause = 150 * time.Millisecond
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	for i, word := range strings.Fields(fmt.Sprintf("answer to %s, execution %d", prompt, n)) {
+		if prompt == "long" && i == 1 {
+			select {
+			case <-c.release:
+			case <-time.After(5 * time.Second):
+				word = "unreleased"
+			}
+		}
+		chunk, _ := json.Marshal(map[string]any{
+			"id": "chatcmpl-compat", "object": "chat.completion.chunk", "created": 1, "model": "compat",
+			"choices": []map[string]any{{"index": 0, "delta": map[string]string{"content": word + " "}, "finish_reason": nil}},
+		})
+		fmt.Fprintf(w, "data: %s\n\n", chunk)
+		http.NewResponseController(w).Flush()
+		time.Sleep(pause)
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+// TestOpenAINodeStream (issue 44): the openai npm package streams chat
+// completions through the real binary (record_format 4, stream: auto) with
+// its own retries: its generated Idempotency-Key is kept across the
+// retries of a call that timed out before the stream began, and the retry
+// gets the one execution's stream; an explicit key replays the same text;
+// a second call during a stream attaches and gets the same text.
+func TestOpenAINodeStream(t *testing.T) {
+	if _, err := exec.LookPath("node"); err != nil {
+		need(t, "node", err.Error())
+	}
+	if _, err := os.Stat("node/node_modules/openai/package.json"); err != nil {
+		need(t, "the openai npm package", "run: cd compat/node && npm ci")
+	}
+	up := &chatUpstream{execs: map[string]int{}, release: make(chan struct{})}
+	url := sidecarFor(t, up, "store:\n  record_format: 4\n", "  - name: chat\n    match: \"POST /v1/chat/completions\"\n")
+	got := external(t, url, "node", "node/openai_stream.mjs")
+	want := calls{
+		"stream":   {"text answer to plain, execution 1  replayed=false"},
+		"replay":   {"text answer to plain, execution 1  replayed=true"},
+		"retried":  {"text answer to slow, execution 1  replayed=true"},
+		"attached": {"text answer to long, execution 1  replayed=false", "text answer to long, execution 1  replayed=true"},
+	}
+	for scenario, w := range want {
+		if g := got[scenario]; strings.Join(g, "|") != strings.Join(w, "|") {
+			t.Errorf("%s: the application streamed %q, want %q", scenario, g, w)
+		}
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	for prompt, n := range up.execs {
+		if n != 1 {
+			t.Errorf("prompt %q executed %d times at the upstream, want 1", prompt, n)
+		}
+	}
 }
