@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/hmac"
@@ -71,6 +72,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	cfg.Upstream.Timeout = 5 * time.Second
 	cfg.Defaults.Lease = 2 * time.Second
 	cfg.Defaults.Retention = time.Hour
+	cfg.Store.RecordFormat = 4 // streamed answers stored as they arrive (one process: no older replica)
 	wait := cfg.Defaults
 	wait.Concurrent = config.ConcurrentWait
 	cfg.Routes = []config.Route{
@@ -79,6 +81,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			Timeout: 2 * time.Second, AbsentAfter: 10 * time.Minute,
 		}},
 		{Name: "create-order", Match: "POST /orders", Settings: wait},
+		{Name: "generate", Match: "POST /v1/chat/completions", Settings: cfg.Defaults, Stream: config.StreamAuto},
 		{Name: "payment-events", Match: "POST /webhooks/payments", Settings: cfg.Defaults,
 			Webhook: config.Webhook{Provider: config.WebhookGitHub, Tolerance: config.DefaultWebhookTolerance, SecretFiles: []string{secretFile}}},
 	}
@@ -293,6 +296,14 @@ func (s *demoShow) run() error {
 	}
 	s.row("charged, then the connection died (reconcile)", fmt.Sprintf("%d with the real charge (reconciled: %v), retry %d replayed: %v", r.status, r.reconciled, r2.status, r2.replayed))
 
+	// A streamed answer (an LLM endpoint's SSE): relayed event by event,
+	// and a retry while it runs attaches instead of generating again.
+	line, err := s.streamed()
+	if err != nil {
+		return err
+	}
+	s.row("a streamed answer (SSE), a retry while it streams", line)
+
 	// A webhook: the provider redelivers; a forgery never reaches the app.
 	event := `{"action":"paid","amount":800}`
 	forged, err := s.webhook("dlv-1", event, "not-the-secret")
@@ -317,6 +328,46 @@ func (s *demoShow) run() error {
 	return tw.Flush()
 }
 
+// streamed opens a streamed generation, reads its first event while the
+// bank still streams, retries the same key mid-stream, and compares what
+// both clients got.
+func (s *demoShow) streamed() (string, error) {
+	open := func() (*http.Response, error) {
+		req, _ := http.NewRequest(http.MethodPost, s.base+"/v1/chat/completions", strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Forwarded-User", "alice")
+		req.Header.Set("Idempotency-Key", "gen-1")
+		return http.DefaultClient.Do(req)
+	}
+	first, err := open()
+	if err != nil {
+		return "", err
+	}
+	defer first.Body.Close()
+	r := bufio.NewReader(first.Body)
+	ev, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	early := !s.bank.streamDone()
+	retry, err := open()
+	if err != nil {
+		return "", err
+	}
+	defer retry.Body.Close()
+	rest, err := io.ReadAll(r)
+	if err != nil {
+		return "", err
+	}
+	again, err := io.ReadAll(retry.Body)
+	if err != nil {
+		return "", err
+	}
+	whole := ev + string(rest)
+	return fmt.Sprintf("%d, first event before the last was generated: %v; the retry attached (Idempotent-Replayed: %v), same %d events: %v",
+		first.StatusCode, early, retry.Header.Get("Idempotent-Replayed") == "true", strings.Count(whole, "data: "), string(again) == whole), nil
+}
+
 // legacyBank is the demo's unmodified upstream: it charges on every POST
 // it receives, slowly, with no idempotency of its own. It keeps each
 // charge's answer by principal and key, as the README asks, and answers
@@ -326,6 +377,8 @@ type legacyBank struct {
 	n       int
 	busy    map[string]bool
 	answers map[string][]byte
+	// streaming is set while a generation streams.
+	streaming bool
 }
 
 func newLegacyBank() *legacyBank {
@@ -347,6 +400,31 @@ func (b *legacyBank) lookup(w http.ResponseWriter, r *http.Request, key string) 
 	w.Write(answer)
 }
 
+// generate is a billed generation streamed as server-sent events, one
+// word every 150 ms: each execution is a charge.
+func (b *legacyBank) generate(w http.ResponseWriter) {
+	b.mu.Lock()
+	b.n++
+	b.streaming = true
+	b.mu.Unlock()
+	defer func() { b.mu.Lock(); b.streaming = false; b.mu.Unlock() }()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	for _, word := range []string{"Your", "payment", "is", "safe."} {
+		fmt.Fprintf(w, "data: {\"delta\":%q}\n\n", word)
+		http.NewResponseController(w).Flush()
+		time.Sleep(150 * time.Millisecond)
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+// streamDone reports whether no generation is streaming now.
+func (b *legacyBank) streamDone() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return !b.streaming
+}
+
 func (b *legacyBank) charges() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -356,6 +434,10 @@ func (b *legacyBank) charges() int {
 func (b *legacyBank) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if key, ok := strings.CutPrefix(r.URL.Path, "/payments/by-key/"); ok && r.Method == http.MethodGet {
 		b.lookup(w, r, key)
+		return
+	}
+	if r.URL.Path == "/v1/chat/completions" {
+		b.generate(w)
 		return
 	}
 	var in map[string]any

@@ -287,6 +287,18 @@ func (r *report) neverForwarded(history []attempt, byKey map[opKey][]execution, 
 // 500) against the key's executions: it is for the client's principal,
 // and it is one of them byte for byte.
 func (r *report) answer(a attempt, execs []execution) {
+	if a.Broken {
+		// A stream that ended abnormally: what came is a prefix of one
+		// execution's answer (of this principal's key: execs are its).
+		for _, e := range execs {
+			if strings.HasPrefix(e.Response, a.Body) && e.Status == a.Status {
+				return
+			}
+		}
+		r.WrongBody++
+		r.Violations = append(r.Violations, fmt.Sprintf("%s: broken stream %q is the prefix of no execution of %s/%s", a.RequestID, a.Body, a.Principal, a.Key))
+		return
+	}
 	var got struct {
 		Principal string `json:"principal"`
 		Key       string `json:"key"`
@@ -324,6 +336,10 @@ func statusLabel(a attempt) string {
 	switch {
 	case a.Status == 0:
 		return "no answer (timeout, disconnect, reset)"
+	case a.Broken && a.Replayed:
+		return fmt.Sprintf("%d stream broken off, replayed", a.Status)
+	case a.Broken:
+		return fmt.Sprintf("%d stream broken off", a.Status)
 	case outcomeUnknown(a) && a.Replayed:
 		return "502 outcome-unknown replayed"
 	case outcomeUnknown(a):

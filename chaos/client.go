@@ -36,6 +36,9 @@ type attempt struct {
 	Reconciled bool   `json:"reconciled,omitempty"`
 	Body       string `json:"body"`
 	Err        string `json:"err,omitempty"`
+	// Broken: a streamed answer that ended abnormally (Body is what came
+	// before the end), as every retry of it will.
+	Broken bool `json:"broken,omitempty"`
 }
 
 // settled reports whether a client would stop retrying on this answer:
@@ -43,7 +46,7 @@ type attempt struct {
 // that word says to retry with the same key (a reconcile route: a retry
 // asks the upstream again).
 func settled(a attempt) bool {
-	return a.Status == http.StatusCreated || a.Status == http.StatusInternalServerError ||
+	return a.Broken || a.Status == http.StatusCreated || a.Status == http.StatusInternalServerError ||
 		a.Status == http.StatusUnprocessableEntity ||
 		outcomeUnknown(a) && !strings.Contains(a.Body, "Retry with the same idempotency key") ||
 		a.Status == http.StatusPreconditionFailed // key-expired, record-lost: reconcile, new key
@@ -66,6 +69,8 @@ type workload struct {
 	// pace hands out one token per operation, spreading the operations
 	// over the run so that faults hit them.
 	pace <-chan time.Time
+	// stream sends one operation in four to /payments-stream.
+	stream bool
 
 	next    atomic.Int64
 	reqSeq  atomic.Int64
@@ -98,7 +103,10 @@ func (w *workload) operation(op int) {
 	principal := fmt.Sprintf("user-%d", rand.IntN(w.principals))
 	key := fmt.Sprintf("op-%d-%x", op, rand.Uint32())
 	path := "/payments"
-	if rand.IntN(4) == 0 {
+	switch {
+	case w.stream && rand.IntN(4) == 0:
+		path = "/payments-stream"
+	case rand.IntN(4) == 0:
 		path = "/payments-wait"
 	}
 	body := fmt.Sprintf(`{"amount":%d,"currency":"EUR"}`, 100+rand.IntN(10000))
@@ -196,9 +204,14 @@ func (w *workload) send(sc *sidecar, op, n int, principal, key, path, body strin
 	if err == nil {
 		b, rerr := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if rerr != nil {
+		switch {
+		case rerr != nil && ctx.Err() == nil && resp.Header.Get("Content-Type") == "text/event-stream":
+			// The stream ended abnormally (not this client giving up).
+			a.Status, a.Broken, a.Body, a.Err = resp.StatusCode, true, string(b), rerr.Error()
+			a.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+		case rerr != nil:
 			err = rerr
-		} else {
+		default:
 			a.Status = resp.StatusCode
 			a.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 			a.Reconciled = resp.Header.Get("Idempotent-Reconciled") == "true"

@@ -70,6 +70,9 @@ type options struct {
 	mixed bool
 	// reconcile gives every route a reconcile lookup on the ledger.
 	reconcile bool
+	// stream runs under record_format 4 with a share of the operations
+	// on a route whose answers stream (text/event-stream, in pieces).
+	stream bool
 	// tolerateUnknown is how many unexplained wrong outcome-unknowns a
 	// -mixed run accepts.
 	tolerateUnknown int
@@ -90,12 +93,16 @@ func run() error {
 	flag.BoolVar(&o.mixed, "mixed", false, "run sidecar 0 on the previous release named in PREVIOUS_RELEASE (built from this clone's history), the others on this tree: a rolling upgrade")
 	keep := flag.Bool("keep", false, "run every route with unknown_outcome: keep (v0.3.0's default) instead of the default fail; duplicates after upstream resets are then expected")
 	flag.BoolVar(&o.reconcile, "reconcile", false, "give every route a reconcile lookup on the upstream's ledger (routes[].reconcile; late_answer_window 2s, absent_after 5s): outcome-unknown answers then remain only where the lookup itself failed")
+	flag.BoolVar(&o.stream, "stream", false, "store.record_format 4, and one operation in four on POST /payments-stream, whose answers are streamed (text/event-stream, in three pieces; a reset breaks one off after its first): relayed as they arrive, stored chunk by chunk, attached to by retries")
 	retired := flag.Bool("strict", false, "retired: the default run is the strict one since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
 	flag.Parse()
 	if *retired {
 		return errors.New("-strict is retired: the default run is strict since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
 	}
 	o.strict = !*keep
+	if o.stream && o.mixed {
+		return errors.New("-stream writes record_format 4, which the previous release refuses: not with -mixed")
+	}
 	if o.reconcile && (o.mixed || !o.strict) {
 		return errors.New("-reconcile runs on this tree with unknown_outcome: fail: not with -mixed (v0.5.0 refuses the key) or -keep")
 	}
@@ -182,7 +189,7 @@ func harness(o options, dir string) error {
 	defer pace.Stop()
 	w := &workload{
 		pace:     pace.C,
-		sidecars: scs, principals: 5, maxOps: o.ops, deadline: time.Now().Add(o.duration),
+		sidecars: scs, principals: 5, maxOps: o.ops, deadline: time.Now().Add(o.duration), stream: o.stream,
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
 	}
 	inj := &injector{redis: rdb, links: links, ledger: led, sidecars: scs, clock: clock}
@@ -229,7 +236,7 @@ func startSidecars(o options, dir string, bins, versions []string, upstream stri
 		p2, _ := loopback.FreePort()
 		v := min(i, len(bins)-1)
 		sc := &sidecar{id: i, version: versions[v], port: p1, adminPort: p2, logDir: dir}
-		config, err := sc.writeConfig(dir, upstream, links[i].Addr(), o.strict, o.reconcile)
+		config, err := sc.writeConfig(dir, upstream, links[i].Addr(), o.strict, o.reconcile, o.stream)
 		if err != nil {
 			return scs, err
 		}
@@ -273,6 +280,9 @@ func judge(o options, dir string, rdb *redisProc, scs []*sidecar, w *workload, l
 	mode := "-keep (unknown_outcome: keep, v0.3.0's default)"
 	if o.strict {
 		mode = "defaults (unknown_outcome: fail)"
+	}
+	if o.stream {
+		mode += ", -stream (record_format 4, one operation in four on a streaming route)"
 	}
 	if o.reconcile {
 		mode = "-reconcile (unknown_outcome: fail, every route reconciling against the ledger; late_answer_window 2s, absent_after 5s)"

@@ -130,7 +130,7 @@ func (s *sidecar) kill() { s.Kill() }
 // signal sends sig to the sidecar, by the PID this harness started.
 func (s *sidecar) signal(sig syscall.Signal) { s.Signal(sig) }
 
-func (s *sidecar) writeConfig(dir, upstream, redisAddr string, strict, reconcile bool) (string, error) {
+func (s *sidecar) writeConfig(dir, upstream, redisAddr string, strict, reconcile, stream bool) (string, error) {
 	config := filepath.Join(dir, fmt.Sprintf("sidecar-%d.yaml", s.id))
 	unknown := "keep"
 	if strict {
@@ -143,6 +143,11 @@ func (s *sidecar) writeConfig(dir, upstream, redisAddr string, strict, reconcile
 		late = "  late_answer_window: 2s\n"
 		lookup = "    reconcile: {url: \"/payments/by-key/{key}\", found: [201, 500], absent: [404], timeout: 1s, absent_after: 5s}\n"
 	}
+	format, streamRoute := "", ""
+	if stream {
+		format = "  record_format: 4\n"
+		streamRoute = "  - name: pay-stream\n    match: \"POST /payments-stream\"\n"
+	}
 	return config, os.WriteFile(config, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
 admin_listen: "127.0.0.1:%d"
 upstream:
@@ -151,7 +156,7 @@ upstream:
 %sdrain:
   timeout: 3s
 store:
-  redis:
+%s  redis:
     addrs: [%q]
 defaults:
   lease: 2s
@@ -164,5 +169,5 @@ routes:
     match: "POST /payments-wait"
     concurrent: wait
     max_wait: 3s
-%s`, s.port, s.adminPort, upstream, late, redisAddr, unknown, lookup, lookup)), 0o644)
+%s%s`, s.port, s.adminPort, upstream, late, format, redisAddr, unknown, lookup, lookup, streamRoute)), 0o644)
 }

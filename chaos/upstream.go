@@ -94,6 +94,10 @@ func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	l.execs = append(l.execs, ex)
 	l.mu.Unlock()
 
+	if r.URL.Path == "/payments-stream" {
+		l.stream(w, mode, ex.Status, resp)
+		return
+	}
 	switch mode {
 	case modeSlow:
 		time.Sleep(500*time.Millisecond + rand.N(time.Second))
@@ -139,4 +143,36 @@ func (l *ledger) lookup(w http.ResponseWriter, principal, key string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(ex.Status)
 	w.Write([]byte(ex.Response))
+}
+
+// stream answers an execution as a stream (chaos -stream): its response in
+// three pieces, text/event-stream without Content-Length, so that the
+// pieces put together are the execution's response. A reset breaks the
+// stream off after its first piece; a hang holds the headers; slow spaces
+// the pieces.
+func (l *ledger) stream(w http.ResponseWriter, mode int32, status int, resp []byte) {
+	pause := time.Duration(1+rand.IntN(10)) * time.Millisecond
+	switch mode {
+	case modeHang:
+		time.Sleep(l.hangFor)
+	case modeSlow:
+		pause = 200*time.Millisecond + rand.N(400*time.Millisecond)
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(status)
+	rc := http.NewResponseController(w)
+	third := len(resp) / 3
+	for i, piece := range [][]byte{resp[:third], resp[third : 2*third], resp[2*third:]} {
+		if i > 0 {
+			time.Sleep(pause)
+		}
+		w.Write(piece)
+		rc.Flush()
+		if mode == modeReset {
+			if conn, _, err := rc.Hijack(); err == nil {
+				conn.Close() // the chunked body ends without its last chunk
+			}
+			return
+		}
+	}
 }
