@@ -41,6 +41,9 @@ func main() {
 		case "units":
 			exitOn(units(os.Args[2:]))
 			return
+		case "stream":
+			exitOn(streamBench(os.Args[2:]))
+			return
 		case "overload":
 			exitOn(overload(os.Args[2:]))
 			return

@@ -35,6 +35,9 @@ func serveUpstream(args []string) error {
 	delay := fs.Duration("delay", 0, "service time")
 	limit := fs.Int("limit", 0, "POST /payments served at once (0: no limit)")
 	count := fs.Bool("count", false, "count executions per Idempotency-Key (GET /_executions)")
+	streamEvents := fs.Int("stream-events", 20, "POST /stream: events per streamed answer")
+	streamGap := fs.Duration("stream-gap", 5*time.Millisecond, "POST /stream: pause between events")
+	streamSize := fs.Int("stream-size", 200, "POST /stream: bytes per event")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -50,6 +53,21 @@ func serveUpstream(args []string) error {
 			return
 		}
 		io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/stream" {
+			// Server-sent events, one flush each (an LLM endpoint's tokens).
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			ev := []byte("data: " + strings.Repeat("t", max(*streamSize-8, 1)) + "\n\n")
+			rc := http.NewResponseController(w)
+			for i := range *streamEvents {
+				if i > 0 {
+					time.Sleep(*streamGap)
+				}
+				w.Write(ev)
+				rc.Flush()
+			}
+			return
+		}
 		if slots != nil && r.URL.Path == "/payments" {
 			slots <- struct{}{}
 			defer func() { <-slots }()
