@@ -27,7 +27,7 @@ import (
 type keyInfo struct {
 	// RedisKey is the hashed key, as the logs name it.
 	RedisKey    string     `json:"redis_key"`
-	State       string     `json:"state"` // absent, in_progress, completed
+	State       string     `json:"state"` // absent, in_progress, completed, streamed
 	Created     *time.Time `json:"created,omitempty"`
 	Completed   *time.Time `json:"completed,omitempty"`
 	Status      int        `json:"status,omitempty"`
@@ -39,6 +39,15 @@ type keyInfo struct {
 	Orphaned    bool    `json:"orphaned,omitempty"`
 	BodyOmitted bool    `json:"body_omitted,omitempty"`
 	Body        *string `json:"body,omitempty"`
+	// Stream is a streamed answer's progress (state streamed).
+	Stream *streamInfo `json:"stream,omitempty"`
+}
+
+// streamInfo is how far a streamed answer got: how it ended so far
+// (running, ended, aborted, too_large) and the bytes stored.
+type streamInfo struct {
+	End   string `json:"end"`
+	Bytes int    `json:"bytes"`
 }
 
 // keysAPI serves /v1/keys on the admin port: look a key up, or clear it,
@@ -151,7 +160,15 @@ func (c *keyCall) get(ctx context.Context) {
 		if !rec.Completed.IsZero() {
 			info.Completed = &rec.Completed
 		}
-		if c.q.Get("body") == "true" && rec.State == claim.Completed {
+		if rec.State == claim.Streamed {
+			info.Stream = &streamInfo{End: rec.StreamEnd.String(), Bytes: len(rec.Body)}
+			if rec.StreamEnd == claim.StreamRunning && !rec.AliveUntil.IsZero() && time.Until(rec.AliveUntil) < -time.Second {
+				// By this sidecar's clock against Redis' (the lease is
+				// Redis'): what a reader will find, give or take a second.
+				info.Stream.End = "aborted (its owner's lease ran out)"
+			}
+		}
+		if c.q.Get("body") == "true" && (rec.State == claim.Completed || rec.State == claim.Streamed) {
 			n, err := rec.InflatedLen()
 			if err == nil {
 				err = rec.Inflate(make([]byte, 0, n))

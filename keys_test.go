@@ -146,3 +146,39 @@ func mustScope(t *testing.T, s *server, name string) string {
 	}
 	return scope
 }
+
+// TestKeysAPIStream (issue 44): the key API shows a streamed answer's
+// progress: state streamed, how it ended, the bytes stored.
+func TestKeysAPIStream(t *testing.T) {
+	srv := redistest.Start(t)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "{\"row\":1}\n")
+		http.NewResponseController(w).Flush()
+		io.WriteString(w, "{\"row\":2}\n")
+	}))
+	defer upstream.Close()
+	cfg := lateConfig(srv, upstream.URL)
+	cfg.Store.RecordFormat = 4
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tokenFile, []byte("0123456789abcdef-admin\n"), 0o400)
+	cfg.Admin.TokenFile = tokenFile
+	s, _ := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
+	if status, body := pay(t, s.clientAddr, "k1"); status != http.StatusOK || body != "{\"row\":1}\n{\"row\":2}\n" {
+		t.Fatalf("export: %d %q", status, body)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://"+s.adminAddr+"/v1/keys?route=pay&principal=alice&key=k1&body=true", nil)
+	req.Header.Set("Authorization", "Bearer 0123456789abcdef-admin")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{`"state":"streamed"`, `"status":200`, `"stream":{"end":"ended","bytes":20}`, `"body":"{\"row\":1}\n{\"row\":2}\n"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("GET of a streamed key lacks %s: %s", want, b)
+		}
+	}
+}

@@ -25,6 +25,8 @@ func (s State) String() string {
 		return "in_progress"
 	case Completed:
 		return "completed"
+	case Streamed:
+		return "streamed"
 	}
 	return fmt.Sprintf("state(%d)", byte(s))
 }
