@@ -53,7 +53,7 @@ func TestSizeRefusesNonsense(t *testing.T) {
 		"--new-keys-per-second 10 --shard-memory lots":        "--shard-memory",
 		"--new-keys-per-second 10 --compression lz4":          "--compression",
 		"--new-keys-per-second 10 --compression-ratio 2":      "--compression-ratio must be between 0 and 1",
-		"--new-keys-per-second 10 --record-format 7":          "--record-format must be 1, 2 or 3",
+		"--new-keys-per-second 10 --record-format 7":          "--record-format must be 1, 2, 3 or 4",
 		"--new-keys-per-second 10 -config testdata/nope.yaml": "nope.yaml",
 	} {
 		var out, errb bytes.Buffer

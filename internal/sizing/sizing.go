@@ -57,6 +57,10 @@ var Measured = Costs{
 	SidecarFirstAttemptMicros: 154,
 	SidecarReplayMicros:       61,
 	SidecarPassThroughMicros:  91,
+	// One streamed event through the sidecar (go run ./bench stream: 20
+	// events of 200 bytes per stream, each stream's claim and connection
+	// spread over its events; docs/benchmarks.md).
+	SidecarStreamChunkMicros: 405,
 }
 
 // Costs are the unit costs the model multiplies.
@@ -68,6 +72,7 @@ type Costs struct {
 	InProgressBytes                                                            float64
 	NetClaimBytes, NetCompleteBytes, NetReplayBytes                            float64
 	SidecarFirstAttemptMicros, SidecarReplayMicros, SidecarPassThroughMicros   float64
+	SidecarStreamChunkMicros                                                   float64
 }
 
 // Point is one measurement: an answer of Size bytes took Bytes.
@@ -89,8 +94,12 @@ type Load struct {
 	// is store.compression: zstd (under Format 3), which shrinks answers
 	// of CompressThreshold bytes or more to CompressionRatio of their
 	// size.
-	Format           int
-	Compression      bool
+	Format      int
+	Compression bool
+	// StreamChunks, when set (under Format 4), is the chunks of a
+	// streamed answer (routes[].stream): each is one append, and the
+	// record keeps the fixed layout, never compressed.
+	StreamChunks     int
 	CompressionRatio float64
 	Lease            time.Duration
 	// UpstreamLatency is how long a first attempt holds its claim: a
@@ -142,8 +151,11 @@ func (l Load) Check() error {
 	if l.PassThroughPerSecond < 0 || math.IsNaN(l.PassThroughPerSecond) {
 		errs = append(errs, fmt.Errorf("--pass-through-per-second must not be negative, got %v", l.PassThroughPerSecond))
 	}
-	if l.Format < 0 || l.Format > 3 {
-		errs = append(errs, fmt.Errorf("--record-format must be 1, 2 or 3, got %d", l.Format))
+	if l.Format < 0 || l.Format > 4 {
+		errs = append(errs, fmt.Errorf("--record-format must be 1, 2, 3 or 4, got %d", l.Format))
+	}
+	if l.StreamChunks < 0 || l.StreamChunks > 0 && l.Format < 4 {
+		errs = append(errs, fmt.Errorf("--stream-chunks needs --record-format 4 (streams are buffered below it) and must not be negative, got %d", l.StreamChunks))
 	}
 	if l.CompressionRatio < 0 || l.CompressionRatio > 1 || math.IsNaN(l.CompressionRatio) {
 		errs = append(errs, fmt.Errorf("--compression-ratio must be between 0 and 1, got %v", l.CompressionRatio))
@@ -199,8 +211,11 @@ func (c Costs) Size(l Load) Estimate {
 	e.MemoryBytes = (l.NewKeysPerSecond*l.Retention.Seconds()*e.BytesPerRecord + inFlight*c.InProgressBytes) / l.TargetFill
 	renewals := l.NewKeysPerSecond * math.Floor(l.UpstreamLatency.Seconds()/(l.Lease.Seconds()/3))
 	replays := l.NewKeysPerSecond * l.ReplayRatio
-	e.RedisOpsPerSecond = 2*l.NewKeysPerSecond + replays + renewals
-	redisMicros := l.NewKeysPerSecond*(c.RedisClaimMicros+c.RedisCompleteMicros) + replays*c.RedisReplayMicros + renewals*c.RedisRenewMicros
+	// A streamed answer: its head replaces the claim (as a completion
+	// does), then one fenced append per chunk and its end.
+	appends := l.NewKeysPerSecond * float64(l.StreamChunks+min(l.StreamChunks, 1))
+	e.RedisOpsPerSecond = 2*l.NewKeysPerSecond + replays + renewals + appends
+	redisMicros := l.NewKeysPerSecond*(c.RedisClaimMicros+c.RedisCompleteMicros) + replays*c.RedisReplayMicros + renewals*c.RedisRenewMicros + appends*c.RedisCompleteMicros
 	e.RedisCores = redisMicros / 1e6 / l.TargetCPU
 	e.ShardsForMemory = max(1, int(math.Ceil(e.MemoryBytes/l.ShardMemoryBytes)))
 	e.ShardsForCPU = max(1, int(math.Ceil(e.RedisCores)))
@@ -208,7 +223,8 @@ func (c Costs) Size(l Load) Estimate {
 	if e.ShardsForCPU > e.ShardsForMemory {
 		e.Shards, e.Binding = e.ShardsForCPU, "Redis CPU"
 	}
-	e.SidecarCores = (l.NewKeysPerSecond*c.SidecarFirstAttemptMicros + replays*c.SidecarReplayMicros + l.PassThroughPerSecond*c.SidecarPassThroughMicros) / 1e6
+	e.SidecarCores = (l.NewKeysPerSecond*c.SidecarFirstAttemptMicros + replays*c.SidecarReplayMicros + l.PassThroughPerSecond*c.SidecarPassThroughMicros +
+		l.NewKeysPerSecond*float64(l.StreamChunks)*c.SidecarStreamChunkMicros) / 1e6
 	answer := float64(l.ResponseBytes)
 	e.NetworkBytesPerSecond = l.NewKeysPerSecond*(c.NetClaimBytes+c.NetCompleteBytes+answer) + replays*(c.NetReplayBytes+answer)
 	return e
@@ -220,14 +236,17 @@ func (c Costs) RecordBytes(l Load) float64 {
 	// The fixed layout writes the length as the body's varint and as
 	// Content-Length's decimal digits; the compact one as two varints.
 	own := c.FixedBytes + float64(varintLen(n)+len(strconv.FormatUint(n, 10)))
+	streamed := l.StreamChunks > 0
 	switch {
+	case streamed:
+		own = c.FixedBytes + 5 + float64(varintLen(n)) // the end byte and the head's length
 	case l.Sealed:
 		own += c.SealedBytes - c.FixedBytes
 	case l.Format >= 3:
 		own = c.CompactBytes + float64(varintLen(n)+varintLen(n<<3|1))
 	}
 	body := float64(l.ResponseBytes)
-	if l.Compression && l.Format >= 3 && l.ResponseBytes >= c.CompressAbove {
+	if l.Compression && l.Format >= 3 && !streamed && l.ResponseBytes >= c.CompressAbove {
 		if l.CompressionRatio > 0 {
 			body *= l.CompressionRatio
 		} else {

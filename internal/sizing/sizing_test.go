@@ -80,3 +80,25 @@ func TestCheckRefusesNonsense(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamedAnswers (issue 44): a streamed answer costs one append per
+// chunk and its end in Redis operations and CPU, and the sidecar's CPU per
+// chunk; its record keeps the fixed layout, never compressed.
+func TestStreamedAnswers(t *testing.T) {
+	base := Load{NewKeysPerSecond: 10, Retention: time.Hour, ResponseBytes: 4096, Format: 4, Compression: true}
+	streamed := base
+	streamed.StreamChunks = 40
+	b, s := Size(base), Size(streamed)
+	if got := s.RedisOpsPerSecond - b.RedisOpsPerSecond; got != 10*41 {
+		t.Errorf("Redis operations added by 40-chunk streams at 10/s = %v, want 410 (40 appends and an end each)", got)
+	}
+	if s.RedisCores <= b.RedisCores || s.SidecarCores <= b.SidecarCores {
+		t.Errorf("streams cost no more Redis or sidecar CPU: %+v vs %+v", s, b)
+	}
+	if s.BytesPerRecord <= b.BytesPerRecord {
+		t.Errorf("a streamed record (%v bytes) is no larger than a compressed compact one (%v): streams are never compressed", s.BytesPerRecord, b.BytesPerRecord)
+	}
+	if err := (Load{NewKeysPerSecond: 1, Retention: time.Hour, Format: 3, StreamChunks: 5}).Check(); err == nil {
+		t.Error("--stream-chunks under format 3 accepted")
+	}
+}
