@@ -36,9 +36,13 @@ type reloader struct {
 	// never the default "terminate" once the process serves.
 	hup chan os.Signal
 
-	// current and sum are only touched by run's goroutine.
-	current *config.Config
-	sum     [sha256.Size]byte
+	// current and sum are only touched by run's goroutine; so are
+	// failing (the last reload was rejected) and rejected, what it said:
+	// the rejected content's sum, or the error reading the file.
+	current  *config.Config
+	sum      [sha256.Size]byte
+	failing  bool
+	rejected string
 }
 
 func newReloader(path string, cfg *config.Config, h *proxy.Handler, level *slog.LevelVar, logger *slog.Logger, m *metrics) *reloader {
@@ -105,11 +109,18 @@ func (r *reloader) run(ctx context.Context) {
 func (r *reloader) reload(trigger string, force bool) {
 	b, err := os.ReadFile(r.path)
 	if err != nil {
-		r.fail(trigger, err)
+		r.fail(trigger, err, "read: "+err.Error(), force)
 		return
 	}
 	sum := sha256.Sum256(b)
 	if sum == r.sum && !force {
+		if r.failing {
+			// Back to the running config (a rollback, a reverted
+			// ConfigMap): nothing to apply, and nothing failing any more.
+			r.failing, r.rejected = false, ""
+			r.log.Info("config file is the running config again; the rejected one is gone", "trigger", trigger, "path", r.path)
+			r.success.Set(1)
+		}
 		return
 	}
 	cfg, err := config.Load(r.path)
@@ -121,10 +132,10 @@ func (r *reloader) reload(trigger string, force bool) {
 		err = r.handler.Reload(proxyRoutes(cfg.Routes, hooks))
 	}
 	if err != nil {
-		r.fail(trigger, err)
+		r.fail(trigger, err, string(sum[:]), force)
 		return
 	}
-	r.sum = sum
+	r.sum, r.failing, r.rejected = sum, false, ""
 	for _, c := range config.RestartOnly(r.current, cfg) {
 		r.log.Warn("config key changed but needs a restart to take effect; the running value stays", "key", c)
 	}
@@ -141,7 +152,14 @@ func (r *reloader) reload(trigger string, force bool) {
 	r.log.Info("config reloaded", "trigger", trigger, "routes", len(routes))
 }
 
-func (r *reloader) fail(trigger string, err error) {
+// fail rejects a reload: counted and logged once per distinct rejected
+// content (what), however often the directory changes meanwhile (a log
+// file beside the config), and again on every SIGHUP (force).
+func (r *reloader) fail(trigger string, err error, what string, force bool) {
+	if r.failing && r.rejected == what && !force {
+		return
+	}
+	r.failing, r.rejected = true, what
 	r.total.WithLabelValues("error").Inc()
 	r.success.Set(0)
 	r.log.Error("config reload rejected; the previous config keeps serving", "trigger", trigger, "path", r.path, "err", err)

@@ -265,3 +265,55 @@ func TestReloadSeesAChangeRightAfterStart(t *testing.T) {
 	os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /b")), 0o644)
 	poll.Until(t, "the change serves", func() bool { return status(t, client+"/b") == http.StatusUnauthorized })
 }
+
+// TestReloadRejectedThenReverted (issue 46): a rejected config is logged
+// and counted once however often its directory changes, and reverting the
+// file to the running config sets idemproxy_config_last_reload_successful
+// back to 1 with one line saying so.
+func TestReloadRejectedThenReverted(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	good := fmt.Sprintf(reloadBase, upstream.URL, "POST /a")
+	os.WriteFile(path, []byte(good), 0o600)
+	logs := &syncbuf.Buffer{}
+	_, admin := startFromFileLogging(t, path, slog.New(slog.NewJSONHandler(logs, nil)))
+	os.WriteFile(path, []byte(good+"bogus_key: 1\n"), 0o600)
+	poll.Until(t, "the bad config is rejected", func() bool {
+		return metric(t, admin, "idemproxy_config_last_reload_successful 0")
+	})
+	// Something else in the directory changes, again and again (a log
+	// file beside the config).
+	for i := range 5 {
+		os.WriteFile(filepath.Join(dir, "sidecar.log"), []byte(strings.Repeat("x", i)), 0o600)
+		time.Sleep(reloadQuiet + 50*time.Millisecond)
+	}
+	if n := strings.Count(logs.String(), "config reload rejected"); n != 1 {
+		t.Errorf("the same rejected config was logged %d times, want once:\n%s", n, logs.String())
+	}
+	if !metric(t, admin, `idemproxy_config_reloads_total{result="error"} 1`) {
+		t.Errorf("rejections counted:\n%s", grepMetric(scrape(t, admin), "idemproxy_config_reloads_total"))
+	}
+	os.WriteFile(path, []byte(good), 0o600) // reverted: the running config
+	poll.Until(t, "the gauge is back to 1", func() bool {
+		return metric(t, admin, "idemproxy_config_last_reload_successful 1")
+	})
+	poll.Until(t, "the revert is logged", func() bool { return strings.Contains(logs.String(), "the running config again") })
+	if n := strings.Count(logs.String(), "the running config again"); n != 1 {
+		t.Errorf("the revert was logged %d times, want once:\n%s", n, logs.String())
+	}
+}
+
+// grepMetric is the lines of text that contain name.
+func grepMetric(text, name string) string {
+	var out []string
+	for l := range strings.SplitSeq(text, "\n") {
+		if strings.Contains(l, name) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
