@@ -70,6 +70,11 @@ func (x *exchange) respond(rep *reply) {
 	if rep.detail != "" {
 		x.detail = rep.detail
 	}
+	if x.repeatable() {
+		if v := repeatabilityOf(rep); v != "" {
+			x.w.Header().Set(repeatabilityResult, v)
+		}
+	}
 	switch {
 	case rep.gone:
 	case rep.bypass:

@@ -125,6 +125,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		})
 		return nil
 	}
+	if x.repeatable() {
+		defer resp.Header.Set(repeatabilityResult, "accepted") // executed; after the head is stored, never stored itself
+	}
 	if h.streams && x.rt.settings.Stream && isStream(resp) && o.startStream(resp) {
 		return nil
 	}
