@@ -57,6 +57,7 @@ type keysAPI struct {
 	// routes finds a route's key scope in the routes serving now.
 	routes interface {
 		RouteScope(name string) (string, bool)
+		RouteNames() []string
 		ReconcileKey(ctx context.Context, route, principal, key string) (result string, status int, body []byte, err error)
 	}
 	store *claim.Store
@@ -88,7 +89,11 @@ func principalDigest(token []byte, principal string) string {
 func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !bearerOK(r, a.token) {
 		a.log.Warn("admin key API: refused, bad or missing token", "method", r.Method, "remote", r.RemoteAddr)
-		http.Error(w, "a bearer token (admin.token_file) is required", http.StatusUnauthorized)
+		msg := "a bearer token is required: Authorization: Bearer <the content of admin.token_file>"
+		if r.Header.Get("Authorization") != "" {
+			msg = "the bearer token was refused: it is not the content of this sidecar's admin.token_file"
+		}
+		http.Error(w, msg, http.StatusUnauthorized)
 		return
 	}
 	q := r.URL.Query()
@@ -96,8 +101,22 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// The routes serving now: a route added or changed by a reload is
 	// found as the proxy finds it.
 	scope, ok := a.routes.RouteScope(routeName)
-	if !ok || principal == "" || key == "" {
-		http.Error(w, "route (a configured route's name), principal and key are required", http.StatusBadRequest)
+	var missing []string
+	switch {
+	case routeName == "":
+		missing = append(missing, "route")
+	case !ok:
+		http.Error(w, fmt.Sprintf("route %q is not configured; the routes serving now: %s", routeName, strings.Join(a.routes.RouteNames(), ", ")), http.StatusBadRequest)
+		return
+	}
+	if principal == "" {
+		missing = append(missing, "principal")
+	}
+	if key == "" {
+		missing = append(missing, "key")
+	}
+	if len(missing) > 0 {
+		http.Error(w, strings.Join(missing, ", ")+" required (route: a configured route's name; principal and key as the client's request carries them)", http.StatusBadRequest)
 		return
 	}
 	c := &keyCall{keysAPI: a, w: w, q: q, redisKey: a.store.Key(principal, scope, key)}

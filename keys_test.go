@@ -58,7 +58,25 @@ func TestKeysAPI(t *testing.T) {
 			t.Errorf("token %q: %d, want 401", token, status)
 		}
 	}
+	if _, body := call(http.MethodGet, q, ""); !strings.Contains(body, "a bearer token is required") {
+		t.Errorf("no token: %q, want it to say a token is required", body)
+	}
+	if _, body := call(http.MethodGet, q, "wrong-token-wrong-token"); !strings.Contains(body, "the bearer token was refused") {
+		t.Errorf("a wrong token: %q, want it to say the token was refused", body)
+	}
 	const token = "0123456789abcdef-admin"
+	if status, body := call(http.MethodGet, "route=paY&principal=alice&key=k1", token); status != http.StatusBadRequest || !strings.Contains(body, `route "paY" is not configured; the routes serving now: pay`) {
+		t.Errorf("a misspelt route: %d %q, want 400 naming it and the routes", status, body)
+	}
+	if _, body := call(http.MethodGet, "route=pay", token); !strings.Contains(body, "principal, key required") {
+		t.Errorf("no principal or key: %q, want both named", body)
+	}
+	var cliOut bytes.Buffer
+	err := run(context.Background(), []string{"keys", "get", "-admin", "http://" + s.adminAddr, "-token-file", tokenFile,
+		"-route", "paY", "-principal", "alice", "-key", "k1"}, &cliOut, io.Discard)
+	if err == nil || !strings.Contains(cliOut.String(), `route "paY" is not configured`) {
+		t.Errorf("idemproxy keys get -route paY: %v, printed %q; want an error naming the route", err, cliOut.String())
+	}
 	status, body := call(http.MethodGet, q, token)
 	if status != http.StatusOK || !strings.Contains(body, `"state":"completed"`) || !strings.Contains(body, `"status":201`) || strings.Contains(body, "charged") {
 		t.Fatalf("GET: %d %s, want completed 201 without the body", status, body)
@@ -132,8 +150,8 @@ func TestKeysAPI(t *testing.T) {
 	if body := readyz(token); !strings.Contains(body, srv.Addr) {
 		t.Errorf("/readyz?verbose with the token: %q, want the master's address", body)
 	}
-	if audit := strings.Count(logs.String(), `"msg":"admin key API"`); audit != 8 || strings.Count(logs.String(), "refused, bad or missing token") != 2 || strings.Contains(logs.String(), "k1\"") {
-		t.Errorf("%d audit lines, want one per authorized call (8), two refusals, and never the raw key:\n%s", audit, logs.String())
+	if audit := strings.Count(logs.String(), `"msg":"admin key API"`); audit != 8 || strings.Count(logs.String(), "refused, bad or missing token") != 4 || strings.Contains(logs.String(), "k1\"") {
+		t.Errorf("%d audit lines, want one per authorized call (8), four refusals, and never the raw key:\n%s", audit, logs.String())
 	}
 }
 

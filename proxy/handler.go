@@ -275,6 +275,9 @@ func (h *Handler) RouteScope(name string) (string, bool) {
 	return scope, ok
 }
 
+// RouteNames are the names of the routes serving now, in config order.
+func (h *Handler) RouteNames() []string { return slices.Clone(h.routes.Load().names) }
+
 // Waiting is how many retries wait for a first attempt's outcome now
 // (concurrent: wait).
 func (h *Handler) Waiting() int { return int(h.waiting.Load()) }
