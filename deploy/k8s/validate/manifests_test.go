@@ -373,3 +373,49 @@ func checkAppProbe(t *testing.T, pod corev1.PodSpec, want bool) {
 	}
 	t.Error("no app container")
 }
+
+// TestPDBsLetNodesDrain (issue 46): every PodDisruptionBudget lets one pod
+// of its workload be evicted, or `kubectl drain` of its node waits
+// forever (the example's single Redis had maxUnavailable: 0).
+func TestPDBsLetNodesDrain(t *testing.T) {
+	b := build(t)
+	replicas := map[string]int32{} // by app.kubernetes.io/name
+	for key, obj := range b {
+		switch o := obj.(type) {
+		case *appsv1.Deployment:
+			replicas[o.Spec.Template.Labels["app.kubernetes.io/name"]] = ptrOr(o.Spec.Replicas, 1)
+		case *appsv1.StatefulSet:
+			replicas[o.Spec.Template.Labels["app.kubernetes.io/name"]] = ptrOr(o.Spec.Replicas, 1)
+		default:
+			_ = key
+		}
+	}
+	for key, obj := range b {
+		pdb, ok := obj.(*policyv1.PodDisruptionBudget)
+		if !ok {
+			continue
+		}
+		n, ok := replicas[pdb.Spec.Selector.MatchLabels["app.kubernetes.io/name"]]
+		if !ok {
+			t.Errorf("%s selects no workload", key)
+			continue
+		}
+		allowed := int32(-1)
+		switch {
+		case pdb.Spec.MaxUnavailable != nil:
+			allowed = int32(pdb.Spec.MaxUnavailable.IntValue())
+		case pdb.Spec.MinAvailable != nil:
+			allowed = n - int32(pdb.Spec.MinAvailable.IntValue())
+		}
+		if allowed < 1 {
+			t.Errorf("%s allows %d of %d pods to be evicted: a node drain would wait for it forever", key, allowed, n)
+		}
+	}
+}
+
+func ptrOr(p *int32, def int32) int32 {
+	if p == nil {
+		return def
+	}
+	return *p
+}
