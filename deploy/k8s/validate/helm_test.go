@@ -18,6 +18,7 @@ import (
 	"helm.sh/helm/v3/pkg/lint/support"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/idemproxy/idemproxy/config"
@@ -248,5 +249,62 @@ func TestChartRecordFormat(t *testing.T) {
 	}
 	if _, err := engine.Render(chrt, rv); err == nil || !strings.Contains(err.Error(), "record_format 2") {
 		t.Errorf("record_format 2 without a key secret rendered: %v, want it refused", err)
+	}
+}
+
+// TestChartPortsFollowTheConfig (issue 46): with other config.listen and
+// config.admin_listen ports, the container ports, the probes, the
+// Service's target ports, the app's readiness probe and the NetworkPolicy
+// all follow: a Service sending traffic to a port nothing listens on, or
+// a startup probe on the wrong port, was the bug.
+func TestChartPortsFollowTheConfig(t *testing.T) {
+	b := renderChart(t, filepath.Join(chartDir, "ci", "standalone-values.yaml"), filepath.Join("testdata", "ports-values.yaml"))
+	cfg := loadRendered(t, get[*corev1.ConfigMap](t, b, "ConfigMap/payments-idemproxy-config"))
+	if cfg.Listen != ":8181" || cfg.AdminListen != "0.0.0.0:9191" {
+		t.Fatalf("rendered config listens on %q and %q", cfg.Listen, cfg.AdminListen)
+	}
+	dep := get[*appsv1.Deployment](t, b, "Deployment/payments-idemproxy")
+	pod := dep.Spec.Template.Spec
+	named := map[string]int32{}
+	for _, c := range pod.InitContainers {
+		if c.Name != "idemproxy" {
+			continue
+		}
+		for _, p := range c.Ports {
+			named[p.Name] = p.ContainerPort
+		}
+		for name, pr := range map[string]*corev1.Probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+			if pr != nil && pr.HTTPGet != nil && pr.HTTPGet.Port.String() != "admin" && pr.HTTPGet.Port.IntValue() != 9191 {
+				t.Errorf("sidecar %s probe on port %s, want admin (9191)", name, pr.HTTPGet.Port.String())
+			}
+		}
+	}
+	if named["http"] != 8181 || named["admin"] != 9191 {
+		t.Errorf("sidecar container ports %v, want http 8181 and admin 9191", named)
+	}
+	for _, c := range pod.Containers {
+		if pr := c.ReadinessProbe; pr != nil && pr.HTTPGet != nil && pr.HTTPGet.Path == "/app/readyz" && pr.HTTPGet.Port.IntValue() != 9191 {
+			t.Errorf("the app's readiness probe on /app/readyz port %s, want 9191", pr.HTTPGet.Port.String())
+		}
+	}
+	for key, obj := range b {
+		switch o := obj.(type) {
+		case *corev1.Service:
+			for _, p := range o.Spec.Ports {
+				if tp := p.TargetPort.String(); tp != "http" && tp != "admin" && p.TargetPort.IntValue() != 8181 && p.TargetPort.IntValue() != 9191 {
+					t.Errorf("%s targets port %s, which the sidecar does not listen on", key, tp)
+				}
+			}
+		case *networkingv1.NetworkPolicy:
+			var ports []int
+			for _, rule := range o.Spec.Ingress {
+				for _, p := range rule.Ports {
+					ports = append(ports, p.Port.IntValue())
+				}
+			}
+			if !slices.Contains(ports, 8181) || !slices.Contains(ports, 9191) || slices.Contains(ports, 8080) || slices.Contains(ports, 9090) {
+				t.Errorf("%s admits ports %v, want 8181 and 9191 (and not 8080, 9090)", key, ports)
+			}
+		}
 	}
 }

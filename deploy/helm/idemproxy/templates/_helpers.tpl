@@ -162,9 +162,9 @@ parent chart that vendors it as a dependency named idemproxy.
   args: ["-config", "/etc/idemproxy/config.yaml"]
   ports:
     - name: http
-      containerPort: 8080
+      containerPort: {{ include "idemproxy.httpPort" $v }}
     - name: admin
-      containerPort: 9090
+      containerPort: {{ include "idemproxy.adminPort" $v }}
   env:
     # The Go GC works harder as the heap nears the container's limit
     # instead of letting a burst of large bodies end in an OOM kill.
@@ -312,3 +312,16 @@ idemproxy.gomemlimit is 90% of sidecar.resources.limits.memory, in bytes.
 {{- end -}}
 {{- div (mul (atoi $n) $mult 9) 10 -}}
 {{- end -}}
+
+{{/*
+The sidecar's ports, from config.listen and config.admin_listen of the
+values given (the chart's, or a parent chart's .Values.idemproxy): the port
+after the last colon: container ports, probes, the Service's target ports
+and the NetworkPolicy follow the config, whatever it says.
+*/}}
+{{- define "idemproxy.httpPort" -}}
+{{- regexReplaceAll "^.*:" ((.config | default dict).listen | default ":8080" | toString) "" -}}
+{{- end }}
+{{- define "idemproxy.adminPort" -}}
+{{- regexReplaceAll "^.*:" ((.config | default dict).admin_listen | default ":9090" | toString) "" -}}
+{{- end }}
