@@ -189,7 +189,7 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) *reply {
 			return x.storeFailed("claim", err, body)
 		}
 		if res.Renewed {
-			x.h.log.Warn("claim renewed before forwarding: its SET ran, on Redis' clock, too long after this sidecar sent it for a retry not to take it for never forwarded (a clock off or stepped, on Redis' host or this one); claims are written unmarked until the clocks are measured close again",
+			x.log().Warn("claim renewed before forwarding: its SET ran, on Redis' clock, too long after this sidecar sent it for a retry not to take it for never forwarded (a clock off or stepped, on Redis' host or this one); claims are written unmarked until the clocks are measured close again",
 				"route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
 		}
 		if res.Claimed {
@@ -328,7 +328,7 @@ func (x *exchange) clearUnforwarded(ghost *claim.Record) *reply {
 	switch {
 	case err == nil:
 		x.h.metrics.unconfirmed.WithLabelValues(unconfirmedOnRetry).Inc()
-		x.h.log.Info("unconfirmed claim", "route", x.rt.name, "key", x.hashedKey, "result", unconfirmedOnRetry,
+		x.log().Info("unconfirmed claim", "route", x.rt.name, "key", x.hashedKey, "result", unconfirmedOnRetry,
 			"original_request_id", ghost.RequestID, "request_id", x.requestID)
 		return nil
 	case errors.Is(err, claim.ErrLeaseLost):
@@ -526,7 +526,7 @@ func (x *exchange) storeFailed(op string, err error, body []byte) *reply {
 		return refuse(outcomeRecordUnreadable, probRecordCorrupt.with("the record stored for this key is not one idemproxy can read; nothing was forwarded")).withDetail(err.Error())
 	}
 	if x.rt.settings.FailOpen && body != nil {
-		x.h.log.Warn("store unavailable, forwarding unprotected (fail_open)", "route", x.rt.name, "request_id", x.requestID, "err", err)
+		x.log().Warn("store unavailable, forwarding unprotected (fail_open)", "route", x.rt.name, "request_id", x.requestID, "err", err)
 		return bypassWith(body, "store unavailable, fail_open: "+err.Error())
 	}
 	p := probStoreUnavailable.with("the idempotency store cannot be reached; nothing was forwarded, retry later")
@@ -556,13 +556,13 @@ func (x *exchange) finish() {
 	case outcomeStoreUnavailable:
 		level = slog.LevelWarn
 	}
-	if !x.h.log.Enabled(context.Background(), level) {
+	if !x.log().Enabled(context.Background(), level) {
 		return // log_level above this line's: skip building it
 	}
 	line := requestLine{
 		route: x.rt.name, outcome: x.outcome, status: x.status, requestID: x.requestID,
 		duration: total, upstream: x.upstream, key: x.hashedKey, original: x.original,
-		late: x.late, detail: x.detail,
+		late: x.late, detail: x.detail, traceID: x.traceID(),
 	}
 	line.log(x.h.log, level)
 }

@@ -34,9 +34,11 @@ var linePool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b 
 // written.
 type requestLine struct {
 	route, outcome, requestID, key, original, detail string
-	status                                           int
-	duration, upstream                               time.Duration
-	late                                             bool
+	// traceID, when tracing is on, is the request's trace.
+	traceID            string
+	status             int
+	duration, upstream time.Duration
+	late               bool
 }
 
 // log writes l at level through h's logger: encoded here when its
@@ -61,6 +63,9 @@ func (l *requestLine) log(logger *slog.Logger, level slog.Level) {
 		slog.String("request_id", l.requestID),
 		slog.Duration("duration", l.duration),
 	)
+	if l.traceID != "" {
+		attrs = append(attrs, slog.String("trace_id", l.traceID))
+	}
 	if l.upstream > 0 {
 		attrs = append(attrs, slog.Duration("upstream", l.upstream))
 	}
@@ -93,6 +98,10 @@ func (l *requestLine) appendJSON(b []byte, now time.Time) []byte {
 	b = appendJSONString(b, l.requestID)
 	b = append(b, `,"duration":`...)
 	b = strconv.AppendInt(b, int64(l.duration), 10)
+	if l.traceID != "" {
+		b = append(b, `,"trace_id":`...)
+		b = appendJSONString(b, l.traceID)
+	}
 	if l.upstream > 0 {
 		b = append(b, `,"upstream":`...)
 		b = strconv.AppendInt(b, int64(l.upstream), 10)

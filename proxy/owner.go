@@ -13,6 +13,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -145,7 +146,7 @@ func (o *owner) clientTimedOut() {
 	x, h := o.x, o.x.h
 	if ok, refused := h.late.take(x.principal); !ok {
 		h.metrics.lateRefused.WithLabelValues(x.rt.name, refused).Inc()
-		h.log.Warn("late call refused: upstream call cancelled at upstream.timeout, unknown_outcome applies",
+		x.log().Warn("late call refused: upstream call cancelled at upstream.timeout, unknown_outcome applies",
 			"route", x.rt.name, "reason", refused, "key", x.hashedKey, "request_id", x.requestID)
 		o.cancel(errLateCap)
 		return
@@ -196,7 +197,7 @@ func (o *owner) lateSettled() {
 	if result != lateStored && result != lateReleased {
 		level = slog.LevelWarn
 	}
-	x.h.log.Log(context.Background(), level, "late answer", "route", x.rt.name, "result", result,
+	x.log().Log(context.Background(), level, "late answer", "route", x.rt.name, "result", result,
 		"key", x.hashedKey, "request_id", x.requestID, "upstream", time.Since(o.sent), "outcome", x.outcome)
 	if x.span != nil && x.h.tracing != nil {
 		// A second event, linked to the request's span, which ended when
@@ -236,12 +237,12 @@ func (o *owner) renew() {
 		// Keep forwarding: the upstream call is under way and cannot be
 		// taken back. Completion is fenced and will say what happened.
 		x.h.metrics.renewals.WithLabelValues("lost").Inc()
-		x.h.log.Error("lease lost while the upstream runs", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
+		x.log().Error("lease lost while the upstream runs", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
 		return
 	default:
 		x.h.metrics.renewals.WithLabelValues("error").Inc()
 		x.h.metrics.storeErrors.WithLabelValues("renew").Inc()
-		x.h.log.Warn("lease renewal failed", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
+		x.log().Warn("lease renewal failed", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
 	}
 	o.renewer.Reset(lease / 3)
 }
@@ -258,15 +259,15 @@ func (x *exchange) answeredTimeout(detail string) {
 	total := time.Since(x.start)
 	x.h.metrics.requests.WithLabelValues(x.rt.name, outcomeUpstreamTimeout).Inc()
 	line := requestLine{route: x.rt.name, outcome: outcomeUpstreamTimeout, status: http.StatusGatewayTimeout,
-		requestID: x.requestID, duration: total, key: x.hashedKey, detail: detail}
+		requestID: x.requestID, duration: total, key: x.hashedKey, detail: detail, traceID: x.traceID()}
 	if x.h.log.Enabled(context.Background(), slog.LevelInfo) {
 		line.log(x.h.log, slog.LevelInfo)
 	}
 	if x.span != nil {
 		x.span.SetAttributes(
 			attribute.String("idemproxy.outcome", outcomeUpstreamTimeout),
-			attribute.Int("http.response.status_code", http.StatusGatewayTimeout),
-			attribute.String("error.type", "504"),
+			semconv.HTTPResponseStatusCode(http.StatusGatewayTimeout),
+			semconv.ErrorTypeKey.String("504"),
 			attribute.String("idemproxy.key", x.hashedKey),
 		)
 		x.span.SetStatus(codes.Error, outcomeUpstreamTimeout)

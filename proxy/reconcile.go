@@ -366,10 +366,10 @@ func (x *exchange) reconciled(result string, first *claim.Record, why string) {
 	x.h.metrics.reconciled.WithLabelValues(x.rt.name, result).Inc()
 	args := []any{"route", x.rt.name, "key", x.hashedKey, "result", result, "original_request_id", first.RequestID, "request_id", x.requestID}
 	if why != "" {
-		x.h.log.Warn("reconcile lookup", append(args, "error", why)...)
+		x.log().Warn("reconcile lookup", append(args, "error", why)...)
 		return
 	}
-	x.h.log.Info("reconcile lookup", args...)
+	x.log().Info("reconcile lookup", args...)
 }
 
 // foundRecord is the completed record a found answer settles the key
@@ -417,7 +417,7 @@ func (x *exchange) putBackUnknown(first, taker *claim.Record, since time.Time) *
 		_, err := x.h.store.Complete(ctx, x.hashedKey, rec, s.Retention)
 		return err
 	}); err != nil {
-		x.h.log.Warn("reconcile: could not store outcome-unknown again; the claim lapses into an orphan a retry asks about",
+		x.log().Warn("reconcile: could not store outcome-unknown again; the claim lapses into an orphan a retry asks about",
 			"route", x.rt.name, "key", x.hashedKey, "error", err)
 	}
 	return rec

@@ -243,7 +243,7 @@ func (p *streamPump) append(chunk []byte) bool {
 		x.h.metrics.storeErrors.WithLabelValues("stream_append").Inc()
 	}
 	if err != nil {
-		x.h.log.Warn("stream chunk not stored: the stream ends here for every reader", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
+		x.log().Warn("stream chunk not stored: the stream ends here for every reader", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
 		x.detail = "a chunk could not be stored, so it was never sent: the stream ended abnormally: " + err.Error()
 		return false
 	}
@@ -440,7 +440,7 @@ func (x *exchange) followLive(rc *http.ResponseController, at int) (claim.Stream
 				return streamClientGone, at
 			}
 			if failures++; failures > len(storeRetryWaits) || !errors.Is(err, claim.ErrUnavailable) {
-				x.h.log.Warn("stream follower cut: the stream could not be read", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
+				x.log().Warn("stream follower cut: the stream could not be read", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
 				return claim.StreamAborted, at
 			}
 			timer.Reset(100 * time.Millisecond)

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -67,7 +69,7 @@ func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, sto
 	t := &tracing{tracer: tp.Tracer(tracerName, scope...), propagator: prop, trust: trust}
 	// db.namespace: idemproxy's keys live in database 0, the only one a
 	// Cluster has (the database semantic conventions name it by index).
-	t.storeAttrs = append(t.storeAttrs, attribute.String("db.system.name", "redis"), attribute.String("db.namespace", "0"))
+	t.storeAttrs = append(t.storeAttrs, semconv.DBSystemNameRedis, semconv.DBNamespace("0"))
 	t.storeAttrs = append(t.storeAttrs, hostPort(storeAddr, "")...)
 	return t
 }
@@ -82,9 +84,9 @@ func hostPort(addr, defaultPort string) []attribute.KeyValue {
 	if err != nil {
 		host, port = addr, defaultPort
 	}
-	out := []attribute.KeyValue{attribute.String("server.address", host)}
+	out := []attribute.KeyValue{semconv.ServerAddress(host)}
 	if n, err := strconv.Atoi(port); err == nil {
-		out = append(out, attribute.Int("server.port", n))
+		out = append(out, semconv.ServerPort(n))
 	}
 	return out
 }
@@ -97,11 +99,11 @@ func (x *exchange) lookupSpan(start time.Time, ans lookupAnswer) {
 		return
 	}
 	attrs := []attribute.KeyValue{
-		attribute.String("http.request.method", http.MethodGet),
+		semconv.HTTPRequestMethodKey.String(http.MethodGet),
 		attribute.String("idemproxy.reconcile.result", ans.result),
 	}
 	if ans.upstreamStatus != 0 {
-		attrs = append(attrs, attribute.Int("http.response.status_code", ans.upstreamStatus))
+		attrs = append(attrs, semconv.HTTPResponseStatusCode(ans.upstreamStatus))
 	}
 	_, sp := x.h.tracing.tracer.Start(x.r.Context(), http.MethodGet,
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
@@ -111,14 +113,36 @@ func (x *exchange) lookupSpan(start time.Time, ans lookupAnswer) {
 	sp.End()
 }
 
+// traceID is the request's trace id when it is traced, else "".
+func (x *exchange) traceID() string {
+	if x.span == nil {
+		return ""
+	}
+	if sc := x.span.SpanContext(); sc.HasTraceID() {
+		return sc.TraceID().String()
+	}
+	return ""
+}
+
+// log is the handler's logger, with the request's trace id on every
+// line when it is traced.
+func (x *exchange) log() *slog.Logger {
+	if id := x.traceID(); id != "" {
+		return x.h.log.With("trace_id", id)
+	}
+	return x.h.log
+}
+
 // startTrace starts the exchange's server span, continuing the client's
 // trace, and carries it in x.r's context. It is named and attributed by
 // the HTTP semantic conventions: "{method} {http.route}".
 func (x *exchange) startTrace() {
 	attrs := []attribute.KeyValue{
-		attribute.String("http.route", x.rt.httpRoute),
-		attribute.String("url.path", x.path),
+		semconv.HTTPRoute(x.rt.httpRoute),
+		semconv.URLPath(x.path),
 		attribute.String("idemproxy.route", x.rt.name),
+		// The id the app gets as X-Request-Id, which the log lines carry.
+		attribute.String("idemproxy.request_id", x.requestID),
 	}
 	x.r, x.span = x.h.tracing.serverSpan(x.r, x.trusted, x.start, x.r.Method+" "+x.rt.httpRoute, attrs)
 }
@@ -152,15 +176,15 @@ func (t *tracing) serverSpan(r *http.Request, trusted bool, start time.Time, nam
 		defaultPort = "443"
 	}
 	attrs = append(attrs,
-		attribute.String("http.request.method", r.Method),
-		attribute.String("url.scheme", scheme),
+		semconv.HTTPRequestMethodKey.String(r.Method),
+		semconv.URLScheme(scheme),
 	)
 	attrs = append(attrs, hostPort(r.Host, defaultPort)...)
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		attrs = append(attrs, attribute.String("client.address", host))
+		attrs = append(attrs, semconv.ClientAddress(host))
 	}
 	if ua := r.UserAgent(); ua != "" {
-		attrs = append(attrs, attribute.String("user_agent.original", ua))
+		attrs = append(attrs, semconv.UserAgentOriginal(ua))
 	}
 	opts = append(opts, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
 	ctx, sp := t.tracer.Start(ctx, name, opts...)
@@ -170,9 +194,9 @@ func (t *tracing) serverSpan(r *http.Request, trusted bool, start time.Time, nam
 // endServerSpan ends a pass-through request's span with its status: an
 // error, with error.type, from 500 on (the HTTP conventions).
 func endServerSpan(sp trace.Span, status int) {
-	sp.SetAttributes(attribute.Int("http.response.status_code", status))
+	sp.SetAttributes(semconv.HTTPResponseStatusCode(status))
 	if status >= 500 {
-		sp.SetAttributes(attribute.String("error.type", strconv.Itoa(status)))
+		sp.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(status)))
 		sp.SetStatus(codes.Error, http.StatusText(status))
 	}
 	sp.End()
@@ -186,7 +210,7 @@ func (x *exchange) endTrace() {
 	attrs := []attribute.KeyValue{
 		attribute.String("idemproxy.outcome", x.outcome),
 		attribute.Bool("idemproxy.replayed", x.outcome == outcomeReplayed),
-		attribute.Int("http.response.status_code", x.status),
+		semconv.HTTPResponseStatusCode(x.status),
 	}
 	if x.hashedKey != "" {
 		attrs = append(attrs, attribute.String("idemproxy.key", x.hashedKey))
@@ -202,7 +226,7 @@ func (x *exchange) endTrace() {
 		if x.status >= 500 {
 			errType = strconv.Itoa(x.status)
 		}
-		x.span.SetAttributes(attribute.String("error.type", errType))
+		x.span.SetAttributes(semconv.ErrorTypeKey.String(errType))
 		x.span.SetStatus(codes.Error, x.outcome)
 	}
 	x.span.End()
@@ -254,11 +278,11 @@ func (x *exchange) storeSpan(op string, start time.Time, err error) {
 		trace.WithTimestamp(start),
 		trace.WithAttributes(t.storeAttrs...),
 		trace.WithAttributes(
-			attribute.String("db.operation.name", cmd),
+			semconv.DBOperationName(cmd),
 			attribute.String("idemproxy.store.operation", op),
 		))
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
-		sp.SetAttributes(attribute.String("error.type", storeErrorType(err)))
+		sp.SetAttributes(semconv.ErrorTypeKey.String(storeErrorType(err)))
 		sp.SetStatus(codes.Error, err.Error())
 	}
 	sp.End()
@@ -287,8 +311,8 @@ func (x *exchange) upstreamSpan(req *http.Request) (*http.Request, trace.Span) {
 		defaultPort = "443"
 	}
 	attrs := []attribute.KeyValue{
-		attribute.String("http.request.method", req.Method),
-		attribute.String("url.full", redactedURL(req.URL)),
+		semconv.HTTPRequestMethodKey.String(req.Method),
+		semconv.URLFull(redactedURL(req.URL)),
 	}
 	attrs = append(attrs, hostPort(req.URL.Host, defaultPort)...)
 	ctx, sp := x.h.tracing.tracer.Start(req.Context(), req.Method,
@@ -317,12 +341,27 @@ func redactedURL(u *url.URL) string {
 func endUpstreamSpan(sp trace.Span, resp *http.Response, err error) {
 	switch {
 	case err != nil:
+		sp.SetAttributes(semconv.ErrorTypeKey.String(clientErrorType(err)))
 		sp.SetStatus(codes.Error, err.Error())
 	default:
-		sp.SetAttributes(attribute.Int("http.response.status_code", resp.StatusCode))
+		sp.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode))
 		if resp.StatusCode >= 500 {
+			sp.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(resp.StatusCode)))
 			sp.SetStatus(codes.Error, strconv.Itoa(resp.StatusCode))
 		}
 	}
 	sp.End()
+}
+
+// clientErrorType is a failed upstream call's error.type: timeout,
+// cancelled, or the error's type, as the semantic conventions suggest
+// when no better low-cardinality name exists.
+func clientErrorType(err error) string {
+	switch {
+	case isTimeout(err):
+		return "timeout"
+	case errors.Is(err, context.Canceled):
+		return "cancelled"
+	}
+	return semconv.ErrorType(err).Value.AsString()
 }

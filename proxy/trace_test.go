@@ -290,3 +290,57 @@ func TestSpanConventions(t *testing.T) {
 		t.Fatalf("spans seen: server %t, store %t", server, store)
 	}
 }
+
+// Logs and spans find each other (issue 46): with tracing on, the request
+// line carries the request's trace id; the server span carries the
+// request id the app got; a client span whose upstream call failed (a
+// reset after the request was sent) carries error.type, as do the 5xx.
+func TestLogsAndSpansCarryEachOthersIDs(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close() // acted, and the answer is lost
+		}
+	}, func(c *setup) { c.TracerProvider = tp })
+	r := e.do(req{user: "alice", key: "k-reset", body: `{}`, header: map[string]string{"X-Request-Id": "req-traced-1"}})
+	if r.status != http.StatusBadGateway {
+		t.Fatalf("reset: %d", r.status)
+	}
+	e.quiesce()
+	var serverTrace string
+	var client bool
+	for _, s := range spans.Ended() {
+		attrs := map[attribute.Key]attribute.Value{}
+		for _, a := range s.Attributes() {
+			attrs[a.Key] = a.Value
+		}
+		switch s.SpanKind() {
+		case trace.SpanKindServer:
+			serverTrace = s.SpanContext().TraceID().String()
+			if got := attrs["idemproxy.request_id"].AsString(); got != "req-traced-1" {
+				t.Errorf("server span idemproxy.request_id = %q, want req-traced-1", got)
+			}
+		case trace.SpanKindClient:
+			if _, upstream := attrs["url.full"]; !upstream {
+				continue // a store call's span
+			}
+			client = true
+			if got := attrs["error.type"].AsString(); got == "" {
+				t.Errorf("failed upstream call's client span has no error.type (attributes %v)", attrs)
+			}
+		}
+	}
+	if serverTrace == "" || !client {
+		t.Fatalf("spans: server trace %q, client span %t", serverTrace, client)
+	}
+	var line string
+	for l := range strings.Lines(e.logs.String()) {
+		if strings.Contains(l, `"msg":"request"`) && strings.Contains(l, "req-traced-1") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, `"trace_id":"`+serverTrace+`"`) {
+		t.Errorf("the request's log line lacks trace_id %s: %s", serverTrace, line)
+	}
+}
