@@ -46,7 +46,12 @@ type attempt struct {
 // that word says to retry with the same key (a reconcile route: a retry
 // asks the upstream again).
 func settled(a attempt) bool {
-	return a.Broken || a.Status == http.StatusCreated || a.Status == http.StatusInternalServerError ||
+	if a.Broken {
+		// A stream that broke off is retried once it is seen live: the
+		// retry must get the same prefix and the same end (replayed).
+		return a.Replayed
+	}
+	return a.Status == http.StatusCreated || a.Status == http.StatusInternalServerError ||
 		a.Status == http.StatusUnprocessableEntity ||
 		outcomeUnknown(a) && !strings.Contains(a.Body, "Retry with the same idempotency key") ||
 		a.Status == http.StatusPreconditionFailed // key-expired, record-lost: reconcile, new key

@@ -148,10 +148,12 @@ func (l *ledger) lookup(w http.ResponseWriter, principal, key string) {
 // stream answers an execution as a stream (chaos -stream): its response in
 // three pieces, text/event-stream without Content-Length, so that the
 // pieces put together are the execution's response. A reset breaks the
-// stream off after its first piece; a hang holds the headers; slow spaces
-// the pieces.
+// stream off after its first piece, and so does one stream in 30 in any
+// mode (the fault schedule may draw no reset in a short run); a hang
+// holds the headers; slow spaces the pieces.
 func (l *ledger) stream(w http.ResponseWriter, mode int32, status int, resp []byte) {
 	pause := time.Duration(1+rand.IntN(10)) * time.Millisecond
+	brk := rand.IntN(30) == 0
 	switch mode {
 	case modeHang:
 		time.Sleep(l.hangFor)
@@ -168,7 +170,7 @@ func (l *ledger) stream(w http.ResponseWriter, mode int32, status int, resp []by
 		}
 		w.Write(piece)
 		rc.Flush()
-		if mode == modeReset {
+		if mode == modeReset || brk {
 			if conn, _, err := rc.Hijack(); err == nil {
 				conn.Close() // the chunked body ends without its last chunk
 			}
