@@ -396,9 +396,9 @@ func (x *exchange) follow(rec *claim.Record) {
 	x.writeRecord(rec, true)
 	rc := http.NewResponseController(x.w)
 	_ = rc.Flush()
-	end, at := rec.StreamEnd, rec.StreamLen
+	end := rec.StreamEnd
 	if end == claim.StreamRunning {
-		end, at = x.followLive(rc, at)
+		end = x.followLive(rc, rec.StreamLen)
 	}
 	if end == claim.StreamEnded {
 		return
@@ -407,7 +407,6 @@ func (x *exchange) follow(rec *claim.Record) {
 	if end == streamClientGone {
 		x.detail = "the client went away while following the stream"
 	}
-	_ = at
 	panic(http.ErrAbortHandler)
 }
 
@@ -416,7 +415,7 @@ const streamClientGone claim.StreamEnd = 255
 
 // followLive writes a running stream's new chunks from at as they are
 // stored, until it ends; it returns how.
-func (x *exchange) followLive(rc *http.ResponseController, at int) (claim.StreamEnd, int) {
+func (x *exchange) followLive(rc *http.ResponseController, at int) claim.StreamEnd {
 	ctx := x.r.Context()
 	watch := x.h.store.Watch(ctx, x.hashedKey)
 	defer watch.Stop()
@@ -426,7 +425,7 @@ func (x *exchange) followLive(rc *http.ResponseController, at int) (claim.Stream
 	for {
 		select {
 		case <-ctx.Done():
-			return streamClientGone, at
+			return streamClientGone
 		case <-watch.C:
 		case <-timer.C:
 		}
@@ -437,11 +436,11 @@ func (x *exchange) followLive(rc *http.ResponseController, at int) (claim.Stream
 		})
 		if err != nil {
 			if ctx.Err() != nil {
-				return streamClientGone, at
+				return streamClientGone
 			}
 			if failures++; failures > len(storeRetryWaits) || !errors.Is(err, claim.ErrUnavailable) {
 				x.log().Warn("stream follower cut: the stream could not be read", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
-				return claim.StreamAborted, at
+				return claim.StreamAborted
 			}
 			timer.Reset(100 * time.Millisecond)
 			continue
@@ -454,7 +453,7 @@ func (x *exchange) followLive(rc *http.ResponseController, at int) (claim.Stream
 		}
 		if len(part.Data) > 0 {
 			if _, err := x.w.Write(part.Data); err != nil {
-				return streamClientGone, at
+				return streamClientGone
 			}
 			_ = rc.Flush()
 			at += len(part.Data)
@@ -464,7 +463,7 @@ func (x *exchange) followLive(rc *http.ResponseController, at int) (claim.Stream
 			continue
 		}
 		if part.End != claim.StreamRunning {
-			return part.End, at
+			return part.End
 		}
 		timer.Reset(streamPoll)
 	}

@@ -380,14 +380,12 @@ func checkAppProbe(t *testing.T, pod corev1.PodSpec, want bool) {
 func TestPDBsLetNodesDrain(t *testing.T) {
 	b := build(t)
 	replicas := map[string]int32{} // by app.kubernetes.io/name
-	for key, obj := range b {
+	for _, obj := range b {
 		switch o := obj.(type) {
 		case *appsv1.Deployment:
 			replicas[o.Spec.Template.Labels["app.kubernetes.io/name"]] = ptrOr(o.Spec.Replicas, 1)
 		case *appsv1.StatefulSet:
 			replicas[o.Spec.Template.Labels["app.kubernetes.io/name"]] = ptrOr(o.Spec.Replicas, 1)
-		default:
-			_ = key
 		}
 	}
 	for key, obj := range b {
