@@ -16,7 +16,9 @@ import (
 // Data loss, detected. Every master holds an epoch marker under the key
 // prefix, without a TTL: "<prefix>epoch" (on a Cluster one per master,
 // "<prefix>epoch:{<tag>}" with a tag that hashes into one of its slots).
-// Its value is when the epoch began, on Redis' clock, and how. A Redis
+// Its value is when the epoch began, the later of Redis' clock and its
+// creator's (a Redis clock that is behind must not date a loss early),
+// and how. A Redis
 // that restarted without its data or was flushed has no marker: the first
 // look creates a new one (SET NX: once for every sidecar). When the
 // process that creates it had seen the previous marker, the store lost
@@ -167,7 +169,8 @@ func (s *Store) lookEpoch(ctx context.Context, name string, c redis.Scripter, sl
 	if seen {
 		kind = "lost"
 	}
-	v, err := epochScript.Run(ctx, c, []string{s.epochKey(slot)}, kind).Slice()
+	now := strconv.FormatInt(s.now().UnixMicro(), 10)
+	v, err := epochScript.Run(ctx, c, []string{s.epochKey(slot)}, kind, now).Slice()
 	if err != nil {
 		return Epoch{}, err
 	}

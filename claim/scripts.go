@@ -211,17 +211,24 @@ redis.pcall(ARGV[2], KEYS[1], '')
 return 1
 `)
 
-// epochScript returns the master's epoch marker, creating it from Redis'
-// clock when it is missing, marked ":lost" when the caller says the
-// previous one was seen.
+// epochScript returns the master's epoch marker, creating it when it is
+// missing, marked ":lost" when the caller says the previous one was seen.
+// A new marker holds the later of Redis' clock and the caller's (read as
+// it sent the command): a loss happened before the marker was made, and
+// requests first sent before it are refused, so a Redis clock that is
+// behind must not move the epoch's start back over requests that had
+// executed before the loss (it let them execute again).
 //
-// KEYS[1] the marker; ARGV[1] "lost" or "new". Returns {created (0/1),
-// its value: microseconds, then ":lost" for an epoch after a loss}.
+// KEYS[1] the marker; ARGV[1] "lost" or "new"; ARGV[2] the caller's clock,
+// microseconds since the Unix epoch. Returns {created (0/1), its value:
+// microseconds, then ":lost" for an epoch after a loss}.
 var epochScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v then return {0, v} end
 local t = redis.call('TIME')
 v = t[1] .. string.format('%06d', tonumber(t[2]))
+local caller = tonumber(ARGV[2])
+if caller and caller > tonumber(t[1]) * 1000000 + tonumber(t[2]) then v = ARGV[2] end
 if ARGV[1] == 'lost' then v = v .. ':lost' end
 redis.call('SET', KEYS[1], v, 'NX')
 return {1, redis.call('GET', KEYS[1])}

@@ -116,3 +116,47 @@ func TestFlushThenImmediateRetryIsRecordLost(t *testing.T) {
 		t.Errorf("a request first sent now: %d %s, want 201 (executed once)", status, body)
 	}
 }
+
+// TestFlushWhileRedisClockIsBehindIsRecordLost, through the real binary
+// on a real redis-server whose clock a shim keeps 3 s behind: a request
+// first sent 4 s before the flush (beyond first_sent_skew and the HTTP
+// date's second) executes; Redis is flushed; its retry must get 412 record-lost. The
+// epoch marker that the flush makes the sidecar create is when the new
+// epoch began: read on Redis' clock alone it is 3 s early, and every
+// request first sent in those 3 s before the loss executed again (the
+// chaos run's user-2/op-78 after FLUSHALL with the clock stepped back).
+func TestFlushWhileRedisClockIsBehindIsRecordLost(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
+	clock, err := clockshim.Build(t.TempDir())
+	if err != nil {
+		if os.Getenv(redistest.RequireEnv) == "1" {
+			t.Fatal(err) // CI has a C compiler
+		}
+		t.Skip(err)
+	}
+	if err := clock.Set(-3 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	srv := redistest.StartEnv(t, clock.Env())
+	upstream := binarytest.NewRecorder(t)
+	sc := startBinary(t, payConfig(upstream.URL, srv.Addr, ""))
+	// First sent 4 s before the flush, which comes 1.5 s from now.
+	sent := time.Now().Add(1500*time.Millisecond - 4*time.Second)
+	if status, body := postFirstSent(t, sc.Client+"/payments", "behind", sent); status != http.StatusCreated {
+		t.Fatalf("first attempt: %d %s", status, body)
+	}
+	time.Sleep(1500 * time.Millisecond) // the store watcher has looked at the epoch marker since
+	if err := srv.Client().FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	status, body := postFirstSent(t, sc.Client+"/payments", "behind", sent)
+	if n := upstream.Executions("behind"); n != 1 {
+		t.Fatalf("the retry after FLUSHALL, Redis' clock 3 s behind, executed again (%d executions): %d %s; logs:\n%s", n, status, body, sc.Logs())
+	}
+	if status != http.StatusPreconditionFailed || !strings.Contains(body, "record-lost") {
+		t.Fatalf("the retry after FLUSHALL: %d %s, want 412 record-lost", status, body)
+	}
+	if status, body := postFirstSent(t, sc.Client+"/payments", "after", time.Now()); status != http.StatusCreated || upstream.Executions("after") != 1 {
+		t.Errorf("a request first sent now: %d %s, want 201 (executed once)", status, body)
+	}
+}
