@@ -27,13 +27,7 @@ import (
 // executed twice for every step of 1.7 s or more.
 func TestRedisClockStepNeverFreesAForwardedClaim(t *testing.T) {
 	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
-	clock, err := clockshim.Build(t.TempDir())
-	if err != nil {
-		if os.Getenv(redistest.RequireEnv) == "1" {
-			t.Fatal(err) // CI has a C compiler
-		}
-		t.Skip(err)
-	}
+	clock := buildClock(t)
 	for _, step := range []time.Duration{2 * time.Second, 3 * time.Second} {
 		t.Run(step.String(), func(t *testing.T) {
 			if err := clock.Set(0); err != nil {
@@ -127,13 +121,7 @@ func TestFlushThenImmediateRetryIsRecordLost(t *testing.T) {
 // chaos run's user-2/op-78 after FLUSHALL with the clock stepped back).
 func TestFlushWhileRedisClockIsBehindIsRecordLost(t *testing.T) {
 	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
-	clock, err := clockshim.Build(t.TempDir())
-	if err != nil {
-		if os.Getenv(redistest.RequireEnv) == "1" {
-			t.Fatal(err) // CI has a C compiler
-		}
-		t.Skip(err)
-	}
+	clock := buildClock(t)
 	if err := clock.Set(-3 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -159,4 +147,18 @@ func TestFlushWhileRedisClockIsBehindIsRecordLost(t *testing.T) {
 	if status, body := postFirstSent(t, sc.Client+"/payments", "after", time.Now()); status != http.StatusCreated || upstream.Executions("after") != 1 {
 		t.Errorf("a request first sent now: %d %s, want 201 (executed once)", status, body)
 	}
+}
+
+// buildClock builds the clock shim for a redis-server, skipping the test
+// without a C compiler (failing under IDEMPROXY_REQUIRE_REDIS=1).
+func buildClock(t *testing.T) *clockshim.Clock {
+	t.Helper()
+	clock, err := clockshim.Build(t.TempDir())
+	if err != nil {
+		if os.Getenv(redistest.RequireEnv) == "1" {
+			t.Fatal(err) // CI has a C compiler
+		}
+		t.Skip(err)
+	}
+	return clock
 }
