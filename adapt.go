@@ -44,7 +44,7 @@ func proxyConfig(cfg *config.Config, hooks webhookSecrets) (proxy.Config, error)
 			StripFromUntrusted: slices.Clone(cfg.Identity.StripFromUntrusted),
 		},
 		Routes:  proxyRoutes(cfg.Routes, hooks),
-		Streams: cfg.Store.RecordFormat >= 4 && len(cfg.Store.Encryption.KeyFiles) == 0,
+		Streams: cfg.Store.RecordFormat >= 4,
 		// Both were parsed, validated and documented and never handed over
 		// before v0.5.0: every Upgrade was refused, WebSocket included.
 		PassThroughUpgrades: slices.Clone(cfg.PassThroughUpgrades),

@@ -327,7 +327,8 @@ return {1, n}
 //
 // KEYS[1] key; ARGV[1] token; ARGV[2] the end (1 ended, 2 aborted, 3 too
 // large); ARGV[3] the length expected (-1: any); ARGV[4] the publish
-// command.
+// command; ARGV[5] appended with a normal end (a sealed stream's end
+// frame), or empty.
 // Returns {1} recorded (or already, the same), {0} gone, {-1} not ours,
 // {-2} ended otherwise, {-5, length} another length.
 var streamEndScript = redis.NewScript(streamLua + `
@@ -350,6 +351,7 @@ if e == 1 and rd8(cur, 60) < now then
   redis.pcall(ARGV[4], KEYS[1], '')
   return {-2}
 end
+if e == 1 and ARGV[5] and #ARGV[5] > 0 then redis.call('APPEND', KEYS[1], ARGV[5]) end
 redis.call('SETRANGE', KEYS[1], 69, string.char(e))
 redis.call('SETRANGE', KEYS[1], 59, be8(now))
 redis.pcall(ARGV[4], KEYS[1], '')

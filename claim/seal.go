@@ -110,16 +110,23 @@ func (s *sealer) seal(key string, r *Record) []byte {
 	header := plain[:headerLen:headerLen]
 	out := make([]byte, headerLen, headerLen+keyIDLen+nonceLen+2+len(plain)-headerLen+k.aead.Overhead())
 	copy(out, header)
-	out[offFlags] |= flagSealed
-	binary.BigEndian.PutUint16(out[offStatus:], 0)
-	out = append(out, k.id[:]...)
-	var nonce [nonceLen]byte
-	_, _ = rand.Read(nonce[:]) // crypto/rand does not fail
-	out = append(out, nonce[:]...)
+	out, nonce := k.sealedPrefix(out)
 	var body []byte
 	body = binary.BigEndian.AppendUint16(body, uint16(r.Status))
 	body = append(body, plain[headerLen:]...)
-	return k.aead.Seal(out, nonce[:], body, aad(key, out[:headerLen]))
+	return k.aead.Seal(out, nonce, body, aad(key, out[:headerLen]))
+}
+
+// sealedPrefix marks out's fixed header sealed (its status slot zero:
+// the status is sealed) and appends the key id and a fresh nonce.
+func (k sealKey) sealedPrefix(out []byte) (_, nonce []byte) {
+	out[offFlags] |= flagSealed
+	binary.BigEndian.PutUint16(out[offStatus:], 0)
+	out = append(out, k.id[:]...)
+	n := len(out)
+	out = append(out, make([]byte, nonceLen)...)
+	_, _ = rand.Read(out[n:]) // crypto/rand does not fail
+	return out, out[n:]
 }
 
 func aad(key string, header []byte) []byte {
@@ -142,6 +149,9 @@ func (s *sealer) open(key string, b []byte) (*Record, error) {
 	}
 	if s == nil {
 		return nil, &RecordError{ReasonNoKeys}
+	}
+	if len(b) > offState && State(b[offState]) == Streamed {
+		return s.openStream(key, b)
 	}
 	if len(b) < headerLen {
 		return nil, &RecordError{ReasonCorrupt}

@@ -96,6 +96,7 @@ func TestContract(t *testing.T) {
 		{"KeyedFingerprints", testKeyedFingerprints},
 		{"TakeOverFenced", testTakeOverFenced},
 		{"StreamedRecords", testStreamedRecords},
+		{"SealedStreams", testSealedStreams},
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {

@@ -149,10 +149,10 @@ func decodeStream(r *Record, b []byte) (*Record, error) {
 // what readers take for it being alive. It returns the value's length,
 // where the first chunk goes. ErrLeaseLost: the claim is not rec's.
 func (s *Store) StreamStart(ctx context.Context, key string, rec *Record, retention, lease time.Duration) (int, error) {
-	if s.seal != nil {
-		return 0, errors.New("claim: streamed records are not sealed (this release): the answer is buffered instead")
-	}
 	value := s.stored(rec).encodeStreamHead()
+	if s.seal != nil {
+		value = s.seal.sealStreamHead(key, value)
+	}
 	run, wait := s.evalWrite(ctx, streamStartScript, key, len(value), rec.Token[:], value, retention.Milliseconds(), lease.Milliseconds(), s.watch.publishCommand())
 	n, err := run.Int64()
 	if err != nil {
@@ -171,6 +171,9 @@ func (s *Store) StreamStart(ctx context.Context, key string, rec *Record, retent
 // ErrStreamOver: ended, or the lease ran out first; *StreamLengthError:
 // the stored value is of another length (nothing appended).
 func (s *Store) StreamAppend(ctx context.Context, key string, token Token, at int, data []byte, lease time.Duration) (int, error) {
+	if s.seal != nil && len(data) > 0 {
+		data = s.seal.sealFrame(key, token, at, frameData, data)
+	}
 	run, wait := s.evalWrite(ctx, streamAppendScript, key, len(data), token[:], at, data, lease.Milliseconds(), s.watch.publishCommand())
 	v, err := run.Int64Slice()
 	if err != nil {
@@ -196,7 +199,11 @@ func (s *Store) StreamAppend(ctx context.Context, key string, token Token, at in
 // fenced on the stored length being at (every chunk the client got is
 // there); the abnormal ends take any length (at < 0).
 func (s *Store) StreamFinish(ctx context.Context, key string, token Token, end StreamEnd, at int) error {
-	run, wait := s.evalWrite(ctx, streamEndScript, key, 0, token[:], int(end), at, s.watch.publishCommand())
+	var last []byte // a sealed stream's end frame (streamseal.go)
+	if s.seal != nil && end == StreamEnded && at >= 0 {
+		last = s.seal.sealFrame(key, token, at, frameEnd, nil)
+	}
+	run, wait := s.evalWrite(ctx, streamEndScript, key, len(last), token[:], int(end), at, s.watch.publishCommand(), last)
 	v, err := run.Int64Slice()
 	if err != nil {
 		return s.unavailable("stream end", err)
@@ -213,37 +220,79 @@ func (s *Store) StreamFinish(ctx context.Context, key string, token Token, end S
 	return fmt.Errorf("stream end: %w", ErrLeaseLost)
 }
 
-// StreamPart is what StreamRead found: the bytes from the offset asked
-// for, the value's length after them, and how the stream ended so far (a
-// running stream whose owner's lease ran out, on Redis' clock, is
-// StreamAborted).
+// StreamPart is what StreamRead found: the chunks' bytes from the offset
+// asked for, the offset to read from next, the value's length, and how
+// the stream ended so far (a running stream whose owner's lease ran out,
+// on Redis' clock, is StreamAborted). Next is Len once everything stored
+// was read.
 type StreamPart struct {
 	Data []byte
+	Next int
 	Len  int
 	End  StreamEnd
 }
 
-// StreamRead reads key's streamed value from byte from, at most max bytes.
-// Gone (nil) and not a stream are ErrCorrupt-free errors: ErrLeaseLost.
+// StreamRead reads key's streamed value from byte from (the value's
+// length when it was last read: Record.StreamLen, StreamPart.Next), about
+// max bytes; a sealed stream's chunks come opened, whole (a chunk longer
+// than max takes a second round trip). Gone (nil) and not a stream are
+// ErrCorrupt-free errors: ErrLeaseLost.
 func (s *Store) StreamRead(ctx context.Context, key string, from, max int) (StreamPart, error) {
+	p, head, data, err := s.streamRead(ctx, key, from, max)
+	if err != nil || head[offFlags]&flagSealed == 0 {
+		if err == nil && s.seal != nil && s.seal.required {
+			return StreamPart{}, &RecordError{ReasonUnsealed}
+		}
+		p.Data, p.Next = data, from+len(data)
+		return p, err
+	}
+	if s.seal == nil {
+		return StreamPart{}, &RecordError{ReasonNoKeys}
+	}
+	var token Token
+	copy(token[:], head[offToken:])
+	plain, used, need, end, err := s.seal.openFrames(key, token, from, data)
+	if err == nil && used == 0 && need > 0 && from+need <= p.Len {
+		// One chunk longer than max: read it whole.
+		if p, head, data, err = s.streamRead(ctx, key, from, need); err == nil {
+			plain, used, _, end, err = s.seal.openFrames(key, token, from, data)
+		}
+	}
+	if err != nil {
+		return StreamPart{}, err
+	}
+	p.Data, p.Next = plain, from+used
+	if end && (p.End != StreamEnded || p.Next != p.Len) || !end && p.End == StreamEnded && p.Next == p.Len {
+		// The end byte and the end frame, which a normal end writes in
+		// one script, disagree: an end byte set by hand over a stream
+		// that broke off. (A reader past the end frame has returned: it
+		// read the end with it.)
+		return StreamPart{}, &RecordError{ReasonTampered}
+	}
+	return p, nil
+}
+
+// streamRead is one read of key's streamed value: its length and end so
+// far, its fixed part and the bytes from from.
+func (s *Store) streamRead(ctx context.Context, key string, from, max int) (StreamPart, string, []byte, error) {
 	run := s.eval(ctx, streamReadScript, key, 0, from, max)
 	if err := run.Err(); err != nil {
-		return StreamPart{}, s.unavailable("stream read", err)
+		return StreamPart{}, "", nil, s.unavailable("stream read", err)
 	}
 	v, _ := run.Slice()
 	if len(v) != 4 {
-		return StreamPart{}, fmt.Errorf("stream read: %w", ErrLeaseLost)
+		return StreamPart{}, "", nil, fmt.Errorf("stream read: %w", ErrLeaseLost)
 	}
 	head, _ := v[0].(string)
 	n, _ := v[1].(int64)
 	data, _ := v[2].(string)
 	now, _ := v[3].(int64)
 	if len(head) < streamPrefix || head[offVersion] != version || State(head[offState]) != Streamed {
-		return StreamPart{}, fmt.Errorf("stream read: %w", ErrLeaseLost)
+		return StreamPart{}, "", nil, fmt.Errorf("stream read: %w", ErrLeaseLost)
 	}
-	p := StreamPart{Data: []byte(data), Len: int(n), End: StreamEnd(head[offStreamEnd])}
+	p := StreamPart{Len: int(n), End: StreamEnd(head[offStreamEnd])}
 	if p.End == StreamRunning && int64(binary.BigEndian.Uint64([]byte(head[offCompleted:offCompleted+8]))) < now {
 		p.End = StreamAborted // its owner is gone: nothing more can be appended
 	}
-	return p, nil
+	return p, head, []byte(data), nil
 }

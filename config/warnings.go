@@ -39,8 +39,6 @@ func (c *Config) Warnings() []string {
 		case r.Stream != StreamAuto || r.set == nil || !r.set["stream"]:
 		case c.Store.RecordFormat < 4:
 			w = append(w, fmt.Sprintf("routes[%d].stream: auto: streamed answers (text/event-stream, application/x-ndjson) are buffered whole until store.record_format: 4, which releases before v0.6.0 cannot read: set it once every replica runs v0.6.0", i))
-		case len(c.Store.Encryption.KeyFiles) > 0:
-			w = append(w, fmt.Sprintf("routes[%d].stream: auto: streamed answers are buffered whole on a sealing store (store.encryption): this release does not seal chunk by chunk", i))
 		}
 	}
 	if c.Tracing.TrustIncoming == TraceTrustAll {

@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,7 +15,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -71,12 +76,43 @@ func readEvent(t *testing.T, r *bufio.Reader) string {
 
 func openStream(t *testing.T, url, key string) (*http.Response, *bufio.Reader) {
 	t.Helper()
-	resp, err := http.DefaultClient.Do(payRequest(url+"/payments", key, `{"prompt":"hi"}`))
+	// Bounded: a stream buffered whole (the bug these tests catch)
+	// fails the test instead of hanging it.
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(payRequest(url+"/payments", key, `{"prompt":"hi"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { resp.Body.Close() })
 	return resp, bufio.NewReader(resp.Body)
+}
+
+// attachLive opens key's stream through first (the owner), has the
+// upstream send ev1 and reads it while the upstream streams, attaches a
+// retry through second, which reads ev1 and then ev2 live: both clients'
+// readers, each past ev2.
+func attachLive(t *testing.T, up *streamUpstream, first, second, key, ev1, ev2 string) (owner, attached *bufio.Reader) {
+	t.Helper()
+	resp, a := openStream(t, first, key)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("first: %d %v", resp.StatusCode, resp.Header)
+	}
+	up.steps <- ev1
+	if got := readEvent(t, a); got != "data: "+ev1+"\n\n" {
+		t.Fatalf("first event = %q", got)
+	}
+	retry, b := openStream(t, second, key)
+	if retry.StatusCode != http.StatusOK || retry.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry through another sidecar: %d %v, want 200 attached", retry.StatusCode, retry.Header)
+	}
+	if got := readEvent(t, b); got != "data: "+ev1+"\n\n" {
+		t.Fatalf("attached retry's first event = %q", got)
+	}
+	up.steps <- ev2
+	readEvent(t, a)
+	if got := readEvent(t, b); got != "data: "+ev2+"\n\n" {
+		t.Fatalf("attached retry's live event = %q", got)
+	}
+	return a, b
 }
 
 // Through the running binary, under record_format 4: the first event
@@ -91,26 +127,7 @@ func TestStreamThroughTheBinary(t *testing.T) {
 	owner := startBinary(t, streamConfig(up.URL, srv.Addr, 4))
 	other := startBinary(t, streamConfig(up.URL, srv.Addr, 4))
 
-	first, a := openStream(t, owner.Client, "chat-1")
-	if first.StatusCode != http.StatusOK || first.Header.Get("Content-Type") != "text/event-stream" {
-		t.Fatalf("first: %d %v", first.StatusCode, first.Header)
-	}
-	up.steps <- "1"
-	if got := readEvent(t, a); got != "data: 1\n\n" {
-		t.Fatalf("first event = %q", got)
-	}
-	retry, b := openStream(t, other.Client, "chat-1")
-	if retry.StatusCode != http.StatusOK || retry.Header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("retry through another sidecar: %d %v, want 200 attached", retry.StatusCode, retry.Header)
-	}
-	if got := readEvent(t, b); got != "data: 1\n\n" {
-		t.Fatalf("attached retry's first event = %q", got)
-	}
-	up.steps <- "2"
-	readEvent(t, a)
-	if got := readEvent(t, b); got != "data: 2\n\n" {
-		t.Fatalf("attached retry's live event = %q", got)
-	}
+	a, b := attachLive(t, up, owner.Client, other.Client, "chat-1", "1", "2")
 
 	owner.Kill() // SIGKILL, by the PID this test started
 	if rest, err := io.ReadAll(a); err == nil {
@@ -164,5 +181,42 @@ func TestStreamBufferedBelowFormat4(t *testing.T) {
 	out, _ := exec.Command(buildBinary(t), "-config", cfg, "-check").CombinedOutput()
 	if !strings.Contains(string(out), "routes[0].stream") || !strings.Contains(string(out), "record_format: 4") {
 		t.Fatalf("-check on stream: auto under format 3 says:\n%s", out)
+	}
+}
+
+// On a sealing store (store.encryption) a streamed answer is still relayed
+// as it arrives, sealed chunk by chunk: the first event reaches the
+// client while the upstream streams, a retry through another sidecar
+// attaches and follows live, a retry after the end gets the same bytes,
+// Redis holds none of the answer in clear text; one execution. Before
+// issue 44's last part such answers were buffered whole.
+func TestSealedStreamThroughTheBinary(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	up := newStreamUpstream(t)
+	file := filepath.Join(t.TempDir(), "seal")
+	os.WriteFile(file, []byte(base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{9}, claim.KeySize))), 0o400)
+	cfg := payConfig(up.URL, srv.Addr, fmt.Sprintf("  record_format: 4\n  encryption:\n    key_files: [%q]\ndefaults:\n  lease: 1s\n", file))
+	owner, other := startBinary(t, cfg), startBinary(t, cfg)
+
+	a, b := attachLive(t, up, owner.Client, other.Client, "sealed-1", "secret-one", "secret-two")
+	close(up.steps)
+	for name, r := range map[string]*bufio.Reader{"first": a, "attached": b} {
+		if rest, err := io.ReadAll(r); err != nil || len(rest) != 0 {
+			t.Errorf("%s client at the end: %q, %v; want a normal end", name, rest, err)
+		}
+	}
+	late, c := openStream(t, other.Client, "sealed-1")
+	if body, err := io.ReadAll(c); late.StatusCode != http.StatusOK || err != nil || string(body) != "data: secret-one\n\ndata: secret-two\n\n" {
+		t.Fatalf("retry after the end: %d %q, %v", late.StatusCode, body, err)
+	}
+	for _, k := range srv.Client().Keys(context.Background(), "*").Val() {
+		v := srv.Client().Get(context.Background(), k).Val()
+		if strings.Contains(v, "secret") || strings.Contains(v, "event-stream") {
+			t.Errorf("Redis key %s holds the answer in clear text: %q", k, v)
+		}
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream executed %d times, want 1", n)
 	}
 }

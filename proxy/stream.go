@@ -456,8 +456,8 @@ func (x *exchange) followLive(rc *http.ResponseController, at int) claim.StreamE
 				return streamClientGone
 			}
 			_ = rc.Flush()
-			at += len(part.Data)
 		}
+		at = part.Next
 		if at < part.Len {
 			timer.Reset(0) // more to read now
 			continue

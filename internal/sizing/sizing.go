@@ -238,6 +238,10 @@ func (c Costs) RecordBytes(l Load) float64 {
 	own := c.FixedBytes + float64(varintLen(n)+len(strconv.FormatUint(n, 10)))
 	streamed := l.StreamChunks > 0
 	switch {
+	case streamed && l.Sealed:
+		// The head sealed as a buffered record is, and each chunk, and
+		// the end, a frame of 37 bytes more than its chunk.
+		own = c.SealedBytes + 5 + float64(varintLen(n)) + sealedFrameBytes*float64(l.StreamChunks+1)
 	case streamed:
 		own = c.FixedBytes + 5 + float64(varintLen(n)) // the end byte and the head's length
 	case l.Sealed:
@@ -255,6 +259,10 @@ func (c Costs) RecordBytes(l Load) float64 {
 	}
 	return c.KeyBytes + allocation(own+math.Ceil(body))
 }
+
+// sealedFrameBytes is what sealing adds to each chunk of a streamed
+// answer (claim/streamseal.go: kind, length, key id, nonce, GCM tag).
+const sealedFrameBytes = 1 + 4 + 4 + 12 + 16
 
 func varintLen(n uint64) int {
 	return len(binary.AppendUvarint(nil, n))

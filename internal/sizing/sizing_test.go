@@ -98,6 +98,15 @@ func TestStreamedAnswers(t *testing.T) {
 	if s.BytesPerRecord <= b.BytesPerRecord {
 		t.Errorf("a streamed record (%v bytes) is no larger than a compressed compact one (%v): streams are never compressed", s.BytesPerRecord, b.BytesPerRecord)
 	}
+	// Sealed chunk by chunk: the head as a sealed record, 37 bytes per
+	// chunk and for the end frame.
+	plain := Load{ResponseBytes: 4096, Format: 4, StreamChunks: 40}
+	sealed := plain
+	sealed.Sealed = true
+	want := Measured.KeyBytes + allocation(Measured.SealedBytes+5+2+37*41+4096)
+	if got := Measured.RecordBytes(sealed); got != want || got <= Measured.RecordBytes(plain) {
+		t.Errorf("a sealed 40-chunk streamed record = %v bytes, want %v (unsealed %v)", got, want, Measured.RecordBytes(plain))
+	}
 	if err := (Load{NewKeysPerSecond: 1, Retention: time.Hour, Format: 3, StreamChunks: 5}).Check(); err == nil {
 		t.Error("--stream-chunks under format 3 accepted")
 	}
