@@ -235,9 +235,9 @@ func (c *keyCall) reconcile(ctx context.Context, route, principal, key string) {
 // only with force=true.
 func (c *keyCall) delete(ctx context.Context) {
 	want := c.q.Get("state")
-	state := map[string]claim.State{"in_progress": claim.InProgress, "completed": claim.Completed}[want]
+	state := map[string]claim.State{"in_progress": claim.InProgress, "completed": claim.Completed, "streamed": claim.Streamed}[want]
 	if state == 0 {
-		c.fail(http.StatusBadRequest, "refused: no state", "state=in_progress (release a stuck claim) or state=completed (forget a stored answer) is required")
+		c.fail(http.StatusBadRequest, "refused: no state", "state=in_progress (release a stuck claim), state=completed (forget a stored answer) or state=streamed (forget a streamed answer) is required")
 		return
 	}
 	rec, left, err := c.store.Get(ctx, c.redisKey)
@@ -252,6 +252,13 @@ func (c *keyCall) delete(ctx context.Context) {
 		// Its owner may still be forwarding: a retry after the delete
 		// would execute beside it, and its answer be lost (fence_lost).
 		c.fail(http.StatusConflict, "refused: claim live", fmt.Sprintf("the claim is live (its owner renews it; %s of lease left): a retry after a delete would execute beside it. Wait for the lease to lapse, or add force=true if its owner is gone", left.Round(time.Millisecond)))
+		return
+	}
+	if rec != nil && rec.State == claim.Streamed && state == claim.Streamed && rec.StreamEnd == claim.StreamRunning &&
+		time.Until(rec.AliveUntil) > 0 && c.q.Get("force") != "true" {
+		// Its owner is still relaying it: the stream would end abnormally
+		// for its readers, and a retry execute beside it.
+		c.fail(http.StatusConflict, "refused: stream running", fmt.Sprintf("the stream is running (its owner's lease has %s left): a delete ends it for every reader and a retry would execute beside it. Wait for its end, or add force=true if its owner is gone", time.Until(rec.AliveUntil).Round(time.Millisecond)))
 		return
 	}
 	status := http.StatusOK
@@ -270,7 +277,7 @@ func (c *keyCall) delete(ctx context.Context) {
 // runKeys is "idemproxy keys get|delete|reconcile": the key API from the
 // command line, against a running sidecar's admin port.
 func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	const keysUsage = "usage: idemproxy keys get|delete|reconcile -route R -principal P -key K [-state in_progress|completed] [-body] [-admin URL] [-token-file F]"
+	const keysUsage = "usage: idemproxy keys get|delete|reconcile -route R -principal P -key K [-state in_progress|completed|streamed] [-body] [-admin URL] [-token-file F]"
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
 		fmt.Fprintln(stderr, keysUsage)
 		return nil
@@ -285,8 +292,8 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	route := fs.String("route", "", "route name")
 	principal := fs.String("principal", "", "principal")
 	key := fs.String("key", "", "idempotency key")
-	state := fs.String("state", "", "delete only: in_progress or completed")
-	force := fs.Bool("force", false, "delete only: release a live in-progress claim (its owner is gone)")
+	state := fs.String("state", "", "delete only: in_progress, completed or streamed")
+	force := fs.Bool("force", false, "delete only: release a live in-progress claim or a running stream (its owner is gone)")
 	body := fs.Bool("body", false, "get only: include the stored body")
 	if help, err := parseFlags(fs, args[1:], "every value is a flag"); help || err != nil {
 		return err

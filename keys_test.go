@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/binarytest"
+	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/internal/syncbuf"
 )
@@ -169,14 +171,19 @@ func mustScope(t *testing.T, s *server, name string) string {
 // progress: state streamed, how it ended, the bytes stored.
 func TestKeysAPIStream(t *testing.T) {
 	srv := redistest.Start(t)
+	hold := make(chan struct{})
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		w.WriteHeader(http.StatusOK)
 		io.WriteString(w, "{\"row\":1}\n")
 		http.NewResponseController(w).Flush()
+		if r.Header.Get("Idempotency-Key") == "running" {
+			<-hold // a stream that runs until the test ends
+		}
 		io.WriteString(w, "{\"row\":2}\n")
 	}))
 	defer upstream.Close()
+	defer close(hold)
 	cfg := lateConfig(srv, upstream.URL)
 	cfg.Store.RecordFormat = 4
 	tokenFile := filepath.Join(t.TempDir(), "token")
@@ -199,4 +206,59 @@ func TestKeysAPIStream(t *testing.T) {
 			t.Errorf("GET of a streamed key lacks %s: %s", want, b)
 		}
 	}
+	// A streamed answer is forgotten with state=streamed (the next retry
+	// executes again), not with completed.
+	del := func(state string) (int, string) {
+		return deleteKey(t, s.adminAddr, "k1", state)
+	}
+	if status, body := del("completed"); status != http.StatusConflict {
+		t.Errorf("delete state=completed of a streamed record: %d %s, want 409 left alone", status, body)
+	}
+	if status, body := del("streamed"); status != http.StatusOK || !strings.Contains(body, "deleted streamed") {
+		t.Errorf("delete state=streamed: %d %s, want 200 deleted", status, body)
+	}
+	if status, body := pay(t, s.clientAddr, "k1"); status != http.StatusOK || body != "{\"row\":1}\n{\"row\":2}\n" {
+		t.Errorf("the retry after the delete: %d %q", status, body)
+	}
+	// A running stream is left alone unless forced: its owner relays it.
+	go func() {
+		if resp, err := http.DefaultClient.Do(binarytest.PayRequest("http://"+s.clientAddr+"/payments", "running", "{}")); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	poll.Until(t, "the stream runs", func() bool {
+		status, body := getKey(t, s.adminAddr, "running")
+		return status == http.StatusOK && strings.Contains(body, `"end":"running"`)
+	})
+	if status, body := deleteKey(t, s.adminAddr, "running", "streamed"); status != http.StatusConflict || !strings.Contains(body, "the stream is running") {
+		t.Errorf("delete of a running stream: %d %s, want 409 refused", status, body)
+	}
+	if status, body := deleteKey(t, s.adminAddr, "running", "streamed&force=true"); status != http.StatusOK {
+		t.Errorf("forced delete of a running stream: %d %s, want 200", status, body)
+	}
+}
+
+// deleteKey and getKey call the key API on admin for alice's key on pay.
+func deleteKey(t *testing.T, admin, key, state string) (int, string) {
+	t.Helper()
+	return callKeyAPI(t, http.MethodDelete, "http://"+admin+"/v1/keys?route=pay&principal=alice&key="+key+"&state="+state)
+}
+
+func getKey(t *testing.T, admin, key string) (int, string) {
+	t.Helper()
+	return callKeyAPI(t, http.MethodGet, "http://"+admin+"/v1/keys?route=pay&principal=alice&key="+key)
+}
+
+func callKeyAPI(t *testing.T, method, url string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, nil)
+	req.Header.Set("Authorization", "Bearer 0123456789abcdef-admin")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }
