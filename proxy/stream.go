@@ -25,7 +25,11 @@ import (
 // a drain ran out) is recorded as aborted, and every reader ends it
 // abnormally after the same prefix: a chunked body closed without its
 // last chunk. Past max_response_body the first client's stream goes on
-// and the record says it is not replayable.
+// and the record says it is not replayable. What the pump holds (read and
+// not stored, stored and not yet taken by its client, its read buffer)
+// counts in limits.max_buffered_bytes, against the principal, as a
+// buffered answer does: the upstream has acted, so it is held whatever
+// the limit, and new requests are refused room while it is.
 
 // streamTypes are the media types relayed as they arrive.
 var streamTypes = map[string]bool{"text/event-stream": true, "application/x-ndjson": true}
@@ -140,20 +144,42 @@ func (o *owner) startStream(resp *http.Response) bool {
 	return true
 }
 
+// streamReadBuf is the pump's read buffer.
+const streamReadBuf = 32 << 10
+
+// hold counts n more bytes the pump holds in the buffer budget; release
+// gives n back.
+func (p *streamPump) hold(n int) {
+	if n > 0 {
+		p.o.x.h.buffers.force(p.o.x.principal, n)
+	}
+}
+
+func (p *streamPump) release(n int) {
+	if n > 0 {
+		p.o.x.h.buffers.give(p.o.x.principal, n)
+	}
+}
+
 // readUpstream reads the upstream's body at its pace into pending.
 func (p *streamPump) readUpstream() {
-	buf := make([]byte, 32<<10)
+	p.hold(streamReadBuf)
+	defer p.release(streamReadBuf)
+	buf := make([]byte, streamReadBuf)
 	for {
 		n, err := p.body.Read(buf)
 		p.mu.Lock()
 		for len(p.pending) >= streamPending && !p.outDone {
 			p.cond.Wait()
 		}
-		p.pending = append(p.pending, buf[:n]...)
+		over := p.outDone
+		if !over { // once the stream ended, what is read is dropped
+			p.hold(n)
+			p.pending = append(p.pending, buf[:n]...)
+		}
 		if err != nil {
 			p.read, p.readErr = true, err
 		}
-		over := p.outDone
 		p.mu.Unlock()
 		select {
 		case p.wake <- struct{}{}:
@@ -171,6 +197,13 @@ func (p *streamPump) readUpstream() {
 func (p *streamPump) store() {
 	defer close(p.done)
 	defer p.body.Close()
+	defer func() {
+		// Read and never stored (the stream ended first): dropped.
+		p.mu.Lock()
+		p.release(len(p.pending))
+		p.pending = nil
+		p.mu.Unlock()
+	}()
 	x := p.o.x
 	s := &x.rt.settings
 	renew := time.NewTimer(s.Lease / 3)
@@ -189,6 +222,7 @@ func (p *streamPump) store() {
 		p.mu.Unlock()
 		if len(chunk) > 0 || renewing {
 			if !p.append(chunk) {
+				p.release(len(chunk)) // never sent
 				p.end(claim.StreamAborted, errStreamAborted)
 				return
 			}
@@ -270,7 +304,9 @@ func (p *streamPump) hand(chunk []byte) {
 	for len(p.out) >= streamPending && !p.gone {
 		p.cond.Wait()
 	}
-	if !p.gone {
+	if p.gone {
+		p.release(len(chunk)) // nobody takes it
+	} else {
 		p.out = append(p.out, chunk...)
 	}
 	p.cond.Broadcast()
@@ -322,6 +358,7 @@ func (p *streamPump) Read(b []byte) (int, error) {
 	}
 	if len(p.out) > 0 {
 		n := copy(b, p.out)
+		p.release(n)
 		p.out = p.out[n:]
 		if len(p.out) == 0 {
 			p.out = nil
@@ -336,6 +373,7 @@ func (p *streamPump) Read(b []byte) (int, error) {
 // stored, for the retries.
 func (p *streamPump) Close() error {
 	p.mu.Lock()
+	p.release(len(p.out))
 	p.gone, p.out = true, nil
 	p.cond.Broadcast()
 	p.mu.Unlock()

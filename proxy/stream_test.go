@@ -177,3 +177,54 @@ func TestStreamPastMaxResponseBody(t *testing.T) {
 		t.Fatalf("upstream executions = %d, want 1", n)
 	}
 }
+
+// What a stream's pump holds counts in limits.max_buffered_bytes, as a
+// buffered answer does: while alice's stream runs, her read buffer and
+// what was read and not yet taken are held against her share, so a body
+// that would take her past it is refused; once her stream ended and was
+// read, everything is given back. Before, the pump held up to 2 MiB per
+// stream outside the budget.
+func TestStreamBuffersCountInTheBudget(t *testing.T) {
+	up := &sse{steps: make(chan string)}
+	serve := func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Idempotency-Key") == "budget" {
+			up.serve(w, r)
+			return
+		}
+		w.WriteHeader(http.StatusCreated) // the other requests: answered at once
+	}
+	e := newEnv(t, serve, func(c *setup) {
+		c.Streams = true
+		c.Routes[0].Stream = true
+		c.MaxBufferedBytes, c.PrincipalShare = 256<<10, 64<<10
+		c.Routes[0].MaxRequestBody = 1 << 20
+	})
+	ended := false
+	defer func() {
+		if !ended { // a failed check: end the stream, so the servers close
+			close(up.steps)
+		}
+	}()
+	first := e.open(t, "budget")
+	a := bufio.NewReader(first.Body)
+	up.steps <- "1"
+	if got := event(t, a); got != "data: 1\n\n" {
+		t.Fatalf("first event = %q", got)
+	}
+	if got := e.h.BufferedBytes(); got < 32<<10 {
+		t.Fatalf("a running stream holds %d bytes in the budget, want at least its 32 KiB read buffer", got)
+	}
+	body := `{"pad":"` + strings.Repeat("x", 40<<10) + `"}`
+	if r := e.do(req{user: "alice", key: "beside", body: body}); r.status != http.StatusTooManyRequests || !strings.Contains(r.body, "too-many-bytes") {
+		t.Fatalf("a 40 KiB body beside alice's stream: %d %s, want 429 too-many-bytes (her share is held)", r.status, r.body)
+	}
+	close(up.steps)
+	ended = true
+	if _, err := io.ReadAll(a); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "the stream's buffers are given back", func() bool { return e.h.BufferedBytes() == 0 })
+	if r := e.do(req{user: "alice", key: "after", body: body}); r.status == http.StatusTooManyRequests {
+		t.Fatalf("the same body after the stream ended: %d %s", r.status, r.body)
+	}
+}
