@@ -117,6 +117,8 @@ type setup struct {
 	WaitSafetyPoll time.Duration
 	// TracerProvider is proxy.Options.TracerProvider.
 	TracerProvider trace.TracerProvider
+	// HTTP2 serves the proxy over TLS with HTTP/2 (front.Client speaks it).
+	HTTP2 bool
 }
 
 // newEnv starts a store, the upstream (app sees every request after the
@@ -200,7 +202,12 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions,
 		h.ServeHTTP(w, r)
 	}))
 	e.front.Config.MaxHeaderBytes = 64 << 10 // as run.go sets it
-	e.front.Start()
+	if cfg.HTTP2 {
+		e.front.EnableHTTP2 = true
+		e.front.StartTLS()
+	} else {
+		e.front.Start()
+	}
 	t.Cleanup(e.front.Close)
 	return e
 }

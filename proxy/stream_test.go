@@ -228,3 +228,34 @@ func TestStreamBuffersCountInTheBudget(t *testing.T) {
 		t.Fatalf("the same body after the stream ended: %d %s", r.status, r.body)
 	}
 }
+
+// Over HTTP/2 a stream that broke off ends as HTTP/2 ends one abnormally,
+// with the stream reset (the handler aborts), for the first client and for
+// a retry after the same prefix; one execution.
+func TestStreamBrokenOffOverHTTP2(t *testing.T) {
+	up := &sse{steps: make(chan string)}
+	e := newEnv(t, up.serve, func(c *setup) {
+		c.Streams = true
+		c.Routes[0].Stream = true
+		c.HTTP2 = true
+	})
+	first := e.open(t, "h2")
+	if first.ProtoMajor != 2 {
+		t.Fatalf("served over %s, want HTTP/2", first.Proto)
+	}
+	a := bufio.NewReader(first.Body)
+	up.steps <- "1"
+	event(t, a)
+	up.steps <- ""
+	if rest, err := io.ReadAll(a); err == nil || !strings.Contains(err.Error(), "stream error") {
+		t.Fatalf("first client's stream after the upstream broke off: %q, %v; want an HTTP/2 stream error", rest, err)
+	}
+	retry := e.open(t, "h2")
+	body, err := io.ReadAll(retry.Body)
+	if retry.Header.Get("Idempotent-Replayed") != "true" || string(body) != "data: 1\n\n" || err == nil || !strings.Contains(err.Error(), "stream error") {
+		t.Fatalf("retry over HTTP/2 of a broken stream = %q, %v (%v); want the same prefix and a stream reset", body, err, retry.Header)
+	}
+	if n := e.ledger.total(); n != 1 {
+		t.Fatalf("upstream executions = %d, want 1", n)
+	}
+}
