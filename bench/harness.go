@@ -351,7 +351,7 @@ routes:
     match: "POST /payments"
 `
 
-func bench(o options, dir, self, bin, fiberBin string) error {
+func bench(o options, dir, self, bin, fiberBin, prevBin, prevVersion string) error {
 	redisPort := freePort()
 	redisAddr := fmt.Sprintf("127.0.0.1:%d", redisPort)
 	redisProc, err := startProc("redis", redisAddr, "redis-server", "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1",
@@ -370,7 +370,7 @@ func bench(o options, dir, self, bin, fiberBin string) error {
 		if err != nil {
 			return err
 		}
-		targets := benchTargets(dir, self, bin, fiberBin, redisAddr, up, upAddr, delay)
+		targets := benchTargets(dir, self, bin, fiberBin, prevBin, prevVersion, redisAddr, up, upAddr, delay)
 		rs, err := rounds(o, targets, delay, redisProc, &seq)
 		up.stop()
 		if err != nil {
@@ -394,7 +394,7 @@ func bench(o options, dir, self, bin, fiberBin string) error {
 // benchTargets are the servers measured against the upstream at upAddr
 // (delay): the direct upstream, plain proxies, and idemproxy's and
 // Fiber's paths.
-func benchTargets(dir, self, bin, fiberBin, redisAddr string, up *proc, upAddr string, delay time.Duration) []*target {
+func benchTargets(dir, self, bin, fiberBin, prevBin, prevVersion, redisAddr string, up *proc, upAddr string, delay time.Duration) []*target {
 	small := []byte(`{"amount":1250,"currency":"EUR","customer":"cus_42","description":"order 42"}`)
 	body64k := bytes.Repeat([]byte("a"), 64<<10)
 	body1m := bytes.Repeat([]byte("a"), 1<<20)
@@ -408,7 +408,7 @@ func benchTargets(dir, self, bin, fiberBin, redisAddr string, up *proc, upAddr s
 		a := fmt.Sprintf("127.0.0.1:%d", freePort())
 		return startProc("floor", a, self, "reverseproxy", "-listen", a, "-upstream", upURL, "-redis", redisAddr)
 	}
-	idemAt := func(logLevel string, pipeline bool) func() (*proc, error) {
+	binAt := func(bin, logLevel string, pipeline bool) func() (*proc, error) {
 		return func() (*proc, error) {
 			port, admin := freePort(), freePort()
 			a := fmt.Sprintf("127.0.0.1:%d", port)
@@ -419,6 +419,7 @@ func benchTargets(dir, self, bin, fiberBin, redisAddr string, up *proc, upAddr s
 			return startIdemproxy(bin, cfg, port, admin, nil)
 		}
 	}
+	idemAt := func(logLevel string, pipeline bool) func() (*proc, error) { return binAt(bin, logLevel, pipeline) }
 	idem := idemAt("info", true)
 	seed := func(base string) ([]string, error) {
 		keys := make([]string, 1000)
@@ -454,6 +455,16 @@ func benchTargets(dir, self, bin, fiberBin, redisAddr string, up *proc, upAddr s
 		&target{name: "idemproxy first attempts, store.pipeline off", start: idemAt("info", false), path: "/payments", body: small, keyed: true},
 		&target{name: "idemproxy replays", start: idem, path: "/payments", body: small, prepare: seed},
 	)
+	if prevBin != "" {
+		// The previous release, same config, beside this tree (issue 45):
+		// each release's table shows both from one run.
+		prev := binAt(prevBin, "info", true)
+		targets = append(targets,
+			&target{name: "previous release " + prevVersion + ", pass-through", start: prev, path: "/other", body: small},
+			&target{name: "previous release " + prevVersion + ", first attempts", start: prev, path: "/payments", body: small, keyed: true},
+			&target{name: "previous release " + prevVersion + ", replays", start: prev, path: "/payments", body: small, prepare: seed},
+		)
+	}
 	if fiberBin != "" {
 		fiber := func() (*proc, error) {
 			a := fmt.Sprintf("127.0.0.1:%d", freePort())

@@ -69,6 +69,7 @@ type options struct {
 	only        string
 	out         string
 	plot        string
+	previous    bool
 }
 
 func run() error {
@@ -81,6 +82,7 @@ func run() error {
 	delays := flag.String("upstream-delay", "0ms,5ms", "upstream service times, comma-separated")
 	flag.StringVar(&o.only, "only", "", "run only these targets: exact names separated by \",\" (a comma followed by a space is part of a name)")
 	flag.StringVar(&o.out, "out", "", "also write the markdown results to this file")
+	flag.BoolVar(&o.previous, "previous", true, "also measure the previous release (PREVIOUS_RELEASE, built from this clone's history) beside this tree")
 	flag.StringVar(&o.plot, "plot", "", "also draw the results to this SVG file: throughput against ReverseProxy and latency distributions")
 	flag.Parse()
 	if o.rounds < 1 {
@@ -119,7 +121,20 @@ func run() error {
 		fmt.Fprintf(os.Stderr, "Fiber peer not built (%v): run from the repository's root; its targets are skipped\n", err)
 		fiberBin = ""
 	}
-	return bench(o, dir, self, bin, fiberBin)
+	// The previous release (PREVIOUS_RELEASE), built from this clone's
+	// history; without it (a shallow clone) its targets are skipped.
+	prevBin, prevVersion := "", ""
+	if o.previous {
+		if r, err := binarytest.Previous(); err != nil {
+			fmt.Fprintf(os.Stderr, "previous release not built (%v): its targets are skipped\n", err)
+		} else if prevBin, err = r.Build(dir); err != nil {
+			fmt.Fprintf(os.Stderr, "previous release %s not built (%v): its targets are skipped\n", r.Version, err)
+			prevBin = ""
+		} else {
+			prevVersion = r.Version
+		}
+	}
+	return bench(o, dir, self, bin, fiberBin, prevBin, prevVersion)
 }
 
 // buildIdemproxy builds the sidecar from this repository into dir.

@@ -70,18 +70,22 @@ func report(o options, results []result, rttP50, rttP99 time.Duration) string {
 			}
 		}
 		fmt.Fprintf(&b, "\n### Upstream service time %s\n\n", delay)
-		fmt.Fprintf(&b, "| target | rps | p50 | p99 | p99.9 | CPU s / 1k req | Redis CPU s / 1k req | peak RSS | rps vs ReverseProxy | p50 added vs ReverseProxy |\n")
-		fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|\n")
+		fmt.Fprintf(&b, "| target | rps | p50 | p99 | p99.9 | CPU s / 1k req | CPU vs ReverseProxy | Redis CPU s / 1k req | peak RSS | rps vs ReverseProxy | p50 added vs ReverseProxy |\n")
+		fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, r := range results {
 			if r.delay != delay {
 				continue
 			}
-			ratio, added := "", ""
+			ratio, added, cpu := "", "", ""
 			if b := baselineFor(results, r); b != nil {
 				ratio = fmt.Sprintf("%.2f×", r.rps/b.rps)
 				added = (r.p50 - b.p50).Round(time.Microsecond).String()
+				cpu = fmt.Sprintf("%.2f×", r.cpuPer1k/b.cpuPer1k)
 			} else if base != nil {
 				ratio = fmt.Sprintf("%.2f×", r.rps/base.rps)
+				if r.cpuPer1k > 0 {
+					cpu = fmt.Sprintf("%.2f×", r.cpuPer1k/base.cpuPer1k)
+				}
 			}
 			errs := ""
 			if r.errors > 0 {
@@ -91,9 +95,9 @@ func report(o options, results []result, rttP50, rttP99 time.Duration) string {
 			if r.rounds > 1 {
 				rps += fmt.Sprintf(" (%.0f–%.0f)", r.rpsMin, r.rpsMax)
 			}
-			fmt.Fprintf(&b, "| %s%s | %s | %s | %s | %s | %.3f | %.3f | %.1f MiB | %s | %s |\n",
+			fmt.Fprintf(&b, "| %s%s | %s | %s | %s | %s | %.3f | %s | %.3f | %.1f MiB | %s | %s |\n",
 				r.name, errs, rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond),
-				r.cpuPer1k, r.redisPer1k, float64(r.rss)/(1<<20), ratio, added)
+				r.cpuPer1k, cpu, r.redisPer1k, float64(r.rss)/(1<<20), ratio, added)
 		}
 		first, fl := find(results, delay, "idemproxy first attempts"), find(results, delay, floorName)
 		if first != nil && fl != nil {
@@ -116,7 +120,7 @@ func report(o options, results []result, rttP50, rttP99 time.Duration) string {
 // baselineFor is the ReverseProxy result with the same body size and
 // upstream delay, which an idemproxy result is compared with.
 func baselineFor(results []result, r result) *result {
-	if !strings.HasPrefix(r.name, "idemproxy") && !strings.HasPrefix(r.name, "ReverseProxy + ") && !strings.HasPrefix(r.name, "Fiber") {
+	if !strings.HasPrefix(r.name, "idemproxy") && !strings.HasPrefix(r.name, "ReverseProxy + ") && !strings.HasPrefix(r.name, "Fiber") && !strings.HasPrefix(r.name, "previous release") {
 		return nil
 	}
 	want := "ReverseProxy"
