@@ -119,6 +119,8 @@ type setup struct {
 	TracerProvider trace.TracerProvider
 	// HTTP2 serves the proxy over TLS with HTTP/2 (front.Client speaks it).
 	HTTP2 bool
+	// Transport is proxy.Options.Transport.
+	Transport http.RoundTripper
 }
 
 // newEnv starts a store, the upstream (app sees every request after the
@@ -190,6 +192,7 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions,
 		Metrics:        proxy.NewMetrics(e.reg),
 		WaitSafetyPoll: cfg.WaitSafetyPoll,
 		TracerProvider: cfg.TracerProvider,
+		Transport:      cfg.Transport,
 		Version:        "v9.9.9-test",
 	})
 	if err != nil {

@@ -60,6 +60,13 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest, trustedPeer bool) {
 	// it when a reused connection dies after the upstream acted. A non-nil
 	// body that is not http.NoBody, and no GetBody, make it unreplayable.
 	pr.Out.GetBody = nil
+	if o := ownerFrom(pr.In.Context()); o != nil && o.copied != nil && pr.In.Body == o.copied {
+		// ReverseProxy wraps every body (so that the transport's Close
+		// cannot reach the inbound one), which hides that this one is in
+		// memory: the owner's copy of a small body (forwardBody) closes
+		// nothing, and unwrapped it goes out with the headers.
+		pr.Out.Body = o.copied
+	}
 	if pr.Out.Body == nil || pr.Out.Body == http.NoBody {
 		switch pr.Out.Method {
 		case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
@@ -117,7 +124,7 @@ func (t *ownerTransport) roundTrip(o *owner, req *http.Request) (*http.Response,
 	if len(o.body) == 0 {
 		retry.Body = emptyBody{}
 	} else {
-		retry.Body = o.x.lend(o.body)
+		retry.Body = o.forwardBody()
 	}
 	return t.next.RoundTrip(retry)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptrace"
@@ -25,6 +26,9 @@ type owner struct {
 	x    *exchange
 	rec  *claim.Record
 	body []byte
+	// copied is the forwarded copy of a small body (forwardBody), nil for
+	// a lent one.
+	copied io.ReadCloser
 	// wrote is set once request bytes may have reached the upstream (its
 	// headers were written), for the current attempt.
 	wrote atomic.Bool
@@ -109,7 +113,7 @@ func (x *exchange) own(rec *claim.Record, body []byte, forwarding *slot) {
 	// outbound request.
 	out := x.r.WithContext(ctx)
 	out.Trailer = nil // request trailers never reach the upstream of a protected route
-	out.Body = x.lend(body)
+	out.Body = o.forwardBody()
 	out.ContentLength = int64(len(body))
 	o.sent = time.Now()
 	// A streamed answer's pump outlives the copy to the client (a client
