@@ -171,4 +171,3 @@ func TestPooledBodiesNeverReachAnotherRequest(t *testing.T) {
 	}
 	t.Logf("the upstream read %d bytes of its own requests after answering, none of another's", own.Load())
 }
-
