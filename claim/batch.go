@@ -152,6 +152,11 @@ func (b *batcher) send(batch []*pending) {
 // batchContext is a context for a batch: no caller's cancellation, and the
 // latest of their deadlines, or none when one of them has none (the
 // client's read and write timeouts still bound every socket operation).
+// It carries the deadline without a timer (deadlineOnly): go-redis sets
+// its socket deadlines from it (ContextTimeoutEnabled), so a batch past
+// it fails on its next socket operation, and a wait for a pooled
+// connection is bounded by the pool's timeout. A timer and its context
+// per operation were two allocations and a timer on every claim.
 func batchContext(batch []*pending) (context.Context, context.CancelFunc) {
 	var latest time.Time
 	for _, p := range batch {
@@ -163,8 +168,21 @@ func batchContext(batch []*pending) (context.Context, context.CancelFunc) {
 			latest = d
 		}
 	}
-	return context.WithDeadline(context.Background(), latest)
+	if len(batch) == 1 {
+		// A lone operation keeps its caller's values (tracing).
+		return deadlineOnly{context.WithoutCancel(batch[0].ctx), latest}, func() {}
+	}
+	return deadlineOnly{context.Background(), latest}, func() {}
 }
+
+// deadlineOnly is a context that is never cancelled and has a deadline:
+// Err stays nil past it (the socket deadlines end the commands).
+type deadlineOnly struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c deadlineOnly) Deadline() (time.Time, bool) { return c.deadline, true }
 
 // sendingError is a caller's context ending while its commands are still
 // on their way: go-redis may yet send them, or send them again after a

@@ -209,12 +209,24 @@ func ttlReply(v []any) (pttl time.Duration, now time.Time, ok bool) {
 		return 0, time.Time{}, false
 	}
 	ms, ok1 := v[0].(int64)
-	sec, err1 := strconv.ParseInt(fmt.Sprint(v[1]), 10, 64)
-	usec, err2 := strconv.ParseInt(fmt.Sprint(v[2]), 10, 64)
+	sec, err1 := replyInt(v[1])
+	usec, err2 := replyInt(v[2])
 	if !ok1 || err1 != nil || err2 != nil {
 		return 0, time.Time{}, false
 	}
 	return time.Duration(ms) * time.Millisecond, time.Unix(sec, usec*1000), true
+}
+
+// replyInt reads an integer a script returned, as a number or as TIME's
+// strings.
+func replyInt(v any) (int64, error) {
+	switch n := v.(type) {
+	case int64:
+		return n, nil
+	case string:
+		return strconv.ParseInt(n, 10, 64)
+	}
+	return strconv.ParseInt(fmt.Sprint(v), 10, 64)
 }
 
 // leaseLeft is what is left of rec's lease when its key has ttl left: all

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -46,44 +47,70 @@ func newFingerprinter(headers, ignoreJSONFields []string) (*fingerprinter, error
 }
 
 // sum returns the fingerprint. path is the cleaned path the route matched.
+// The framed parts before the body are built in a pooled buffer and
+// hashed with the body by a pooled hasher: the same bytes as framing each
+// part into the hash on its own, without an allocation per part.
 func (f *fingerprinter) sum(method, path, rawQuery string, h http.Header, body []byte) claim.Fingerprint {
-	d := sha256.New()
-	frame(d, []byte(method))
-	frame(d, []byte(path))
-	frame(d, []byte(rawQuery))
+	s := sums.Get().(*summer)
+	defer sums.Put(s)
+	s.d.Reset()
+	b := frame(s.buf[:0], method)
+	b = frame(b, path)
+	b = frame(b, rawQuery)
 	for _, name := range f.headers {
 		vs := h.Values(name)
-		frame(d, []byte(name))
-		frame(d, []byte(strconv.Itoa(len(vs))))
+		b = frame(b, name)
+		b = frame(b, strconv.Itoa(len(vs)))
 		for _, v := range vs {
 			if name == "Content-Type" {
 				v = normalizeMediaType(v)
 			}
-			frame(d, []byte(v))
+			b = frame(b, v)
 		}
 	}
+	kind := "raw"
 	if len(f.ignore) > 0 && isJSON(h.Get("Content-Type")) {
 		if canon, ok := f.canonicalJSON(body); ok {
-			frame(d, []byte("json"))
-			frame(d, canon)
-			return claim.Fingerprint(d.Sum(nil))
+			kind, body = "json", canon
 		}
 	}
-	frame(d, []byte("raw"))
-	frame(d, body)
-	return claim.Fingerprint(d.Sum(nil))
+	b = frame(b, kind)
+	b = binary.AppendUvarint(b, uint64(len(body)))
+	s.d.Write(b)
+	s.d.Write(body)
+	if cap(b) <= maxSummerBuf {
+		s.buf = b[:0]
+	}
+	var fp claim.Fingerprint
+	s.d.Sum(fp[:0])
+	return fp
 }
 
-func frame(h hash.Hash, b []byte) {
-	var n [binary.MaxVarintLen64]byte
-	h.Write(n[:binary.PutUvarint(n[:], uint64(len(b)))])
-	h.Write(b)
+// summer is a hasher and the buffer the framed parts go in, pooled.
+type summer struct {
+	d   hash.Hash
+	buf []byte
+}
+
+// maxSummerBuf bounds the buffers kept (a request with huge fingerprinted
+// headers does not hold its buffer in the pool).
+const maxSummerBuf = 4 << 10
+
+var sums = sync.Pool{New: func() any { return &summer{d: sha256.New(), buf: make([]byte, 0, 512)} }}
+
+// frame appends part to b, length-prefixed.
+func frame(b []byte, part string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(part)))
+	return append(b, part...)
 }
 
 // normalizeMediaType lower-cases the type and parameter names and drops
 // optional whitespace, so "Application/JSON; charset=utf-8" and
 // "application/json;charset=utf-8" fingerprint alike.
 func normalizeMediaType(v string) string {
+	if plainMediaType(v) {
+		return v // already what the rest would make of it (the usual case)
+	}
 	mt, params, err := mime.ParseMediaType(v)
 	if err != nil {
 		return strings.ToLower(strings.TrimSpace(v))
@@ -91,7 +118,26 @@ func normalizeMediaType(v string) string {
 	return mime.FormatMediaType(mt, params)
 }
 
+// plainMediaType reports a media type without parameters, spaces or
+// capitals ("application/json"): normalizeMediaType returns it as it is.
+func plainMediaType(v string) bool {
+	slash := false
+	for i := range len(v) {
+		switch c := v[i]; {
+		case c == '/' && !slash && i > 0 && i < len(v)-1:
+			slash = true
+		case 'a' <= c && c <= 'z', '0' <= c && c <= '9', c == '-', c == '+', c == '.':
+		default:
+			return false
+		}
+	}
+	return slash
+}
+
 func isJSON(contentType string) bool {
+	if plainMediaType(contentType) {
+		return contentType == "application/json" || strings.HasSuffix(contentType, "+json")
+	}
 	mt, _, err := mime.ParseMediaType(contentType)
 	if err != nil {
 		return false
