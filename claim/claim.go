@@ -170,6 +170,10 @@ func (s *Store) claimReply(key string, rec *Record, run *redis.Cmd) (Result, err
 	if err != nil {
 		return Result{}, s.unavailable("claim", err)
 	}
+	if len(v) == 1 { // a settled record: no lease to read
+		raw, _ := v[0].(string)
+		return s.existing(key, rec, raw, 0, time.Time{})
+	}
 	if len(v) != 4 {
 		return Result{}, fmt.Errorf("claim: unexpected reply %v: %w", v, ErrUnavailable)
 	}
