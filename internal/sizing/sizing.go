@@ -53,10 +53,11 @@ var Measured = Costs{
 	NetCompleteBytes: 456,
 	NetReplayBytes:   460,
 	// Sidecar CPU per request, all of the process (bench harness, c=32,
-	// 0 ms upstream, 1 KiB answers; docs/benchmarks.md, "Today").
-	SidecarFirstAttemptMicros: 154,
-	SidecarReplayMicros:       61,
-	SidecarPassThroughMicros:  91,
+	// 0 ms upstream, 1 KiB answers; docs/benchmarks.md, "Today": the run
+	// of 2026-12-03, three rounds, beside v0.5.0).
+	SidecarFirstAttemptMicros: 166,
+	SidecarReplayMicros:       77,
+	SidecarPassThroughMicros:  87,
 	// One streamed event through the sidecar (go run ./bench stream: 20
 	// events of 200 bytes per stream, each stream's claim and connection
 	// spread over its events; docs/benchmarks.md).
