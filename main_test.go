@@ -132,3 +132,31 @@ func TestPprofOnlyOnItsOwnLoopbackListener(t *testing.T) {
 		t.Errorf("pprof on admin_pprof_listen (%q): not served", s.pprofAddr)
 	}
 }
+
+// The command line paragraph of docs/configuration.md names every form the
+// binary's usage lists, so that a new flag or subcommand cannot reach the
+// binary without reaching the docs (issue 46: the paragraph had fallen
+// behind by -skip-files, keys and size).
+func TestCLIParagraphCoversUsage(t *testing.T) {
+	doc, err := os.ReadFile("docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(doc), "Command line (`idemproxy -h`)")
+	if i < 0 {
+		t.Fatal("docs/configuration.md has no command line paragraph")
+	}
+	para := string(doc[i:])
+	para = para[:strings.Index(para, "\n## ")]
+	for _, want := range []string{"-config", "-check", "-skip-files", "-version", "demo", "keys get|delete|reconcile", "size"} {
+		if !strings.Contains(usage, want) {
+			t.Errorf("the usage does not list %q any more: update this test and the docs", want)
+		}
+		if !strings.Contains(para, want) {
+			t.Errorf("docs/configuration.md's command line paragraph does not name %q", want)
+		}
+	}
+	if !strings.Contains(para, "streamed") {
+		t.Error("the paragraph's keys delete does not list -state streamed")
+	}
+}

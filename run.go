@@ -101,7 +101,7 @@ Usage:
   idemproxy -config f -check -skip-files   validate without reading the files it names (CI, outside the pod)
   idemproxy -version                       print build information and exit
   idemproxy demo                           the sidecar, an embedded store and a sample upstream, with a scripted show
-  idemproxy keys get|delete ...            look up or clear one idempotency key on a running sidecar (idemproxy keys -h)
+  idemproxy keys get|delete|reconcile ...  look up, clear or reconcile one idempotency key on a running sidecar (idemproxy keys -h)
   idemproxy size ...                       the Redis memory a traffic profile needs (idemproxy size -h)
 
 Flags:
