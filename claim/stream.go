@@ -254,7 +254,7 @@ func (s *Store) StreamRead(ctx context.Context, key string, from, max int) (Stre
 	plain, used, need, end, err := s.seal.openFrames(key, token, from, data)
 	if err == nil && used == 0 && need > 0 && from+need <= p.Len {
 		// One chunk longer than max: read it whole.
-		if p, head, data, err = s.streamRead(ctx, key, from, need); err == nil {
+		if p, _, data, err = s.streamRead(ctx, key, from, need); err == nil {
 			plain, used, _, end, err = s.seal.openFrames(key, token, from, data)
 		}
 	}
