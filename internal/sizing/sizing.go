@@ -23,10 +23,10 @@ import (
 // Redis figures are pipelined (32 operations at once, store.pipeline: true,
 // the default); serial ones are 2–3× higher (docs/scaling.md).
 var Measured = Costs{
-	RedisClaimMicros:    6.7,
-	RedisCompleteMicros: 22.4,
-	RedisReplayMicros:   6.6,
-	RedisRenewMicros:    12.8,
+	RedisClaimMicros:    11.8,
+	RedisCompleteMicros: 15.1,
+	RedisReplayMicros:   10.0,
+	RedisRenewMicros:    12.0,
 	// Redis memory per completed record (`go run ./bench units`, its
 	// check against used_memory): KeyBytes for the key, its entries in
 	// the main and expires tables and their buckets, plus the value's
@@ -49,9 +49,9 @@ var Measured = Costs{
 	InProgressBytes: 300,
 	// Network bytes per operation besides the answer itself (INFO stats,
 	// in + out): a claim, a completion, a replay read.
-	NetClaimBytes:    216,
+	NetClaimBytes:    289,
 	NetCompleteBytes: 456,
-	NetReplayBytes:   460,
+	NetReplayBytes:   497,
 	// Sidecar CPU per request, all of the process (bench harness, c=32,
 	// 0 ms upstream, 1 KiB answers; docs/benchmarks.md, "Today": the run
 	// of 2026-12-03, three rounds, beside v0.5.0).

@@ -36,7 +36,7 @@ func TestModelArithmetic(t *testing.T) {
 	near("memory", e.MemoryBytes, (3_600_000*1440+100*300)/0.7)
 	// Claim + complete per key, half a replay, no renewal (100 ms < 10 s / 3).
 	near("Redis ops/s", e.RedisOpsPerSecond, 2500)
-	near("Redis cores", e.RedisCores, (1000*(6.7+22.4)+500*6.6)/1e6/0.5)
+	near("Redis cores", e.RedisCores, (1000*(11.8+15.1)+500*10.0)/1e6/0.5)
 	if e.Shards != 1 || e.Binding != "memory" {
 		t.Errorf("shards %d binding %s, want 1, memory", e.Shards, e.Binding)
 	}
