@@ -23,6 +23,8 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,6 +55,8 @@ type Store struct {
 	// set, keys the Redis key derivation.
 	seal   *sealer
 	keyMAC []byte
+	// macs pools derive's buffers and HMACs keyed with keyMAC.
+	macs sync.Pool
 
 	// watch wakes waiters (watch.go).
 	watch *watcher
@@ -297,25 +301,51 @@ func (s *Store) QuotaKey(principal, scope string) string {
 }
 
 // derive is prefix + kind + the hex SHA-256 (an HMAC with the derivation
-// secret) of parts, framed by frameParts.
+// secret) of parts, each part length-prefixed so that no two different
+// lists of parts hash the same bytes. The framed parts go in one buffer
+// and one hash call, and the HMAC is pooled: a key costs the string it
+// returns (it built a hasher, an HMAC's two, and a few escaping buffers
+// every request before).
 func (s *Store) derive(kind string, parts ...string) string {
-	h := sha256.New()
-	if s.keyMAC != nil {
-		h = hmac.New(sha256.New, s.keyMAC)
+	d, _ := s.macs.Get().(*deriver)
+	if d == nil {
+		d = &deriver{}
+		if s.keyMAC != nil {
+			d.mac = hmac.New(sha256.New, s.keyMAC)
+		}
 	}
-	frameParts(h, parts...)
-	var sum [sha256.Size]byte
-	return s.prefix + kind + hex.EncodeToString(h.Sum(sum[:0]))
+	b := d.buf[:0]
+	for _, part := range parts {
+		b = binary.AppendUvarint(b, uint64(len(part)))
+		b = append(b, part...)
+	}
+	if d.mac == nil {
+		d.sum = sha256.Sum256(b)
+	} else {
+		d.mac.Reset()
+		d.mac.Write(b)
+		d.mac.Sum(d.sum[:0])
+	}
+	if cap(b) <= 1<<10 {
+		d.buf = b
+	}
+	var out strings.Builder
+	out.Grow(len(s.prefix) + len(kind) + 2*sha256.Size)
+	out.WriteString(s.prefix)
+	out.WriteString(kind)
+	var hexSum [2 * sha256.Size]byte
+	hex.Encode(hexSum[:], d.sum[:])
+	out.Write(hexSum[:])
+	s.macs.Put(d)
+	return out.String()
 }
 
-// frameParts writes each part length-prefixed, so that no two different
-// lists of parts write the same bytes.
-func frameParts(h hash.Hash, parts ...string) {
-	var n [binary.MaxVarintLen64]byte
-	for _, part := range parts {
-		h.Write(n[:binary.PutUvarint(n[:], uint64(len(part)))])
-		h.Write([]byte(part))
-	}
+// deriver is what derive reuses: the framing buffer, the sum, and the
+// HMAC when keys are derived with a secret.
+type deriver struct {
+	mac hash.Hash
+	buf []byte
+	sum [sha256.Size]byte
 }
 
 // Since is when this store first saw name: now, the first time any

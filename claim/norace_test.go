@@ -1,0 +1,5 @@
+//go:build !race
+
+package claim
+
+const raceEnabled = false
