@@ -168,10 +168,6 @@ func batchContext(batch []*pending) (context.Context, context.CancelFunc) {
 			latest = d
 		}
 	}
-	if len(batch) == 1 {
-		// A lone operation keeps its caller's values (tracing).
-		return deadlineOnly{context.WithoutCancel(batch[0].ctx), latest}, func() {}
-	}
 	return deadlineOnly{context.Background(), latest}, func() {}
 }
 

@@ -161,19 +161,32 @@ func (s *sealer) open(key string, b []byte) (*Record, error) {
 		return nil, &RecordError{ReasonCorrupt}
 	}
 	id, nonce, ct := rest[:keyIDLen], rest[keyIDLen:keyIDLen+nonceLen], rest[keyIDLen+nonceLen:]
+	body, err := s.openWith(id, nonce, ct, aad(key, b[:headerLen]))
+	if err != nil {
+		return nil, err
+	}
+	if len(body) < 2 {
+		return nil, &RecordError{ReasonTampered}
+	}
+	plain := make([]byte, headerLen, headerLen+len(body)-2)
+	copy(plain, b[:headerLen])
+	plain[offFlags] &^= flagSealed
+	copy(plain[offStatus:], body[:2])
+	return decode(append(plain, body[2:]...))
+}
+
+// openWith opens ct under the key whose id it was sealed with: tampered
+// when it does not open, unknown_key when no configured key has that id.
+func (s *sealer) openWith(id, nonce, ct, additional []byte) ([]byte, error) {
 	for _, k := range s.keys {
 		if string(k.id[:]) != string(id) {
 			continue
 		}
-		body, err := k.aead.Open(nil, nonce, ct, aad(key, b[:headerLen]))
-		if err != nil || len(body) < 2 {
+		plain, err := k.aead.Open(nil, nonce, ct, additional)
+		if err != nil {
 			return nil, &RecordError{ReasonTampered}
 		}
-		plain := make([]byte, headerLen, headerLen+len(body)-2)
-		copy(plain, b[:headerLen])
-		plain[offFlags] &^= flagSealed
-		copy(plain[offStatus:], body[:2])
-		return decode(append(plain, body[2:]...))
+		return plain, nil
 	}
 	return nil, &RecordError{ReasonUnknownKey}
 }

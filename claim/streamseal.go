@@ -112,18 +112,11 @@ func (s *sealer) openFrames(key string, token Token, from int, b []byte) (plain 
 
 // openFrame opens one whole frame stored at offset at.
 func (s *sealer) openFrame(key string, token Token, at int, f []byte) ([]byte, error) {
-	id, nonce := f[5:5+keyIDLen], f[5+keyIDLen:frameHeader]
-	for _, k := range s.keys {
-		if string(k.id[:]) != string(id) {
-			continue
-		}
-		chunk, err := k.aead.Open(nil, nonce, f[frameHeader:], frameAAD(key, token, at, f[0]))
-		if err != nil || f[0] == frameEnd && len(chunk) != 0 {
-			return nil, &RecordError{ReasonTampered}
-		}
-		return chunk, nil
+	chunk, err := s.openWith(f[5:5+keyIDLen], f[5+keyIDLen:frameHeader], f[frameHeader:], frameAAD(key, token, at, f[0]))
+	if err == nil && f[0] == frameEnd && len(chunk) != 0 {
+		return nil, &RecordError{ReasonTampered}
 	}
-	return nil, &RecordError{ReasonUnknownKey}
+	return chunk, err
 }
 
 // openStream decodes a sealed streamed record stored under key: its head
@@ -138,22 +131,12 @@ func (s *sealer) openStream(key string, b []byte) (*Record, error) {
 	}
 	blob := b[streamPrefix : streamPrefix+n]
 	id, nonce, ct := blob[:keyIDLen], blob[keyIDLen:keyIDLen+nonceLen], blob[keyIDLen+nonceLen:]
-	var fields []byte
-	found := false
-	for _, k := range s.keys {
-		if string(k.id[:]) != string(id) {
-			continue
-		}
-		var err error
-		fields, err = k.aead.Open(nil, nonce, ct, streamHeadAAD(key, b))
-		if err != nil || len(fields) < 2 {
-			return nil, &RecordError{ReasonTampered}
-		}
-		found = true
-		break
+	fields, err := s.openWith(id, nonce, ct, streamHeadAAD(key, b))
+	if err != nil {
+		return nil, err
 	}
-	if !found {
-		return nil, &RecordError{ReasonUnknownKey}
+	if len(fields) < 2 {
+		return nil, &RecordError{ReasonTampered}
 	}
 	var token Token
 	copy(token[:], b[offToken:])
