@@ -377,21 +377,47 @@ func (d *decoder) bytes(n int) []byte {
 }
 
 // header reads a header map: its count, then each name and its values;
-// nil when empty.
+// nil when empty. A replay decodes one per request, so the names and
+// values are cut from one string holding the whole block and share one
+// slice (each name's values capped, so an append copies): three
+// allocations, where a string and a slice each were one per field.
 func (d *decoder) header() http.Header {
-	nh := d.count()
-	if nh == 0 {
+	scan := *d
+	nh, nvals := scan.count(), 0
+	for range nh {
+		scan.bytes(scan.count())
+		nv := scan.count()
+		nvals += nv
+		for range nv {
+			scan.bytes(scan.count())
+		}
+	}
+	if scan.bad {
+		d.bad = true
 		return nil
 	}
+	if nh == 0 {
+		d.b = scan.b
+		return nil
+	}
+	whole := len(d.b)
+	text := string(d.b[:whole-len(scan.b)])
+	cut := func() string { // the next field, as a part of text
+		n := d.count()
+		at := whole - len(d.b)
+		d.bytes(n)
+		return text[at : at+n]
+	}
+	d.count()
 	h := make(http.Header, nh)
+	vals := make([]string, 0, nvals)
 	for range nh {
-		k := d.string()
-		nv := d.count()
-		vs := make([]string, 0, min(nv, 16))
-		for range nv {
-			vs = append(vs, d.string())
+		k := cut()
+		start := len(vals)
+		for range d.count() {
+			vals = append(vals, cut())
 		}
-		h[k] = vs
+		h[k] = vals[start:len(vals):len(vals)]
 	}
 	return h
 }

@@ -45,6 +45,25 @@ func TestRecordRoundTrip(t *testing.T) {
 	}
 }
 
+// A decoded header's names and values share one string and one slice
+// (allocation budget, issue 45); a value appended to one name must not
+// land in the next name's values.
+func TestDecodedHeaderValuesAreSeparate(t *testing.T) {
+	r := sampleRecord()
+	r.Header = http.Header{"A": {"1"}, "B": {"2"}, "C": {"3", "4"}}
+	got, err := Decode(r.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range got.Header {
+		got.Header[k] = append(got.Header[k], "added to "+k)
+	}
+	want := http.Header{"A": {"1", "added to A"}, "B": {"2", "added to B"}, "C": {"3", "4", "added to C"}}
+	if !reflect.DeepEqual(got.Header, want) {
+		t.Fatalf("after appending to each name's values: %v, want %v", got.Header, want)
+	}
+}
+
 // The Lua scripts read the state and token at fixed offsets.
 func TestRecordLayoutForScripts(t *testing.T) {
 	r := sampleRecord()
