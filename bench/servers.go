@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/http/pprof"
 	"net/url"
 	"strings"
 	"sync"
@@ -114,8 +115,16 @@ func serveReverseProxy(args []string) error {
 	listen := fs.String("listen", "127.0.0.1:0", "")
 	target := fs.String("upstream", "", "")
 	redisAddr := fs.String("redis", "", "add the floor of idempotency: two Redis round trips per keyed request")
+	pprofAddr := fs.String("pprof", "", "serve net/http/pprof here, to profile the baseline as the sidecar is profiled")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *pprofAddr != "" {
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		go func() { _ = http.ListenAndServe(*pprofAddr, mux) }()
 	}
 	u, err := url.Parse(*target)
 	if err != nil {
