@@ -329,6 +329,8 @@ func (s *Store) derive(kind string, parts ...string) string {
 	if cap(b) <= 1<<10 {
 		d.buf = b
 	}
+	// One allocation: prefix + kind + string(hexSum[:]) is two
+	// (TestKeyDerivationGolden counts them).
 	var out strings.Builder
 	out.Grow(len(s.prefix) + len(kind) + 2*sha256.Size)
 	out.WriteString(s.prefix)
