@@ -200,6 +200,9 @@ func (s *Store) found(ctx context.Context, key string, rec *Record, raw string, 
 		if pttl, now, ok := ttlReply(v); ok {
 			ttl = pttl
 			res.Unforwarded = res.Existing.neverForwarded(pttl, now)
+			if pttl > 0 {
+				res.Existing.Expires, res.Existing.ReadAt, res.redisNow = now.Add(pttl), now, now
+			}
 		}
 	}
 	res.TTL = leaseLeft(res.Existing, max(ttl, time.Millisecond))
@@ -257,7 +260,10 @@ func (s *Store) existing(key string, rec *Record, raw string, ttl time.Duration,
 	if found.State != InProgress {
 		return Result{Existing: found}, nil
 	}
-	return Result{Existing: found, TTL: leaseLeft(found, ttl), Unforwarded: found.neverForwarded(ttl, now)}, nil
+	if ttl > 0 && !now.IsZero() {
+		found.Expires, found.ReadAt = now.Add(ttl), now
+	}
+	return Result{Existing: found, TTL: leaseLeft(found, ttl), Unforwarded: found.neverForwarded(ttl, now), redisNow: now}, nil
 }
 
 // Get returns the record under key, or nil when there is none, and for an
@@ -280,7 +286,16 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, er
 		return nil, 0, err
 	}
 	if rec.State == InProgress {
-		return rec, leaseLeft(rec, max(pttl.Val(), 0)), nil
+		ttl := max(pttl.Val(), 0)
+		// Its expiry on Redis' clock, read in one script, tells its owner's
+		// renewals (Record.Expires); the PTTL above is the bound when that
+		// read fails.
+		if v, err := s.eval(ctx, ttlScript, key, 0).Slice(); err == nil {
+			if p, now, ok := ttlReply(v); ok && p > 0 {
+				ttl, rec.Expires, rec.ReadAt = p, now.Add(p), now
+			}
+		}
+		return rec, leaseLeft(rec, ttl), nil
 	}
 	return rec, max(pttl.Val(), 0), nil
 }

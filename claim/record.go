@@ -130,6 +130,14 @@ type Record struct {
 	// store that lost its data since the last look is known before
 	// EpochStart answers for this claim (epoch.go).
 	ReadEpoch bool
+	// Expires is not stored: for an in-progress record read together
+	// with its key's TTL and the store's clock (a claim that found it),
+	// when the key expires on the store's clock; zero when not read. Only
+	// a renewal moves it, whatever the store's clock does, so it is how a
+	// reader tells an owner alive (proxy's liveness rule), and SettleOrphan
+	// and TakeOver are fenced on it. ReadAt is the store's clock in the
+	// same reading.
+	Expires, ReadAt time.Time
 	// StreamEnd, AliveUntil and StreamLen describe a Streamed record
 	// (stream.go) as read: how it ended so far, until when (Redis'
 	// clock) its owner's lease runs while it runs, and the stored value's

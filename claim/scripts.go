@@ -124,11 +124,14 @@ return 1
 // orphanScript settles an orphaned in-progress record, one whose owner
 // stopped renewing: its key's TTL (lease + tail) has fallen to the tail.
 // The record is replaced by the caller's completed one, fenced on the
-// orphan's token and on the lease still being over.
+// orphan's token, on the lease still being over, and on the key's expiry
+// being the one the caller judged the owner gone by (a renewal moves it).
 //
 // KEYS[1] key; ARGV[1] orphan's token; ARGV[2] encoded completed record;
 // ARGV[3] retention ms; ARGV[4] the orphan's tail ms; ARGV[5] the publish
-// command.
+// command; ARGV[6] the orphan's expiry as the caller read it (Unix ms on
+// Redis' clock; 0: not fenced on it); ARGV[7] how far a reading of it may
+// be off (ms).
 // Returns 1 settled, 0 gone, -1 owned by someone else, -2 completed, -3
 // the owner renewed its lease.
 var orphanScript = redis.NewScript(`
@@ -136,7 +139,14 @@ local cur = redis.call('GET', KEYS[1])
 if not cur then return 0 end
 if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
 if string.byte(cur, 2) ~= 1 then return -2 end
-if redis.call('PTTL', KEYS[1]) > tonumber(ARGV[4]) then return -3 end
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl > tonumber(ARGV[4]) then return -3 end
+local exp = tonumber(ARGV[6])
+if exp > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if math.abs(now + pttl - exp) > tonumber(ARGV[7]) then return -3 end
+end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.pcall(ARGV[5], KEYS[1], '')
 return 1
@@ -146,31 +156,39 @@ var scripts = []*redis.Script{claimScript, ttlScript, epochScript, epochLostScri
 
 // takeOverScript replaces a record whose outcome is unknown with the
 // caller's in-progress claim, so that it alone asks the upstream
-// (reconcile.go): an orphan (fenced on its token and on its lease being
-// over) or a completed record (fenced on its token). It returns since, a
-// time on Redis' clock no earlier than the first attempt's last sign of
-// life, from which an "absent" answer is judged: for an orphan, when its
-// TTL would have been its tail alone (its last renewal, or claim, came no
-// later); for a completed record, the caller's since (the first attempt's
-// claim, as its owner measured it on Redis' clock), or now when it has
-// none.
+// (reconcile.go): an orphan (fenced on its token, on its lease being over
+// and on its key's expiry being the one the caller judged the owner gone
+// by: a renewal since moves it) or a completed record (fenced on its
+// token). A streamed record (state 3) is never taken over, whatever it
+// carries. It returns since, a time on Redis' clock no earlier than the
+// first attempt's last sign of life, from which an "absent" answer is
+// judged: for an orphan, when its TTL would have been its tail alone (its
+// last renewal, or claim, came no later); for a completed record, the
+// caller's since (the first attempt's claim, as its owner measured it on
+// Redis' clock), or now when it has none.
 //
 // KEYS[1] key; ARGV[1] the old record's token; ARGV[2] the new encoded
 // in-progress record; ARGV[3] its TTL ms; ARGV[4] the orphan's tail ms;
-// ARGV[5] the completed record's since (Unix ms on Redis' clock; 0: none).
+// ARGV[5] the completed record's since (Unix ms on Redis' clock; 0: none);
+// ARGV[6] the orphan's expiry as the caller read it (Unix ms on Redis'
+// clock; 0: not fenced on it); ARGV[7] how far a reading of it may be off
+// (ms).
 // Returns {1, since ms, now ms} taken over, {0} gone, {-1} changed, {-3}
 // the orphan's owner renewed its lease.
 var takeOverScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then return {0} end
-if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return {-1} end
+local state = string.byte(cur, 2)
+if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] or (state ~= 1 and state ~= 2) then return {-1} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local since
-if string.byte(cur, 2) == 1 then
+if state == 1 then
   local pttl = redis.call('PTTL', KEYS[1])
   local tail = tonumber(ARGV[4])
   if pttl > tail then return {-3} end
+  local exp = tonumber(ARGV[6])
+  if exp > 0 and math.abs(now + pttl - exp) > tonumber(ARGV[7]) then return {-3} end
   since = now - (tail - pttl)
 else
   since = tonumber(ARGV[5])
@@ -183,18 +201,24 @@ return {1, since, now}
 // freeAbsentScript frees a key the caller took over to reconcile, once
 // the upstream said it never acted: fenced on the caller's token and its
 // claim still in progress, and only when at least ARGV[3] ms have passed
-// since ARGV[2] on Redis' clock, read here, so that no clock but Redis'
-// and no earlier reading decides it.
+// since ARGV[2] on Redis' clock, read here, and Redis' clock and the
+// caller's (ARGV[5], read as it sent the command) differ by no more than
+// ARGV[6] ms: one stepped clock alone never frees a key.
 //
 // KEYS[1] key; ARGV[1] token; ARGV[2] since (Unix ms, Redis' clock);
-// ARGV[3] the age an absent answer needs (ms); ARGV[4] the publish command.
-// Returns {1} freed, {0} gone, {-1} changed, {-4, ms still to wait}.
+// ARGV[3] the age an absent answer needs (ms); ARGV[4] the publish
+// command; ARGV[5] the caller's clock (Unix ms); ARGV[6] the largest
+// offset allowed between the clocks (ms).
+// Returns {1} freed, {0} gone, {-1} changed, {-4, ms still to wait}, {-6,
+// the offset ms} the clocks disagree.
 var freeAbsentScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then return {0} end
 if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] or string.byte(cur, 2) ~= 1 then return {-1} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local skew = now - tonumber(ARGV[5])
+if math.abs(skew) > tonumber(ARGV[6]) then return {-6, skew} end
 local left = tonumber(ARGV[2]) + tonumber(ARGV[3]) - now
 if left > 0 then return {-4, left} end
 redis.call('DEL', KEYS[1])

@@ -79,10 +79,11 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 // kept for retention. The check is atomic with the write: it returns
 // ErrLeaseLost, writing nothing, when the key changed since it was read
 // (gone, completed, claimed by another) or the owner renewed its lease
-// after all; the caller then claims again.
+// after all (its key's expiry is no longer orphan.Expires, when that was
+// read); the caller then claims again.
 func (s *Store) SettleOrphan(ctx context.Context, key string, orphan *Record, rec *Record, retention time.Duration) error {
 	value := s.encode(key, rec)
-	args := []any{orphan.Token[:], value, retention.Milliseconds(), orphan.Tail.Milliseconds(), s.watch.publishCommand()}
+	args := []any{orphan.Token[:], value, retention.Milliseconds(), orphan.Tail.Milliseconds(), s.watch.publishCommand(), expiryArg(orphan), expiryJitter.Milliseconds()}
 	run, wait := s.evalWrite(ctx, orphanScript, key, len(value), args...)
 	n, err := run.Int64()
 	if err == nil && n == 1 {

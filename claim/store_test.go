@@ -95,6 +95,7 @@ func TestContract(t *testing.T) {
 		{"CompactRecords", testCompactRecords},
 		{"KeyedFingerprints", testKeyedFingerprints},
 		{"TakeOverFenced", testTakeOverFenced},
+		{"TakeOverFencedOnExpiry", testTakeOverFencedOnExpiry},
 		{"StreamedRecords", testStreamedRecords},
 		{"SealedStreams", testSealedStreams},
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/clockshim"
+	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -161,4 +163,96 @@ func buildClock(t *testing.T) *clockshim.Clock {
 		t.Skip(err)
 	}
 	return clock
+}
+
+// TestRedisClockStepNeverFreesALiveOwnerOnReconcile (issue 53), through
+// the real binary on a real redis-server whose clock a shim steps: on a
+// reconcile route (lease 2s, absent_after 5s), the first attempt's call
+// runs 3 s in the app, which commits at its end. Redis' clock steps 10 s
+// forward while it runs, so the live claim's PTTL falls under its tail and
+// it looks orphaned until its owner's next renewal; a retry at once, on
+// the same sidecar and on a second one, must never take the claim over
+// and free it on the lookup's truthful 404: the upstream runs once and
+// every retry ends with the first attempt's 201. 0fc8fae executed the
+// retry a second time (5 of 5). Without reconcile (unknown_outcome: fail)
+// the retry settled the live claim as 502 outcome-unknown: one execution,
+// but the answer changed, and the first client's 201 was never stored.
+func TestRedisClockStepNeverFreesALiveOwnerOnReconcile(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
+	clock := buildClock(t)
+	l, upstream := newLedger(t)
+	for _, via := range []string{"same sidecar", "second sidecar", "same sidecar without reconcile"} {
+		t.Run(via, func(t *testing.T) {
+			if err := clock.Set(0); err != nil {
+				t.Fatal(err)
+			}
+			srv := redistest.StartEnv(t, clock.Env())
+			cfg := fmt.Sprintf(`upstream:
+  url: %q
+  timeout: 4s
+  late_answer_window: 0s
+store:
+  redis:
+    addrs: [%q]
+defaults:
+  lease: 2s
+routes:
+  - name: pay
+    match: "POST /payments"
+    reconcile:
+      url: "/payments/by-key/{key}"
+      status: 201
+      timeout: 500ms
+      absent_after: 5s
+`, upstream.URL, srv.Addr)
+			if strings.HasSuffix(via, "without reconcile") {
+				// unknown_outcome: fail settles an orphan as outcome-unknown:
+				// a live owner's answer would be replaced by a 502.
+				cfg = cfg[:strings.Index(cfg, "    reconcile:")]
+			}
+			a := startBinary(t, cfg)
+			retryOn := a
+			if via == "second sidecar" {
+				retryOn = startBinary(t, cfg)
+			}
+			key := "stepped-" + strings.ReplaceAll(via, " ", "-")
+			l.mu.Lock()
+			l.first[key] = "late"
+			l.lateAct = 3 * time.Second
+			l.mu.Unlock()
+			time.Sleep(1200 * time.Millisecond) // the store watchers measure the clocks
+
+			var wg sync.WaitGroup
+			var first int
+			var firstBody string
+			wg.Go(func() { first, firstBody = post(t, a.Client+"/payments", key, `{"amount":1}`) })
+			poll.Until(t, "the first attempt reaches the app", func() bool { return l.executions(key) == 1 })
+			time.Sleep(100 * time.Millisecond)
+			if err := clock.Set(10 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			defer clock.Set(0)
+			var status int
+			var body string
+			deadline := time.Now().Add(15 * time.Second)
+			for time.Now().Before(deadline) {
+				status, body = post(t, retryOn.Client+"/payments", key, `{"amount":1}`)
+				if status != http.StatusConflict {
+					break
+				}
+				time.Sleep(150 * time.Millisecond)
+			}
+			wg.Wait()
+			if n := l.executions(key); n != 1 {
+				t.Fatalf("the upstream ran %d times for one key after Redis' clock stepped 10s forward (retry via the %s: %d %s); logs:\n%s", n, via, status, body, retryOn.Logs())
+			}
+			want := fmt.Sprintf(`{"id":"ch_%s_1"}`, key)
+			if first != http.StatusCreated || firstBody != want {
+				t.Errorf("first attempt: %d %s, want 201 %s", first, firstBody, want)
+			}
+			if status != http.StatusCreated || body != want {
+				t.Errorf("retry via the %s: %d %s, want the first attempt's 201 %s", via, status, body, want)
+			}
+		})
+	}
 }

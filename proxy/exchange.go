@@ -228,6 +228,9 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) *reply {
 				continue // released or lapsed: claim it ourselves
 			}
 		}
+		if rep := x.ownerAlive(existing, rec, ttl); rep != nil {
+			return rep
+		}
 		if since, ok := x.reconcilable(existing, rec, ttl); ok && attempt < maxOrphanSettles {
 			if rep := x.reconcileExisting(existing, rec, since); rep != nil {
 				return rep
@@ -242,6 +245,24 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) *reply {
 		}
 		return x.answerExisting(existing, rec.Fingerprint, ttl)
 	}
+}
+
+// ownerAlive notes existing, a claim in progress for the same request,
+// on this sidecar's own clock, and answers the route's in-progress status
+// while it looks orphaned but its owner has not yet been seen without a
+// sign of life for a full lease (liveness.go): a step of the store's
+// clock lowers a live owner's TTL as much as its death does. It returns
+// nil when existing may be acted on as it is: not orphaned, or its owner
+// gone.
+func (x *exchange) ownerAlive(existing, rec *claim.Record, ttl time.Duration) *reply {
+	if existing.State != claim.InProgress || !x.h.store.SameRequest(existing, rec.Fingerprint) {
+		return nil
+	}
+	gone, wait := x.h.liveness.see(x.hashedKey, existing, max(x.rt.settings.Lease, existing.Lease))
+	if gone || !existing.Orphaned(ttl) {
+		return nil
+	}
+	return x.inProgress("retry after the time in Retry-After; the first attempt's owner has not renewed its lease lately, and is taken for gone only once this sidecar has seen no sign of it for a whole lease", wait)
 }
 
 // shed answers a request whose route forwards max_in_flight first attempts
@@ -286,6 +307,7 @@ func (x *exchange) settleOrphan(orphan *claim.Record) *reply {
 	case err != nil:
 		return x.storeFailed("complete", err, nil)
 	}
+	x.h.liveness.forget(x.hashedKey)
 	x.h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, unknownOrphan).Inc()
 	return x.replay(rec).withDetail("the claim's owner vanished without settling (lease lapsed): settled as 502 outcome-unknown")
 }

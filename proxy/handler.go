@@ -138,6 +138,9 @@ type Handler struct {
 	// forwarding counts first attempts forwarding now, per route
 	// (max_in_flight).
 	forwarding inFlight
+	// liveness is what this sidecar saw of claims in progress, to judge
+	// their owners gone on its own clock (liveness.go).
+	liveness *liveness
 	// relied are the headers no request may nominate as hop-by-hop: the
 	// forwarding headers and the identity header (a route adds its key).
 	relied nameSet
@@ -199,6 +202,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		passUpgrades:    slices.Clone(cfg.PassThroughUpgrades),
 		problems:        cfg.Problems,
 		streams:         cfg.Streams,
+		liveness:        newLiveness(),
 	}
 	h.unconfirmed = unconfirmed{h: h, now: time.Now}
 	if h.bodyTimeout <= 0 {

@@ -73,3 +73,27 @@ func nominated(h http.Header, guarded nameSet) string {
 	}
 	return ""
 }
+
+// ownHeaderPrefix starts every header idemproxy's answers carry of its own
+// (Idempotent-Replayed, -Reconciled, -Unknown-Since, -Resumed-After).
+const ownHeaderPrefix = "Idempotent-"
+
+// ownHeaders are idemproxy's other headers on its answers.
+var ownHeaders = []string{retentionHeader, repeatabilityResult}
+
+// dropOwnHeaders removes from h, an upstream's answer, every header
+// idemproxy sets on its own answers, before it is stored or sent: only
+// idemproxy says that an answer is a replay, reconciled, an
+// outcome-unknown to ask about, or what a repeatable request's result was
+// (a chained idemproxy, or an app that reflects headers, would otherwise
+// speak for it).
+func dropOwnHeaders(h http.Header) {
+	for k := range h {
+		if len(k) >= len(ownHeaderPrefix) && strings.EqualFold(k[:len(ownHeaderPrefix)], ownHeaderPrefix) {
+			delete(h, k)
+		}
+	}
+	for _, k := range ownHeaders {
+		h.Del(k)
+	}
+}

@@ -174,6 +174,7 @@ func (h *Handler) lookupVerdict(rt *route, resp *http.Response, key string, max 
 		return lookupAnswer{result: lookupUnresolved, why: fmt.Sprintf("the lookup's found answer is larger than max_response_body (%d bytes)", max)}
 	}
 	header := resp.Header.Clone()
+	dropOwnHeaders(header)
 	for _, k := range lookupHeaders {
 		header.Del(k)
 	}
@@ -221,11 +222,30 @@ func (x *exchange) reconcilable(existing, rec *claim.Record, ttl time.Duration) 
 	if existing.State == claim.InProgress {
 		return time.Time{}, existing.Orphaned(ttl)
 	}
-	v := existing.Header.Get(unknownSinceHeader)
-	if v == "" {
+	return storedUnknown(existing)
+}
+
+// storedUnknown reports whether rec is an outcome-unknown record that
+// idemproxy stored on a reconcile route, and since, its first attempt's
+// claim on the store's clock (zero when not read). It is known by what
+// only idemproxy writes: a completed record with the outcome-unknown
+// problem's status, no-store, and the marker header, which an upstream's
+// answer never keeps (dropOwnHeaders). A streamed record never is one,
+// whatever its head carries.
+func storedUnknown(rec *claim.Record) (since time.Time, ok bool) {
+	if rec.State != claim.Completed || rec.Status != probOutcomeUnknown.Status ||
+		rec.Header.Get("Cache-Control") != "no-store" || rec.Header.Get(reconciledHeader) != "" {
 		return time.Time{}, false
 	}
-	if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 {
+	vs := rec.Header.Values(unknownSinceHeader)
+	if len(vs) != 1 {
+		return time.Time{}, false
+	}
+	ms, err := strconv.ParseInt(vs[0], 10, 64)
+	if err != nil || ms < 0 {
+		return time.Time{}, false
+	}
+	if ms > 0 {
 		since = time.UnixMilli(ms)
 	}
 	return since, true
@@ -268,6 +288,7 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 	case err != nil:
 		return x.storeFailed("take_over", err, nil)
 	}
+	x.h.liveness.forget(x.hashedKey)
 	ans := x.ask()
 	if s.Unknown != Fail && ans.result != lookupFound {
 		// keep and release: a vanished owner's key executes again when
@@ -280,9 +301,18 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 		return nil
 	}
 	if ans.result == lookupAbsent {
-		err := x.detached("free_absent", func(ctx context.Context) error {
-			return x.h.store.FreeAbsent(ctx, x.hashedKey, taker.Token, since, rc.AbsentAfter+absentMargin(s))
-		})
+		after := rc.AbsentAfter + absentMargin(s)
+		var err error
+		if left := time.Until(existing.Created.Add(after)); left > 0 {
+			// Old enough on the store's clock is not enough: on the
+			// claimer's clock against this one too, so that one stepped
+			// clock alone never frees a key.
+			err = &claim.TooEarlyError{Left: left}
+		} else {
+			err = x.detached("free_absent", func(ctx context.Context) error {
+				return x.h.store.FreeAbsent(ctx, x.hashedKey, taker.Token, since, after)
+			})
+		}
 		var early *claim.TooEarlyError
 		switch {
 		case err == nil:
@@ -455,6 +485,9 @@ func (h *Handler) ReconcileKey(ctx context.Context, routeName, principal, key st
 	since, ok := x.reconcilable(existing, existing, ttl)
 	if !ok {
 		return "not_reconcilable: " + existing.State.String(), 0, nil, nil
+	}
+	if x.ownerAlive(existing, existing, ttl) != nil {
+		return "not_reconcilable: in_progress, its owner not yet seen gone for a whole lease (ask again after one)", 0, nil, nil
 	}
 	rep := x.reconcileExisting(existing, existing, since)
 	if rep == nil {

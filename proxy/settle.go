@@ -116,6 +116,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		return nil
 	}
 	x := o.x
+	dropOwnHeaders(resp.Header)
 	x.upstream = time.Since(o.sent)
 	h.metrics.upstream.WithLabelValues(x.rt.name).Observe(x.upstream.Seconds())
 	x.status = resp.StatusCode
