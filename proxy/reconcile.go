@@ -78,13 +78,24 @@ func checkReconcile(rc *Reconcile) error {
 }
 
 // expand fills the template: values in the path are path-escaped (a "/"
-// in a key stays inside its segment), values in the query query-escaped.
+// in a key stays inside its segment, and one made only of dots is
+// escaped whole), values in the query query-escaped.
 func (rc *Reconcile) expand(key, principal, route string) (path, rawQuery string) {
 	p, q, _ := strings.Cut(rc.URL, "?")
 	fill := func(s string, escape func(string) string) string {
 		return strings.NewReplacer(fieldKey, escape(key), fieldPrincipal, escape(principal), fieldRoute, escape(route)).Replace(s)
 	}
-	return fill(p, url.PathEscape), fill(q, url.QueryEscape)
+	return fill(p, pathSegment), fill(q, url.QueryEscape)
+}
+
+// pathSegment escapes v to stand as (part of) one path segment: a value
+// made only of dots is all %2E, so that no router's dot-segment removal
+// ("..", ".") can make the lookup another path.
+func pathSegment(v string) string {
+	if v != "" && strings.Trim(v, ".") == "" {
+		return strings.Repeat("%2E", len(v))
+	}
+	return url.PathEscape(v)
 }
 
 // lookupURL is the lookup's URL on upstream: the upstream's path joined

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +104,33 @@ func TestLookupCountsOnlyAnswersThatEchoTheKey(t *testing.T) {
 	}
 	if a := h.lookup(context.Background(), rt, "alice", "found-big", 4); a.result != lookupUnresolved {
 		t.Errorf("a found answer larger than the bound: %s, want unresolved", a.result)
+	}
+}
+
+// TestLookupEscapesDotSegments (issue 53): a key or principal made only
+// of dots is escaped (%2E) in the lookup's path, so no router that
+// removes dot segments turns /by-key/.. into another path; 0fc8fae sent
+// /payments/by-key/.. as it was.
+func TestLookupEscapesDotSegments(t *testing.T) {
+	up, _ := url.Parse("http://app:8080/api")
+	rc := &Reconcile{URL: "/payments/{principal}/by-key/{key}?k={key}"}
+	for _, tc := range []struct{ principal, key, raw string }{
+		{"alice", "..", "/api/payments/alice/by-key/%2E%2E"},
+		{"alice", ".", "/api/payments/alice/by-key/%2E"},
+		{"..", "...", "/api/payments/%2E%2E/by-key/%2E%2E%2E"},
+		{"alice", "..a", "/api/payments/alice/by-key/..a"},
+		{"alice", "a/..", "/api/payments/alice/by-key/a%2F.."},
+	} {
+		u := lookupURL(up, rc, tc.key, tc.principal, "pay")
+		if got := u.EscapedPath(); got != tc.raw {
+			t.Errorf("principal %q key %q: path %s, want %s", tc.principal, tc.key, got, tc.raw)
+		}
+		if want := "k=" + url.QueryEscape(tc.key); u.RawQuery != want {
+			t.Errorf("key %q: query %s, want %s", tc.key, u.RawQuery, want)
+		}
+		if cleaned := path.Clean(u.EscapedPath()); cleaned != u.EscapedPath() {
+			t.Errorf("key %q: a router's dot-segment removal turns %s into %s", tc.key, u.EscapedPath(), cleaned)
+		}
 	}
 }
 
