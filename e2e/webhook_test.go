@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -195,9 +196,11 @@ func TestWebhooksThroughTheBinary(t *testing.T) {
 			}
 			// The key is what the provider signs, and the upstream gets it.
 			want := "evt_1"
-			if p == "github" || p == "shopify" || p == "shopify-bare" {
-				sum := sha256.Sum256([]byte(body("evt_1")))
-				want = "sha256:" + hex.EncodeToString(sum[:])
+			switch p {
+			case "github":
+				want = bodyKey(body("evt_1"))
+			case "shopify", "shopify-bare":
+				want = eventKey(body("evt_1"), "", "") // no topic or shop sent
 			}
 			if got := keys["/webhooks/"+p+" evt_1"]; got != want {
 				t.Errorf("the upstream got Idempotency-Key %q, want %q", got, want)
@@ -232,10 +235,21 @@ func githubDelivery(t *testing.T, base, secret, id, body string) *http.Request {
 	return req
 }
 
-// bodyKey is the key of a GitHub or Shopify delivery of body: its SHA-256.
-func bodyKey(body string) string {
+// bodyKey is the key of a GitHub push delivery of body (signers).
+func bodyKey(body string) string { return eventKey(body, "push") }
+
+// eventKey is the key of a delivery keyed by its body's SHA-256 and what
+// it is about (GitHub's event; Shopify's topic and shop): the body's
+// digest, ":" and the first 128 bits of the SHA-256 of the event's
+// parts, each length-prefixed (8 bytes, big-endian).
+func eventKey(body string, parts ...string) string {
 	sum := sha256.Sum256([]byte(body))
-	return "sha256:" + hex.EncodeToString(sum[:])
+	m := sha256.New()
+	for _, p := range parts {
+		m.Write(binary.BigEndian.AppendUint64(nil, uint64(len(p))))
+		m.Write([]byte(p))
+	}
+	return "sha256:" + hex.EncodeToString(sum[:]) + ":" + hex.EncodeToString(m.Sum(nil)[:16])
 }
 
 // TestUnsignedBodiesCountAgainstTheirSender (issue 41, item 2): an outside

@@ -87,9 +87,9 @@ type exchange struct {
 type admitted struct {
 	key  string
 	body []byte
-	// legacyID, on a webhook route, is the id v0.5.0 keyed the delivery
-	// by (useLegacyKey).
-	legacyID string
+	// legacy, on a webhook route, are the keys earlier releases stored
+	// the delivery under (useLegacyKey).
+	legacy []legacyKey
 }
 
 // serve runs steps 2 to 8 of the request flow (route match is done): the
@@ -111,8 +111,8 @@ func (x *exchange) decide() *reply {
 	}
 	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, in.body)
 	x.hashedKey, x.idemKey = x.h.store.Key(x.principal, x.rt.scope, in.key), in.key
-	if in.legacyID != "" {
-		if rep := x.useLegacyKey(in.legacyID); rep != nil {
+	if len(in.legacy) > 0 {
+		if rep := x.useLegacyKey(in.legacy); rep != nil {
 			return rep
 		}
 	}

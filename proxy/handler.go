@@ -162,8 +162,9 @@ type Handler struct {
 	owners claimAges
 	// unconfirmed cleans up claims whose reply never came.
 	unconfirmed unconfirmed
-	// keyChange bounds how long webhook routes read v0.5.0's keys.
-	keyChange keyChange
+	// keyChanges bound how long webhook routes read the keys of earlier
+	// releases (useLegacyKey).
+	keyChanges [keyChanges]keyChange
 	// streams is Config.Streams; streamReaders counts the retries
 	// following each stream here (stream.go).
 	streams       bool

@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"maps"
@@ -46,6 +47,10 @@ type signed struct {
 	// provider signs them; sigs the signatures the headers carry.
 	id, ts string
 	sigs   [][]byte
+	// event is what the delivery is about (unsigned), for a provider
+	// keyed by the body's digest: part of its key (eventSum), since one
+	// body can be delivered under several topics, each a delivery.
+	event []string
 }
 
 // providers are the webhook providers, by name.
@@ -92,10 +97,10 @@ var providers = map[string]provider{
 			if err != nil {
 				return signed{}, errSigWrong
 			}
-			return signed{sigs: [][]byte{sig}}, nil
+			return signed{sigs: [][]byte{sig}, event: []string{h.Get("X-GitHub-Event")}}, nil
 		},
 		sign:       bodyMAC,
-		key:        bodySum,
+		key:        eventSum,
 		unsignedID: func(h http.Header) string { return h.Get("X-GitHub-Delivery") },
 	},
 	// X-Shopify-Hmac-Sha256: <base64 HMAC-SHA256(body)>, or the names
@@ -111,10 +116,10 @@ var providers = map[string]provider{
 			if err != nil {
 				return signed{}, errSigWrong
 			}
-			return signed{sigs: [][]byte{sig}}, nil
+			return signed{sigs: [][]byte{sig}, event: shopifyEvent(h)}, nil
 		},
 		sign:       bodyMAC,
-		key:        bodySum,
+		key:        eventSum,
 		unsignedID: func(h http.Header) string { return header(h, "X-Shopify-Webhook-Id", "Shopify-Webhook-Id") },
 	},
 	// webhook-signature: v1,<base64 HMAC-SHA256(id.timestamp.body)>
@@ -154,11 +159,30 @@ func Providers() []string { return slices.Sorted(maps.Keys(providers)) }
 // bodyMAC is the HMAC-SHA256 of the body alone.
 func bodyMAC(secret []byte, _ signed, body []byte) []byte { return mac(secret, body) }
 
-// bodySum keys a delivery whose provider signs only the body: "sha256:"
-// and the body's hex SHA-256 (the provider's redeliveries resend it).
-func bodySum(_ signed, body []byte) (string, error) {
+// bodySum is what v0.6.0 keyed a delivery by whose provider signs only
+// the body: "sha256:" and the body's hex SHA-256 (the provider's
+// redeliveries resend it).
+func bodySum(body []byte) string {
 	sum := sha256.Sum256(body)
-	return "sha256:" + hex.EncodeToString(sum[:]), nil
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// eventSum keys a delivery whose provider signs only the body by the
+// body's digest and what the delivery is about (d.event: GitHub's event,
+// Shopify's topic and shop): bodySum, then ":" and the first 128 bits of
+// the hex SHA-256 of the event's parts, each length-prefixed. Two topics
+// with byte-identical bodies are two deliveries. The event headers are
+// not signed, so a captured body resent under another event executes
+// once per event (docs/security.md).
+func eventSum(d signed, body []byte) (string, error) {
+	m := sha256.New()
+	for _, part := range d.event {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		m.Write(n[:])
+		m.Write([]byte(part))
+	}
+	return bodySum(body) + ":" + hex.EncodeToString(m.Sum(nil)[:16]), nil
 }
 
 func mac(key []byte, parts ...[]byte) []byte {
@@ -167,6 +191,12 @@ func mac(key []byte, parts ...[]byte) []byte {
 		m.Write(p)
 	}
 	return m.Sum(nil)
+}
+
+// shopifyEvent is what a Shopify delivery is about: its topic and its
+// shop's domain, under either header spelling.
+func shopifyEvent(h http.Header) []string {
+	return []string{header(h, "X-Shopify-Topic", "Shopify-Topic"), header(h, "X-Shopify-Shop-Domain", "Shopify-Shop-Domain")}
 }
 
 // header is the first of names that h carries ("" when none).

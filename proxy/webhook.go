@@ -128,12 +128,27 @@ func (wh *Webhook) key(d signed, body []byte) (string, error) {
 	return id, nil
 }
 
-// deliveryID is what v0.5.0 keyed the delivery by ("" when none).
-func (wh *Webhook) deliveryID(h http.Header, key string) string {
-	if id := providers[wh.Provider].unsignedID; id != nil {
-		return id(h)
+// legacyKey is a key an earlier release stored a delivery under: read,
+// and answered from, for one retention after the store first served the
+// keys that replaced it (change).
+type legacyKey struct {
+	scope, key string
+	change     int // keysV06, keysV07
+}
+
+// legacyKeys are the keys earlier releases stored the delivery under,
+// newest first: v0.6.0's, the body's digest alone, for a provider keyed by
+// the body's digest; v0.5.0's, the delivery id (unsigned where the
+// provider does not sign it), in the scope the route had then.
+func (x *exchange) legacyKeys(wh *Webhook, key string, body []byte) []legacyKey {
+	p := providers[wh.Provider]
+	if p.unsignedID == nil {
+		return []legacyKey{{scope: x.rt.legacyScope, key: key, change: keysV06}}
 	}
-	return key
+	return []legacyKey{
+		{scope: x.rt.scope, key: bodySum(body), change: keysV07},
+		{scope: x.rt.legacyScope, key: p.unsignedID(x.r.Header), change: keysV06},
+	}
 }
 
 // admitDelivery is the admission of a webhook route: the signature
@@ -176,7 +191,7 @@ func (x *exchange) admitDelivery() (admitted, *reply) {
 		return admitted{}, refuse(outcomeRejected, probKeyMalformed.with(err.Error()))
 	}
 	x.r.Header.Set(x.rt.settings.KeyHeader, key) // the upstream can dedupe on it too
-	return admitted{key: key, body: body, legacyID: wh.deliveryID(x.r.Header, key)}, nil
+	return admitted{key: key, body: body, legacy: x.legacyKeys(wh, key, body)}, nil
 }
 
 func (x *exchange) signatureInvalid(err error) *reply {
@@ -228,48 +243,58 @@ func (x *exchange) holdAs(principal string) *reply {
 	return nil
 }
 
-// useLegacyKey makes the Redis key v0.5.0 stored this delivery under the
-// exchange's key when it still holds a record (a delivery keyed by its id
-// or scoped by principal then): a redelivery across the upgrade is
-// answered from that record instead of executing again. It looks for one
-// retention after this store first served a release with the new keys
-// (Store.Since). It returns the reply when the store failed.
-func (x *exchange) useLegacyKey(id string) *reply {
-	legacy := x.h.store.Key(x.principal, x.rt.legacyScope, id)
-	if legacy == x.hashedKey || !x.h.keyChange.reading(x) {
-		return nil
-	}
-	var rec *claim.Record
-	err := x.detached("get", func(ctx context.Context) (err error) {
-		rec, _, err = x.h.store.Get(ctx, legacy)
-		return err
-	})
-	if err != nil {
-		return x.storeFailed("get", err, nil)
-	}
-	if rec != nil {
-		x.hashedKey = legacy
+// useLegacyKey makes the Redis key an earlier release stored this
+// delivery under the exchange's key when it still holds a record (v0.6.0:
+// keyed by the body's digest alone; v0.5.0: by its delivery id, or scoped
+// by principal): a redelivery across the upgrade is answered from that
+// record instead of executing again. Each is looked for one retention
+// after this store first served the keys that replaced it (Store.Since).
+// It returns the reply when the store failed.
+func (x *exchange) useLegacyKey(keys []legacyKey) *reply {
+	for _, k := range keys {
+		legacy := x.h.store.Key(x.principal, k.scope, k.key)
+		if k.key == "" || legacy == x.hashedKey || !x.h.keyChanges[k.change].reading(x, keyChangeMarkers[k.change]) {
+			continue
+		}
+		var rec *claim.Record
+		err := x.detached("get", func(ctx context.Context) (err error) {
+			rec, _, err = x.h.store.Get(ctx, legacy)
+			return err
+		})
+		if err != nil {
+			return x.storeFailed("get", err, nil)
+		}
+		if rec != nil {
+			x.hashedKey = legacy
+			return nil
+		}
 	}
 	return nil
 }
 
-// keyChangeMarker names the store's marker (Store.Since) of when it first
-// served a release that keys webhook deliveries by what is signed and
-// scopes them by route (v0.6.0).
-const keyChangeMarker = "webhook-keys-v0.6"
+// Key changes of webhook routes, by the release that made them.
+const (
+	keysV06 = iota // v0.6.0: keyed by what is signed, scoped by route
+	keysV07        // v0.7.0: a body's digest with the event it is about
+	keyChanges
+)
 
-// keyChange is when the store first served the new webhook keys, read
-// once per process: until one retention after it, the keys v0.5.0 wrote
-// are looked at too.
+// keyChangeMarkers name the store's markers (Store.Since) of when it first
+// served a release with each key change.
+var keyChangeMarkers = [keyChanges]string{keysV06: "webhook-keys-v0.6", keysV07: "webhook-keys-v0.7"}
+
+// keyChange is when the store first served a change of webhook keys,
+// read once per process: until one retention after it, the keys the
+// change replaced are looked at too.
 type keyChange struct {
 	since atomic.Int64 // Unix nanoseconds; 0 until read
 	mu    sync.Mutex   // one read at a time
 }
 
-// reading reports whether x, a delivery, still looks for v0.5.0's key:
-// within its route's retention of the change, and whenever the marker
-// cannot be read (a store call of x's).
-func (k *keyChange) reading(x *exchange) bool {
+// reading reports whether x, a delivery, still looks for the keys the
+// change marked by marker replaced: within its route's retention of the
+// change, and whenever the marker cannot be read (a store call of x's).
+func (k *keyChange) reading(x *exchange, marker string) bool {
 	since := k.since.Load()
 	if since == 0 {
 		k.mu.Lock()
@@ -277,7 +302,7 @@ func (k *keyChange) reading(x *exchange) bool {
 		if since = k.since.Load(); since == 0 {
 			var t time.Time
 			err := x.detached("get", func(ctx context.Context) (err error) {
-				t, err = x.h.store.Since(ctx, keyChangeMarker, time.Now())
+				t, err = x.h.store.Since(ctx, marker, time.Now())
 				return err
 			})
 			if err != nil {
