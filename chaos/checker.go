@@ -59,6 +59,11 @@ const (
 	// faultRedisClockStep steps Redis' realtime clock (only Redis': a
 	// clock shim in its process) by 0.5-3 s, forward or back.
 	faultRedisClockStep = "redis-clock-step"
+	// faultRedisClockLeap steps Redis' clock forward by more than
+	// absent_after plus two leases (10-13 s), for 2-4 s, and back (-reconcile
+	// runs): every claim looks orphaned on Redis' clock, and no live owner
+	// may lose its claim to a retry for it.
+	faultRedisClockLeap = "redis-clock-leap"
 )
 
 // logLine is the part of a sidecar's per-request log line the checker

@@ -10,7 +10,9 @@
 // late replies on one sidecar's link, upstream hangs, resets and 503s,
 // FLUSHALL, and in the default run steps of Redis' realtime clock by
 // 0.5-3 s forward or back through a clock shim in the Redis process,
-// internal/clockshim), then checks the recorded history.
+// internal/clockshim; with -reconcile also leaps forward by more than
+// absent_after plus two leases, and back), then checks the recorded
+// history.
 //
 //	go run ./chaos -short            # ~1 minute, what CI runs
 //	go run ./chaos -short -mixed     # sidecar 0 runs the previous release
@@ -192,7 +194,7 @@ func harness(o options, dir string) error {
 		sidecars: scs, principals: 5, maxOps: o.ops, deadline: time.Now().Add(o.duration), stream: o.stream,
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
 	}
-	inj := &injector{redis: rdb, links: links, ledger: led, sidecars: scs, clock: clock}
+	inj := &injector{redis: rdb, links: links, ledger: led, sidecars: scs, clock: clock, leaps: o.reconcile}
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { inj.run(ctx, o.faultEvery) })
@@ -353,6 +355,8 @@ type injector struct {
 	// is where it stands, within 3 s of the true time.
 	clock  *clockshim.Clock
 	offset time.Duration
+	// leaps adds faultRedisClockLeap (-reconcile).
+	leaps bool
 
 	mu     sync.Mutex // guards faults
 	faults []fault
@@ -384,6 +388,10 @@ func (in *injector) run(ctx context.Context, every time.Duration) {
 	if in.clock != nil {
 		kinds = append(kinds, faultRedisClockStep, faultRedisClockStep)
 		first = append([]string{faultRedisClockStep}, first...)
+		if in.leaps {
+			kinds = append(kinds, faultRedisClockLeap, faultRedisClockLeap)
+			first = append([]string{faultRedisClockLeap}, first...)
+		}
 	}
 	for {
 		select {
@@ -441,6 +449,18 @@ func (in *injector) inject(kind string) {
 		}
 		if err := in.clock.Set(in.offset); err != nil {
 			fmt.Fprintln(os.Stderr, "step redis' clock:", err)
+		}
+	case faultRedisClockLeap:
+		// Forward by more than absent_after (5s) plus two leases (2s):
+		// a Redis host that booted with a slow clock and was corrected,
+		// a failover to a replica ahead. Then back, as NTP would.
+		leap := 10*time.Second + rand.N(3*time.Second)
+		if err := in.clock.Set(in.offset + leap); err != nil {
+			fmt.Fprintln(os.Stderr, "step redis' clock:", err)
+		}
+		time.Sleep(2*time.Second + rand.N(2*time.Second))
+		if err := in.clock.Set(in.offset); err != nil {
+			fmt.Fprintln(os.Stderr, "step redis' clock back:", err)
 		}
 	case faultRedisPause:
 		c := redis.NewClient(&redis.Options{Addr: in.redis.addr(), DisableIdentity: true})

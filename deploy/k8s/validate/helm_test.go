@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -249,6 +250,27 @@ func TestChartRecordFormat(t *testing.T) {
 	}
 	if _, err := engine.Render(chrt, rv); err == nil || !strings.Contains(err.Error(), "record_format 2") {
 		t.Errorf("record_format 2 without a key secret rendered: %v, want it refused", err)
+	}
+
+	// Issue 57: formats 3 (compact, compressed) and 4 (streams) need no key
+	// secret, with or without sealing, as idemproxy itself says; with a key
+	// secret, encryption.recordFormat writes them too. Each render is
+	// loaded by idemproxy's own loader (what -check runs).
+	for _, f := range []int{1, 3, 4} {
+		one := write(fmt.Sprintf("format-%d.yaml", f), fmt.Sprintf("config:\n  store:\n    record_format: %d\n", f))
+		if got := format(renderChart(t, filepath.Join(chartDir, "ci", "minimal-values.yaml"), one)); got != f {
+			t.Errorf("config.store.record_format %d without sealing: rendered %d", f, got)
+		}
+		sealedNoSecret := write(fmt.Sprintf("sealed-%d.yaml", f), "encryption:\n  keySecretKey: \"\"\n")
+		if got := format(renderChart(t, base, sealedNoSecret, one)); got != f {
+			t.Errorf("config.store.record_format %d, sealed without a key secret: rendered %d", f, got)
+		}
+	}
+	for _, f := range []int{2, 3, 4} {
+		with := write(fmt.Sprintf("with-secret-%d.yaml", f), fmt.Sprintf("encryption:\n  recordFormat: %d\n", f))
+		if got := format(renderChart(t, base, with)); got != f {
+			t.Errorf("encryption.recordFormat %d with a key secret: rendered %d", f, got)
+		}
 	}
 }
 

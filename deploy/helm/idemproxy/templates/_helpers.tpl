@@ -115,8 +115,8 @@ Redis deployment and the mounted key files filled in.
 {{- end -}}
 {{- end -}}
 {{- end -}}
-{{- if and (ge (int (get $store "record_format" | default 1)) 2) (not (hasKey $store "key_secret_file")) -}}
-{{- fail "store.record_format 2 keys fingerprints with a key secret: set encryption.existingSecret and encryption.keySecretKey, or encryption.recordFormat: 1" -}}
+{{- if and (eq (int (get $store "record_format" | default 1)) 2) (not (hasKey $store "key_secret_file")) -}}
+{{- fail "store.record_format 2 keys fingerprints with a key secret: set encryption.existingSecret and encryption.keySecretKey, or another format (1, or 3 and 4, which need no key secret)" -}}
 {{- end -}}
 {{- $_ := set $cfg "store" $store -}}
 {{- if $v.adminToken.existingSecret -}}
