@@ -18,21 +18,18 @@ import (
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 )
 
-// releaseVersion is the version CHANGELOG.md is at: the Unreleased
-// section's "toward vX", else the latest released heading.
+// releaseVersion is the latest release CHANGELOG.md names with its
+// commit: what the manifests pin (an image that exists), never the version
+// in progress.
 func releaseVersion(t *testing.T) string {
 	t.Helper()
 	b, err := os.ReadFile("../../../CHANGELOG.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := string(b)
-	if m := regexp.MustCompile(`(?s)## \[Unreleased\].*?toward (v\d+\.\d+\.\d+)`).FindStringSubmatch(text); m != nil {
-		return m[1]
-	}
-	m := regexp.MustCompile(`(?m)^## \[(v\d+\.\d+\.\d+)\]`).FindStringSubmatch(text)
+	m := regexp.MustCompile(`(?m)^## \[(v\d+\.\d+\.\d+)\] — \S+ \([0-9a-f]{7,40}\)`).FindStringSubmatch(string(b))
 	if m == nil {
-		t.Fatal("CHANGELOG.md names no version")
+		t.Fatal("CHANGELOG.md names no released version with its commit")
 	}
 	return m[1]
 }
@@ -47,9 +44,10 @@ func chartAppVersion(t *testing.T) string {
 	return c.Metadata.AppVersion
 }
 
-// TestManifestsFollowTheRelease (issue 32): the image the kustomize
-// example pins, and the chart's appVersion and version, are the release
-// CHANGELOG.md is at. The manifests use keys only this release reads
+// TestManifestsFollowTheRelease (issue 32; issue 57): the image the
+// kustomize example pins, and the chart's appVersion and version, are the
+// latest release CHANGELOG.md names with its commit (an image that
+// exists; the version in progress has none). The manifests use keys only this release reads
 // (upstream.health_path, store.record_format): with an older image (they
 // pinned v0.1.0) the pod crash-loops on an unknown key.
 func TestManifestsFollowTheRelease(t *testing.T) {
