@@ -80,7 +80,10 @@ type Metrics struct {
 	// streamChunks, streamAttached and streamFirstByte are the streamed
 	// answers' (stream.go), by route.
 	streamChunks, streamAttached *prometheus.CounterVec
-	streamFirstByte              *prometheus.HistogramVec
+	// streamLagging counts owners' clients that fell behind a stream and
+	// read the rest of it back from the store.
+	streamLagging   *prometheus.CounterVec
+	streamFirstByte *prometheus.HistogramVec
 	// unconfirmed counts claims whose reply never came, by how they were
 	// cleaned up (unconfirmed.go).
 	unconfirmed *prometheus.CounterVec
@@ -165,6 +168,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_stream_attached_total",
 			Help: "Retries that attached to a streamed answer still running and followed it live, by route.",
 		}, []string{"route"}),
+		streamLagging: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_stream_lagging_clients_total",
+			Help: "First attempts' clients that fell more than 1 MiB behind their streamed answer and read the rest of it from the store (the upstream is never held back for them), by route.",
+		}, []string{"route"}),
 		streamFirstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemproxy_stream_first_byte_seconds",
 			Help:    "Time from a streamed answer's request arriving to its first chunk stored (and sent), by route.",
@@ -237,7 +244,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			})
 		}
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
-			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.webhooks, m.reconciled, m.streamChunks, m.streamAttached, m.streamFirstByte, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.webhooks, m.reconciled, m.streamChunks, m.streamAttached, m.streamLagging, m.streamFirstByte, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
 				func(h *Handler) float64 { return h.owners.count() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",

@@ -76,11 +76,18 @@ type streamPump struct {
 	outErr  error      // set with outDone: io.EOF, or errStreamAborted
 	outDone bool
 	gone    bool // the owner's client went away: out is not kept
-	wake    chan struct{}
-	done    chan struct{}
-	stored  int64
-	first   bool
-	tooBig  bool
+	// storedTo is the stored value's length as the pump last appended;
+	// lagging says the owner's client fell more than streamPending behind
+	// and reads the rest from the store, from lagFrom on: the pump never
+	// waits for it (a slow client never holds the upstream back, nor the
+	// renewals).
+	storedTo, lagFrom int
+	lagging           bool
+	wake              chan struct{}
+	done              chan struct{}
+	stored            int64
+	first             bool
+	tooBig            bool
 }
 
 // startStream begins relaying resp, a stream, as its owner: the head is
@@ -256,9 +263,10 @@ func (p *streamPump) append(chunk []byte) bool {
 		x.detail = "streamed past max_response_body: the record is not replayable, the first client's stream went on"
 	}
 	if p.tooBig {
-		p.hand(chunk)
+		p.hand(chunk, -1, -1) // not stored: the client must take it from here
 		return true
 	}
+	from := p.at
 	var err error
 	for _, wait := range storeRetryWaits {
 		time.Sleep(wait)
@@ -289,24 +297,35 @@ func (p *streamPump) append(chunk []byte) bool {
 			x.h.metrics.streamFirstByte.WithLabelValues(x.rt.name).Observe(time.Since(p.start).Seconds())
 		}
 	}
-	p.hand(chunk)
+	p.hand(chunk, from, p.at)
 	return true
 }
 
-// hand gives chunk to the owner's client, holding the pump while that
-// client is more than streamPending behind.
-func (p *streamPump) hand(chunk []byte) {
-	if len(chunk) == 0 {
-		return
-	}
+// hand gives chunk, stored from the value's byte from to to, to the
+// owner's client. A client more than streamPending behind is never waited
+// for: it reads from the store from there on (Read). A chunk that was not
+// stored (from < 0: past max_response_body) cannot be read back, so for
+// it the pump waits for the client instead.
+func (p *streamPump) hand(chunk []byte, from, to int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for len(p.out) >= streamPending && !p.gone {
+	if to >= 0 {
+		p.storedTo = to
+	}
+	for from < 0 && len(p.out) >= streamPending && !p.gone {
 		p.cond.Wait()
 	}
-	if p.gone {
+	switch {
+	case len(chunk) == 0:
+	case p.gone:
 		p.release(len(chunk)) // nobody takes it
-	} else {
+	case from >= 0 && (p.lagging || len(p.out)+len(chunk) > streamPending):
+		if !p.lagging {
+			p.lagging, p.lagFrom = true, from
+			p.o.x.h.metrics.streamLagging.WithLabelValues(p.o.x.rt.name).Inc()
+		}
+		p.release(len(chunk)) // the client reads it from the store
+	default:
 		p.out = append(p.out, chunk...)
 	}
 	p.cond.Broadcast()
@@ -349,12 +368,18 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 	p.mu.Unlock()
 }
 
-// Read is the owner's client's body: what was stored, as it is.
+// Read is the owner's client's body: what was stored, as it is; once that
+// client lags, read back from the store.
 func (p *streamPump) Read(b []byte) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for len(p.out) == 0 && !p.outDone {
+	for len(p.out) == 0 && !(p.lagging && p.lagFrom < p.storedTo) && !p.outDone {
 		p.cond.Wait()
+	}
+	if len(p.out) == 0 && p.lagging && p.lagFrom < p.storedTo {
+		if err := p.readBack(); err != nil {
+			return 0, err
+		}
 	}
 	if len(p.out) > 0 {
 		n := copy(b, p.out)
@@ -367,6 +392,32 @@ func (p *streamPump) Read(b []byte) (int, error) {
 		return n, nil
 	}
 	return 0, p.outErr
+}
+
+// readBack reads, for a lagging owner's client, the stored stream from
+// lagFrom into out (p.mu held, released while the store answers). A read
+// that fails ends that client's stream abnormally; the stream goes on,
+// stored, for the retries.
+func (p *streamPump) readBack() error {
+	x := p.o.x
+	from := p.lagFrom
+	p.mu.Unlock()
+	var part claim.StreamPart
+	err := x.storeOp(x.r.Context(), "stream_read", func(ctx context.Context) (err error) {
+		part, err = x.h.store.StreamRead(ctx, x.hashedKey, from, streamReadMax)
+		return err
+	})
+	p.mu.Lock()
+	if err != nil {
+		x.log().Warn("a lagging stream client cut: the stream could not be read back", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
+		return errStreamAborted
+	}
+	p.lagFrom = part.Next
+	if !p.gone && len(part.Data) > 0 {
+		p.hold(len(part.Data))
+		p.out = append(p.out, part.Data...)
+	}
+	return nil
 }
 
 // Close is the owner's client going away (or done): the stream goes on,

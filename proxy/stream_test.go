@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/internal/poll"
 )
@@ -258,4 +259,63 @@ func TestStreamBrokenOffOverHTTP2(t *testing.T) {
 	if n := e.ledger.total(); n != 1 {
 		t.Fatalf("upstream executions = %d, want 1", n)
 	}
+}
+
+// TestStalledClientNeverCutsTheStream (issue 55): the owner's client
+// reading nothing for three leases does not hold the upstream back: the
+// upstream writes its 8 MiB at its own pace, the stream is stored whole
+// with a normal end, a retry gets it whole, and the stalled client, once
+// it reads, gets every byte too (read back from the store). Before, the
+// pump waited for the client once 1 MiB waited for it: storing and
+// renewals stopped, the lease ran out, and every reader got a truncated
+// stream with an abnormal end.
+func TestStalledClientNeverCutsTheStream(t *testing.T) {
+	const lines, lineLen = 8192, 1024
+	line := strings.Repeat("x", lineLen-1) + "\n"
+	finished := make(chan struct{})
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusOK)
+		for i := range lines {
+			if _, err := io.WriteString(w, line); err != nil {
+				return
+			}
+			if i%64 == 63 {
+				http.NewResponseController(w).Flush()
+			}
+		}
+		close(finished)
+	}, func(c *setup) {
+		c.Streams = true
+		c.Routes[0].Stream = true
+		c.Routes[0].Lease = time.Second
+		c.Routes[0].MaxResponseBody = 16 << 20
+		c.MaxBufferedBytes, c.PrincipalShare = 64<<20, 64<<20
+	})
+	first := e.open(t, "stalled") // its body is not read for now
+	select {
+	case <-finished:
+	case <-time.After(3 * time.Second): // three leases
+		t.Fatal("the upstream could not write its stream while the first client read nothing: the pump waited for that client")
+	}
+	want := strings.Repeat(line, lines)
+	var retry resp
+	poll.Until(t, "the stream is stored whole", func() bool {
+		retry = e.do(req{user: "alice", key: "stalled", body: `{"prompt":"hi"}`})
+		return retry.status != http.StatusOK || len(retry.body) >= len(want)
+	})
+	if retry.status != http.StatusOK || retry.body != want || retry.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry after the upstream finished: %d, %d bytes (want %d), replayed=%q", retry.status, len(retry.body), len(want), retry.header.Get("Idempotent-Replayed"))
+	}
+	got, err := io.ReadAll(first.Body)
+	if err != nil || string(got) != want {
+		t.Fatalf("the stalled client, reading at last: %d bytes, %v; want all %d and a normal end", len(got), err, len(want))
+	}
+	if n := e.ledger.total(); n != 1 {
+		t.Fatalf("upstream executions = %d, want 1", n)
+	}
+	if n := e.counter("idemproxy_stream_lagging_clients_total", map[string]string{"route": "pay"}); n != 1 {
+		t.Errorf("idemproxy_stream_lagging_clients_total = %v, want 1", n)
+	}
+	poll.Until(t, "the stream's buffers are given back", func() bool { return e.h.BufferedBytes() == 0 })
 }
