@@ -81,9 +81,10 @@ type Metrics struct {
 	// answers' (stream.go), by route.
 	streamChunks, streamAttached *prometheus.CounterVec
 	// streamLagging counts owners' clients that fell behind a stream and
-	// read the rest of it back from the store.
-	streamLagging   *prometheus.CounterVec
-	streamFirstByte *prometheus.HistogramVec
+	// read the rest of it back from the store; streamEnds how streams
+	// ended.
+	streamLagging, streamEnds *prometheus.CounterVec
+	streamFirstByte           *prometheus.HistogramVec
 	// unconfirmed counts claims whose reply never came, by how they were
 	// cleaned up (unconfirmed.go).
 	unconfirmed *prometheus.CounterVec
@@ -172,6 +173,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_stream_lagging_clients_total",
 			Help: "First attempts' clients that fell more than 1 MiB behind their streamed answer and read the rest of it from the store (the upstream is never held back for them), by route.",
 		}, []string{"route"}),
+		streamEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_stream_ends_total",
+			Help: "Streamed answers that ended, by route and end: ended (normally, stored whole), aborted (broken off: the upstream reset, a chunk could not be stored, the owner's lease was lost; every reader gets the stored prefix and an abnormal end), too_large (past max_response_body: not replayable).",
+		}, []string{"route", "end"}),
 		streamFirstByte: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemproxy_stream_first_byte_seconds",
 			Help:    "Time from a streamed answer's request arriving to its first chunk stored (and sent), by route.",
@@ -244,7 +249,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			})
 		}
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
-			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.webhooks, m.reconciled, m.streamChunks, m.streamAttached, m.streamLagging, m.streamFirstByte, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.webhooks, m.reconciled, m.streamChunks, m.streamAttached, m.streamLagging, m.streamEnds, m.streamFirstByte, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
 				func(h *Handler) float64 { return h.owners.count() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",

@@ -362,6 +362,14 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 	if clientErr != io.EOF && x.detail == "" {
 		x.detail = "the stream ended abnormally"
 	}
+	end := "ended"
+	switch {
+	case p.tooBig:
+		end = "too_large"
+	case clientErr != io.EOF:
+		end = "aborted"
+	}
+	x.h.metrics.streamEnds.WithLabelValues(x.rt.name, end).Inc()
 	p.mu.Lock()
 	p.outDone, p.outErr = true, clientErr
 	p.cond.Broadcast()

@@ -152,6 +152,9 @@ func TestStreamBrokenOffReplayedAsItEnded(t *testing.T) {
 	if n := e.ledger.total(); n != 1 {
 		t.Fatalf("upstream executions = %d, want 1", n)
 	}
+	if n := e.counter("idemproxy_stream_ends_total", map[string]string{"route": "pay", "end": "aborted"}); n != 1 {
+		t.Errorf("idemproxy_stream_ends_total{end=aborted} = %v, want 1", n)
+	}
 }
 
 // Past max_response_body the first client's stream goes on, and a retry
@@ -316,6 +319,9 @@ func TestStalledClientNeverCutsTheStream(t *testing.T) {
 	}
 	if n := e.counter("idemproxy_stream_lagging_clients_total", map[string]string{"route": "pay"}); n != 1 {
 		t.Errorf("idemproxy_stream_lagging_clients_total = %v, want 1", n)
+	}
+	if n := e.counter("idemproxy_stream_ends_total", map[string]string{"route": "pay", "end": "ended"}); n != 1 {
+		t.Errorf("idemproxy_stream_ends_total{end=ended} = %v, want 1", n)
 	}
 	poll.Until(t, "the stream's buffers are given back", func() bool { return e.h.BufferedBytes() == 0 })
 }

@@ -6,6 +6,7 @@
 package validate
 
 import (
+	"cmp"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -313,6 +314,33 @@ func TestAlertsAndDashboardUseRealMetrics(t *testing.T) {
 	}
 	if dash.UID == "" || len(dash.Panels) < 6 {
 		t.Errorf("dashboard uid %q with %d panels", dash.UID, len(dash.Panels))
+	}
+	shown := map[string]bool{}
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			for _, m := range metricRef.FindAllString(tg.Expr, -1) {
+				shown[strings.TrimSuffix(m, "_bucket")] = true
+			}
+		}
+	}
+	// Issue 57: the dashboard shows every alert's cause, and follows the
+	// features (app health, reconcile, streams, pass-through, store fill,
+	// overload, late calls).
+	for _, g := range rule.Spec.Groups {
+		for _, r := range g.Rules {
+			for _, m := range metricRef.FindAllString(r.Expr.String(), -1) {
+				if !shown[m] {
+					t.Errorf("alert %s watches %s, which no dashboard panel shows", cmp.Or(r.Alert, r.Record), m)
+				}
+			}
+		}
+	}
+	for _, m := range []string{"idemproxy_upstream_up", "idemproxy_reconciled_total", "idemproxy_stream_chunks_total", "idemproxy_stream_attached_total",
+		"idemproxy_stream_lagging_clients_total", "idemproxy_stream_ends_total", "idemproxy_passthrough_requests_total", "idemproxy_redis_memory_used_ratio",
+		"idemproxy_store_full", "idemproxy_overloaded_total", "idemproxy_late_calls", "idemproxy_late_answers_total", "idemproxy_unknown_outcomes_total"} {
+		if !shown[m] {
+			t.Errorf("no dashboard panel shows %s", m)
+		}
 	}
 	for _, p := range dash.Panels {
 		if len(p.Targets) == 0 {
