@@ -123,7 +123,13 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	defer func() {
-		a.log.Warn("admin key API", "method", r.Method, "route", routeName, "key", c.redisKey,
+		// Every call is audited; a read that changed nothing is routine
+		// (INFO), a delete or a reconcile is not (WARN).
+		level := slog.LevelWarn
+		if r.Method == http.MethodGet {
+			level = slog.LevelInfo
+		}
+		a.log.Log(context.Background(), level, "admin key API", "method", r.Method, "route", routeName, "key", c.redisKey,
 			"principal_hash", principalDigest(a.token, principal), "state", c.recState, "body_read", c.bodyRead,
 			"force", q.Get("force") == "true", "result", c.result, "remote", r.RemoteAddr)
 	}()

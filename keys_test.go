@@ -155,6 +155,11 @@ func TestKeysAPI(t *testing.T) {
 	if audit := strings.Count(logs.String(), `"msg":"admin key API"`); audit != 8 || strings.Count(logs.String(), "refused, bad or missing token") != 4 || strings.Contains(logs.String(), "k1\"") {
 		t.Errorf("%d audit lines, want one per authorized call (8), four refusals, and never the raw key:\n%s", audit, logs.String())
 	}
+	// Issue 57: a read is routine (INFO); what changes a key stays WARN.
+	if strings.Contains(logs.String(), `"level":"WARN","msg":"admin key API","method":"GET"`) || !strings.Contains(logs.String(), `"level":"INFO","msg":"admin key API","method":"GET"`) ||
+		!strings.Contains(logs.String(), `"level":"WARN","msg":"admin key API","method":"DELETE"`) {
+		t.Errorf("audit levels: want GET at INFO, DELETE at WARN:\n%s", logs.String())
+	}
 }
 
 // mustScope is the key scope of the route name serves now.

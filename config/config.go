@@ -106,6 +106,10 @@ type Config struct {
 	// Routes are the protected endpoints, decoded from routes: (they
 	// reload).
 	Routes []Route `yaml:"-"`
+
+	// strayEnv are IDEMPROXY_* variables Load found that name no key
+	// (warned about).
+	strayEnv []string
 }
 
 // Admin configures the admin port's key API.

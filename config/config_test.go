@@ -24,6 +24,14 @@ func TestInvalidFixtures(t *testing.T) {
 			`routes[0].problem_body: template: problem_body:1: unclosed action`,
 			`routes[1].problem_content_type: goes with problem_body, which is empty`,
 		},
+		"section_as_value": {
+			`upstream: must be a mapping (with health_path, late_answer_window, late_calls_principal_share, max_late_calls, timeout, url), got a single value`,
+			`store.redis: must be a mapping (with addrs, master_name, password, password_file, sentinel_password, sentinel_password_file, sentinel_username, tls, tls_ca_file, tls_server_name, username), got a single value`,
+		},
+		"case_twins": {
+			`listen: given twice, as "listen" and "LISTEN": keys are matched without regard to case, so one of them would be ignored`,
+			`upstream.timeout: given twice, as "Timeout" and "timeout": keys are matched without regard to case, so one of them would be ignored`,
+		},
 		"unknown_key": {
 			`defaults.leese: unknown key`,
 			`upstream.timout: unknown key`,
@@ -372,5 +380,47 @@ func TestConfigFileSizeLimit(t *testing.T) {
 		if _, err := config.Load(path); err == nil || !strings.Contains(err.Error(), "larger than the 4 MiB") {
 			t.Errorf("%s: %v, want refused as too large", path, err)
 		}
+	}
+}
+
+// TestStrayEnvironmentIsWarned (issue 57): an IDEMPROXY_* variable that
+// names no key (a typo: IDEMPROXY_LISTN) is warned about, as an unknown
+// key in the file is refused; the tooling's own (IDEMPROXY_REQUIRE_REDIS)
+// and real overrides are not. Before, the typo passed silently and the
+// default stayed in force.
+func TestStrayEnvironmentIsWarned(t *testing.T) {
+	t.Setenv("IDEMPROXY_LISTN", ":9999")
+	t.Setenv("IDEMPROXY_REQUIRE_REDIS", "1")
+	t.Setenv("IDEMPROXY_DEFAULTS_LEASE", "20s")
+	c, err := config.Load("testdata/valid_minimal.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stray []string
+	for _, w := range c.Warnings() {
+		if strings.HasPrefix(w, "IDEMPROXY_") {
+			stray = append(stray, w)
+		}
+	}
+	if len(stray) != 1 || !strings.HasPrefix(stray[0], "IDEMPROXY_LISTN: set, but it names no config key") {
+		t.Errorf("warnings about the environment = %q, want one naming IDEMPROXY_LISTN", stray)
+	}
+}
+
+// TestOneWarningForAnUnsetQuota (issue 57): the README's minimal config
+// warned once per route about defaults.quota.new_keys; it is one warning
+// naming the routes it leaves unbounded.
+func TestOneWarningForAnUnsetQuota(t *testing.T) {
+	c := config.Default()
+	c.Store.Redis.Addrs = []string{"redis:6379"}
+	c.Routes = []config.Route{{Name: "pay", Match: "POST /payments", Settings: c.Defaults}, {Name: "orders", Match: "POST /orders", Settings: c.Defaults}}
+	var quota []string
+	for _, w := range c.Warnings() {
+		if strings.Contains(w, "quota.new_keys") {
+			quota = append(quota, w)
+		}
+	}
+	if len(quota) != 1 || !strings.HasPrefix(quota[0], "defaults.quota.new_keys: 0 (routes without one of their own: pay, orders)") {
+		t.Errorf("quota warnings = %q, want one naming both routes", quota)
 	}
 }

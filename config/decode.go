@@ -125,6 +125,10 @@ func (d *decoder) unknown(keys []string) {
 		case removedKeys[k] != "":
 			d.errorf(k, "%s", removedKeys[k])
 		case !known[k] && !strings.HasPrefix(k, "routes."):
+			if children, ok := sectionOf(k); ok {
+				d.errorf(k, "must be a mapping (with %s), got a single value", strings.Join(children, ", "))
+				continue
+			}
 			d.errorf(k, "unknown key")
 		}
 	}

@@ -49,7 +49,9 @@ func Load(path string) (*Config, error) {
 
 	d := &decoder{}
 	c := Default()
+	d.caseTwins(b)
 	d.unknown(v.AllKeys())
+	c.strayEnv = strayEnv(os.Environ())
 	src := viperSource{v}
 	for _, k := range keysOf(c, "") {
 		d.decode(src, k, k.path)

@@ -12,6 +12,9 @@ import (
 // every start: each names its key.
 func (c *Config) Warnings() []string {
 	var w []string
+	for _, name := range c.strayEnv {
+		w = append(w, fmt.Sprintf("%s: set, but it names no config key (a typo leaves the default in force); the overrides are %s_ and a key's path in capitals, dots as underscores (IDEMPROXY_STORE_REDIS_PASSWORD)", name, EnvPrefix))
+	}
 	if len(c.Routes) == 0 {
 		w = append(w, "routes: none: every request is forwarded unprotected; list the endpoints to protect under routes:")
 	}
@@ -64,10 +67,16 @@ func (c *Config) Warnings() []string {
 		}
 	}
 	if c.Defaults.Quota.NewKeys == 0 {
-		for i, r := range c.Routes {
+		// One warning for the default, naming the routes it leaves
+		// unbounded (it said the same once per route).
+		var unbounded []string
+		for _, r := range c.Routes {
 			if r.Settings.Quota.NewKeys == 0 && r.Webhook.Provider == "" {
-				w = append(w, fmt.Sprintf("routes[%d].quota.new_keys: 0 (%s): one principal can claim new keys without bound and fill the store for the whole retention (503 store-full for everyone); set defaults.quota.new_keys (docs/security.md, Trust rules, sizes it)", i, r.Name))
+				unbounded = append(unbounded, r.Name)
 			}
+		}
+		if len(unbounded) > 0 {
+			w = append(w, fmt.Sprintf("defaults.quota.new_keys: 0 (routes without one of their own: %s): one principal can claim new keys without bound and fill the store for the whole retention (503 store-full for everyone); set defaults.quota.new_keys (docs/security.md, Trust rules, sizes it)", strings.Join(unbounded, ", ")))
 		}
 	}
 	if len(c.Store.Redis.Addrs) == 0 {

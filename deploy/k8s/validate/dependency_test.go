@@ -68,6 +68,13 @@ func TestHelmChartAsDependency(t *testing.T) {
 			}
 		}
 	}
+	// Issue 57: the app's readiness through the sidecar, as the chart's
+	// README shows it.
+	for _, c := range pod.Spec.Containers {
+		if p := c.ReadinessProbe; c.Name == "orders" && (p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/app/readyz" || p.HTTPGet.Port.IntValue() != 9090) {
+			t.Errorf("the parent's app container has no readiness probe on the sidecar's /app/readyz (9090): %+v", p)
+		}
+	}
 	sidecar := pod.Spec.InitContainers[0]
 	if want := ":" + chartAppVersion(t); !strings.HasSuffix(sidecar.Image, want) {
 		t.Errorf("sidecar image %s: want idemproxy's appVersion %s, not the parent's", sidecar.Image, want[1:])

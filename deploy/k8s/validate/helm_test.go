@@ -285,6 +285,31 @@ func TestChartPortsFollowTheConfig(t *testing.T) {
 	if cfg.Listen != ":8181" || cfg.AdminListen != "0.0.0.0:9191" {
 		t.Fatalf("rendered config listens on %q and %q", cfg.Listen, cfg.AdminListen)
 	}
+	// Issue 57: NOTES.txt says the ports too (it said 8080 and 9090).
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := chartutil.ReadValuesFile(filepath.Join(chartDir, "ci", "standalone-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports, err := chartutil.ReadValuesFile(filepath.Join("testdata", "ports-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := chartutil.ToRenderValues(chrt, chartutil.CoalesceTables(ports, vals), chartutil.ReleaseOptions{Name: "payments", Namespace: "payments", IsInstall: true}, chartutil.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := engine.Render(chrt, rv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notes := files["idemproxy/templates/NOTES.txt"]
+	if !strings.Contains(notes, "port 8181") || !strings.Contains(notes, "localhost:9191/readyz") || strings.Contains(notes, "8080") || strings.Contains(notes, "9090") {
+		t.Errorf("NOTES.txt does not follow the config's ports (8181, 9191):\n%s", notes)
+	}
 	dep := get[*appsv1.Deployment](t, b, "Deployment/payments-idemproxy")
 	pod := dep.Spec.Template.Spec
 	named := map[string]int32{}
