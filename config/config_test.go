@@ -140,7 +140,7 @@ func TestInvalidFixtures(t *testing.T) {
 			`routes[1].reconcile.timeout: must be between 1ms and 1m, got 2m0s`,
 			`routes[1].reconcile.url: only {key}, {principal} and {route} are replaced: "/payments/{key}?who={user}"`,
 			`routes[2].reconcile.absent_after: must be shorter than the route's retention (24h0m0s), or an absent answer is never believed, got 48h0m0s`,
-			`routes[2].reconcile.status: must be 0 (the lookup's own) or an HTTP status between 200 and 599, got 99`,
+			`routes[2].reconcile.status: must be 0 (the default: 201 for a lookup's 200 on a POST route, else the lookup's) or an HTTP status between 200 and 599, got 99`,
 			`routes[2].reconcile.url: must be a path on upstream.url starting with /, got "http://elsewhere/{key}"`,
 			`routes[3].reconcile.url: a webhook route cannot reconcile: its provider, not the upstream, decides what a redelivery means`,
 		},

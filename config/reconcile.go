@@ -22,7 +22,8 @@ type Reconcile struct {
 	Found  []int `yaml:"found"`
 	Absent []int `yaml:"absent"`
 	// Status, when set, is the status stored for a found answer; zero
-	// keeps the lookup's own.
+	// stores a lookup's 200 as 201 on a POST route, and any other status
+	// as the lookup gave it.
 	Status int `yaml:"status"`
 	// Timeout bounds one lookup.
 	Timeout time.Duration `yaml:"timeout"`
@@ -73,7 +74,7 @@ func (rc Reconcile) validate(path string, r Route, u Upstream, add problemf) {
 		}
 	}
 	if rc.Status != 0 && (rc.Status < 200 || rc.Status > 599) {
-		add(path+"status", "must be 0 (the lookup's own) or an HTTP status between 200 and 599, got %d", rc.Status)
+		add(path+"status", "must be 0 (the default: 201 for a lookup's 200 on a POST route, else the lookup's) or an HTTP status between 200 and 599, got %d", rc.Status)
 	}
 	if rc.Timeout <= 0 || rc.Timeout > time.Minute {
 		add(path+"timeout", "must be between 1ms and 1m, got %s", rc.Timeout)

@@ -192,11 +192,23 @@ func (h *Handler) lookupVerdict(rt *route, resp *http.Response, key string, max 
 	for _, k := range rt.settings.ExcludeHeaders {
 		header.Del(k)
 	}
-	status := resp.StatusCode
-	if rc.Status != 0 {
-		status = rc.Status
+	return lookupAnswer{result: lookupFound, status: foundStatus(rt, resp.StatusCode), header: header, body: body}
+}
+
+// foundStatus is the status a found answer is stored with: the route's
+// reconcile.status when set; else, on a POST route, a lookup's 200 is
+// stored as 201 (a POST that took effect created what the lookup found,
+// and its clients expect the 201 its first execution would have
+// answered: the lookup is a GET, whose success is 200); any other
+// status as the lookup gave it.
+func foundStatus(rt *route, status int) int {
+	switch {
+	case rt.settings.Reconcile.Status != 0:
+		return rt.settings.Reconcile.Status
+	case status == http.StatusOK && strings.HasPrefix(rt.settings.Pattern, http.MethodPost+" "):
+		return http.StatusCreated
 	}
-	return lookupAnswer{result: lookupFound, status: status, header: header, body: body}
+	return status
 }
 
 // Header names of reconciled and reconcilable records.

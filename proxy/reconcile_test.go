@@ -171,3 +171,28 @@ func TestEveryStoreOpNamesItsSpan(t *testing.T) {
 		seen[s.op] = true
 	}
 }
+
+// TestFoundStatusDefault (issue 57): without reconcile.status, a POST
+// route stores a lookup's 200 as 201, what its clients expect of a create
+// that took effect (before, a 201 endpoint's reconciled answer was 200);
+// other found statuses, and other methods, keep the lookup's; a set
+// reconcile.status wins.
+func TestFoundStatusDefault(t *testing.T) {
+	for _, tc := range []struct {
+		pattern     string
+		set, lookup int
+		want        int
+	}{
+		{"POST /payments", 0, 200, 201},
+		{"POST /payments", 0, 500, 500},
+		{"POST /payments", 0, 202, 202},
+		{"PUT /payments/{id}", 0, 200, 200},
+		{"POST /payments", 200, 200, 200},
+		{"POST /payments", 201, 500, 201},
+	} {
+		rt := &route{settings: Route{Pattern: tc.pattern, Reconcile: &Reconcile{Status: tc.set}}}
+		if got := foundStatus(rt, tc.lookup); got != tc.want {
+			t.Errorf("%s, reconcile.status %d, lookup %d: stored %d, want %d", tc.pattern, tc.set, tc.lookup, got, tc.want)
+		}
+	}
+}
