@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"io"
 	"net/http"
 	"net/http/httputil"
@@ -165,7 +167,7 @@ func (h *Handler) passThrough(w http.ResponseWriter, r *http.Request, trusted bo
 	sw := &statusWriter{ResponseWriter: w}
 	if h.tracing != nil {
 		var sp trace.Span
-		r, sp = h.tracing.serverSpan(r, trusted, time.Now(), r.Method, nil)
+		r, sp = h.tracing.serverSpan(r, trusted, time.Now(), r.Method, []attribute.KeyValue{semconv.URLPath(r.URL.Path)})
 		defer func() { endServerSpan(sp, sw.code()) }()
 	}
 	defer func() { h.metrics.passThroughClass[min(max(sw.code()/100, 1), 5)].Inc() }()

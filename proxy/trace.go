@@ -62,7 +62,7 @@ func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, sto
 	if prop == nil {
 		prop = propagation.TraceContext{}
 	}
-	var scope []trace.TracerOption
+	scope := []trace.TracerOption{trace.WithSchemaURL(semconv.SchemaURL)}
 	if version != "" {
 		scope = append(scope, trace.WithInstrumentationVersion(version))
 	}

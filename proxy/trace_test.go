@@ -235,6 +235,14 @@ func TestPassThroughIsCountedAndTraced(t *testing.T) {
 		for _, a := range s.Attributes() {
 			attrs[a.Key] = a.Value
 		}
+		// Issue 57: url.path (required on HTTP server spans), and the
+		// conventions' schema URL on the tracer's scope.
+		if p := attrs["url.path"].AsString(); p != "/catalog" && p != "/broken" {
+			t.Errorf("a pass-through span's url.path = %q", p)
+		}
+		if s.InstrumentationScope().SchemaURL == "" {
+			t.Error("the tracer's scope has no schema URL")
+		}
 		switch attrs["http.response.status_code"].AsInt64() {
 		case 200:
 			ok++
