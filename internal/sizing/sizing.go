@@ -321,12 +321,12 @@ func WorkedExamples() []Load {
 }
 
 // TableHeader heads Row's lines.
-const TableHeader = "| new keys/s | retention | answer | records held | bytes/record | Redis memory | Redis CPU | masters (memory / CPU) | binds first | sidecar CPU | network |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
+const TableHeader = "| new keys/s | retention | answer | records held | Redis memory per record | maxmemory needed (at --fill) | Redis CPU | masters (memory / CPU) | binds first | sidecar CPU | network |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
 
 // Row is an Estimate as a line of the table.
 func (e Estimate) Row() string {
-	return fmt.Sprintf("| %s | %s | %s | %s | %.0f | %s | %.2f cores | %d (%d / %d) | %s | %.2f cores | %s/s |\n",
-		count(e.Load.NewKeysPerSecond), duration(e.Load.Retention), bytes(float64(e.Load.ResponseBytes)), count(e.Records), e.BytesPerRecord,
+	return fmt.Sprintf("| %s | %s | %s | %s | %s B | %s | %.2f cores | %d (%d / %d) | %s | %.2f cores | %s/s |\n",
+		count(e.Load.NewKeysPerSecond), duration(e.Load.Retention), bytes(float64(e.Load.ResponseBytes)), count(e.Records), count(math.Round(e.BytesPerRecord)),
 		bytes(e.MemoryBytes), e.RedisCores, e.Shards, e.ShardsForMemory, e.ShardsForCPU, e.Binding, e.SidecarCores, bytes(e.NetworkBytesPerSecond))
 }
 
@@ -335,12 +335,12 @@ func (e Estimate) Row() string {
 // measured ratios).
 func Table(loads []Load) string {
 	var b strings.Builder
-	b.WriteString(strings.Replace(TableHeader, " network |\n|", " network | zstd: bytes/record | zstd: masters |\n|---|---|", 1))
+	b.WriteString(strings.Replace(TableHeader, " network |\n|", " network | zstd: memory per record | zstd: masters |\n|---|---|", 1))
 	for _, l := range loads {
 		row := Size(l).Row()
 		l.Format, l.Compression = 3, true
 		z := Size(l)
-		fmt.Fprintf(&b, "%s %.0f | %d |\n", strings.TrimSuffix(row, "\n"), z.BytesPerRecord, z.Shards)
+		fmt.Fprintf(&b, "%s %s B | %d |\n", strings.TrimSuffix(row, "\n"), count(math.Round(z.BytesPerRecord)), z.Shards)
 	}
 	return b.String()
 }
@@ -377,6 +377,9 @@ func bytes(v float64) string {
 }
 
 func duration(d time.Duration) string {
+	if d >= 48*time.Hour && d%(24*time.Hour) == 0 {
+		return fmt.Sprintf("%dd", d/(24*time.Hour))
+	}
 	if d%time.Hour == 0 {
 		return fmt.Sprintf("%dh", d/time.Hour)
 	}
