@@ -29,6 +29,7 @@ func proxyConfig(cfg *config.Config, hooks webhookSecrets) (proxy.Config, error)
 		Upstream:                u,
 		UpstreamTimeout:         cfg.Upstream.Timeout,
 		BodyReadTimeout:         cfg.Client.BodyTimeout,
+		WriteTimeout:            cfg.Client.WriteTimeout,
 		LateAnswerWindow:        cfg.Upstream.LateAnswerWindow,
 		MaxLateCalls:            cfg.Upstream.MaxLateCalls,
 		LateCallsPrincipalShare: lateShare(cfg.Upstream),

@@ -131,6 +131,9 @@ func (r *reloader) reload(trigger string, force bool) {
 	if err == nil {
 		err = r.handler.Reload(proxyRoutes(cfg.Routes, hooks))
 	}
+	if err == nil {
+		r.handler.SetWriteTimeout(cfg.Client.WriteTimeout)
+	}
 	if err != nil {
 		r.fail(trigger, err, string(sum[:]), force)
 		return

@@ -34,6 +34,7 @@ const (
 	DefaultUpstreamTimeout   = 30 * time.Second
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultBodyTimeout       = 30 * time.Second
+	DefaultWriteTimeout      = 30 * time.Second
 	DefaultLateAnswerWindow  = 5 * time.Minute
 	DefaultMaxLateCalls      = 1000
 	DefaultLogLevel          = "info"
@@ -178,6 +179,10 @@ type Client struct {
 	// before the claim and must arrive within it; a pass-through one is
 	// streamed and may not pause longer than it.
 	BodyTimeout time.Duration `yaml:"body_timeout"`
+	// WriteTimeout cuts a client that takes nothing of an answer for this
+	// long (a replay, a stream it follows), so that an idle reader holds
+	// neither a handler nor its buffers; it reloads.
+	WriteTimeout time.Duration `yaml:"write_timeout" reload:"true"`
 }
 
 // Drain configures shutdown on SIGTERM.
@@ -217,7 +222,7 @@ func Default() *Config {
 			LateAnswerWindow: DefaultLateAnswerWindow, MaxLateCalls: DefaultMaxLateCalls, LateCallsPrincipalShare: DefaultPrincipalShare,
 		},
 		Store:               Store{RecordFormat: 1, Compression: CompressionNone, KeyPrefix: DefaultKeyPrefix, Pipeline: true, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
-		Client:              Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout},
+		Client:              Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout, WriteTimeout: DefaultWriteTimeout},
 		Limits:              Limits{PrincipalShare: DefaultPrincipalShare},
 		PassThroughUpgrades: []string{"websocket"},
 		Tracing:             Tracing{TrustIncoming: TraceTrustTrustedPeers},

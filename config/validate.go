@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Validate checks the configuration and reports every problem at once, each
@@ -79,6 +80,9 @@ func (c *Config) validateListeners(add problemf) {
 	}
 	if c.Client.BodyTimeout <= 0 {
 		add("client.body_timeout", "must be positive, got %s", c.Client.BodyTimeout)
+	}
+	if c.Client.WriteTimeout < time.Second {
+		add("client.write_timeout", "must be at least 1s (a client that takes nothing of an answer for this long is cut), got %s", c.Client.WriteTimeout)
 	}
 	if c.Drain.Delay < 0 {
 		add("drain.delay", "must not be negative, got %s", c.Drain.Delay)

@@ -19,6 +19,10 @@ type Config struct {
 	// BodyReadTimeout bounds reading a protected request's body, and how
 	// long a pass-through body may pause. Zero uses defaultBodyReadTimeout.
 	BodyReadTimeout time.Duration
+	// WriteTimeout cuts a client that takes nothing of an answer idemproxy
+	// writes (a replay, a stream) for this long; SetWriteTimeout changes
+	// it. Zero uses defaultWriteTimeout.
+	WriteTimeout time.Duration
 	// LateAnswerWindow is how much longer than UpstreamTimeout an owner
 	// keeps the upstream call open to store its late answer. Zero cancels
 	// the call at UpstreamTimeout.

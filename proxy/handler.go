@@ -104,6 +104,9 @@ type Options struct {
 // its key when no message wakes it.
 const defaultWaitSafetyPoll = 5 * time.Second
 
+// defaultWriteTimeout is how long a client may take nothing of an answer.
+const defaultWriteTimeout = 30 * time.Second
+
 // defaultBodyReadTimeout is how long a client may take to send a protected
 // request's body.
 const defaultBodyReadTimeout = 30 * time.Second
@@ -138,6 +141,8 @@ type Handler struct {
 	// forwarding counts first attempts forwarding now, per route
 	// (max_in_flight).
 	forwarding inFlight
+	// writeTimeout is client.write_timeout in nanoseconds (it reloads).
+	writeTimeout atomic.Int64
 	// liveness is what this sidecar saw of claims in progress, to judge
 	// their owners gone on its own clock (liveness.go).
 	liveness *liveness
@@ -206,6 +211,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		liveness:        newLiveness(),
 	}
 	h.unconfirmed = unconfirmed{h: h, now: time.Now}
+	h.SetWriteTimeout(cfg.WriteTimeout)
 	if h.bodyTimeout <= 0 {
 		h.bodyTimeout = defaultBodyReadTimeout
 	}
@@ -256,6 +262,16 @@ func (h *Handler) Reload(routes []Route) error {
 	h.metrics.initRoutes(rt)
 	h.routes.Store(rt)
 	return nil
+}
+
+// SetWriteTimeout sets how long a client may take nothing of an answer
+// idemproxy writes before it is cut (client.write_timeout, which reloads);
+// zero or less uses defaultWriteTimeout.
+func (h *Handler) SetWriteTimeout(d time.Duration) {
+	if d <= 0 {
+		d = defaultWriteTimeout
+	}
+	h.writeTimeout.Store(int64(d))
 }
 
 // Abandon cancels every upstream call of a protected request still

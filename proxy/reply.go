@@ -112,7 +112,7 @@ func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
 		}
 	}
 	x.w.WriteHeader(rec.Status)
-	_, _ = x.w.Write(rec.Body)
+	_ = x.writeAnswer(rec.Body)
 }
 
 // bypass forwards the request without protection. body, when not nil, is

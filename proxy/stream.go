@@ -389,6 +389,7 @@ func (p *streamPump) Read(b []byte) (int, error) {
 			return 0, err
 		}
 	}
+	rc := http.NewResponseController(p.o.x.w)
 	if len(p.out) > 0 {
 		n := copy(b, p.out)
 		p.release(n)
@@ -397,8 +398,12 @@ func (p *streamPump) Read(b []byte) (int, error) {
 			p.out = nil
 		}
 		p.cond.Broadcast()
+		// The client must take this within client.write_timeout, or it
+		// is cut (the stream goes on, stored, for the retries).
+		_ = rc.SetWriteDeadline(time.Now().Add(time.Duration(p.o.x.h.writeTimeout.Load())))
 		return n, nil
 	}
+	_ = rc.SetWriteDeadline(time.Time{}) // the connection may serve another request
 	return 0, p.outErr
 }
 
@@ -549,7 +554,7 @@ func (x *exchange) followLive(rc *http.ResponseController, at int) claim.StreamE
 			x.h.metrics.streamAttached.WithLabelValues(x.rt.name).Inc()
 		}
 		if len(part.Data) > 0 {
-			if _, err := x.w.Write(part.Data); err != nil {
+			if err := x.writeAnswer(part.Data); err != nil {
 				return streamClientGone
 			}
 			_ = rc.Flush()

@@ -1,0 +1,83 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/poll"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+)
+
+// TestWriteTimeoutCutsAnIdleReplay (issue 55), through the real binary: a
+// retry whose client takes nothing of a 32 MiB replay is cut once
+// client.write_timeout (1s) passes, and the setting reloads: at 30s, the
+// same idle client, once it reads, gets the whole answer. Before, nothing
+// timed such a client out.
+func TestWriteTimeoutCutsAnIdleReplay(t *testing.T) {
+	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
+	srv := redistest.Start(t)
+	const size = 32 << 20
+	answer := strings.Repeat("x", size)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, answer)
+	}))
+	defer upstream.Close()
+	cfg := func(timeout string) string {
+		return payConfig(upstream.URL, srv.Addr, "client:\n  write_timeout: "+timeout+"\ndefaults:\n  max_response_body: 64MiB\n")
+	}
+	sc := startBinary(t, cfg("1s"))
+	if resp, body := postAnswer(t, sc.Client+"/payments", "big", `{}`); resp.StatusCode != http.StatusCreated || len(body) != size {
+		t.Fatalf("first attempt: %d, %d bytes", resp.StatusCode, len(body))
+	}
+	// idle sends a retry, takes nothing for 3 s, then reads what it can
+	// within 10 s: how many body bytes came, and whether it ended early.
+	idle := func() (int, error) {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(sc.Client, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		fmt.Fprintf(conn, "POST /payments HTTP/1.1\r\nHost: x\r\nX-Forwarded-User: alice\r\nIdempotency-Key: big\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+		time.Sleep(3 * time.Second)
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			return 0, err
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		return int(n), err
+	}
+	if n, err := idle(); n >= size || err == nil {
+		t.Fatalf("an idle client with client.write_timeout 1s got %d of %d bytes (%v): want it cut", n, size, err)
+	}
+	if err := os.WriteFile(sc.ConfigPath, []byte(strings.Replace(readFile(t, sc.ConfigPath), "write_timeout: 1s", "write_timeout: 30s", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "the reload", func() bool { return strings.Contains(sc.Logs(), "config reloaded") })
+	if n, err := idle(); n != size || err != nil {
+		t.Fatalf("an idle client after write_timeout reloaded to 30s got %d of %d bytes (%v): want the whole answer", n, size, err)
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
