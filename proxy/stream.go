@@ -500,7 +500,7 @@ func (x *exchange) follow(rec *claim.Record) {
 	_ = rc.Flush()
 	end := rec.StreamEnd
 	if end == claim.StreamRunning {
-		end = x.followLive(rc, rec.StreamLen)
+		end = x.followLive(rc, rec.StreamLen, x.followDeadline(rec))
 	}
 	if end == claim.StreamEnded {
 		return
@@ -515,19 +515,39 @@ func (x *exchange) follow(rec *claim.Record) {
 // streamClientGone is followLive's end when the client went away.
 const streamClientGone claim.StreamEnd = 255
 
+// followDeadline is when a follower of rec, a running stream, is cut: no
+// stream runs longer than upstream.timeout + late_answer_window after its
+// first attempt began (its owner cancels the call then), nor, whatever a
+// planted or damaged record says of its start or its lease, longer than
+// that after this follower began.
+func (x *exchange) followDeadline(rec *claim.Record) time.Time {
+	budget := x.h.upstreamTimeout + x.h.lateWindow
+	deadline := x.start.Add(budget)
+	if !rec.Created.IsZero() && rec.Created.Add(budget).Before(deadline) {
+		deadline = rec.Created.Add(budget)
+	}
+	return deadline
+}
+
 // followLive writes a running stream's new chunks from at as they are
-// stored, until it ends; it returns how.
-func (x *exchange) followLive(rc *http.ResponseController, at int) claim.StreamEnd {
+// stored, until it ends or deadline passes (the stream is then cut for
+// this follower: claim.StreamAborted); it returns how.
+func (x *exchange) followLive(rc *http.ResponseController, at int, deadline time.Time) claim.StreamEnd {
 	ctx := x.r.Context()
 	watch := x.h.store.Watch(ctx, x.hashedKey)
 	defer watch.Stop()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	failures, counted := 0, false
+	cut := time.NewTimer(time.Until(deadline))
+	defer cut.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return streamClientGone
+		case <-cut.C:
+			x.log().Warn("stream follower cut: the stream ran past upstream.timeout + late_answer_window", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
+			return claim.StreamAborted
 		case <-watch.C:
 		case <-timer.C:
 		}

@@ -3,7 +3,10 @@ package proxy_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/proxy"
 	"io"
 	"net"
 	"net/http"
@@ -359,5 +362,51 @@ func TestReplayToAnIdleClientIsCut(t *testing.T) {
 	poll.Until(t, "the idle client is cut after client.write_timeout", func() bool { return e.h.BufferedBytes() == 0 })
 	if r := e.do(req{user: "alice", key: "big", body: `{}`}); r.status != http.StatusCreated || len(r.body) != size || r.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("a retry that reads: %d, %d bytes", r.status, len(r.body))
+	}
+}
+
+// TestFollowerOfAStuckStreamIsCut (issue 55): a streamed record that says
+// it is still running, with its owner's lease in 2100 (planted, or a
+// damaged store), holds a follower no longer than upstream.timeout +
+// late_answer_window: the follower gets the stored prefix and an
+// abnormal end. Before, it was held for as long as the record lived.
+func TestFollowerOfAStuckStreamIsCut(t *testing.T) {
+	e := newEnv(t, created, func(c *setup) {
+		c.Streams = true
+		c.Routes[0].Stream = true
+		c.UpstreamTimeout, c.LateAnswerWindow = time.Second, time.Second
+	})
+	ctx := context.Background()
+	key := e.store.Key("alice", proxy.KeyScope("pay", false), "stuck")
+	owner := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: "stuck", Fingerprint: e.probeFingerprint()}
+	if res, err := e.store.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v %v", res, err)
+	}
+	head := *owner
+	head.State, head.Status, head.Header = claim.Streamed, http.StatusOK, http.Header{"Content-Type": {"text/event-stream"}}
+	at, err := e.store.StreamStart(ctx, key, &head, time.Hour, time.Until(time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.StreamAppend(ctx, key, head.Token, at, []byte("data: 1\n\n"), time.Until(time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC))); err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	hr, _ := http.NewRequest(http.MethodPost, e.front.URL+"/payments", strings.NewReader(`{}`))
+	hr.Header.Set("Content-Type", "application/json")
+	hr.Header.Set("X-Forwarded-User", "alice")
+	hr.Header.Set("Idempotency-Key", "stuck")
+	resp, err := client.Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	var ne net.Error
+	if err == nil || errors.As(err, &ne) && ne.Timeout() || string(body) != "data: 1\n\n" {
+		t.Fatalf("following a stream stuck running: %q, %v; want the prefix and an abnormal end from the server (not the client's timeout)", body, err)
+	}
+	if n := e.ledger.total(); n != 1 { // the probe
+		t.Fatalf("upstream executions = %d, want 1 (the probe)", n)
 	}
 }
