@@ -495,6 +495,13 @@ func (x *exchange) follow(rec *claim.Record) {
 	if rec.StreamEnd == claim.StreamRunning {
 		defer x.h.streamReaders.give(x.hashedKey)
 	}
+	if at, id, ok := resumeFrom(x.r, rec, rec.Body); ok {
+		// The client had every event up to id: the rest, and what follows.
+		resumed := *rec
+		resumed.Body = rec.Body[at:]
+		x.w.Header().Set(resumedHeader, id)
+		rec = &resumed
+	}
 	x.writeRecord(rec, true)
 	rc := http.NewResponseController(x.w)
 	_ = rc.Flush()

@@ -410,3 +410,79 @@ func TestFollowerOfAStuckStreamIsCut(t *testing.T) {
 		t.Fatalf("upstream executions = %d, want 1 (the probe)", n)
 	}
 }
+
+// TestStreamResumesAfterLastEventID (issue 55): a retry carrying
+// Last-Event-ID on an SSE stream whose events carry ids gets the status
+// and headers, then the events after that id, live while the stream
+// runs, saying where it resumed (Idempotent-Resumed-After); an id the
+// stream does not hold gets the whole stream. Before, every retry got
+// every event again.
+func TestStreamResumesAfterLastEventID(t *testing.T) {
+	steps := make(chan string)
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		for id := range steps {
+			fmt.Fprintf(w, "id: %s\ndata: event %s\n\n", id, id)
+			http.NewResponseController(w).Flush()
+		}
+	}, func(c *setup) {
+		c.Streams = true
+		c.Routes[0].Stream = true
+	})
+	resume := func(last string) *http.Response {
+		t.Helper()
+		hr, _ := http.NewRequest(http.MethodPost, e.front.URL+"/payments", strings.NewReader(`{"prompt":"hi"}`))
+		hr.Header.Set("Content-Type", "application/json")
+		hr.Header.Set("X-Forwarded-User", "alice")
+		hr.Header.Set("Idempotency-Key", "resume")
+		if last != "" {
+			hr.Header.Set("Last-Event-ID", last)
+		}
+		resp, err := e.front.Client().Do(hr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	first := e.open(t, "resume")
+	a := bufio.NewReader(first.Body)
+	for _, id := range []string{"1", "2"} {
+		steps <- id
+		if got := event(t, a); got != "id: "+id+"\ndata: event "+id+"\n\n" {
+			t.Fatalf("first client's event %s = %q", id, got)
+		}
+	}
+	// While it runs: after event 1, then live.
+	live := resume("1")
+	if live.StatusCode != http.StatusOK || live.Header.Get("Idempotent-Resumed-After") != "1" || live.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("resume while running: %d %v", live.StatusCode, live.Header)
+	}
+	b := bufio.NewReader(live.Body)
+	if got := event(t, b); got != "id: 2\ndata: event 2\n\n" {
+		t.Fatalf("resumed after 1, first event = %q, want event 2", got)
+	}
+	steps <- "3"
+	close(steps)
+	if got := event(t, b); got != "id: 3\ndata: event 3\n\n" {
+		t.Fatalf("resumed stream, live event = %q", got)
+	}
+	if rest, err := io.ReadAll(b); err != nil || len(rest) != 0 {
+		t.Fatalf("resumed stream's end: %q %v", rest, err)
+	}
+	io.ReadAll(a)
+	// After the end: after event 2; an unknown id gets everything.
+	done := resume("2")
+	if body, err := io.ReadAll(done.Body); err != nil || string(body) != "id: 3\ndata: event 3\n\n" || done.Header.Get("Idempotent-Resumed-After") != "2" {
+		t.Fatalf("resume after the end from 2: %q %v %v", body, err, done.Header)
+	}
+	all := resume("nine")
+	if body, err := io.ReadAll(all.Body); err != nil || !strings.HasPrefix(string(body), "id: 1\n") || all.Header.Get("Idempotent-Resumed-After") != "" {
+		t.Fatalf("resume from an id the stream does not hold: %q %v %v, want the whole stream", body, err, all.Header)
+	}
+	if n := e.ledger.total(); n != 1 {
+		t.Fatalf("upstream executions = %d, want 1", n)
+	}
+}

@@ -1,0 +1,29 @@
+package proxy
+
+import "testing"
+
+// TestAfterEvent: the end of the event an id names, under every line
+// ending the standard allows, with or without the space after the colon;
+// an id that is only a data value, or whose event has not ended, is not
+// found.
+func TestAfterEvent(t *testing.T) {
+	for _, tc := range []struct {
+		stream, id string
+		want       int
+		ok         bool
+	}{
+		{"id: 1\ndata: a\n\nid: 2\ndata: b\n\n", "1", len("id: 1\ndata: a\n\n"), true},
+		{"id: 1\ndata: a\n\nid: 2\ndata: b\n\n", "2", len("id: 1\ndata: a\n\nid: 2\ndata: b\n\n"), true},
+		{"id:1\r\ndata: a\r\n\r\nid:2\r\n\r\n", "1", len("id:1\r\ndata: a\r\n\r\n"), true},
+		{"data: a\rid: x\r\rdata: b\r\r", "x", len("data: a\rid: x\r\r"), true},
+		{"data: id: 1\n\n", "1", 0, false},
+		{"id: 1\ndata: a\n", "1", 0, false},
+		{"id: 1\ndata: a\n\n", "9", 0, false},
+		{": comment\nid: 7\n\n", "7", len(": comment\nid: 7\n\n"), true},
+	} {
+		got, ok := afterEvent([]byte(tc.stream), tc.id)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("afterEvent(%q, %q) = %d, %v; want %d, %v", tc.stream, tc.id, got, ok, tc.want, tc.ok)
+		}
+	}
+}
