@@ -174,6 +174,9 @@ type Handler struct {
 	// following each stream here (stream.go).
 	streams       bool
 	streamReaders attached
+	// streamReads shares the store reads of a running stream among its
+	// followers on this sidecar (fanout.go).
+	streamReads sharedReads
 }
 
 // New builds a Handler for cfg, which the caller has validated: a route

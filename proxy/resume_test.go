@@ -27,3 +27,25 @@ func TestAfterEvent(t *testing.T) {
 		}
 	}
 }
+
+// TestFollowersBoundedPerPrincipal (issue 55): one principal has at most
+// maxAttached retries following streams on a sidecar, across its
+// streams, as one stream has; giving one back makes room.
+func TestFollowersBoundedPerPrincipal(t *testing.T) {
+	var a attached
+	for i := range maxAttached {
+		if !a.take("stream-"+string(rune('a'+i%26))+string(rune('a'+i/26)), "alice") {
+			t.Fatalf("follower %d of alice refused", i+1)
+		}
+	}
+	if a.take("another-stream", "alice") {
+		t.Error("alice's follower past maxAttached, on a stream of its own, was taken")
+	}
+	if !a.take("another-stream", "bob") {
+		t.Error("bob's first follower was refused")
+	}
+	a.give("stream-aa", "alice")
+	if !a.take("another-stream", "alice") {
+		t.Error("alice's follower after one left was refused")
+	}
+}

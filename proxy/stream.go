@@ -53,7 +53,8 @@ const (
 	// streamPoll is how often a follower looks when no message woke it.
 	streamPoll = 250 * time.Millisecond
 	// maxAttached bounds the retries following one stream on this
-	// sidecar; past it they get the route's in_progress_status.
+	// sidecar, and those one principal has following its streams; past
+	// it they get the route's in_progress_status.
 	maxAttached = 64
 )
 
@@ -450,27 +451,35 @@ func (p *streamPump) wait() { <-p.done }
 // attached counts the retries following each stream on this sidecar.
 type attached struct {
 	mu sync.Mutex
-	n  map[string]int
+	// n counts followers by stream key, p by principal; mu guards both.
+	n, p map[string]int
 }
 
-func (a *attached) take(key string) bool {
+// take counts one more follower of key for principal, or reports false
+// when the stream, or the principal across its streams, has maxAttached
+// already on this sidecar.
+func (a *attached) take(key, principal string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.n == nil {
-		a.n = map[string]int{}
+		a.n, a.p = map[string]int{}, map[string]int{}
 	}
-	if a.n[key] >= maxAttached {
+	if a.n[key] >= maxAttached || a.p[principal] >= maxAttached {
 		return false
 	}
 	a.n[key]++
+	a.p[principal]++
 	return true
 }
 
-func (a *attached) give(key string) {
+func (a *attached) give(key, principal string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.n[key]--; a.n[key] <= 0 {
 		delete(a.n, key)
+	}
+	if a.p[principal]--; a.p[principal] <= 0 {
+		delete(a.p, principal)
 	}
 }
 
@@ -481,8 +490,8 @@ func (x *exchange) attach(rec *claim.Record) *reply {
 	if rec.StreamEnd == claim.StreamTooLarge {
 		return notReplayable(rec)
 	}
-	if rec.StreamEnd == claim.StreamRunning && !x.h.streamReaders.take(x.hashedKey) {
-		return x.inProgress("this stream has as many retries following it as this sidecar allows; retry after the time in Retry-After", time.Second)
+	if rec.StreamEnd == claim.StreamRunning && !x.h.streamReaders.take(x.hashedKey, x.principal) {
+		return x.inProgress("this stream, or this principal, has as many retries following streams as this sidecar allows; retry after the time in Retry-After", time.Second)
 	}
 	return &reply{outcome: outcomeReplayed, record: rec, replayed: true, stream: true}
 }
@@ -493,7 +502,7 @@ func (x *exchange) attach(rec *claim.Record) *reply {
 // chunked body is closed without its last chunk).
 func (x *exchange) follow(rec *claim.Record) {
 	if rec.StreamEnd == claim.StreamRunning {
-		defer x.h.streamReaders.give(x.hashedKey)
+		defer x.h.streamReaders.give(x.hashedKey, x.principal)
 	}
 	if at, id, ok := resumeFrom(x.r, rec, rec.Body); ok {
 		// The client had every event up to id: the rest, and what follows.
@@ -558,10 +567,12 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, deadline time
 		case <-watch.C:
 		case <-timer.C:
 		}
-		var part claim.StreamPart
-		err := x.storeOp(ctx, "stream_read", func(ctx context.Context) (err error) {
-			part, err = x.h.store.StreamRead(ctx, x.hashedKey, at, streamReadMax)
-			return err
+		part, err := x.h.streamReads.read(ctx, x.hashedKey, at, func(ctx context.Context) (part claim.StreamPart, err error) {
+			err = x.storeOp(ctx, "stream_read", func(ctx context.Context) (err error) {
+				part, err = x.h.store.StreamRead(ctx, x.hashedKey, at, streamReadMax)
+				return err
+			})
+			return part, err
 		})
 		if err != nil {
 			if ctx.Err() != nil {

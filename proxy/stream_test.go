@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -484,5 +486,80 @@ func TestStreamResumesAfterLastEventID(t *testing.T) {
 	}
 	if n := e.ledger.total(); n != 1 {
 		t.Fatalf("upstream executions = %d, want 1", n)
+	}
+}
+
+// TestFollowersShareTheStoreReads (issue 55): 64 retries following one
+// stream on a sidecar cost Redis at most twice the commands per stored
+// flush that the stream costs with none (INFO commandstats, a real
+// redis-server): the followers woken by one append share one read.
+// Before, each read on its own: about 25 times as many.
+func TestFollowersShareTheStoreReads(t *testing.T) {
+	if !redistest.Available() {
+		t.Skip("redis-server not found: INFO commandstats needs a real Redis")
+	}
+	const events, followers = 20, 64
+	steps := map[string]chan string{"none": make(chan string), "many": make(chan string)}
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		http.NewResponseController(w).Flush()
+		for ev := range steps[r.Header.Get("Idempotency-Key")] {
+			fmt.Fprintf(w, "data: %s\n\n", ev)
+			http.NewResponseController(w).Flush()
+		}
+	}, func(c *setup) {
+		c.Streams = true
+		c.Routes[0].Stream = true
+	})
+	ctx := context.Background()
+	calls := func() int {
+		info, err := e.rdb.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for line := range strings.SplitSeq(info, "\n") {
+			if _, rest, ok := strings.Cut(line, "calls="); ok {
+				v, _, _ := strings.Cut(rest, ",")
+				c, _ := strconv.Atoi(v)
+				n += c
+			}
+		}
+		return n
+	}
+	perFlush := func(key string, attach int) float64 {
+		first := e.open(t, key)
+		a := bufio.NewReader(first.Body)
+		steps[key] <- "0"
+		event(t, a)
+		var readers []*bufio.Reader
+		for range attach {
+			r := e.open(t, key)
+			if r.StatusCode != http.StatusOK {
+				t.Fatalf("follower: %d", r.StatusCode)
+			}
+			b := bufio.NewReader(r.Body)
+			event(t, b)
+			readers = append(readers, b)
+		}
+		time.Sleep(300 * time.Millisecond) // the followers settle on the stream's end
+		before := calls()
+		for i := range events {
+			steps[key] <- strconv.Itoa(i + 1)
+			event(t, a)
+			for _, b := range readers {
+				event(t, b)
+			}
+		}
+		after := calls()
+		close(steps[key])
+		return float64(after-before) / events
+	}
+	none := perFlush("none", 0)
+	many := perFlush("many", followers)
+	t.Logf("Redis commands per stored flush: %.1f with no follower, %.1f with %d", none, many, followers)
+	if many > 2*none {
+		t.Errorf("Redis commands per stored flush: %.1f with %d followers, more than twice the %.1f with none", many, followers, none)
 	}
 }
