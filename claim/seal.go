@@ -39,6 +39,7 @@ const (
 	ReasonUnknownKey = "unknown_key" // sealed under a key that is no longer configured
 	ReasonUnsealed   = "unsealed"    // not sealed, and store.encryption.required is set
 	ReasonNoKeys     = "no_keys"     // sealed, and no key is configured
+	ReasonTooLarge   = "too_large"   // a streamed answer longer than its route stores (planted, or edited)
 )
 
 // RecordError says why a stored record could not be read. It matches

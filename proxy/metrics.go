@@ -159,7 +159,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"route"}),
 		recordErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_record_errors_total",
-			Help: "Stored records that could not be read (never replayed, nothing forwarded), by reason: corrupt, tampered, unknown_key, unsealed, no_keys.",
+			Help: "Stored records that could not be read (never replayed, nothing forwarded), by reason: corrupt, tampered, unknown_key, unsealed, no_keys, too_large (a streamed answer longer than its route's max_response_body).",
 		}, []string{"reason"}),
 		streamChunks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_stream_chunks_total",

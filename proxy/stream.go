@@ -490,10 +490,22 @@ func (x *exchange) attach(rec *claim.Record) *reply {
 	if rec.StreamEnd == claim.StreamTooLarge {
 		return notReplayable(rec)
 	}
+	if int64(len(rec.Body)) > x.rt.settings.MaxResponseBody {
+		// The owner stores no more than max_response_body of a stream: a
+		// longer one was planted or edited, and is not replayed.
+		return x.streamTooLong()
+	}
 	if rec.StreamEnd == claim.StreamRunning && !x.h.streamReaders.take(x.hashedKey, x.principal) {
 		return x.inProgress("this stream, or this principal, has as many retries following streams as this sidecar allows; retry after the time in Retry-After", time.Second)
 	}
 	return &reply{outcome: outcomeReplayed, record: rec, replayed: true, stream: true}
+}
+
+// streamTooLong answers a retry of a streamed record longer than the
+// route stores: record-unreadable, counted as too_large.
+func (x *exchange) streamTooLong() *reply {
+	x.h.metrics.recordErrors.WithLabelValues(claim.ReasonTooLarge).Inc()
+	return refuse(outcomeRecordUnreadable, probRecordCorrupt.with("the stream stored for this key is longer than this route's max_response_body, which idemproxy never stores; nothing was forwarded"))
 }
 
 // follow writes a streamed record's answer: what is stored, then, while
@@ -504,6 +516,7 @@ func (x *exchange) follow(rec *claim.Record) {
 	if rec.StreamEnd == claim.StreamRunning {
 		defer x.h.streamReaders.give(x.hashedKey, x.principal)
 	}
+	stored := int64(len(rec.Body))
 	if at, id, ok := resumeFrom(x.r, rec, rec.Body); ok {
 		// The client had every event up to id: the rest, and what follows.
 		resumed := *rec
@@ -516,7 +529,7 @@ func (x *exchange) follow(rec *claim.Record) {
 	_ = rc.Flush()
 	end := rec.StreamEnd
 	if end == claim.StreamRunning {
-		end = x.followLive(rc, rec.StreamLen, x.followDeadline(rec))
+		end = x.followLive(rc, rec.StreamLen, stored, x.followDeadline(rec))
 	}
 	if end == claim.StreamEnded {
 		return
@@ -545,10 +558,12 @@ func (x *exchange) followDeadline(rec *claim.Record) time.Time {
 	return deadline
 }
 
-// followLive writes a running stream's new chunks from at as they are
-// stored, until it ends or deadline passes (the stream is then cut for
-// this follower: claim.StreamAborted); it returns how.
-func (x *exchange) followLive(rc *http.ResponseController, at int, deadline time.Time) claim.StreamEnd {
+// followLive writes a running stream's new chunks from at (the stored
+// value's offset, after stored bytes of the stream) as they are stored,
+// until it ends, or deadline passes or the stream grows past what its
+// owner ever stores (the stream is then cut for this follower:
+// claim.StreamAborted); it returns how.
+func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64, deadline time.Time) claim.StreamEnd {
 	ctx := x.r.Context()
 	watch := x.h.store.Watch(ctx, x.hashedKey)
 	defer watch.Stop()
@@ -590,6 +605,12 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, deadline time
 			// Attached: the stream still ran (or grew) when first read.
 			counted = true
 			x.h.metrics.streamAttached.WithLabelValues(x.rt.name).Inc()
+		}
+		if stored += int64(len(part.Data)); stored > x.rt.settings.MaxResponseBody {
+			// Past what the owner ever stores: planted or edited; cut.
+			x.h.metrics.recordErrors.WithLabelValues(claim.ReasonTooLarge).Inc()
+			x.log().Warn("stream follower cut: the stored stream grew past max_response_body", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
+			return claim.StreamAborted
 		}
 		if len(part.Data) > 0 {
 			if err := x.writeAnswer(part.Data); err != nil {

@@ -563,3 +563,72 @@ func TestFollowersShareTheStoreReads(t *testing.T) {
 		t.Errorf("Redis commands per stored flush: %.1f with %d followers, more than twice the %.1f with none", many, followers, none)
 	}
 }
+
+// TestStreamLongerThanItsRouteStoresIsUnreadable (issue 55): a streamed
+// record longer than its route's max_response_body (planted or edited in
+// an unsealed Redis: the owner never stores more) is 500
+// record-unreadable, counted as too_large, and nothing is forwarded;
+// a follower is cut where a running one grows past it. Before, a 20 MB
+// planted stream was replayed whole against a 1 MiB bound.
+func TestStreamLongerThanItsRouteStoresIsUnreadable(t *testing.T) {
+	e := newEnv(t, created, func(c *setup) {
+		c.Streams = true
+		c.Routes[0].Stream = true
+		c.Routes[0].MaxResponseBody = 1024
+	})
+	ctx := context.Background()
+	plant := func(name string, chunks ...string) (string, claim.Record, int) {
+		key := e.store.Key("alice", proxy.KeyScope("pay", false), name)
+		owner := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: name, Fingerprint: e.probeFingerprint()}
+		if res, err := e.store.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+			t.Fatalf("claim: %+v %v", res, err)
+		}
+		head := *owner
+		head.State, head.Status, head.Header = claim.Streamed, http.StatusOK, http.Header{"Content-Type": {"text/event-stream"}}
+		at, err := e.store.StreamStart(ctx, key, &head, time.Hour, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range chunks {
+			if at, err = e.store.StreamAppend(ctx, key, head.Token, at, []byte(c), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return key, head, at
+	}
+	big := "data: " + strings.Repeat("x", 3000) + "\n\n"
+	key, head, at := plant("planted", big)
+	if err := e.store.StreamFinish(ctx, key, head.Token, claim.StreamEnded, at); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.do(req{user: "alice", key: "planted", body: `{}`}); r.status != http.StatusInternalServerError || !strings.Contains(r.body, "record-unreadable") {
+		t.Fatalf("a planted 3 KB stream on a 1 KiB route: %d %s, want 500 record-unreadable", r.status, r.body)
+	}
+	// A running one that grows past it while followed.
+	key, head, at = plant("growing", "data: a\n\n")
+	hr, _ := http.NewRequest(http.MethodPost, e.front.URL+"/payments", strings.NewReader(`{}`))
+	hr.Header.Set("Content-Type", "application/json")
+	hr.Header.Set("X-Forwarded-User", "alice")
+	hr.Header.Set("Idempotency-Key", "growing")
+	follower, err := e.front.Client().Do(hr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer follower.Body.Close()
+	if follower.StatusCode != http.StatusOK {
+		t.Fatalf("follower: %d", follower.StatusCode)
+	}
+	if _, err := e.store.StreamAppend(ctx, key, head.Token, at, []byte(big), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(follower.Body)
+	if err == nil || len(body) > 1024 {
+		t.Fatalf("a follower of a stream grown past 1 KiB: %d bytes, %v; want it cut, with nothing past the bound", len(body), err)
+	}
+	if n := e.counter("idemproxy_record_errors_total", map[string]string{"reason": "too_large"}); n != 2 {
+		t.Errorf("idemproxy_record_errors_total{reason=too_large} = %v, want 2", n)
+	}
+	if n := e.ledger.total(); n != 1 { // the probe
+		t.Fatalf("upstream executions = %d, want 1 (the probe)", n)
+	}
+}
