@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -47,7 +48,15 @@ func StartT(tb testing.TB, bin, yaml string, o ...Options) *Sidecar {
 	if len(o) > 0 {
 		opts = o[0]
 	}
-	s, err := Start(bin, tb.TempDir(), yaml, opts)
+	var s *Sidecar
+	var err error
+	for range 3 {
+		// A free port can be taken by a parallel test between finding it
+		// and binding it: start again on others.
+		if s, err = Start(bin, tb.TempDir(), yaml, opts); err == nil || !strings.Contains(err.Error(), "address already in use") {
+			break
+		}
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}
