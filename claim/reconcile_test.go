@@ -102,7 +102,7 @@ func testTakeOverFenced(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
 // keeps its claim, whatever Redis' clock did. A streamed record is never
 // taken over, whatever it carries; FreeAbsent refuses while Redis' clock
 // and the caller's disagree by more than the rules allow.
-func testTakeOverFencedOnExpiry(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
+func testTakeOverFencedOnExpiry(t *testing.T, c redis.UniversalClient, s *claim.Store) {
 	ctx := context.Background()
 	key := s.Key("alice", "route", "expiry")
 	owner := newRecord(t)
@@ -141,13 +141,15 @@ func testTakeOverFencedOnExpiry(t *testing.T, _ redis.UniversalClient, s *claim.
 		t.Fatalf("taking over on the current expiry: %v", err)
 	}
 
-	// FreeAbsent with this process' clock a second ahead of Redis'.
-	claim.SetClock(s, func() time.Time { return time.Now().Add(time.Second) })
+	// FreeAbsent from a process whose clock is a second ahead of Redis'
+	// (a store of its own, its clock set before it runs anything).
+	skewed := claim.New(c, "skewed:")
+	claim.SetClock(skewed, func() time.Time { return time.Now().Add(time.Second) })
+	defer skewed.Close()
 	var early *claim.TooEarlyError
-	if err := s.FreeAbsent(ctx, key, taker.Token, time.Now().Add(-time.Hour), 0); !errors.As(err, &early) || early.Skew == 0 {
+	if err := skewed.FreeAbsent(ctx, key, taker.Token, time.Now().Add(-time.Hour), 0); !errors.As(err, &early) || early.Skew == 0 {
 		t.Fatalf("freeing with the clocks a second apart = %v, want ErrTooEarly for the clocks", err)
 	}
-	claim.SetClock(s, nil)
 	if err := s.FreeAbsent(ctx, key, taker.Token, time.Now().Add(-time.Hour), 0); err != nil {
 		t.Fatalf("freeing with the clocks together: %v", err)
 	}
