@@ -163,10 +163,28 @@ func clientOptions(r config.Redis) claim.ClientOptions {
 	}
 }
 
+// streamReadLimit is the longest streamed record a claim reads back: no
+// owner stores more than its route's max_response_body of a stream, with
+// its head (headers, bounded by it too) and, sealed, a frame's overhead
+// per chunk; four times the largest bound, and 1 MiB, leave room for
+// every stream stored, and keep one planted past that out of memory. A
+// route's exact bound is checked after the read (proxy). Routes reload,
+// this does not: a bound raised by a reload reads back up to four times
+// the old one until a restart.
+func streamReadLimit(cfg *config.Config) int {
+	largest := cfg.Defaults.MaxResponseBody
+	for _, r := range cfg.Routes {
+		largest = max(largest, r.Settings.MaxResponseBody)
+	}
+	return int(min(4*largest+1<<20, 1<<40))
+}
+
 // storeOptions are the claim.Store's options: sealing and key derivation
-// (read by readSecrets), WAIT and pipelining, with their metrics.
-func storeOptions(st config.Store, sec *secrets, m *metrics, log *slog.Logger) []claim.Option {
-	opts := slices.Clone(sec.store)
+// (read by readSecrets), WAIT and pipelining, with their metrics, and
+// the streamed records a claim reads back.
+func storeOptions(cfg *config.Config, sec *secrets, m *metrics, log *slog.Logger) []claim.Option {
+	st := cfg.Store
+	opts := append(slices.Clone(sec.store), claim.WithStreamReadLimit(streamReadLimit(cfg)))
 	opts = append(opts, claim.WithEpochObserver(func(e claim.Epoch) {
 		lost := m.dataLost.WithLabelValues(e.Master) // exists at 0 from the first look, so that increase() sees the first loss
 		if e.Lost {

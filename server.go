@@ -177,7 +177,7 @@ func (s *server) openStore(ctx context.Context, sec *secrets) error {
 		return fmt.Errorf("store.redis.tls_ca_file: %w", err) // the only way it fails
 	}
 	s.closers = append(s.closers, func() { client.Close() })
-	s.store = claim.New(client, s.cfg.Store.KeyPrefix, storeOptions(s.cfg.Store, sec, s.metrics, s.log)...)
+	s.store = claim.New(client, s.cfg.Store.KeyPrefix, storeOptions(s.cfg, sec, s.metrics, s.log)...)
 	s.closers = append(s.closers, s.store.Close)
 	preload(ctx, s.store, s.log)
 	return nil

@@ -138,7 +138,7 @@ func (s *Store) claim(ctx context.Context, key string, rec *Record, lease time.D
 	value := s.encode(key, rec)
 	lease += rec.Tail // the record outlives its lease by its tail
 	for attempt := 0; ; attempt++ {
-		run := claimCmd(ctx, key, value, lease)
+		run := claimCmd(ctx, key, value, lease, s.streamLimit)
 		cmds, epoch, master := s.withEpochRead(ctx, key, rec, noRetry{run})
 		wait, err := s.write(ctx, key, len(value), cmds...)
 		if err != nil {
@@ -159,9 +159,10 @@ func (s *Store) claim(ctx context.Context, key string, rec *Record, lease time.D
 	}
 }
 
-// claimCmd is the claim: claimScript by its SHA.
-func claimCmd(ctx context.Context, key string, value []byte, ttl time.Duration) *redis.Cmd {
-	return redis.NewCmd(ctx, "evalsha", claimScript.Hash(), 1, key, value, ttl.Milliseconds())
+// claimCmd is the claim: claimScript by its SHA; a streamed record
+// longer than limit (0: any) is not read back.
+func claimCmd(ctx context.Context, key string, value []byte, ttl time.Duration, limit int) *redis.Cmd {
+	return redis.NewCmd(ctx, "evalsha", claimScript.Hash(), 1, key, value, ttl.Milliseconds(), limit)
 }
 
 // claimReply interprets claimScript's reply.
@@ -173,6 +174,9 @@ func (s *Store) claimReply(key string, rec *Record, run *redis.Cmd) (Result, err
 	if len(v) == 1 { // a settled record: no lease to read
 		raw, _ := v[0].(string)
 		return s.existing(key, rec, raw, 0, time.Time{})
+	}
+	if len(v) == 2 { // a streamed record longer than any route stores
+		return Result{}, fmt.Errorf("claim: a streamed record of %v bytes, over the %d read back: %w", v[1], s.streamLimit, &RecordError{ReasonTooLarge})
 	}
 	if len(v) != 4 {
 		return Result{}, fmt.Errorf("claim: unexpected reply %v: %w", v, ErrUnavailable)
@@ -343,7 +347,7 @@ type Quota struct {
 // script was not cached (loaded now; nothing claimed, nothing counted).
 func (s *Store) claimCounted(ctx context.Context, key string, rec *Record, lease time.Duration, q Quota) (Result, error) {
 	value := s.encode(key, rec)
-	run := claimCmd(ctx, key, value, lease+rec.Tail)
+	run := claimCmd(ctx, key, value, lease+rec.Tail, s.streamLimit)
 	incr := redis.NewIntCmd(ctx, "incr", q.Key)
 	expire := redis.NewCmd(ctx, "pexpire", q.Key, q.Window.Milliseconds(), "nx")
 	cmds, epoch, master := s.withEpochRead(ctx, key, rec, noRetry{run}, incr, expire)

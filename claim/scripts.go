@@ -18,18 +18,24 @@ import "github.com/redis/go-redis/v9"
 //
 // A settled record (a replay: its state byte is not in progress) needs
 // neither, and is returned alone: Redis runs two commands less for every
-// replay.
+// replay. A streamed record longer than the caller reads (planted or
+// edited: no owner stores that much) is not returned at all, only its
+// length.
 //
-// KEYS[1] key; ARGV[1] encoded in-progress record; ARGV[2] lease ms.
+// KEYS[1] key; ARGV[1] encoded in-progress record; ARGV[2] lease ms;
+// ARGV[3] the longest streamed record returned (0 or absent: any).
 // Returns {1, pttl, TIME's seconds, TIME's microseconds} when claimed,
-// {value, pttl, seconds, microseconds} for a record in progress, or
-// {value} for any other.
+// {value, pttl, seconds, microseconds} for a record in progress,
+// {0, length} for a streamed record longer than ARGV[3], or {value} for
+// any other.
 var claimScript = redis.NewScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   cur = 1
 elseif string.byte(cur, 2) ~= 1 then
+  local limit = tonumber(ARGV[3]) or 0
+  if limit > 0 and string.byte(cur, 2) == 3 and #cur > limit then return {0, #cur} end
   return {cur}
 end
 local t = redis.call('TIME')

@@ -85,6 +85,9 @@ type Store struct {
 	// when set, stands in for time.Now there (tests).
 	clock    clockState
 	clockNow func() time.Time
+	// streamLimit is the longest streamed record a claim reads back (0:
+	// any); WithStreamReadLimit.
+	streamLimit int
 
 	// dials counts the connections this store's client made (sent.go).
 	dials atomic.Uint64
@@ -132,6 +135,14 @@ func WithSealing(keys [][]byte, required bool, derivation []byte) (Option, error
 // that nobody without it can compute where a principal's key lives.
 func WithKeySecret(secret []byte) Option {
 	return func(s *Store) { s.keyMAC = secret }
+}
+
+// WithStreamReadLimit bounds the streamed records a claim reads back: a
+// longer one (planted or edited: no owner stores more than its route's
+// max_response_body) is not transferred, and the claim answers a
+// RecordError (ReasonTooLarge). Zero reads any.
+func WithStreamReadLimit(n int) Option {
+	return func(s *Store) { s.streamLimit = max(n, 0) }
 }
 
 // WithPipeline turns the coalescing of concurrent operations into

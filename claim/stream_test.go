@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 	"net/http"
 	"strings"
 	"testing"
@@ -251,5 +252,44 @@ func testSealedStreams(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 	}
 	if _, err := strict.StreamRead(ctx, pkey, pat, 100); !errors.Is(err, claim.ErrCorrupt) {
 		t.Errorf("an unsealed stream read where sealing is required = %v, want ErrCorrupt", err)
+	}
+}
+
+// A streamed record longer than a store reads back (WithStreamReadLimit)
+// is never transferred: the claim answers a RecordError (too_large) and
+// claims nothing; a store without the bound reads it as before (issue 55).
+func TestStreamReadLimit(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	ctx := context.Background()
+	s := claim.New(c, "idem:")
+	defer s.Close()
+	key := s.Key("alice", "chat", "long")
+	owner := newRecord(t)
+	if res, err := s.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim = %+v, %v", res, err)
+	}
+	head := *owner
+	head.State, head.Status = claim.Streamed, 200
+	head.Header = http.Header{"Content-Type": {"text/event-stream"}}
+	at, err := s.StreamStart(ctx, key, &head, time.Hour, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.StreamAppend(ctx, key, head.Token, at, []byte(strings.Repeat("x", 4096)), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	limited := claim.New(c, "idem:", claim.WithStreamReadLimit(1024))
+	defer limited.Close()
+	retry := newRecord(t)
+	_, err = limited.Claim(ctx, key, retry, time.Minute, claim.Quota{})
+	var re *claim.RecordError
+	if !errors.As(err, &re) || re.Reason != claim.ReasonTooLarge || !errors.Is(err, claim.ErrCorrupt) {
+		t.Fatalf("claiming a 4 KiB stream with a 1 KiB read limit = %v, want a too_large RecordError", err)
+	}
+	res, err := s.Claim(ctx, key, retry, time.Minute, claim.Quota{})
+	if err != nil || res.Claimed || res.Existing == nil || len(res.Existing.Body) != 4096 {
+		t.Fatalf("without the limit = %+v, %v; want the stream read back", res, err)
 	}
 }
