@@ -34,7 +34,9 @@ func TestKeysAPI(t *testing.T) {
 	defer upstream.Close()
 	cfg := lateConfig(srv, upstream.URL)
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	os.WriteFile(tokenFile, []byte("0123456789abcdef-admin\n"), 0o400)
+	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-admin\n"), 0o400); err != nil {
+		t.Fatal(err)
+	}
 	cfg.Admin.TokenFile = tokenFile
 	logs := &syncbuf.Buffer{}
 	s, _ := startTest(t, cfg, "", slog.New(slog.NewJSONHandler(logs, nil)))
@@ -192,7 +194,9 @@ func TestKeysAPIStream(t *testing.T) {
 	cfg := lateConfig(srv, upstream.URL)
 	cfg.Store.RecordFormat = 4
 	tokenFile := filepath.Join(t.TempDir(), "token")
-	os.WriteFile(tokenFile, []byte("0123456789abcdef-admin\n"), 0o400)
+	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-admin\n"), 0o400); err != nil {
+		t.Fatal(err)
+	}
 	cfg.Admin.TokenFile = tokenFile
 	s, _ := startTest(t, cfg, "", slog.New(slog.DiscardHandler))
 	if status, body := pay(t, s.clientAddr, "k1"); status != http.StatusOK || body != "{\"row\":1}\n{\"row\":2}\n" {

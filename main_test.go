@@ -25,7 +25,9 @@ func TestCheckFlag(t *testing.T) {
 		t.Errorf("output %q", out.String())
 	}
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
-	os.WriteFile(bad, []byte("defaults:\n  lease: banana\nroutes:\n  - name: a\n    match: \"POST /a\"\n  - name: a\n    match: \"POST /b\"\n"), 0o600)
+	if err := os.WriteFile(bad, []byte("defaults:\n  lease: banana\nroutes:\n  - name: a\n    match: \"POST /a\"\n  - name: a\n    match: \"POST /b\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	err := run(context.Background(), []string{"-config", bad, "-check"}, &out, &errOut)
 	if err == nil {
 		t.Fatal("invalid config passed -check")

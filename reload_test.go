@@ -124,14 +124,18 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	}))
 	defer upstream.Close()
 	path := filepath.Join(t.TempDir(), "config.yaml")
-	os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /a")), 0o644)
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /a")), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	client, admin := startFromFile(t, path)
 	if got := status(t, client+"/a"); got != http.StatusUnauthorized {
 		t.Fatalf("/a: %d", got)
 	}
 	// The watcher would also notice this write; SIGHUP forces the reload
 	// even if it already did, so the count is at least 1 either way.
-	os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /c")), 0o644)
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /c")), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -221,12 +225,16 @@ func TestLogLevelReloads(t *testing.T) {
 func TestKeysAPIFollowsReload(t *testing.T) {
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
-	os.WriteFile(tokenFile, []byte("0123456789abcdef-admin"), 0o400)
+	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-admin"), 0o400); err != nil {
+		t.Fatal(err)
+	}
 	conf := func(name string) []byte {
 		return fmt.Appendf(nil, "listen: \"127.0.0.1:0\"\nadmin_listen: \"127.0.0.1:0\"\nadmin:\n  token_file: %q\nupstream:\n  url: \"http://127.0.0.1:9\"\nroutes:\n  - name: %s\n    match: \"POST /a\"\n", tokenFile, name)
 	}
 	path := filepath.Join(dir, "config.yaml")
-	os.WriteFile(path, conf("first"), 0o644)
+	if err := os.WriteFile(path, conf("first"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	_, admin := startFromFile(t, path)
 	lookup := func(route string) int {
 		req, _ := http.NewRequest(http.MethodGet, admin+"/v1/keys?route="+route+"&principal=alice&key=k1", nil)
@@ -241,7 +249,9 @@ func TestKeysAPIFollowsReload(t *testing.T) {
 	if got := lookup("first"); got != http.StatusOK {
 		t.Fatalf("route first before the reload: %d", got)
 	}
-	os.WriteFile(path, conf("second"), 0o644)
+	if err := os.WriteFile(path, conf("second"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
@@ -260,9 +270,13 @@ func TestReloadSeesAChangeRightAfterStart(t *testing.T) {
 	}))
 	defer upstream.Close()
 	path := filepath.Join(t.TempDir(), "config.yaml")
-	os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /a")), 0o644)
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /a")), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	client, _ := startFromFile(t, path)
-	os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /b")), 0o644)
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(reloadBase, upstream.URL, "POST /b")), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	poll.Until(t, "the change serves", func() bool { return status(t, client+"/b") == http.StatusUnauthorized })
 }
 
@@ -278,17 +292,23 @@ func TestReloadRejectedThenReverted(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "config.yaml")
 	good := fmt.Sprintf(reloadBase, upstream.URL, "POST /a")
-	os.WriteFile(path, []byte(good), 0o600)
+	if err := os.WriteFile(path, []byte(good), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	logs := &syncbuf.Buffer{}
 	_, admin := startFromFileLogging(t, path, slog.New(slog.NewJSONHandler(logs, nil)))
-	os.WriteFile(path, []byte(good+"bogus_key: 1\n"), 0o600)
+	if err := os.WriteFile(path, []byte(good+"bogus_key: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	poll.Until(t, "the bad config is rejected", func() bool {
 		return metric(t, admin, "idemproxy_config_last_reload_successful 0")
 	})
 	// Something else in the directory changes, again and again (a log
 	// file beside the config).
 	for i := range 5 {
-		os.WriteFile(filepath.Join(dir, "sidecar.log"), []byte(strings.Repeat("x", i)), 0o600)
+		if err := os.WriteFile(filepath.Join(dir, "sidecar.log"), []byte(strings.Repeat("x", i)), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		time.Sleep(reloadQuiet + 50*time.Millisecond)
 	}
 	if n := strings.Count(logs.String(), "config reload rejected"); n != 1 {
@@ -297,7 +317,9 @@ func TestReloadRejectedThenReverted(t *testing.T) {
 	if !metric(t, admin, `idemproxy_config_reloads_total{result="error"} 1`) {
 		t.Errorf("rejections counted:\n%s", grepMetric(scrape(t, admin), "idemproxy_config_reloads_total"))
 	}
-	os.WriteFile(path, []byte(good), 0o600) // reverted: the running config
+	if err := os.WriteFile(path, []byte(good), 0o600); err != nil { // reverted: the running config
+		t.Fatal(err)
+	}
 	poll.Until(t, "the gauge is back to 1", func() bool {
 		return metric(t, admin, "idemproxy_config_last_reload_successful 1")
 	})

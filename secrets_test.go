@@ -22,7 +22,9 @@ func TestPasswordFile(t *testing.T) {
 		up       bool
 	}{{"s3cret\n", true}, {"wrong", false}} {
 		file := filepath.Join(t.TempDir(), "password")
-		os.WriteFile(file, []byte(tc.password), 0o600)
+		if err := os.WriteFile(file, []byte(tc.password), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		cfg := config.Default()
 		cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Store.Redis = config.Redis{Addrs: []string{srv.Addr}, PasswordFile: file}
@@ -43,7 +45,9 @@ func TestSentinelPasswordFile(t *testing.T) {
 		up       bool
 	}{{"sentinel-pw\n", true}, {"wrong", false}} {
 		file := filepath.Join(t.TempDir(), "sentinel-password")
-		os.WriteFile(file, []byte(tc.password), 0o600)
+		if err := os.WriteFile(file, []byte(tc.password), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		cfg := config.Default()
 		cfg.Listen, cfg.AdminListen = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Store.Redis = config.Redis{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName, Password: "data-pw", SentinelPasswordFile: file}
@@ -85,7 +89,9 @@ func TestSealingOptions(t *testing.T) {
 	dir := t.TempDir()
 	write := func(name, content string) string {
 		p := filepath.Join(dir, name)
-		os.WriteFile(p, []byte(content), 0o400)
+		if err := os.WriteFile(p, []byte(content), 0o400); err != nil {
+			t.Fatal(err)
+		}
 		return p
 	}
 	good := write("good", "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=\n") // 32 bytes

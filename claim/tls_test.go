@@ -32,7 +32,9 @@ func TestTLS(t *testing.T) {
 		t.Fatal("a self-signed server was trusted without its CA")
 	}
 	bad := filepath.Join(t.TempDir(), "bad.pem")
-	os.WriteFile(bad, []byte("not a certificate"), 0o600)
+	if err := os.WriteFile(bad, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}, TLS: true, TLSCAFile: bad}); err == nil || !strings.Contains(err.Error(), "TLS CA file") {
 		t.Fatalf("bad CA file: %v, want an error naming the TLS CA file", err)
 	}

@@ -157,14 +157,16 @@ func sidecarFor(t *testing.T, upstream http.Handler, extra, routes string) strin
 	t.Cleanup(up.Close)
 	port, admin := freePort(t), freePort(t)
 	path := filepath.Join(t.TempDir(), "config.yaml")
-	os.WriteFile(path, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
+	if err := os.WriteFile(path, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
 admin_listen: "127.0.0.1:%d"
 upstream:
   url: %q
 defaults:
   lease: 2s
 %sroutes:
-%s`, port, admin, up.URL, extra, routes)), 0o600)
+%s`, port, admin, up.URL, extra, routes)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(binary(t), "-config", path)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -568,7 +570,9 @@ func TestStripeWebhook(t *testing.T) {
 	l := newLedger()
 	secret := "whsec_" + strings.Repeat("c0ffee", 6)
 	path := filepath.Join(t.TempDir(), "whsec")
-	os.WriteFile(path, []byte(secret), 0o400)
+	if err := os.WriteFile(path, []byte(secret), 0o400); err != nil {
+		t.Fatal(err)
+	}
 	url := sidecarRoutes(t, l, "", fmt.Sprintf("  - name: stripe-events\n    match: \"POST /v1/charges\"\n    webhook:\n      provider: stripe\n      secret_files: [%q]\n", path))
 	deliver := func(payload []byte, signed *webhook.SignedPayload) (int, string) {
 		return postDelivery(t, url+"/v1/charges", payload, http.Header{"Stripe-Signature": {signed.Header}})
@@ -605,7 +609,9 @@ func TestStandardWebhooksSigners(t *testing.T) {
 	l := newLedger()
 	secret := "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 	path := filepath.Join(t.TempDir(), "whsec")
-	os.WriteFile(path, []byte(secret), 0o400)
+	if err := os.WriteFile(path, []byte(secret), 0o400); err != nil {
+		t.Fatal(err)
+	}
 	url := sidecarRoutes(t, l, "", fmt.Sprintf("  - name: events\n    match: \"POST /v1/charges\"\n    webhook:\n      provider: standard\n      secret_files: [%q]\n", path))
 	svixSigner, err := svix.NewWebhook(secret)
 	if err != nil {

@@ -311,7 +311,9 @@ func TestWarnings(t *testing.T) {
 	for _, mode := range []os.FileMode{0o644, 0o400} {
 		c = production()
 		c.Store.Redis.PasswordFile = filepath.Join(t.TempDir(), "password")
-		os.WriteFile(c.Store.Redis.PasswordFile, []byte("x"), mode)
+		if err := os.WriteFile(c.Store.Redis.PasswordFile, []byte("x"), mode); err != nil {
+			t.Fatal(err)
+		}
 		w := c.Warnings()
 		if mode == 0o644 && (len(w) != 1 || !strings.Contains(w[0], "is readable by every user")) {
 			t.Errorf("password_file %v: warnings = %q, want one", mode, w)
@@ -356,7 +358,9 @@ func TestSealingRequiredByDefaultWithKeyFiles(t *testing.T) {
 		{"store:\n  encryption:\n    key_files: []\n", false, false},
 	} {
 		p := filepath.Join(dir, "c.yaml")
-		os.WriteFile(p, []byte(tc.yaml+"routes:\n  - name: pay\n    match: \"POST /payments\"\n"), 0o600)
+		if err := os.WriteFile(p, []byte(tc.yaml+"routes:\n  - name: pay\n    match: \"POST /payments\"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		c, err := config.Load(p)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.yaml, err)

@@ -349,7 +349,9 @@ func TestCommandLine(t *testing.T) {
 	// -check reads the files the config names; -skip-files (CI, outside
 	// the pod, where the Secrets are not mounted) does not, and says so.
 	missing := filepath.Join(t.TempDir(), "c.yaml")
-	os.WriteFile(missing, []byte("admin:\n  token_file: /nonexistent/token\nroutes:\n  - name: pay\n    match: \"POST /payments\"\n"), 0o600)
+	if err := os.WriteFile(missing, []byte("admin:\n  token_file: /nonexistent/token\nroutes:\n  - name: pay\n    match: \"POST /payments\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if code, out := runBin("-config", missing, "-check"); code != 1 || !strings.Contains(out, "admin.token_file") {
 		t.Errorf("-check with a missing token file: exit %d %q, want 1 naming admin.token_file", code, out)
 	}

@@ -96,7 +96,9 @@ func TestSealedRecordsKeyTheirFingerprints(t *testing.T) {
 	up := binarytest.NewRecorder(t)
 	seal := bytes.Repeat([]byte{7}, claim.KeySize)
 	file := filepath.Join(t.TempDir(), "seal")
-	os.WriteFile(file, []byte(base64.StdEncoding.EncodeToString(seal)), 0o400)
+	if err := os.WriteFile(file, []byte(base64.StdEncoding.EncodeToString(seal)), 0o400); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		format int
 		keyed  bool

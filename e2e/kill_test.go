@@ -42,7 +42,7 @@ func TestKilledOwnerIsSettledAsOutcomeUnknown(t *testing.T) {
 	port, _ := loopback.FreePort()
 	admin, _ := loopback.FreePort()
 	cfgPath := filepath.Join(dir, "config.yaml")
-	os.WriteFile(cfgPath, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
+	if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
 admin_listen: "127.0.0.1:%d"
 upstream:
   url: %q
@@ -56,7 +56,9 @@ defaults:
 routes:
   - name: pay
     match: "POST /payments"
-`, port, admin, upstream.URL, srv.Addr)), 0o600)
+`, port, admin, upstream.URL, srv.Addr)), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	start := func() *exec.Cmd {
 		cmd := exec.Command(bin, "-config", cfgPath)
 		if err := cmd.Start(); err != nil {

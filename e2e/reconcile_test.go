@@ -282,7 +282,9 @@ func TestReconcileThroughTheBinary(t *testing.T) {
 
 	t.Run("the key API reconciles one key now", func(t *testing.T) {
 		tokenFile := filepath.Join(t.TempDir(), "token")
-		os.WriteFile(tokenFile, []byte("0123456789abcdef-admin\n"), 0o400)
+		if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-admin\n"), 0o400); err != nil {
+			t.Fatal(err)
+		}
 		a := startBinary(t, cfg+fmt.Sprintf("admin:\n  token_file: %q\n", tokenFile))
 		l.mu.Lock()
 		l.first["api-1"] = "act-reset"

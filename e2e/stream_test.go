@@ -177,7 +177,9 @@ func TestStreamBufferedBelowFormat4(t *testing.T) {
 		t.Fatalf("replay of the buffered stream = %q", body)
 	}
 	cfg := filepath.Join(t.TempDir(), "c.yaml")
-	os.WriteFile(cfg, []byte(streamConfig(up.URL, srv.Addr, 3)+"    stream: auto\n"), 0o600)
+	if err := os.WriteFile(cfg, []byte(streamConfig(up.URL, srv.Addr, 3)+"    stream: auto\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	out, _ := exec.Command(buildBinary(t), "-config", cfg, "-check").CombinedOutput()
 	if !strings.Contains(string(out), "routes[0].stream") || !strings.Contains(string(out), "record_format: 4") {
 		t.Fatalf("-check on stream: auto under format 3 says:\n%s", out)
@@ -195,7 +197,9 @@ func TestSealedStreamThroughTheBinary(t *testing.T) {
 	srv := redistest.Start(t)
 	up := newStreamUpstream(t)
 	file := filepath.Join(t.TempDir(), "seal")
-	os.WriteFile(file, []byte(base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{9}, claim.KeySize))), 0o400)
+	if err := os.WriteFile(file, []byte(base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{9}, claim.KeySize))), 0o400); err != nil {
+		t.Fatal(err)
+	}
 	cfg := payConfig(up.URL, srv.Addr, fmt.Sprintf("  record_format: 4\n  encryption:\n    key_files: [%q]\ndefaults:\n  lease: 1s\n", file))
 	owner, other := startBinary(t, cfg), startBinary(t, cfg)
 

@@ -126,7 +126,9 @@ func TestWebhooksThroughTheBinary(t *testing.T) {
 		var files []string
 		for i, s := range secrets[p] {
 			f := filepath.Join(dir, fmt.Sprintf("%s-%d", p, i))
-			os.WriteFile(f, []byte(s+"\n"), 0o400)
+			if err := os.WriteFile(f, []byte(s+"\n"), 0o400); err != nil {
+				t.Fatal(err)
+			}
 			files = append(files, strconv.Quote(f))
 		}
 		fmt.Fprintf(&routes, "  - name: %s-events\n    match: \"POST /webhooks/%s\"\n    webhook:\n      provider: %s\n      secret_files: [%s]\n      tolerance: 5m\n", p, p, providerOf(p), strings.Join(files, ", "))
@@ -263,8 +265,12 @@ func TestUnsignedBodiesCountAgainstTheirSender(t *testing.T) {
 	up := binarytest.NewRecorder(t)
 	dir := t.TempDir()
 	ghSecret, stripeSecret := filepath.Join(dir, "gh"), filepath.Join(dir, "stripe")
-	os.WriteFile(ghSecret, []byte("gh-secret-0123"), 0o400)
-	os.WriteFile(stripeSecret, []byte("whsec_0123456789abcdef"), 0o400)
+	if err := os.WriteFile(ghSecret, []byte("gh-secret-0123"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(stripeSecret, []byte("whsec_0123456789abcdef"), 0o400); err != nil {
+		t.Fatal(err)
+	}
 	const budget, share = 1 << 20, 256 << 10 // 25%: eight 32 KiB buffers
 	sc := startBinary(t, fmt.Sprintf(`upstream:
   url: %q
@@ -368,7 +374,9 @@ func TestWebhookRouteSettings(t *testing.T) {
 	defer upstream.Close()
 	const secret = "whsec_0123456789abcdef"
 	file := filepath.Join(t.TempDir(), "whsec")
-	os.WriteFile(file, []byte(secret), 0o400)
+	if err := os.WriteFile(file, []byte(secret), 0o400); err != nil {
+		t.Fatal(err)
+	}
 	yaml := fmt.Sprintf(`upstream:
   url: %q
 defaults:
@@ -387,7 +395,9 @@ routes:
     match: "POST /payments"
 `, upstream.URL, file, file)
 	path := filepath.Join(t.TempDir(), "config.yaml")
-	os.WriteFile(path, []byte(yaml), 0o600)
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	out, err := exec.Command(buildBinary(t), "-config", path, "-check").CombinedOutput()
 	if err != nil {
 		t.Fatalf("-check: %v\n%s", err, out)

@@ -108,8 +108,12 @@ func TestMixedFleet(t *testing.T) {
 	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))
 	secret := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{9}, 32))
 	keyFile, secretFile := filepath.Join(dir, "key"), filepath.Join(dir, "secret")
-	os.WriteFile(keyFile, []byte(key), 0o600)
-	os.WriteFile(secretFile, []byte(secret), 0o600)
+	if err := os.WriteFile(keyFile, []byte(key), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(secretFile, []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
 	defer collector.Close()
 
@@ -215,8 +219,12 @@ func TestWebhookRedeliveryAcrossTheUpgrade(t *testing.T) {
 	dir := t.TempDir()
 	ghFile, stripeFile := filepath.Join(dir, "gh"), filepath.Join(dir, "stripe")
 	const ghSecret, stripeSecret = "gh-secret-0123", "whsec_0123456789abcdef"
-	os.WriteFile(ghFile, []byte(ghSecret), 0o600)
-	os.WriteFile(stripeFile, []byte(stripeSecret), 0o600)
+	if err := os.WriteFile(ghFile, []byte(ghSecret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(stripeFile, []byte(stripeSecret), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	srv := redistest.Start(t)
 	var mu sync.Mutex
 	executed := map[string]int{}
