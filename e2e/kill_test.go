@@ -1,19 +1,14 @@
 package e2e
 
 import (
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/idemproxy/idemproxy/internal/loopback"
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -25,8 +20,6 @@ import (
 func TestKilledOwnerIsSettledAsOutcomeUnknown(t *testing.T) {
 	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
 	srv := redistest.Start(t)
-	bin := buildBinary(t)
-	dir := t.TempDir()
 	var calls atomic.Int64
 	stop := make(chan struct{})
 	defer close(stop)
@@ -39,66 +32,31 @@ func TestKilledOwnerIsSettledAsOutcomeUnknown(t *testing.T) {
 		}
 	}))
 	defer upstream.Close()
-	port, _ := loopback.FreePort()
-	admin, _ := loopback.FreePort()
-	cfgPath := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfgPath, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
-admin_listen: "127.0.0.1:%d"
-upstream:
-  url: %q
-  timeout: 10s
-store:
-  redis:
-    addrs: [%q]
-defaults:
-  lease: 3s
-  unknown_outcome: fail
-routes:
-  - name: pay
-    match: "POST /payments"
-`, port, admin, upstream.URL, srv.Addr)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	start := func() *exec.Cmd {
-		cmd := exec.Command(bin, "-config", cfgPath)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		for range 200 {
-			if resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", admin)); err == nil {
-				resp.Body.Close()
-				return cmd
-			}
-			time.Sleep(25 * time.Millisecond)
-		}
-		t.Fatal("idemproxy did not come up")
-		return nil
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	first := start()
+	sc := startBinary(t, payConfig(upstream.URL, srv.Addr, "defaults:\n  lease: 3s\n  unknown_outcome: fail\n"))
 	go func() {
-		if resp, err := http.DefaultClient.Do(payRequest("http://"+addr+"/payments", "killed-1", "{}")); err == nil {
+		if resp, err := http.DefaultClient.Do(payRequest(sc.Client+"/payments", "killed-1", "{}")); err == nil {
 			resp.Body.Close()
 		}
 	}()
 	poll.Until(t, "the request reaches the upstream", func() bool { return calls.Load() > 0 })
-	first.Process.Kill() // SIGKILL, by the PID this test started
-	first.Wait()
-	start()
-	if status, body := post(t, "http://"+addr+"/payments", "killed-1", "{}"); status != http.StatusConflict {
+	// SIGKILL, by the PID this test started, then the same binary again on
+	// the same config and ports.
+	if err := sc.Restart(binarytest.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if status, body := post(t, sc.Client+"/payments", "killed-1", "{}"); status != http.StatusConflict {
 		t.Fatalf("retry during the dead owner's lease: %d %s, want 409", status, body)
 	}
 	var status int
 	var body string
 	poll.Until(t, "the dead owner's lease lapses", func() bool {
-		status, body = post(t, "http://"+addr+"/payments", "killed-1", "{}")
+		status, body = post(t, sc.Client+"/payments", "killed-1", "{}")
 		return status != http.StatusConflict
 	})
 	if status != http.StatusBadGateway || !strings.Contains(body, "outcome-unknown") {
 		t.Fatalf("retry after the lease: %d %s, want 502 outcome-unknown", status, body)
 	}
-	if again, body2 := post(t, "http://"+addr+"/payments", "killed-1", "{}"); again != status || body2 != body {
+	if again, body2 := post(t, sc.Client+"/payments", "killed-1", "{}"); again != status || body2 != body {
 		t.Fatalf("next retry: %d %s, want the same 502", again, body2)
 	}
 	if n := calls.Load(); n != 1 {
