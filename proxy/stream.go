@@ -541,6 +541,26 @@ func (x *exchange) follow(rec *claim.Record) {
 	panic(http.ErrAbortHandler)
 }
 
+// readStream reads key's stream from at for a follower, sharing the read
+// with every follower of it on this sidecar asking the same (fanout.go).
+func (x *exchange) readStream(ctx context.Context, at int) (claim.StreamPart, error) {
+	return x.h.streamReads.read(ctx, x.hashedKey, at, func(ctx context.Context) (part claim.StreamPart, err error) {
+		err = x.storeOp(ctx, "stream_read", func(ctx context.Context) (err error) {
+			part, err = x.h.store.StreamRead(ctx, x.hashedKey, at, streamReadMax)
+			return err
+		})
+		return part, err
+	})
+}
+
+// followerTooLong cuts a follower of a stream grown past what its owner
+// ever stores (planted or edited), counted as too_large.
+func (x *exchange) followerTooLong() claim.StreamEnd {
+	x.h.metrics.recordErrors.WithLabelValues(claim.ReasonTooLarge).Inc()
+	x.log().Warn("stream follower cut: the stored stream grew past max_response_body", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
+	return claim.StreamAborted
+}
+
 // streamClientGone is followLive's end when the client went away.
 const streamClientGone claim.StreamEnd = 255
 
@@ -582,13 +602,7 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64,
 		case <-watch.C:
 		case <-timer.C:
 		}
-		part, err := x.h.streamReads.read(ctx, x.hashedKey, at, func(ctx context.Context) (part claim.StreamPart, err error) {
-			err = x.storeOp(ctx, "stream_read", func(ctx context.Context) (err error) {
-				part, err = x.h.store.StreamRead(ctx, x.hashedKey, at, streamReadMax)
-				return err
-			})
-			return part, err
-		})
+		part, err := x.readStream(ctx, at)
 		if err != nil {
 			if ctx.Err() != nil {
 				return streamClientGone
@@ -607,17 +621,12 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64,
 			x.h.metrics.streamAttached.WithLabelValues(x.rt.name).Inc()
 		}
 		if stored += int64(len(part.Data)); stored > x.rt.settings.MaxResponseBody {
-			// Past what the owner ever stores: planted or edited; cut.
-			x.h.metrics.recordErrors.WithLabelValues(claim.ReasonTooLarge).Inc()
-			x.log().Warn("stream follower cut: the stored stream grew past max_response_body", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
-			return claim.StreamAborted
+			return x.followerTooLong()
 		}
-		if len(part.Data) > 0 {
-			if err := x.writeAnswer(part.Data); err != nil {
-				return streamClientGone
-			}
-			_ = rc.Flush()
+		if err := x.writeAnswer(part.Data); err != nil {
+			return streamClientGone
 		}
+		_ = rc.Flush()
 		at = part.Next
 		if at < part.Len {
 			timer.Reset(0) // more to read now
