@@ -294,15 +294,9 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 			return x.inProgress("the upstream was asked about this key a moment ago; retry after the time in Retry-After, with the same key", max(left, time.Second))
 		}
 	}
-	taker := *rec
-	taker.State, taker.Created, taker.RequestID = claim.InProgress, time.Now(), x.requestID
-	taker.Completed, taker.Status, taker.Header, taker.Body = time.Time{}, 0, nil, nil
-	taker.BodyOmitted, taker.BodyCompressed, taker.Compact = false, false, false
-	taker.Mark, taker.Lease, taker.ReadEpoch = claim.MarkNone, 0, false // never taken for a claim not forwarded
-	taker.Tail = s.Retention                                            // a taker that vanishes leaves an orphan to ask about
-	_, _ = io.ReadFull(x.h.rand, taker.Token[:])
+	taker := x.taker(rec)
 	err := x.detached("take_over", func(ctx context.Context) (err error) {
-		since, err = x.h.store.TakeOver(ctx, x.hashedKey, existing, &taker, s.Lease+rc.Timeout, since)
+		since, err = x.h.store.TakeOver(ctx, x.hashedKey, existing, taker, s.Lease+rc.Timeout, since)
 		return err
 	})
 	switch {
@@ -324,50 +318,89 @@ func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Tim
 		return nil
 	}
 	if ans.result == lookupAbsent {
-		after := rc.AbsentAfter + absentMargin(s)
-		var err error
-		if left := time.Until(existing.Created.Add(after)); left > 0 {
-			// Old enough on the store's clock is not enough: on the
-			// claimer's clock against this one too, so that one stepped
-			// clock alone never frees a key.
-			err = &claim.TooEarlyError{Left: left}
-		} else {
-			err = x.detached("free_absent", func(ctx context.Context) error {
-				return x.h.store.FreeAbsent(ctx, x.hashedKey, taker.Token, since, after)
-			})
+		rep, done, why := x.freeAbsent(existing, taker, since)
+		if done {
+			return rep
 		}
-		var early *claim.TooEarlyError
-		switch {
-		case err == nil:
-			x.reconciled(lookupAbsent, existing, "")
-			return nil
-		case errors.As(err, &early):
-			x.reconciled(lookupTooEarly, existing, "")
-			x.putBackUnknown(existing, &taker, since)
-			return x.tooEarly(early.Left)
-		case errors.Is(err, claim.ErrLeaseLost):
-			return nil
-		}
-		ans = lookupAnswer{result: lookupUnresolved, why: "freeing the key: " + err.Error()}
+		ans = lookupAnswer{result: lookupUnresolved, why: why}
 	}
 	if ans.result == lookupFound {
-		found := x.foundRecord(existing, &taker, ans)
-		err := x.detached("complete", func(ctx context.Context) error {
-			_, err := x.h.store.Complete(ctx, x.hashedKey, found, s.Retention)
-			return err
-		})
-		switch {
-		case err == nil:
-			x.reconciled(lookupFound, existing, "")
-			return replayOf(found, outcomeReconciled)
-		case errors.Is(err, claim.ErrLeaseLost):
-			return nil
+		rep, done, why := x.storeFound(existing, taker, ans)
+		if done {
+			return rep
 		}
-		ans = lookupAnswer{result: lookupUnresolved, why: "storing the found answer: " + err.Error()}
+		ans = lookupAnswer{result: lookupUnresolved, why: why}
 	}
 	x.reconciled(lookupUnresolved, existing, ans.why)
-	unknown := x.putBackUnknown(existing, &taker, since)
+	unknown := x.putBackUnknown(existing, taker, since)
 	return x.replay(unknown).withDetail("reconcile lookup unresolved (" + ans.why + "): outcome-unknown kept, the next retry asks again")
+}
+
+// taker is the in-progress claim with which this attempt takes rec's key
+// over to ask the upstream: a claim of its own, never taken for one not
+// forwarded, outliving its lease by the retention, so that a taker that
+// vanishes leaves an orphan to ask about.
+func (x *exchange) taker(rec *claim.Record) *claim.Record {
+	taker := *rec
+	taker.State, taker.Created, taker.RequestID = claim.InProgress, time.Now(), x.requestID
+	taker.Completed, taker.Status, taker.Header, taker.Body = time.Time{}, 0, nil, nil
+	taker.BodyOmitted, taker.BodyCompressed, taker.Compact = false, false, false
+	taker.Mark, taker.Lease, taker.ReadEpoch = claim.MarkNone, 0, false
+	taker.Expires, taker.ReadAt = time.Time{}, time.Time{}
+	taker.Tail = x.rt.settings.Retention
+	_, _ = io.ReadFull(x.h.rand, taker.Token[:])
+	return &taker
+}
+
+// freeAbsent frees the key taker holds after an absent answer, once the
+// first attempt is absent_after (plus a lease) old on the claimer's clock
+// against this one and on the store's (FreeAbsent): one stepped clock
+// alone never frees a key. done says the reply is decided (nil: the key
+// is free, or changed: claim again); otherwise why the key could not be
+// freed, and it stays outcome-unknown.
+func (x *exchange) freeAbsent(existing, taker *claim.Record, since time.Time) (rep *reply, done bool, why string) {
+	s := &x.rt.settings
+	after := s.Reconcile.AbsentAfter + absentMargin(s)
+	var err error
+	if left := time.Until(existing.Created.Add(after)); left > 0 {
+		err = &claim.TooEarlyError{Left: left}
+	} else {
+		err = x.detached("free_absent", func(ctx context.Context) error {
+			return x.h.store.FreeAbsent(ctx, x.hashedKey, taker.Token, since, after)
+		})
+	}
+	var early *claim.TooEarlyError
+	switch {
+	case err == nil:
+		x.reconciled(lookupAbsent, existing, "")
+		return nil, true, ""
+	case errors.As(err, &early):
+		x.reconciled(lookupTooEarly, existing, "")
+		x.putBackUnknown(existing, taker, since)
+		return x.tooEarly(early.Left), true, ""
+	case errors.Is(err, claim.ErrLeaseLost):
+		return nil, true, ""
+	}
+	return nil, false, "freeing the key: " + err.Error()
+}
+
+// storeFound settles the key taker holds with the upstream's found
+// answer and replays it. done says the reply is decided (nil: the key
+// changed, claim again); otherwise why it could not be stored.
+func (x *exchange) storeFound(existing, taker *claim.Record, ans lookupAnswer) (rep *reply, done bool, why string) {
+	found := x.foundRecord(existing, taker, ans)
+	err := x.detached("complete", func(ctx context.Context) error {
+		_, err := x.h.store.Complete(ctx, x.hashedKey, found, x.rt.settings.Retention)
+		return err
+	})
+	switch {
+	case err == nil:
+		x.reconciled(lookupFound, existing, "")
+		return replayOf(found, outcomeReconciled), true, ""
+	case errors.Is(err, claim.ErrLeaseLost):
+		return nil, true, ""
+	}
+	return nil, false, "storing the found answer: " + err.Error()
 }
 
 // ownerReconciles is the owner of a first attempt whose outcome is unknown
