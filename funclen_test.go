@@ -35,7 +35,6 @@ var longFuncs = map[string]int{
 	"proxy.Handler.modifyResponse": 70,
 	"claim.Store.CheckEpochs":      61,
 	"config.Settings.validate":     82,
-	"config.Config.Warnings":       79,
 }
 
 // TestProductFunctionsStayShort (issue 54): CI fails when a product

@@ -18,16 +18,7 @@ func (c *Config) Warnings() []string {
 	if len(c.Routes) == 0 {
 		w = append(w, "routes: none: every request is forwarded unprotected; list the endpoints to protect under routes:")
 	}
-	for i, p := range c.Identity.TrustedProxies {
-		if p.Bits() == 0 {
-			w = append(w, fmt.Sprintf("identity.trusted_proxies[%d]: %s trusts every peer: any client can send %s and be any principal, and read another principal's replays; list only the auth proxy or mesh in the pod", i, p, c.Identity.Header))
-		}
-	}
-	for _, all := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
-		if covers(c.Identity.TrustedProxies, all) && !slices.ContainsFunc(c.Identity.TrustedProxies, func(p netip.Prefix) bool { return p.Bits() == 0 && p.Addr().Is4() == all.Addr().Is4() }) {
-			w = append(w, fmt.Sprintf("identity.trusted_proxies: together the prefixes cover every %s address: any client can send %s and be any principal; list only the auth proxy or mesh in the pod", map[bool]string{true: "IPv4", false: "IPv6"}[all.Addr().Is4()], c.Identity.Header))
-		}
-	}
+	w = append(w, c.trustWarnings()...)
 	if len(c.Store.Encryption.KeyFiles) > 1 && c.Store.KeySecretFile == "" {
 		w = append(w, "store.encryption.key_files: several keys and no store.key_secret_file: Redis keys are derived from the first key file, so prepending a key moves every key; records stored before are no longer found and their retries execute again; set store.key_secret_file before rotating")
 	}
@@ -37,13 +28,7 @@ func (c *Config) Warnings() []string {
 	case c.Store.KeySecretFile != "" && c.Store.RecordFormat < 2:
 		w = append(w, "store.record_format: 1: fingerprints are stored as plain SHA-256, which someone who reads Redis can check guessed request bodies against; set 2 (keyed with store.key_secret_file) once every replica runs v0.4.0 or later (CHANGELOG.md)")
 	}
-	for i, r := range c.Routes {
-		switch {
-		case r.Stream != StreamAuto || r.set == nil || !r.set["stream"]:
-		case c.Store.RecordFormat < 4:
-			w = append(w, fmt.Sprintf("routes[%d].stream: auto: streamed answers (text/event-stream, application/x-ndjson) are buffered whole until store.record_format: 4, which releases before v0.6.0 cannot read: set it once every replica runs v0.6.0", i))
-		}
-	}
+	w = append(w, c.streamWarnings()...)
 	if c.Tracing.TrustIncoming == TraceTrustAll {
 		w = append(w, "tracing.trust_incoming: all: any client's traceparent parents idemproxy's spans and can force them sampled (and exported); trusted_peers keeps that to the proxies in identity.trusted_proxies")
 	}
@@ -55,6 +40,54 @@ func (c *Config) Warnings() []string {
 	if len(c.Store.Encryption.KeyFiles) > 0 && !c.Store.Encryption.Required {
 		w = append(w, "store.encryption.required: false with key_files: an unsealed record planted in Redis is replayed as it is; keep it only while records written before sealing can exist (one retention), then remove it (true is the default with key_files)")
 	}
+	w = append(w, c.webhookWarnings()...)
+	w = append(w, c.quotaWarnings()...)
+	if len(c.Store.Redis.Addrs) == 0 {
+		w = append(w, "store.redis.addrs: empty: the embedded in-memory store is in use: single instance, not durable, no authentication, lost on every restart (a retry after a restart executes again); development only, set store.redis.addrs in production")
+	}
+	w = append(w, c.exposedSecrets(os.Getgroups)...)
+	if need := c.Upstream.Budget(); c.Drain.Timeout > 0 && c.Drain.Timeout < need {
+		w = append(w, fmt.Sprintf("drain.timeout: %s is shorter than upstream.timeout + upstream.late_answer_window (%s): a rollout can cut off a request still upstream after the upstream acted; its key is then settled by unknown_outcome (keep: a retry may execute again once the lease lapses; fail: retries get 502 outcome-unknown) instead of its answer being stored; 0 waits %s", c.Drain.Timeout, need, need+DrainExtra))
+	}
+	if c.Upstream.LateAnswerWindow > 0 && c.Upstream.MaxLateCalls == 0 {
+		w = append(w, "upstream.max_late_calls: 0 holds no late call: upstream.late_answer_window has no effect, every call is cancelled at upstream.timeout")
+	}
+	return w
+}
+
+// trustWarnings are what identity.trusted_proxies lets every peer do.
+func (c *Config) trustWarnings() []string {
+	var w []string
+	for i, p := range c.Identity.TrustedProxies {
+		if p.Bits() == 0 {
+			w = append(w, fmt.Sprintf("identity.trusted_proxies[%d]: %s trusts every peer: any client can send %s and be any principal, and read another principal's replays; list only the auth proxy or mesh in the pod", i, p, c.Identity.Header))
+		}
+	}
+	for _, all := range []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")} {
+		if covers(c.Identity.TrustedProxies, all) && !slices.ContainsFunc(c.Identity.TrustedProxies, func(p netip.Prefix) bool { return p.Bits() == 0 && p.Addr().Is4() == all.Addr().Is4() }) {
+			w = append(w, fmt.Sprintf("identity.trusted_proxies: together the prefixes cover every %s address: any client can send %s and be any principal; list only the auth proxy or mesh in the pod", map[bool]string{true: "IPv4", false: "IPv6"}[all.Addr().Is4()], c.Identity.Header))
+		}
+	}
+	return w
+}
+
+// streamWarnings are routes whose stream: auto waits for record_format 4.
+func (c *Config) streamWarnings() []string {
+	var w []string
+	for i, r := range c.Routes {
+		switch {
+		case r.Stream != StreamAuto || r.set == nil || !r.set["stream"]:
+		case c.Store.RecordFormat < 4:
+			w = append(w, fmt.Sprintf("routes[%d].stream: auto: streamed answers (text/event-stream, application/x-ndjson) are buffered whole until store.record_format: 4, which releases before v0.6.0 cannot read: set it once every replica runs v0.6.0", i))
+		}
+	}
+	return w
+}
+
+// webhookWarnings are webhook routes' settings that do not apply, or
+// that a default they do not inherit would have set.
+func (c *Config) webhookWarnings() []string {
+	var w []string
 	for i, r := range c.Routes {
 		if r.Webhook.Provider == "" || r.set == nil {
 			continue
@@ -66,9 +99,15 @@ func (c *Config) Warnings() []string {
 			w = append(w, fmt.Sprintf("routes[%d].scope: principal is not applied to a webhook route (%s): its deliveries are always scoped by route; records v0.5.0 stored under the shared scope are still read for one retention", i, r.Name))
 		}
 	}
+	return w
+}
+
+// quotaWarnings is one warning for an unset defaults.quota.new_keys,
+// naming the routes it leaves unbounded (it said the same once per
+// route).
+func (c *Config) quotaWarnings() []string {
+	var w []string
 	if c.Defaults.Quota.NewKeys == 0 {
-		// One warning for the default, naming the routes it leaves
-		// unbounded (it said the same once per route).
 		var unbounded []string
 		for _, r := range c.Routes {
 			if r.Settings.Quota.NewKeys == 0 && r.Webhook.Provider == "" {
@@ -78,16 +117,6 @@ func (c *Config) Warnings() []string {
 		if len(unbounded) > 0 {
 			w = append(w, fmt.Sprintf("defaults.quota.new_keys: 0 (routes without one of their own: %s): one principal can claim new keys without bound and fill the store for the whole retention (503 store-full for everyone); set defaults.quota.new_keys (docs/security.md, Trust rules, sizes it)", strings.Join(unbounded, ", ")))
 		}
-	}
-	if len(c.Store.Redis.Addrs) == 0 {
-		w = append(w, "store.redis.addrs: empty: the embedded in-memory store is in use: single instance, not durable, no authentication, lost on every restart (a retry after a restart executes again); development only, set store.redis.addrs in production")
-	}
-	w = append(w, c.exposedSecrets(os.Getgroups)...)
-	if need := c.Upstream.Budget(); c.Drain.Timeout > 0 && c.Drain.Timeout < need {
-		w = append(w, fmt.Sprintf("drain.timeout: %s is shorter than upstream.timeout + upstream.late_answer_window (%s): a rollout can cut off a request still upstream after the upstream acted; its key is then settled by unknown_outcome (keep: a retry may execute again once the lease lapses; fail: retries get 502 outcome-unknown) instead of its answer being stored; 0 waits %s", c.Drain.Timeout, need, need+DrainExtra))
-	}
-	if c.Upstream.LateAnswerWindow > 0 && c.Upstream.MaxLateCalls == 0 {
-		w = append(w, "upstream.max_late_calls: 0 holds no late call: upstream.late_answer_window has no effect, every call is cancelled at upstream.timeout")
 	}
 	return w
 }
