@@ -33,7 +33,6 @@ var longFuncs = map[string]int{
 	"proxy.exchange.ownOrAnswer":   74,
 	"proxy.New":                    70,
 	"proxy.Handler.modifyResponse": 70,
-	"claim.Store.CheckEpochs":      61,
 	"config.Settings.validate":     82,
 }
 

@@ -133,12 +133,7 @@ func (s *Store) CheckEpochs(ctx context.Context) ([]Epoch, error) {
 			}
 			addr := r.Nodes[0].Addr
 			seen[addr] = true
-			s.epochs.mu.Lock()
-			if s.epochs.markers == nil {
-				s.epochs.markers = map[string]int{}
-			}
-			s.epochs.markers[addr] = r.Start
-			s.epochs.mu.Unlock()
+			s.noteMarker(addr, r.Start)
 			node, err := c.MasterForKey(ctx, s.epochKey(r.Start))
 			if err != nil {
 				errs = append(errs, err)
@@ -158,6 +153,17 @@ func (s *Store) CheckEpochs(ctx context.Context) ([]Epoch, error) {
 		return out, s.unavailable("epoch", errors.Join(errs...))
 	}
 	return out, nil
+}
+
+// noteMarker records that the master at addr holds its epoch marker in
+// the slot range starting at start (a Cluster).
+func (s *Store) noteMarker(addr string, start int) {
+	s.epochs.mu.Lock()
+	defer s.epochs.mu.Unlock()
+	if s.epochs.markers == nil {
+		s.epochs.markers = map[string]int{}
+	}
+	s.epochs.markers[addr] = start
 }
 
 // lookEpoch reads (or creates) one master's marker and records it.
