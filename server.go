@@ -111,16 +111,9 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 	if err != nil {
 		return err
 	}
-	opts := proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg)}
-	tp, shutdownTracing, err := startTracing(ctx, cfg.Tracing, s.log)
+	opts, err := s.proxyOptions(ctx)
 	if err != nil {
 		return err
-	}
-	s.closers = append(s.closers, shutdownTracing)
-	if tp != nil {
-		opts.TracerProvider, opts.Propagator, opts.TraceTrust = tp, propagator, traceTrust(cfg.Tracing)
-		opts.StoreAddress = s.storeAddr
-		opts.Version = serviceVersion()
 	}
 	s.handler, err = proxy.New(pcfg, s.store, opts)
 	if err != nil {
@@ -151,6 +144,23 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 	s.log.Info("serving", "listen", s.clientAddr, "admin_listen", s.adminAddr,
 		"upstream", cfg.Upstream.URL, "routes", len(cfg.Routes))
 	return nil
+}
+
+// proxyOptions are the handler's collaborators: the logger, the metrics
+// and, when tracing is on, the tracer (its shutdown among the closers).
+func (s *server) proxyOptions(ctx context.Context) (proxy.Options, error) {
+	opts := proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg)}
+	tp, shutdownTracing, err := startTracing(ctx, s.cfg.Tracing, s.log)
+	if err != nil {
+		return opts, err
+	}
+	s.closers = append(s.closers, shutdownTracing)
+	if tp != nil {
+		opts.TracerProvider, opts.Propagator, opts.TraceTrust = tp, propagator, traceTrust(s.cfg.Tracing)
+		opts.StoreAddress = s.storeAddr
+		opts.Version = serviceVersion()
+	}
+	return opts, nil
 }
 
 // openStore connects to Redis, or starts the embedded store when no
