@@ -244,6 +244,12 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 	if s.ProblemBody == "" && s.ProblemContentType != "" {
 		add(path+"problem_content_type", "goes with problem_body, which is empty")
 	}
+	s.validateBounds(path, add)
+}
+
+// validateBounds checks the durations, sizes, header names and quotas of
+// s (validate's second half, in the same order).
+func (s *Settings) validateBounds(path string, add func(path, format string, args ...any)) {
 	if s.Lease < MinLease {
 		add(path+"lease", "must be at least %s, got %s", MinLease, s.Lease)
 	}
