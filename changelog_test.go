@@ -59,14 +59,20 @@ func TestVersionMatchesChangelog(t *testing.T) {
 // TestReleasesNameTheirCommits (issue 57): an operator finds any
 // release's commit from CHANGELOG.md, without tags (they do not travel
 // with main): every version heading but Unreleased is "[vX.Y.Z] — date
-// (commit)", and where this clone has the history (CI fetches it:
-// IDEMPROXY_REQUIRE_PREVIOUS=1) each commit is one of main's.
+// (commit)", and where this clone has the whole history (not shallow; CI
+// sets IDEMPROXY_REQUIRE_PREVIOUS=1) each commit is one of main's.
 func TestReleasesNameTheirCommits(t *testing.T) {
 	b, err := os.ReadFile("CHANGELOG.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	headings := regexp.MustCompile(`(?m)^## .*$`).FindAllString(string(b), -1)
+	// A shallow clone lacks old commits by design: their presence is
+	// required only of a full history.
+	shallow := true
+	if out, err := exec.Command("git", "rev-parse", "--is-shallow-repository").Output(); err == nil {
+		shallow = strings.TrimSpace(string(out)) != "false"
+	}
 	form := regexp.MustCompile(`^## \[(v\d+\.\d+\.\d+)\] — \d{4}-\d{2}-\d{2} \(([0-9a-f]{7,40})\)$`)
 	releases := 0
 	for _, h := range headings {
@@ -84,7 +90,7 @@ func TestReleasesNameTheirCommits(t *testing.T) {
 		}
 		commit := m[2]
 		if err := exec.Command("git", "cat-file", "-e", commit+"^{commit}").Run(); err != nil {
-			if os.Getenv("IDEMPROXY_REQUIRE_PREVIOUS") == "1" {
+			if os.Getenv("IDEMPROXY_REQUIRE_PREVIOUS") == "1" && !shallow {
 				t.Errorf("release %s names commit %s, which this clone's history does not have", m[1], commit)
 			} else {
 				t.Logf("release %s: commit %s is not in this clone (shallow?); set IDEMPROXY_REQUIRE_PREVIOUS=1 to require it", m[1], commit)
