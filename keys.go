@@ -86,6 +86,19 @@ func principalDigest(token []byte, principal string) string {
 	return hex.EncodeToString(mac.Sum(nil)[:8])
 }
 
+// audit logs the call c answered: every call is audited; a read that
+// changed nothing is routine (INFO), a delete or a reconcile is not
+// (WARN).
+func (c *keyCall) audit(r *http.Request, routeName, principal string) {
+	level := slog.LevelWarn
+	if r.Method == http.MethodGet {
+		level = slog.LevelInfo
+	}
+	c.log.Log(context.Background(), level, "admin key API", "method", r.Method, "route", routeName, "key", c.redisKey,
+		"principal_hash", principalDigest(c.token, principal), "state", c.recState, "body_read", c.bodyRead,
+		"force", c.q.Get("force") == "true", "result", c.result, "remote", r.RemoteAddr)
+}
+
 func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !bearerOK(r, a.token) {
 		a.log.Warn("admin key API: refused, bad or missing token", "method", r.Method, "remote", r.RemoteAddr)
@@ -122,17 +135,7 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c := &keyCall{keysAPI: a, w: w, q: q, redisKey: a.store.Key(principal, scope, key)}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	defer func() {
-		// Every call is audited; a read that changed nothing is routine
-		// (INFO), a delete or a reconcile is not (WARN).
-		level := slog.LevelWarn
-		if r.Method == http.MethodGet {
-			level = slog.LevelInfo
-		}
-		a.log.Log(context.Background(), level, "admin key API", "method", r.Method, "route", routeName, "key", c.redisKey,
-			"principal_hash", principalDigest(a.token, principal), "state", c.recState, "body_read", c.bodyRead,
-			"force", q.Get("force") == "true", "result", c.result, "remote", r.RemoteAddr)
-	}()
+	defer c.audit(r, routeName, principal)
 	switch r.Method {
 	case http.MethodGet:
 		c.get(ctx)

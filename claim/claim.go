@@ -291,12 +291,15 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, er
 	}
 	if rec.State == InProgress {
 		ttl := max(pttl.Val(), 0)
-		// Its expiry on Redis' clock, read in one script, tells its owner's
-		// renewals (Record.Expires); the PTTL above is the bound when that
-		// read fails.
-		if v, err := s.eval(ctx, ttlScript, key, 0).Slice(); err == nil {
-			if p, now, ok := ttlReply(v); ok && p > 0 {
-				ttl, rec.Expires, rec.ReadAt = p, now.Add(p), now
+		// A claim that looks orphaned is judged by its owner's renewals
+		// (Record.Expires): its expiry on Redis' clock, read in one script
+		// (a second round trip, for these only); the PTTL above is the
+		// bound when that read fails.
+		if rec.Orphaned(leaseLeft(rec, ttl)) {
+			if v, err := s.eval(ctx, ttlScript, key, 0).Slice(); err == nil {
+				if p, now, ok := ttlReply(v); ok && p > 0 {
+					ttl, rec.Expires, rec.ReadAt = p, now.Add(p), now
+				}
 			}
 		}
 		return rec, leaseLeft(rec, ttl), nil

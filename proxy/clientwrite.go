@@ -17,16 +17,15 @@ import (
 // reads, however slowly, gets a new deadline every writeChunk bytes.
 const writeChunk = 64 << 10
 
-// writeAnswer writes b to the client in parts, each within
-// client.write_timeout, counting b in the buffer budget meanwhile. It
-// returns the write's error (the client gone, or cut).
-func (x *exchange) writeAnswer(b []byte) error {
+// writeAnswer writes b to the client through rc (x.w's) in parts, each
+// within client.write_timeout, counting b in the buffer budget meanwhile.
+// It returns the write's error (the client gone, or cut).
+func (x *exchange) writeAnswer(rc *http.ResponseController, b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
 	x.h.buffers.force(x.principal, len(b))
 	defer x.h.buffers.give(x.principal, len(b))
-	rc := http.NewResponseController(x.w)
 	timeout := time.Duration(x.h.writeTimeout.Load())
 	defer rc.SetWriteDeadline(time.Time{}) // unsupported writers: nothing to undo
 	for len(b) > 0 {

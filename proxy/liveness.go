@@ -72,12 +72,13 @@ func (l *liveness) see(key string, rec *claim.Record, lease time.Duration) (gone
 	if rec.Expires.IsZero() || storeNow.IsZero() {
 		return false, lease
 	}
-	now := l.now()
+	cur := sighting{token: rec.Token, expires: rec.Expires, storeNow: storeNow, at: l.now()}
+	now := cur.at
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s, ok := l.seen[key]
 	if !ok || s.token != rec.Token || !claim.SameExpiry(s.expires, rec.Expires) {
-		l.remember(key, sighting{token: rec.Token, expires: rec.Expires, storeNow: storeNow, at: now})
+		l.remember(key, cur)
 		return false, lease
 	}
 	elapsed := now.Sub(s.at)
@@ -87,7 +88,7 @@ func (l *liveness) see(key string, rec *claim.Record, lease time.Duration) (gone
 	if skew := storeNow.Sub(s.storeNow) - elapsed; skew > maxStoreSkew || skew < -maxStoreSkew {
 		// The store's clock stepped between the sightings: a renewal may
 		// hide behind it. Look again for a whole lease.
-		l.seen[key] = sighting{token: rec.Token, expires: rec.Expires, storeNow: storeNow, at: now}
+		l.seen[key] = cur
 		return false, lease
 	}
 	return true, 0

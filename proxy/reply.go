@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"github.com/idemproxy/idemproxy/claim"
+	"net/http"
 )
 
 // reply is the answer a step of the exchange decided: a problem idemproxy
@@ -112,7 +113,13 @@ func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
 		}
 	}
 	x.w.WriteHeader(rec.Status)
-	_ = x.writeAnswer(rec.Body)
+	if len(rec.Body) <= writeChunk {
+		// Most replays: one write, which the connection's buffers take
+		// whether or not the client reads (no deadline, nothing counted).
+		_, _ = x.w.Write(rec.Body)
+		return
+	}
+	_ = x.writeAnswer(http.NewResponseController(x.w), rec.Body)
 }
 
 // bypass forwards the request without protection. body, when not nil, is

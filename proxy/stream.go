@@ -86,9 +86,12 @@ type streamPump struct {
 	lagging           bool
 	wake              chan struct{}
 	done              chan struct{}
-	stored            int64
-	first             bool
-	tooBig            bool
+	// rc is the owner's client's connection, whose write deadline each
+	// part handed to it renews (client.write_timeout).
+	rc     *http.ResponseController
+	stored int64
+	first  bool
+	tooBig bool
 }
 
 // startStream begins relaying resp, a stream, as its owner: the head is
@@ -143,7 +146,7 @@ func (o *owner) startStream(resp *http.Response) bool {
 		return true
 	}
 	o.settle(func() verdict { return verdict{outcome: outcomeStored, detail: "streamed"} })
-	p := &streamPump{o: o, body: resp.Body, at: at, start: x.start, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	p := &streamPump{o: o, body: resp.Body, at: at, start: x.start, wake: make(chan struct{}, 1), done: make(chan struct{}), rc: http.NewResponseController(x.w)}
 	p.cond = sync.NewCond(&p.mu)
 	o.stream = p
 	resp.Body = p
@@ -390,7 +393,6 @@ func (p *streamPump) Read(b []byte) (int, error) {
 			return 0, err
 		}
 	}
-	rc := http.NewResponseController(p.o.x.w)
 	if len(p.out) > 0 {
 		n := copy(b, p.out)
 		p.release(n)
@@ -401,10 +403,10 @@ func (p *streamPump) Read(b []byte) (int, error) {
 		p.cond.Broadcast()
 		// The client must take this within client.write_timeout, or it
 		// is cut (the stream goes on, stored, for the retries).
-		_ = rc.SetWriteDeadline(time.Now().Add(time.Duration(p.o.x.h.writeTimeout.Load())))
+		_ = p.rc.SetWriteDeadline(time.Now().Add(time.Duration(p.o.x.h.writeTimeout.Load())))
 		return n, nil
 	}
-	_ = rc.SetWriteDeadline(time.Time{}) // the connection may serve another request
+	_ = p.rc.SetWriteDeadline(time.Time{}) // the connection may serve another request
 	return 0, p.outErr
 }
 
@@ -623,7 +625,7 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64,
 		if stored += int64(len(part.Data)); stored > x.rt.settings.MaxResponseBody {
 			return x.followerTooLong()
 		}
-		if err := x.writeAnswer(part.Data); err != nil {
+		if err := x.writeAnswer(rc, part.Data); err != nil {
 			return streamClientGone
 		}
 		_ = rc.Flush()
