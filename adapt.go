@@ -9,6 +9,7 @@ import (
 	"slices"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/problemfmt"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -149,8 +150,8 @@ func proxyRoutes(routes []config.Route, hooks webhookSecrets) []proxy.Route {
 
 // clientOptions is how claim reaches the Redis r names; its password
 // files must have been read into r already (readSecrets).
-func clientOptions(r config.Redis) claim.ClientOptions {
-	return claim.ClientOptions{
+func clientOptions(r config.Redis) redisstore.ClientOptions {
+	return redisstore.ClientOptions{
 		Addrs:            slices.Clone(r.Addrs),
 		MasterName:       r.MasterName,
 		Username:         r.Username,
@@ -179,7 +180,7 @@ func streamReadLimit(cfg *config.Config) int {
 	return int(min(4*largest+1<<20, 1<<40))
 }
 
-// storeOptions are the claim.Store's options: sealing and key derivation
+// storeOptions are the store's options (claim.Option): sealing and key derivation
 // (read by readSecrets), WAIT and pipelining, with their metrics, and
 // the streamed records a claim reads back.
 func storeOptions(cfg *config.Config, sec *secrets, m *metrics, log *slog.Logger) []claim.Option {
@@ -200,7 +201,7 @@ func storeOptions(cfg *config.Config, sec *secrets, m *metrics, log *slog.Logger
 		}))
 	}
 	if st.Redis.MasterName != "" {
-		opts = append(opts, claim.WithMasterName(st.Redis.MasterName))
+		opts = append(opts, claim.WithNodeName(st.Redis.MasterName))
 	}
 	switch {
 	case sec.keySecret != nil:

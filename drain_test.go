@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/poll"
@@ -69,8 +70,8 @@ func TestDrainStoresInFlightRequest(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Fatalf("serve: %v", err)
 	}
-	store := claim.New(srv.Client(), cfg.Store.KeyPrefix)
-	rec, _, err := store.Get(context.Background(), store.Key("alice", proxy.KeyScope("pay", false), "drain-1"))
+	store := redisstore.New(srv.Client(), cfg.Store.KeyPrefix)
+	rec, _, err := store.Get(context.Background(), store.Codec().Key("alice", proxy.KeyScope("pay", false), "drain-1"))
 	if err != nil || rec == nil || rec.State != claim.Completed || string(rec.Body) != "charged" {
 		t.Fatalf("stored record after drain: %+v, %v", rec, err)
 	}
@@ -117,8 +118,8 @@ func TestDrainStoresLateAnswer(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Fatalf("serve: %v", err)
 	}
-	store := claim.New(srv.Client(), cfg.Store.KeyPrefix)
-	rec, _, err := store.Get(context.Background(), store.Key("alice", proxy.KeyScope("pay", false), "late-1"))
+	store := redisstore.New(srv.Client(), cfg.Store.KeyPrefix)
+	rec, _, err := store.Get(context.Background(), store.Codec().Key("alice", proxy.KeyScope("pay", false), "late-1"))
 	if err != nil || rec == nil || rec.State != claim.Completed || string(rec.Body) != "charged late" {
 		t.Fatalf("stored record after drain: %+v, %v; want the late answer", rec, err)
 	}
@@ -147,8 +148,8 @@ func TestDrainTimeoutSettlesLateCalls(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("serve: %v", err)
 	}
-	store := claim.New(srv.Client(), cfg.Store.KeyPrefix)
-	rec, _, err := store.Get(context.Background(), store.Key("alice", proxy.KeyScope("pay", false), "late-2"))
+	store := redisstore.New(srv.Client(), cfg.Store.KeyPrefix)
+	rec, _, err := store.Get(context.Background(), store.Codec().Key("alice", proxy.KeyScope("pay", false), "late-2"))
 	if err != nil || rec == nil || rec.State != claim.Completed || rec.Status != http.StatusBadGateway || !strings.Contains(string(rec.Body), "outcome-unknown") {
 		t.Fatalf("record after the drain ran out: %+v, %v; want a stored 502 outcome-unknown", rec, err)
 	}

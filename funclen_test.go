@@ -10,7 +10,7 @@ import (
 )
 
 // productDirs hold the code the binary ships.
-var productDirs = []string{".", "proxy", "claim", "config", "internal/sizing", "internal/problemfmt", "internal/jsonpointer"}
+var productDirs = []string{".", "proxy", "claim", "claim/redisstore", "config", "internal/sizing", "internal/problemfmt", "internal/jsonpointer"}
 
 // maxFuncLines is the most lines a product function's body may take
 // (STYLE.md: functions split by case).
@@ -30,7 +30,6 @@ var longFuncs = map[string]int{
 	"main.demoShow.run": 94,
 	// Not split yet (issue 54).
 	"proxy.exchange.ownOrAnswer":   74,
-	"proxy.New":                    70,
 	"proxy.Handler.modifyResponse": 70,
 }
 

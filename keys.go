@@ -60,7 +60,7 @@ type keysAPI struct {
 		RouteNames() []string
 		ReconcileKey(ctx context.Context, route, principal, key string) (result string, status int, body []byte, err error)
 	}
-	store *claim.Store
+	store claim.Backend
 	log   *slog.Logger
 	token []byte
 }
@@ -132,7 +132,7 @@ func (a keysAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, strings.Join(missing, ", ")+" required (route: a configured route's name; principal and key as the client's request carries them)", http.StatusBadRequest)
 		return
 	}
-	c := &keyCall{keysAPI: a, w: w, q: q, redisKey: a.store.Key(principal, scope, key)}
+	c := &keyCall{keysAPI: a, w: w, q: q, redisKey: a.store.Codec().Key(principal, scope, key)}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	defer c.audit(r, routeName, principal)

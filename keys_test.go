@@ -105,7 +105,7 @@ func TestKeysAPI(t *testing.T) {
 	// A live in-progress claim is not released without force: a retry
 	// would execute beside its owner.
 	live := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: "live"}
-	liveKey := s.store.Key("alice", mustScope(t, s, "pay"), "k2")
+	liveKey := s.store.Codec().Key("alice", mustScope(t, s, "pay"), "k2")
 	if res, err := s.store.Claim(context.Background(), liveKey, live, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("claim: %+v %v", res, err)
 	}

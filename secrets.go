@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/config"
 )
 
@@ -44,7 +45,7 @@ func readSecrets(cfg *config.Config) (*secrets, error) {
 		errs = append(errs, err)
 	}
 	if cfg.Store.Redis.TLSCAFile != "" {
-		c, err := claim.NewClient(clientOptions(cfg.Store.Redis))
+		c, err := redisstore.NewClient(clientOptions(cfg.Store.Redis))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("store.redis.tls_ca_file: %w", err))
 		} else {

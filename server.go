@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -38,7 +39,7 @@ type server struct {
 	log     *slog.Logger
 	level   *slog.LevelVar
 	metrics *metrics
-	store   *claim.Store
+	store   claim.Backend
 	handler *proxy.Handler
 	// client and admin serve on clientAddr and adminAddr, where their
 	// listeners are bound.
@@ -50,8 +51,6 @@ type server struct {
 	pprofAddr string
 	// embedded is set when the store is the in-process one.
 	embedded bool
-	// storeAddr is the first Redis address (not on Sentinel), for spans.
-	storeAddr string
 	// health is what the store watcher last saw of Redis.
 	health storeHealth
 	// app probes the app's health path (/app/readyz).
@@ -94,7 +93,7 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 	s.level.Set(cfg.SlogLevel())
 	s.log = slog.New(leveled{next: logger.Handler(), level: s.level})
 	// go-redis has one process-wide logger; route it into ours.
-	redis.SetLogger(claim.SlogLogger{Logger: s.log})
+	redis.SetLogger(redisstore.SlogLogger{Logger: s.log})
 	sec, err := readSecrets(cfg)
 	if err != nil {
 		return err
@@ -157,7 +156,6 @@ func (s *server) proxyOptions(ctx context.Context) (proxy.Options, error) {
 	s.closers = append(s.closers, shutdownTracing)
 	if tp != nil {
 		opts.TracerProvider, opts.Propagator, opts.TraceTrust = tp, propagator, traceTrust(s.cfg.Tracing)
-		opts.StoreAddress = s.storeAddr
 		opts.Version = serviceVersion()
 	}
 	return opts, nil
@@ -168,7 +166,7 @@ func (s *server) proxyOptions(ctx context.Context) (proxy.Options, error) {
 func (s *server) openStore(ctx context.Context, sec *secrets) error {
 	redisCfg := sec.redis
 	if len(redisCfg.Addrs) == 0 {
-		emb, err := claim.StartEmbedded()
+		emb, err := redisstore.StartEmbedded()
 		if err != nil {
 			return fmt.Errorf("start embedded store: %w", err)
 		}
@@ -179,15 +177,16 @@ func (s *server) openStore(ctx context.Context, sec *secrets) error {
 		s.embedded = true
 		s.metrics.evictionSafe.Set(1) // the embedded store has no memory limit and never evicts
 	}
-	if len(redisCfg.Addrs) > 0 && redisCfg.MasterName == "" {
-		s.storeAddr = redisCfg.Addrs[0]
-	}
-	client, err := claim.NewClient(clientOptions(redisCfg))
+	client, err := redisstore.NewClient(clientOptions(redisCfg))
 	if err != nil {
 		return fmt.Errorf("store.redis.tls_ca_file: %w", err) // the only way it fails
 	}
 	s.closers = append(s.closers, func() { client.Close() })
-	s.store = claim.New(client, s.cfg.Store.KeyPrefix, storeOptions(s.cfg, sec, s.metrics, s.log)...)
+	rs := redisstore.New(client, s.cfg.Store.KeyPrefix, storeOptions(s.cfg, sec, s.metrics, s.log)...)
+	if redisCfg.MasterName == "" {
+		rs.NameServer(redisCfg.Addrs[0]) // spans name the first address (not on Sentinel)
+	}
+	s.store = rs
 	s.closers = append(s.closers, s.store.Close)
 	preload(ctx, s.store, s.log)
 	return nil

@@ -15,7 +15,7 @@ import (
 // preload loads the scripts. A failure does not stop the start: Redis may
 // come up later; until then protected routes answer per store_unavailable
 // and idemproxy_store_up says so.
-func preload(ctx context.Context, store *claim.Store, logger *slog.Logger) {
+func preload(ctx context.Context, store claim.Backend, logger *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	if err := store.Preload(ctx); err != nil {
@@ -57,7 +57,7 @@ func (h *storeHealth) up() bool {
 // it keeps idemproxy_store_up per master, refuses new claims while Redis
 // is above limit of its maxmemory (so that the claims in flight keep room
 // to store their outcome), and logs each change once.
-func (h *storeHealth) watch(ctx context.Context, store *claim.Store, limit float64, logger *slog.Logger, m *metrics) {
+func (h *storeHealth) watch(ctx context.Context, store claim.Backend, limit float64, logger *slog.Logger, m *metrics) {
 	t := time.NewTicker(healthCheckInterval)
 	defer t.Stop()
 	full, wasUp := false, true
@@ -195,7 +195,7 @@ const evictionCheckInterval = 5 * time.Minute
 
 // watchEviction warns loudly, at start and then periodically, when Redis
 // can evict idempotency keys, and keeps the gauge current.
-func watchEviction(ctx context.Context, store *claim.Store, logger *slog.Logger, safe prometheus.Gauge) {
+func watchEviction(ctx context.Context, store claim.Backend, logger *slog.Logger, safe prometheus.Gauge) {
 	t := time.NewTicker(evictionCheckInterval)
 	defer t.Stop()
 	for {
@@ -208,7 +208,7 @@ func watchEviction(ctx context.Context, store *claim.Store, logger *slog.Logger,
 	}
 }
 
-func checkEviction(ctx context.Context, store *claim.Store, logger *slog.Logger, safe prometheus.Gauge) {
+func checkEviction(ctx context.Context, store claim.Backend, logger *slog.Logger, safe prometheus.Gauge) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	policy, err := store.EvictionPolicy(ctx)

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/internal/sizing"
 )
 
@@ -47,7 +48,7 @@ func units(args []string) error {
 		return err
 	}
 	defer rp.stop()
-	c, err := claim.NewClient(claim.ClientOptions{Addrs: []string{addr}})
+	c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{addr}})
 	if err != nil {
 		return err
 	}
@@ -61,7 +62,7 @@ func units(args []string) error {
 		pipeline bool
 		workers  int
 	}{{"serial (one at a time)", false, 1}, {"pipelined (32 at once)", true, 32}} {
-		s := claim.New(c, "units:"+strconv.FormatBool(mode.pipeline)+":", claim.WithPipeline(mode.pipeline))
+		s := redisstore.New(c, "units:"+strconv.FormatBool(mode.pipeline)+":", claim.WithPipeline(mode.pipeline))
 		if err := s.Preload(context.Background()); err != nil {
 			return err
 		}
@@ -97,9 +98,9 @@ type unitOp struct {
 // unitOps are the four operations of the model, each on its own keys: a
 // claim of a new key, the completion of a claimed key with a 1 KiB answer,
 // a replay read (a claim that finds the completed record), and a renewal.
-func unitOps(s *claim.Store, n int) []unitOp {
+func unitOps(s *redisstore.Store, n int) []unitOp {
 	ctx := context.Background()
-	key := func(kind string, i int) string { return s.Key("units", kind, strconv.Itoa(i)) }
+	key := func(kind string, i int) string { return s.Codec().Key("units", kind, strconv.Itoa(i)) }
 	token := func(i int) claim.Token {
 		var t claim.Token
 		binary.LittleEndian.PutUint64(t[:], uint64(i)+1)
@@ -253,10 +254,10 @@ func recordSizes(b *strings.Builder, c redis.UniversalClient) error {
 	if err != nil {
 		return err
 	}
-	stores := []*claim.Store{
-		claim.New(c, "sz1p:"),
-		claim.New(c, "sz3p:", claim.WithCompactRecords()),
-		claim.New(c, "szsl:", sealing),
+	stores := []*redisstore.Store{
+		redisstore.New(c, "sz1p:"),
+		redisstore.New(c, "sz3p:", claim.WithCompactRecords()),
+		redisstore.New(c, "szsl:", sealing),
 	}
 	fmt.Fprintf(b, "\nBytes per completed record (`MEMORY USAGE`, SAMPLES 0), 4 headers, 32-byte request id:\n\n| answer body | record_format 1 or 2 | record_format 3 | sealed |\n|---|---|---|---|\n")
 	for i, size := range []int{0, 1024, 4096, 16384, 65536} {
@@ -276,9 +277,9 @@ func recordSizes(b *strings.Builder, c redis.UniversalClient) error {
 
 // storedSize claims a key of s named by name, completes it with done and
 // returns the key's MEMORY USAGE.
-func storedSize(c redis.UniversalClient, s *claim.Store, name string, done *claim.Record) (int64, error) {
+func storedSize(c redis.UniversalClient, s *redisstore.Store, name string, done *claim.Record) (int64, error) {
 	ctx := context.Background()
-	k := s.Key("units", "size", name)
+	k := s.Codec().Key("units", "size", name)
 	rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
 	rand.Read(rec.Token[:])
 	if _, err := s.Claim(ctx, k, rec, 10*time.Second, claim.Quota{}); err != nil {
@@ -300,10 +301,10 @@ func storedSize(c redis.UniversalClient, s *claim.Store, name string, done *clai
 // amount and time its own): as they come, and compressed
 // (store.compression: zstd, under store.record_format 3).
 func jsonRecordSizes(b *strings.Builder, c redis.UniversalClient) error {
-	stores := []*claim.Store{
-		claim.New(c, "js1p:"),
-		claim.New(c, "js3p:", claim.WithCompactRecords()),
-		claim.New(c, "js3z:", claim.WithCompactRecords(), claim.WithCompression()),
+	stores := []*redisstore.Store{
+		redisstore.New(c, "js1p:"),
+		redisstore.New(c, "js3p:", claim.WithCompactRecords()),
+		redisstore.New(c, "js3z:", claim.WithCompactRecords(), claim.WithCompression()),
 	}
 	fmt.Fprintf(b, "\nBytes per completed record with a JSON answer (`MEMORY USAGE`, SAMPLES 0), 4 headers, 32-byte request id:\n\n| answer body | record_format 1 or 2 | record_format 3 | record_format 3, compression zstd | ratio to format 1 |\n|---|---|---|---|---|\n")
 	for i, size := range []int{1024, 3 * 1024, 16 * 1024} {
@@ -356,7 +357,7 @@ func redisVersion(c redis.UniversalClient) string {
 // record's index) through s, and returns how much Redis' used_memory grew
 // per record: what MEMORY USAGE leaves out (the main and expires tables'
 // buckets and entries) included. The keys are deleted again.
-func usedMemoryPerRecord(c redis.UniversalClient, s *claim.Store, name string, n int, mk func(i int) *claim.Record) (float64, error) {
+func usedMemoryPerRecord(c redis.UniversalClient, s *redisstore.Store, name string, n int, mk func(i int) *claim.Record) (float64, error) {
 	ctx := context.Background()
 	used := func() (float64, error) {
 		info, err := c.Info(ctx, "memory").Result()
@@ -380,7 +381,7 @@ func usedMemoryPerRecord(c redis.UniversalClient, s *claim.Store, name string, n
 	for w := range 16 {
 		wg.Go(func() {
 			for i := w; i < n; i += 16 {
-				keys[i] = s.Key("units", "mem:"+name, strconv.Itoa(i))
+				keys[i] = s.Codec().Key("units", "mem:"+name, strconv.Itoa(i))
 				rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
 				rand.Read(rec.Token[:])
 				if _, err := s.Claim(ctx, keys[i], rec, 10*time.Second, claim.Quota{}); err != nil {
@@ -423,14 +424,14 @@ func modelCheck(b *strings.Builder, c redis.UniversalClient, n int) error {
 	}
 	forms := []struct {
 		name  string
-		store *claim.Store
+		store *redisstore.Store
 		load  func(l *sizing.Load)
 		json  bool
 	}{
-		{"record_format 1", claim.New(c, "mm1p:"), func(*sizing.Load) {}, false},
-		{"record_format 3", claim.New(c, "mm3p:", claim.WithCompactRecords()), func(l *sizing.Load) { l.Format = 3 }, false},
-		{"sealed", claim.New(c, "mmsl:", sealing), func(l *sizing.Load) { l.Sealed = true }, false},
-		{"record_format 3, zstd, JSON", claim.New(c, "mm3z:", claim.WithCompactRecords(), claim.WithCompression()), func(l *sizing.Load) { l.Format, l.Compression = 3, true }, true},
+		{"record_format 1", redisstore.New(c, "mm1p:"), func(*sizing.Load) {}, false},
+		{"record_format 3", redisstore.New(c, "mm3p:", claim.WithCompactRecords()), func(l *sizing.Load) { l.Format = 3 }, false},
+		{"sealed", redisstore.New(c, "mmsl:", sealing), func(l *sizing.Load) { l.Sealed = true }, false},
+		{"record_format 3, zstd, JSON", redisstore.New(c, "mm3z:", claim.WithCompactRecords(), claim.WithCompression()), func(l *sizing.Load) { l.Format, l.Compression = 3, true }, true},
 	}
 	fmt.Fprintf(b, "\nThe sizing model against Redis: used_memory growth per record, %d records per row, 4 headers, 32-byte request id:\n\n| stored form | answer body | used_memory per record | the model | model error |\n|---|---|---|---|---|\n", n)
 	for _, f := range forms {

@@ -321,7 +321,7 @@ func countInProgress(addr string) (stuck, orphans int, err error) {
 	iter := c.Scan(ctx, 0, "idem:*", 1000).Iterator()
 	for iter.Next(ctx) {
 		if k := iter.Val(); k == "idem:epoch" || strings.HasPrefix(k, "idem:epoch:") {
-			continue // the store's epoch marker (claim/epoch.go), not a record
+			continue // the store's epoch marker (claim/redisstore/epoch.go), not a record
 		}
 		v, err := c.Get(ctx, iter.Val()).Bytes()
 		if err != nil {

@@ -39,7 +39,7 @@ import (
 // Records written so are read only by v0.5.0 and later: give it once
 // every replica runs one (store.record_format 3).
 func WithCompactRecords() Option {
-	return func(s *Store) { s.compact = true }
+	return func(o *Options) { o.codec.compact = true }
 }
 
 // flagCompact marks a completed record in the compact layout.

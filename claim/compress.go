@@ -58,13 +58,13 @@ func zstdCodecs() (*zstd.Encoder, *zstd.Decoder) {
 // compressThreshold bytes on. Records written so are read only by v0.5.0
 // and later: give it once every replica runs one (store.record_format 3).
 func WithCompression() Option {
-	return func(s *Store) { s.compress = true }
+	return func(o *Options) { o.codec.compress = true }
 }
 
 // compressedBody is rec's body compressed, when this store compresses
 // and it pays; ok is false otherwise.
-func (s *Store) compressedBody(rec *Record) (body []byte, ok bool) {
-	if !s.compress || rec.State != Completed || rec.BodyCompressed || len(rec.Body) < compressThreshold || rec.Header.Get("Content-Encoding") != "" {
+func (c *Codec) compressedBody(rec *Record) (body []byte, ok bool) {
+	if !c.compress || rec.State != Completed || rec.BodyCompressed || len(rec.Body) < compressThreshold || rec.Header.Get("Content-Encoding") != "" {
 		return nil, false
 	}
 	enc, _ := zstdCodecs()
@@ -113,10 +113,4 @@ func (rec *Record) Inflate(dst []byte) error {
 	}
 	rec.Body, rec.BodyCompressed = b, false
 	return nil
-}
-
-// open reads a value stored under key, opened when sealed. A compressed
-// body stays compressed (Record.Inflate).
-func (s *Store) open(key string, raw []byte) (*Record, error) {
-	return s.seal.open(key, raw)
 }

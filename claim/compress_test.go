@@ -33,7 +33,7 @@ func BenchmarkCompressedRecord(b *testing.B) {
 	body := payment3KB()
 	rec := &Record{State: Completed, Created: time.Now(), Completed: time.Now(), Status: 201, RequestID: "0123456789abcdef0123456789abcdef", Body: body}
 	for _, compress := range []bool{false, true} {
-		s := &Store{compress: compress}
+		s := &Codec{compress: compress}
 		b.Run(fmt.Sprintf("encode/compress=%t", compress), func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			for b.Loop() {

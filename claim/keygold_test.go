@@ -10,8 +10,8 @@ import (
 // to how derive frames or hashes must keep every one, or retries stop
 // finding the records their first attempts stored.
 func TestKeyDerivationGolden(t *testing.T) {
-	plain := &Store{prefix: "idem:"}
-	keyed := &Store{prefix: "idem:", keyMAC: []byte("0123456789abcdef0123456789abcdef")}
+	plain := &Codec{prefix: "idem:"}
+	keyed := &Codec{prefix: "idem:", keyMAC: []byte("0123456789abcdef0123456789abcdef")}
 	long := "sha256:" + strings.Repeat("\x00", 300)
 	want := []string{
 		"idem:d4d907c3891d8b3dd1da15c4d670e87a0740045e5327f8c3e3d20e5bb7b7e6da",
@@ -25,7 +25,7 @@ func TestKeyDerivationGolden(t *testing.T) {
 	}
 	for round := range 2 { // the second round from the pooled buffers and HMAC
 		var got []string
-		for _, s := range []*Store{plain, keyed} {
+		for _, s := range []*Codec{plain, keyed} {
 			got = append(got, s.Key("alice", "pay", "k-1"), s.Key("", "", ""), s.QuotaKey("bob", "route:x"), s.Key("webhook:stripe", "hook", long))
 		}
 		for i := range want {

@@ -23,7 +23,7 @@ import "time"
 // stored claim, and the claim's own round trip reads it (claimScript): the
 // owner forwards a marked claim only when that very number, compared with
 // the Created time stored beside it, is one no reader takes for never
-// forwarded (forwardable), and renews it first otherwise, which unmarks
+// forwarded (Forwardable), and renews it first otherwise, which unmarks
 // it. No earlier measurement of any clock enters that decision; marking
 // at all (clock.go) is only how often the check has to renew.
 // docs/reliability.md has the whole argument.
@@ -73,8 +73,8 @@ func ConfirmWindow(lease time.Duration) time.Duration {
 	return min(maxConfirmWindow, lease/2)
 }
 
-// markSlot is the status slot of an in-progress record.
-func (r *Record) markSlot() uint16 {
+// MarkSlot is the status slot of an in-progress record.
+func (r *Record) MarkSlot() uint16 {
 	if r.Mark == MarkNone || r.Lease <= 0 {
 		return 0
 	}
@@ -93,42 +93,42 @@ func (r *Record) setMarkSlot(v uint16) {
 	}
 }
 
-// forwardable reports whether r, a claim its owner just made with pttl
+// Forwardable reports whether r, a claim its owner just made with pttl
 // left on its key when Redis' clock read redisNow (both read in the
 // claim's own round trip), may be forwarded as it is: no reader can take
-// it for never forwarded (neverForwarded), with markMargin to spare for
+// it for never forwarded (NeverForwarded), with markMargin to spare for
 // what the two reads round differently. It computes what readers compute,
 // from the record as stored (its lease rounded up as the status slot holds
 // it, Created to the millisecond). An unmarked claim always may; a marked
 // one whose times were not read may not.
-func (r *Record) forwardable(pttl time.Duration, redisNow time.Time) bool {
-	if r.State != InProgress || r.Mark != MarkClaimed || r.markSlot() == 0 {
+func (r *Record) Forwardable(pttl time.Duration, redisNow time.Time) bool {
+	if r.State != InProgress || r.Mark != MarkClaimed || r.MarkSlot() == 0 {
 		return true
 	}
 	if pttl <= 0 || redisNow.IsZero() || r.Created.IsZero() {
 		return false
 	}
 	var stored Record
-	stored.setMarkSlot(r.markSlot())
+	stored.setMarkSlot(r.MarkSlot())
 	tail := time.Duration(0)
 	if r.Tail > 0 {
 		tail = max(r.Tail.Truncate(time.Millisecond), time.Millisecond)
 	}
 	created := fromMilli(unixMilli(r.Created))
 	ran := redisNow.Add(pttl - stored.Lease - tail)
-	return ran.Sub(created) <= ConfirmWindow(stored.Lease)+maxClockOffset
+	return ran.Sub(created) <= ConfirmWindow(stored.Lease)+MaxClockOffset
 }
 
-// neverForwarded reports whether r, found in progress with pttl left on
+// NeverForwarded reports whether r, found in progress with pttl left on
 // its key when Redis' clock read redisNow (both in one script), is a claim
 // its owner can never have forwarded: its TTL was set by the claim, and
 // the claim ran later than its owner would act on it (ConfirmWindow after
-// Created, plus maxClockOffset between the owner's clock and Redis').
+// Created, plus MaxClockOffset between the owner's clock and Redis').
 // pttl <= 0 or a zero redisNow (not known) never concludes.
-func (r *Record) neverForwarded(pttl time.Duration, redisNow time.Time) bool {
+func (r *Record) NeverForwarded(pttl time.Duration, redisNow time.Time) bool {
 	if r.State != InProgress || r.Mark != MarkClaimed || r.Lease <= 0 || pttl <= 0 || redisNow.IsZero() || r.Created.IsZero() {
 		return false
 	}
 	ran := redisNow.Add(pttl - r.Lease - r.Tail) // when the claim's SET ran, on Redis' clock
-	return ran.Sub(r.Created) > ConfirmWindow(r.Lease)+maxClockOffset+markMargin
+	return ran.Sub(r.Created) > ConfirmWindow(r.Lease)+MaxClockOffset+markMargin
 }

@@ -203,7 +203,7 @@ func (r *Record) encodeInto(buf []byte) []byte {
 		binary.BigEndian.PutUint64(b[offCompleted:], uint64(max(r.Tail.Milliseconds(), 1)))
 	}
 	if r.State == InProgress {
-		binary.BigEndian.PutUint16(b[offStatus:], r.markSlot())
+		binary.BigEndian.PutUint16(b[offStatus:], r.MarkSlot())
 	} else {
 		binary.BigEndian.PutUint16(b[offStatus:], uint16(r.Status))
 	}

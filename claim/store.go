@@ -1,35 +1,139 @@
-// Package claim stores idempotency claims and settled responses in Redis.
-// It is the only package that talks to Redis.
-//
-// It is not a library: its exported names serve the idemproxy binary and
-// the repository's tests and harnesses, and change between releases
-// without notice. The stored formats are kept (every release reads the
-// formats before it, CHANGELOG.md), not the Go API; a Store comes from New.
-//
-// Every write touches exactly one key in one atomic command, a Lua script
-// (the claim reads the key's PTTL and Redis' clock in the same script). So
-// each works on Redis Cluster and is safe when go-redis
-// resends a command after a lost reply: a resent claim finds our own token
-// and a resent completion finds our own completed record, and both count
-// as success.
 package claim
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
 )
+
+// Completion says how a Complete was written.
+type Completion int
+
+const (
+	// Stored is the normal case: our in-progress record was replaced.
+	Stored Completion = iota + 1
+	// StoredAfterLapse means our lease had lapsed but nobody had claimed
+	// the key since, so the record was stored anyway.
+	StoredAfterLapse
+)
+
+// ErrStateChanged means Forget found the key in another state than the
+// caller said, and left it alone.
+var ErrStateChanged = errors.New("claim: the record is not in the state given")
+
+// SetAt is when the claim's SET ran on Redis' clock, as its own round
+// trip read it; zero when the caller did not claim the key, or Redis'
+// clock was not read.
+func (r Result) SetAt() time.Time {
+	if !r.Claimed {
+		return time.Time{}
+	}
+	return r.ServerNow
+}
+
+// ReadAt is Redis' clock as the claim's round trip read it, claimed or
+// not; zero when not read.
+func (r Result) ReadAt() time.Time { return r.ServerNow }
+
+// ExpiryJitter is how far two readings of one unchanged key's expiry
+// (the store's clock plus the key's TTL, read in one script) may differ:
+// milliseconds on Redis, up to the embedded store's clock tick. A renewal
+// moves the expiry by at least a third of the shortest lease (333 ms).
+const ExpiryJitter = 100 * time.Millisecond
+
+// SameExpiry reports whether a and b, two readings of a key's expiry on
+// the store's clock (Record.Expires), are the same expiry: no renewal
+// came between them.
+func SameExpiry(a, b time.Time) bool {
+	d := a.Sub(b)
+	return -ExpiryJitter <= d && d <= ExpiryJitter
+}
+
+// ErrTooEarly is FreeAbsent's answer while the first attempt is younger
+// than the age an absent answer needs; TooEarlyError says how much
+// younger.
+var ErrTooEarly = errors.New("claim: too early to believe the first attempt absent")
+
+// TooEarlyError is ErrTooEarly with the time still to wait.
+type TooEarlyError struct {
+	Left time.Duration
+	// Skew, when not zero, is how far the store's clock was ahead of the
+	// caller's (behind, negative): more than the rules allow, so the age
+	// could not be told at all.
+	Skew time.Duration
+}
+
+func (e *TooEarlyError) Error() string {
+	if e.Skew != 0 {
+		return fmt.Sprintf("%v (the store's clock and this one differ by %s)", ErrTooEarly, e.Skew)
+	}
+	return fmt.Sprintf("%v (%s to go)", ErrTooEarly, e.Left)
+}
+
+func (e *TooEarlyError) Unwrap() error { return ErrTooEarly }
+
+// Result is the outcome of a Claim.
+type Result struct {
+	// Claimed reports that the caller now owns the key.
+	Claimed bool
+	// Existing is the record found when not Claimed.
+	Existing *Record
+	// TTL is what is left of Existing's lease when it is InProgress (at
+	// least 1ms), for Retry-After; zero when Existing is orphaned (see
+	// Record.Orphaned). It is zero for a completed record: a replay does
+	// not need it.
+	TTL time.Duration
+	// Unforwarded reports that Existing is a claim its owner never
+	// forwarded and never will (mark.go): ReleaseUnforwarded frees it.
+	Unforwarded bool
+	// Renewed reports that the claim, before Claim returned it, was
+	// renewed: its own round trip showed that its SET ran, on Redis'
+	// clock, so long after its Created time that a reader could take it
+	// for never forwarded (Redis' clock, or this process', is off or
+	// stepped). Renewed, no reader ever does.
+	Renewed bool
+
+	// PTTL and ServerNow are what was left of the key's lease and the
+	// store's clock, read in the claim's own round trip (zero when not
+	// read): SetAt and ReadAt.
+	PTTL      time.Duration
+	ServerNow time.Time
+}
+
+// ErrQuota means the principal has claimed as many new keys on this route
+// as its quota allows within the window. Errors matching it are QuotaErrors.
+var ErrQuota = errors.New("claim: new-key quota reached")
+
+// QuotaError says when the quota's window ends.
+type QuotaError struct {
+	// RetryAfter is what is left of the window.
+	RetryAfter time.Duration
+}
+
+func (e *QuotaError) Error() string { return ErrQuota.Error() }
+
+// Is makes every QuotaError an ErrQuota.
+func (e *QuotaError) Is(target error) bool { return target == ErrQuota }
+
+// Quota bounds the new keys one principal claims on one scope per window,
+// counted in Redis, so shared by every replica. Retries and replays of a
+// key that exists never count.
+type Quota struct {
+	// Key is the counter's Redis key (Store.QuotaKey).
+	Key string
+	// Limit is how many new keys a window allows; 0 counts nothing.
+	Limit  int64
+	Window time.Duration
+}
+
+// ErrFull means Redis is above the claim memory limit: new claims are
+// refused, so that the claims already in flight still find room to store
+// their outcome (a full noeviction Redis refuses every write, completions
+// included, and a completion refused is a retry that executes again).
+var ErrFull = errors.New("claim: store above its claim memory limit")
 
 // Errors returned by Store. Callers test them with errors.Is.
 var (
@@ -44,390 +148,213 @@ var (
 	ErrNotSent = errors.New("claim: nothing sent")
 )
 
-// Store keeps claims in Redis.
-type Store struct {
-	client redis.UniversalClient
-	prefix string
-	// full refuses new claims (SetFull).
-	full atomic.Bool
-
-	// seal, when set, seals records and opens sealed ones; keyMAC, when
-	// set, keys the Redis key derivation.
-	seal   *sealer
-	keyMAC []byte
-	// macs pools derive's buffers and HMACs keyed with keyMAC.
-	macs sync.Pool
-
-	// watch wakes waiters (watch.go).
-	watch *watcher
-	// batch coalesces concurrent operations into pipelines (batch.go);
-	// nil sends each operation on its own.
-	batch *batcher
-
-	// waitReplicas > 0 sends WAIT after claims and completions.
-	waitReplicas int
-	waitTimeout  time.Duration
-	onWaitShort  func(op string)
-
-	// masterName, on Sentinel, names the master for Health.
-	masterName string
-
-	// fpMAC, when set, keys fingerprints (a subkey of the key secret):
-	// records with keyed fingerprints are compared with it, and with
-	// keyedWrites (store.record_format: 2) every record is written so.
-	fpMAC       []byte
-	keyedWrites bool
-	// derivedFP (WithDerivedFingerprints) sets fpMAC from keyMAC once
-	// every option is applied.
-	derivedFP bool
-
-	// clock is what the clock measurements said (clock.go); clockNow,
-	// when set, stands in for time.Now there (tests).
-	clock    clockState
-	clockNow func() time.Time
-	// streamLimit is the longest streamed record a claim reads back (0:
-	// any); WithStreamReadLimit.
-	streamLimit int
-
-	// dials counts the connections this store's client made (sent.go).
-	dials atomic.Uint64
-	// epochs are the masters' epochs (epoch.go).
-	epochs epochState
-	// compress stores completed bodies zstd-compressed (compress.go).
-	compress bool
-	// compact writes completed records in the compact layout (compact.go).
-	compact bool
-}
-
-// Option configures a Store.
-type Option func(*Store)
-
-// WithWait makes every claim and completion wait, on the same connection,
-// until n replicas acknowledged it or timeout passed (Redis WAIT). It
-// narrows what an asynchronous failover can lose; it is not consensus: a
-// write acknowledged by fewer replicas is still in force on the master,
-// and onShort, when not nil, is called with the operation's name. On a
-// Cluster the write and its WAIT go together to the key's master.
-func WithWait(n int, timeout time.Duration, onShort func(op string)) Option {
-	return func(s *Store) {
-		s.waitReplicas, s.waitTimeout, s.onWaitShort = n, timeout, onShort
-	}
-}
-
-// WithSealing seals every record written with the first of keys (each
-// KeySize bytes) and opens records sealed with any of them; with required,
-// an unsealed record is unreadable. Redis keys are then derived with
-// HMAC-SHA-256 keyed by derivation, or, when it is nil, by a subkey of the
-// first key: rotating that key then moves every key, so a deployment that
-// rotates passes a derivation secret of its own.
-func WithSealing(keys [][]byte, required bool, derivation []byte) (Option, error) {
-	sl, err := newSealer(keys, required)
-	if err != nil {
-		return nil, err
-	}
-	if derivation == nil {
-		derivation = derivationKey(keys[0])
-	}
-	return func(s *Store) { s.seal, s.keyMAC = sl, derivation }, nil
-}
-
-// WithKeySecret derives Redis keys with HMAC-SHA-256 keyed by secret, so
-// that nobody without it can compute where a principal's key lives.
-func WithKeySecret(secret []byte) Option {
-	return func(s *Store) { s.keyMAC = secret }
-}
-
-// WithStreamReadLimit bounds the streamed records a claim reads back: a
-// longer one (planted or edited: no owner stores more than its route's
-// max_response_body) is not transferred, and the claim answers a
-// RecordError (ReasonTooLarge). Zero reads any.
-func WithStreamReadLimit(n int) Option {
-	return func(s *Store) { s.streamLimit = max(n, 0) }
-}
-
-// WithPipeline turns the coalescing of concurrent operations into
-// pipelines on (the default) or off.
-func WithPipeline(on bool) Option {
-	return func(s *Store) {
-		s.batch = nil
-		if on {
-			s.batch = &batcher{client: s.client}
-		}
-	}
-}
-
-// WithBatchObserver has observe called with the number of operations in
-// every pipeline the store sends (when coalescing is on).
-func WithBatchObserver(observe func(ops int)) Option {
-	return func(s *Store) {
-		if s.batch != nil {
-			s.batch.onBatch = observe
-		}
-	}
-}
-
-// New returns a Store using client, with every key under prefix.
-// Concurrent operations are coalesced into pipelines (WithPipeline) unless
-// WithWait is given: WAIT blocks its connection, and would hold up every
-// operation behind it in a batch.
-func New(client redis.UniversalClient, prefix string, opts ...Option) *Store {
-	s := &Store{client: client, prefix: prefix, batch: &batcher{client: client}, watch: newWatcher(client)}
-	s.countDials()
-	for _, o := range opts {
-		o(s)
-	}
-	if s.derivedFP && s.fpMAC == nil && s.seal != nil {
-		s.fpMAC = fingerprintMAC(s.keyMAC)
-	}
-	if s.waitReplicas > 0 {
-		s.batch = nil
-	}
-	return s
-}
-
-// exec runs cmds, one operation's commands, in order, coalesced with other
-// operations when that is on; size is about the bytes they carry. An
-// error is ctx's: then cmds hold no result and must not be read.
-func (s *Store) exec(ctx context.Context, size int, cmds ...redis.Cmder) error {
-	if s.batch != nil {
-		return s.batch.do(ctx, size, cmds...)
-	}
-	if len(cmds) == 1 {
-		_ = s.client.Process(ctx, cmds[0])
-		return nil
-	}
-	pipe := s.client.Pipeline()
-	_ = pipe.BatchProcess(ctx, cmds...)
-	_, _ = pipe.Exec(ctx)
-	return nil
-}
-
-// eval runs script on key by its SHA, and by its source when Redis does
-// not have it cached (a restart, a failover), as redis.Script.Run does.
-func (s *Store) eval(ctx context.Context, script *redis.Script, key string, size int, args ...any) *redis.Cmd {
-	cmd := redis.NewCmd(ctx, append([]any{"evalsha", script.Hash(), 1, key}, args...)...)
-	if err := s.exec(ctx, size, cmd); err != nil {
-		return redis.NewCmdResult(nil, err)
-	}
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		return script.Eval(ctx, s.client, []string{key}, args...)
-	}
-	return cmd
-}
-
-// encode is rec's stored form under key: sealed when sealing is on.
-func (s *Store) encode(key string, rec *Record) []byte {
-	rec = s.stored(rec)
-	if s.seal != nil {
-		return s.seal.seal(key, rec)
-	}
-	return rec.Encode()
-}
-
-// WithKeyedFingerprints keys stored fingerprints with a subkey of secret
-// (the key derivation secret, store.key_secret_file; never a sealing key,
-// which rotates): someone who reads Redis can no longer confirm a guessed
-// request body against a record. Records whose fingerprint is keyed are
-// compared with it whatever write says; write (store.record_format: 2)
-// writes every record keyed, which releases before v0.4.0 cannot read.
-func WithKeyedFingerprints(secret []byte, write bool) Option {
-	return func(s *Store) { s.fpMAC, s.keyedWrites = fingerprintMAC(secret), write }
-}
-
-// WithDerivedFingerprints keys stored fingerprints, as WithKeyedFingerprints
-// does, with a subkey of the Redis key derivation WithSealing set up from
-// its first key when no key secret is given (store.record_format: 3 with
-// encryption.key_files and no key_secret_file): a sealed record then never
-// carries a fingerprint a guessed body can be checked against. write as
-// for WithKeyedFingerprints. No Redis key changes: keys are derived as
-// before. Without sealing it does nothing.
-func WithDerivedFingerprints(write bool) Option {
-	return func(s *Store) { s.derivedFP, s.keyedWrites = true, write }
-}
-
-// fingerprintMAC is the subkey of secret that keys fingerprints.
-func fingerprintMAC(secret []byte) []byte {
-	m := hmac.New(sha256.New, secret)
-	m.Write([]byte("idemproxy fingerprint v1"))
-	return m.Sum(nil)
-}
-
-// keyFingerprint is fp's keyed form.
-func (s *Store) keyFingerprint(fp Fingerprint) Fingerprint {
-	m := hmac.New(sha256.New, s.fpMAC)
-	m.Write(fp[:])
-	var out Fingerprint
-	copy(out[:], m.Sum(nil))
-	return out
-}
-
-// stored is rec as this store writes it: its body compressed
-// (compress.go), in the compact layout (compact.go) and with a keyed
-// fingerprint, as far as this store writes each; rec itself when none
-// applies, else one copy.
-func (s *Store) stored(rec *Record) *Record {
-	body, compress := s.compressedBody(rec)
-	compact := s.compact && s.seal == nil && rec.State == Completed && !rec.Compact
-	keyed := s.keyedWrites && s.fpMAC != nil && !rec.KeyedFingerprint
-	if !compress && !compact && !keyed {
-		return rec
-	}
-	c := *rec // one copy, whatever changes
-	if compress {
-		c.Body, c.BodyCompressed = body, true
-	}
-	c.Compact = c.Compact || compact
-	if keyed {
-		c.Fingerprint, c.KeyedFingerprint = s.keyFingerprint(rec.Fingerprint), true
-	}
-	return &c
-}
-
-// SameRequest reports whether rec, a stored record, was written for the
-// request whose fingerprint is fp, whichever form its fingerprint has.
-func (s *Store) SameRequest(rec *Record, fp Fingerprint) bool {
-	if !rec.KeyedFingerprint {
-		return rec.Fingerprint == fp
-	}
-	if s.fpMAC == nil {
-		return false // keyed with a secret this store does not have
-	}
-	k := s.keyFingerprint(fp)
-	return hmac.Equal(rec.Fingerprint[:], k[:])
-}
-
-// Key derives the Redis key for an idempotency key presented by principal
-// on scope. Inputs are length-prefixed before hashing, so no two different
-// triples share bytes, and Redis never holds the raw key or principal; with
-// a derivation secret the hash is an HMAC, which nobody without the secret
-// can compute.
-func (s *Store) Key(principal, scope, key string) string {
-	return s.derive("", principal, scope, key)
-}
-
-// QuotaKey is the Redis key of principal's new-key counter on scope,
-// derived as Key derives claim keys (with its secret, when one is set).
-func (s *Store) QuotaKey(principal, scope string) string {
-	return s.derive("q:", "quota", principal, scope)
-}
-
-// derive is prefix + kind + the hex SHA-256 (an HMAC with the derivation
-// secret) of parts, each part length-prefixed so that no two different
-// lists of parts hash the same bytes. The framed parts go in one buffer
-// and one hash call, and the HMAC is pooled: a key costs the string it
-// returns (it built a hasher, an HMAC's two, and a few escaping buffers
-// every request before).
-func (s *Store) derive(kind string, parts ...string) string {
-	d, _ := s.macs.Get().(*deriver)
-	if d == nil {
-		d = &deriver{}
-		if s.keyMAC != nil {
-			d.mac = hmac.New(sha256.New, s.keyMAC)
-		}
-	}
-	b := d.buf[:0]
-	for _, part := range parts {
-		b = binary.AppendUvarint(b, uint64(len(part)))
-		b = append(b, part...)
-	}
-	if d.mac == nil {
-		d.sum = sha256.Sum256(b)
-	} else {
-		d.mac.Reset()
-		d.mac.Write(b)
-		d.mac.Sum(d.sum[:0])
-	}
-	if cap(b) <= 1<<10 {
-		d.buf = b
-	}
-	// One allocation: prefix + kind + string(hexSum[:]) is two
-	// (TestKeyDerivationGolden counts them).
-	var out strings.Builder
-	out.Grow(len(s.prefix) + len(kind) + 2*sha256.Size)
-	out.WriteString(s.prefix)
-	out.WriteString(kind)
-	var hexSum [2 * sha256.Size]byte
-	hex.Encode(hexSum[:], d.sum[:])
-	out.Write(hexSum[:])
-	s.macs.Put(d)
-	return out.String()
-}
-
-// deriver is what derive reuses: the framing buffer, the sum, and the
-// HMAC when keys are derived with a secret.
-type deriver struct {
-	mac hash.Hash
-	buf []byte
-	sum [sha256.Size]byte
-}
-
-// Since is when this store first saw name: now, the first time any
-// process asks, kept in "<prefix>since:<name>" without a TTL, like the
-// epoch markers (a store that loses its data forgets it, with all it
-// dated). A change of key derivation uses it to read the keys of the
-// release before it for one retention, and then no more.
-func (s *Store) Since(ctx context.Context, name string, now time.Time) (time.Time, error) {
-	key := s.prefix + "since:" + name
-	set := redis.NewBoolCmd(ctx, "set", key, now.UnixMilli(), "nx")
-	get := redis.NewStringCmd(ctx, "get", key)
-	if err := s.exec(ctx, 0, set, get); err != nil {
-		return time.Time{}, s.unavailable("since", err)
-	}
-	ms, err := get.Int64()
-	if err != nil {
-		return time.Time{}, fmt.Errorf("claim: marker %s: %w", key, err)
-	}
-	return time.UnixMilli(ms), nil
-}
-
-// Close closes the store's subscriptions (Watch); the client stays open.
-func (s *Store) Close() {
-	s.watch.close()
-}
-
-// Ping reports whether Redis answers.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := s.client.Ping(ctx).Err(); err != nil {
-		return s.unavailable("ping", err)
-	}
-	return nil
-}
-
-// Preload loads the scripts into Redis' script cache, so the first requests
-// run them by SHA instead of sending their source.
-func (s *Store) Preload(ctx context.Context) error {
-	for _, sc := range scripts {
-		if err := sc.Load(ctx, s.client).Err(); err != nil {
-			return s.unavailable("script load", err)
-		}
-	}
-	return nil
-}
-
-// EvictionPolicy returns Redis' maxmemory-policy. Any policy but
-// noeviction can evict idempotency keys, since every key here has a TTL.
-func (s *Store) EvictionPolicy(ctx context.Context) (string, error) {
-	v, err := s.client.ConfigGet(ctx, "maxmemory-policy").Result()
-	if err != nil {
-		return "", s.unavailable("config get", err)
-	}
-	return v["maxmemory-policy"], nil
-}
-
-// unavailable wraps a Redis failure. On a Cluster it also asks go-redis to
-// reload the slot map: go-redis reloads it on MOVED, but not when a dead
-// master refuses connections, and otherwise keeps sending that shard's keys
-// to the dead node until its periodic reload (60 s), long after a replica
-// took over.
-func (s *Store) unavailable(op string, err error) error {
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		cc.ReloadState(context.Background())
-	}
-	return unavailable(op, err)
-}
-
-// unavailable reads "claim: store unavailable (op): cause": the
+// Unavailable wraps a backend's failure to reach its store as
+// ErrUnavailable. It reads "claim: store unavailable (op): cause": the
 // sentinel already names the package.
-func unavailable(op string, err error) error {
+func Unavailable(op string, err error) error {
 	return fmt.Errorf("%w (%s): %w", ErrUnavailable, op, err)
+}
+
+// Epoch is what is known of one master's epoch.
+type Epoch struct {
+	// Master names the master, as Health does.
+	Master string
+	// Start is when the epoch began, on Redis' clock.
+	Start time.Time
+	// AfterLoss says the epoch began because the store lost its data
+	// (its marker was created by a process that had seen the previous
+	// one); requests first sent before Start are refused. A new store's
+	// first epoch refuses nothing.
+	AfterLoss bool
+	// Lost is set when this look found the marker gone on a master whose
+	// epoch this process had seen before: the store lost its data.
+	Lost bool
+}
+
+// MasterHealth is what one look at one Redis master found.
+type MasterHealth struct {
+	// Master names the master: its address, or on Sentinel the monitored
+	// master's name. Empty when the deployment could not even be asked
+	// which masters it has (a Cluster whose slot map cannot be loaded).
+	Master string
+	// Err is why the master did not answer; nil when it is up.
+	Err error
+	// MemoryRatio is used_memory over maxmemory; 0 without a maxmemory,
+	// or when the master did not answer.
+	MemoryRatio float64
+	// Sized is set when the master told its size: Keys (every database's
+	// keys, INFO keyspace) and UsedBytes (used_memory). On a Redis shared
+	// with other applications they count theirs too.
+	Sized     bool
+	Keys      int64
+	UsedBytes int64
+	// Clock is this process' clock against the master's (clock.go);
+	// nil when the master did not answer TIME.
+	Clock *ClockReading
+}
+
+// MaxClockOffset is how far a sidecar's clock may be from Redis' while it
+// marks its claims. NTP keeps hosts within milliseconds; a host further
+// off than this stops marking (its claims are then never freed early:
+// 409s, or outcome-unknown, instead) until it is back within it.
+const MaxClockOffset = 500 * time.Millisecond
+
+// ClockReading is one master's clock against this process', from one TIME
+// round trip.
+type ClockReading struct {
+	// Min and Max bound this process' clock minus the master's.
+	Min, Max time.Duration
+}
+
+// Good reports that the whole interval is within MaxClockOffset.
+func (c ClockReading) Good() bool { return -MaxClockOffset <= c.Min && c.Max <= MaxClockOffset }
+
+// Bad reports that none of the interval is within MaxClockOffset.
+func (c ClockReading) Bad() bool { return c.Min > MaxClockOffset || c.Max < -MaxClockOffset }
+
+// Offset is the middle of the interval.
+func (c ClockReading) Offset() time.Duration { return (c.Min + c.Max) / 2 }
+
+// The interfaces a backend implements. Every backend is one package under
+// claim/ (redisstore today) whose Store implements Backend, and passes the
+// shared contract suite (claim/contract) through a factory of its own.
+// Record bytes come from the Codec, never from the backend: a record
+// written by one backend reads the same from another.
+
+// Claims is the protocol's store side on one key: take it, look at it,
+// wait for it, keep it, settle it, give it back.
+type Claims interface {
+	// Claim takes key for rec's owner with a lease, or returns the
+	// record that already holds it, in one round trip; q, when not zero,
+	// counts a new key against the principal's quota.
+	Claim(ctx context.Context, key string, rec *Record, lease time.Duration, q Quota) (Result, error)
+	// Get returns the record under key (nil: none), and for an
+	// in-progress record what is left of its lease.
+	Get(ctx context.Context, key string) (*Record, time.Duration, error)
+	// Watch wakes a waiter when key may have changed.
+	Watch(ctx context.Context, key string) Watch
+	// Renew extends the owner's lease (fenced on rec's token).
+	Renew(ctx context.Context, key string, rec *Record, lease time.Duration) error
+	// Complete replaces the owner's claim with rec, kept for retention.
+	Complete(ctx context.Context, key string, rec *Record, retention time.Duration) (Completion, error)
+	// Release deletes the owner's claim (fenced on token).
+	Release(ctx context.Context, key string, token Token) error
+}
+
+// Recovery settles what an owner left behind: an orphaned claim, an
+// outcome to ask the upstream about, a first attempt that never arrived.
+type Recovery interface {
+	SettleOrphan(ctx context.Context, key string, orphan, rec *Record, retention time.Duration) error
+	TakeOver(ctx context.Context, key string, old, rec *Record, lease time.Duration, since time.Time) (time.Time, error)
+	FreeAbsent(ctx context.Context, key string, token Token, since time.Time, after time.Duration) error
+}
+
+// Unsent frees claims that never reached the upstream: one whose claim
+// was never confirmed to its owner, and one its owner never forwarded.
+type Unsent interface {
+	ReleaseUnconfirmed(ctx context.Context, key string, token Token) (found bool, err error)
+	ReleaseUnforwarded(ctx context.Context, key string, ghost *Record) error
+}
+
+// Epochs date the store's data: when the data a key lives in began (a
+// store that lost its data begins again), and when a named change was
+// first seen.
+type Epochs interface {
+	EpochStart(ctx context.Context, key string) (time.Time, error)
+	Since(ctx context.Context, name string, now time.Time) (time.Time, error)
+}
+
+// Streams stores a streamed answer as it is relayed, and reads it back.
+type Streams interface {
+	StreamStart(ctx context.Context, key string, rec *Record, retention, lease time.Duration) (int, error)
+	StreamAppend(ctx context.Context, key string, token Token, at int, data []byte, lease time.Duration) (int, error)
+	StreamFinish(ctx context.Context, key string, token Token, end StreamEnd, at int) error
+	StreamRead(ctx context.Context, key string, from, max int) (StreamPart, error)
+}
+
+// Watch wakes a waiter when its key may have changed.
+type Watch interface {
+	// C receives (at most one pending value) when the key may have been
+	// settled or freed, and once when the watch is live.
+	C() <-chan struct{}
+	// Stop ends the watch.
+	Stop()
+}
+
+// Span describes the client span of one store operation (the database
+// semantic conventions): its name and attributes.
+type Span struct {
+	Name       string
+	Attributes []attribute.KeyValue
+}
+
+// Store is a backend as the proxy consumes it: the protocol's operations,
+// the Codec that derives its keys and compares fingerprints, and how its
+// operations are named in traces (op is the operation's metric label:
+// claim, get, renew...).
+type Store interface {
+	Claims
+	Recovery
+	Unsent
+	Epochs
+	Streams
+	Codec() *Codec
+	Span(op string) Span
+}
+
+// Operator is what the binary needs of a backend beyond requests: its
+// health, its epochs, whether it is too full for new claims, whether it
+// can evict, the key API's reads, and closing it.
+type Operator interface {
+	// Preload readies the backend for the first requests.
+	Preload(ctx context.Context) error
+	// Health asks each node the backend writes to how it is.
+	Health(ctx context.Context) []MasterHealth
+	// CheckEpochs looks at each node's epoch; Lost says one lost its data.
+	CheckEpochs(ctx context.Context) ([]Epoch, error)
+	// SetFull refuses new claims (ErrFull) while full.
+	SetFull(full bool)
+	// EvictionPolicy names how the backend drops data under memory
+	// pressure; "noeviction" when it never does.
+	EvictionPolicy(ctx context.Context) (string, error)
+	// Forget deletes key's record when it is in state (ErrStateChanged
+	// otherwise): the key API's DELETE.
+	Forget(ctx context.Context, key string, state State) error
+	// Close ends the backend's subscriptions and connections it owns.
+	Close()
+}
+
+// Backend is a store as the binary holds it.
+type Backend interface {
+	Store
+	Operator
+}
+
+// Up reports whether the master answered.
+func (h MasterHealth) Up() bool { return h.Err == nil }
+
+// SendingError is a caller's context ending while its operation's
+// commands are still on their way: the backend's client may yet send
+// them, or send them again after a broken connection, until Done
+// receives.
+type SendingError struct {
+	Err  error
+	Done <-chan struct{}
+}
+
+func (e *SendingError) Error() string { return e.Err.Error() }
+
+func (e *SendingError) Unwrap() error { return e.Err }
+
+// StillSending returns, for an error of a store operation whose commands
+// may still be sent (its context ended while they were in a pipeline on
+// its way), a channel that receives once they no longer can; nil
+// otherwise. A claim's cleanup looks for the claim often until then: not
+// finding it yet does not mean it will not land.
+func StillSending(err error) <-chan struct{} {
+	var se *SendingError
+	if errors.As(err, &se) {
+		return se.Done
+	}
+	return nil
 }

@@ -1,12 +1,10 @@
 package claim
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/http"
-	"time"
 )
 
 // Streamed records (store.record_format 4): an answer relayed as it
@@ -143,83 +141,6 @@ func decodeStream(r *Record, b []byte) (*Record, error) {
 	return r, nil
 }
 
-// StreamStart replaces the owner's in-progress claim (rec's token) with
-// the head of a streamed answer (rec: State Streamed, Status, Header),
-// kept for retention from now; the owner's lease, lease from now, is
-// what readers take for it being alive. It returns the value's length,
-// where the first chunk goes. ErrLeaseLost: the claim is not rec's.
-func (s *Store) StreamStart(ctx context.Context, key string, rec *Record, retention, lease time.Duration) (int, error) {
-	value := s.stored(rec).encodeStreamHead()
-	if s.seal != nil {
-		value = s.seal.sealStreamHead(key, value)
-	}
-	run, wait := s.evalWrite(ctx, streamStartScript, key, len(value), rec.Token[:], value, retention.Milliseconds(), lease.Milliseconds(), s.watch.publishCommand())
-	n, err := run.Int64()
-	if err != nil {
-		return 0, s.unavailable("stream start", err)
-	}
-	if n < 1 {
-		return 0, fmt.Errorf("stream start: %w", ErrLeaseLost)
-	}
-	s.checkWait("complete", wait)
-	return len(value), nil
-}
-
-// StreamAppend appends data to token's running stream, whose stored value
-// must be at bytes long, and renews its owner's lease (an empty data is a
-// renewal alone). It returns the new length. ErrLeaseLost: not token's;
-// ErrStreamOver: ended, or the lease ran out first; *StreamLengthError:
-// the stored value is of another length (nothing appended).
-func (s *Store) StreamAppend(ctx context.Context, key string, token Token, at int, data []byte, lease time.Duration) (int, error) {
-	if s.seal != nil && len(data) > 0 {
-		data = s.seal.sealFrame(key, token, at, frameData, data)
-	}
-	run, wait := s.evalWrite(ctx, streamAppendScript, key, len(data), token[:], at, data, lease.Milliseconds(), s.watch.publishCommand())
-	v, err := run.Int64Slice()
-	if err != nil {
-		return 0, s.unavailable("stream append", err)
-	}
-	switch {
-	case len(v) == 2 && v[0] == 1:
-		s.checkWait("complete", wait)
-		return int(v[1]), nil
-	case len(v) == 2 && v[0] == -5 && int(v[1]) == at+len(data) && len(data) > 0:
-		// Resent after its reply was lost: the first send landed (only
-		// the token's owner appends, one append at a time).
-		return at + len(data), nil
-	case len(v) == 2 && v[0] == -5:
-		return 0, &StreamLengthError{Len: int(v[1])}
-	case len(v) >= 1 && (v[0] == -2 || v[0] == -3):
-		return 0, fmt.Errorf("stream append: %w", ErrStreamOver)
-	}
-	return 0, fmt.Errorf("stream append: %w", ErrLeaseLost)
-}
-
-// StreamFinish records how token's running stream ended. StreamEnded is
-// fenced on the stored length being at (every chunk the client got is
-// there); the abnormal ends take any length (at < 0).
-func (s *Store) StreamFinish(ctx context.Context, key string, token Token, end StreamEnd, at int) error {
-	var last []byte // a sealed stream's end frame (streamseal.go)
-	if s.seal != nil && end == StreamEnded && at >= 0 {
-		last = s.seal.sealFrame(key, token, at, frameEnd, nil)
-	}
-	run, wait := s.evalWrite(ctx, streamEndScript, key, len(last), token[:], int(end), at, s.watch.publishCommand(), last)
-	v, err := run.Int64Slice()
-	if err != nil {
-		return s.unavailable("stream end", err)
-	}
-	switch {
-	case len(v) >= 1 && v[0] == 1:
-		s.checkWait("complete", wait)
-		return nil
-	case len(v) == 2 && v[0] == -5:
-		return &StreamLengthError{Len: int(v[1])}
-	case len(v) >= 1 && v[0] == -2:
-		return fmt.Errorf("stream end: %w", ErrStreamOver)
-	}
-	return fmt.Errorf("stream end: %w", ErrLeaseLost)
-}
-
 // StreamPart is what StreamRead found: the chunks' bytes from the offset
 // asked for, the offset to read from next, the value's length, and how
 // the stream ended so far (a running stream whose owner's lease ran out,
@@ -232,30 +153,72 @@ type StreamPart struct {
 	End  StreamEnd
 }
 
-// StreamRead reads key's streamed value from byte from (the value's
-// length when it was last read: Record.StreamLen, StreamPart.Next), about
-// max bytes; a sealed stream's chunks come opened, whole (a chunk longer
-// than max takes a second round trip). Gone (nil) and not a stream are
-// ErrCorrupt-free errors: ErrLeaseLost.
-func (s *Store) StreamRead(ctx context.Context, key string, from, max int) (StreamPart, error) {
-	p, head, data, err := s.streamRead(ctx, key, from, max)
+// StreamHead is rec's stream head as stored under key (sealed when
+// sealing is on): what a streamed value begins with.
+func (c *Codec) StreamHead(key string, rec *Record) []byte {
+	value := c.stored(rec).encodeStreamHead()
+	if c.seal != nil {
+		value = c.seal.sealStreamHead(key, value)
+	}
+	return value
+}
+
+// Chunk is data as stored when appended at byte at of token's stream
+// under key: a sealed frame when sealing is on.
+func (c *Codec) Chunk(key string, token Token, at int, data []byte) []byte {
+	if c.seal != nil && len(data) > 0 {
+		return c.seal.sealFrame(key, token, at, frameData, data)
+	}
+	return data
+}
+
+// EndFrame is what a stream's end appends at byte at: a sealed stream's
+// end frame for a normal end (at >= 0), nil otherwise.
+func (c *Codec) EndFrame(key string, token Token, end StreamEnd, at int) []byte {
+	if c.seal != nil && end == StreamEnded && at >= 0 {
+		return c.seal.sealFrame(key, token, at, frameEnd, nil)
+	}
+	return nil
+}
+
+// StreamState is how the stream whose stored head is head has ended so
+// far, the store's clock reading nowMS (Unix ms): a running stream whose
+// owner's lease ran out is StreamAborted. ok is false when head is not a
+// stream's.
+func StreamState(head string, nowMS int64) (end StreamEnd, ok bool) {
+	if len(head) < streamPrefix || head[offVersion] != version || State(head[offState]) != Streamed {
+		return 0, false
+	}
+	end = StreamEnd(head[offStreamEnd])
+	if end == StreamRunning && int64(binary.BigEndian.Uint64([]byte(head[offCompleted:offCompleted+8]))) < nowMS {
+		end = StreamAborted // its owner is gone: nothing more can be appended
+	}
+	return end, true
+}
+
+// ReadStream is a backend's StreamRead: read returns what one read of
+// key's streamed value found (its length and end so far), its head and
+// its stored bytes from from, about max; ReadStream opens a sealed
+// stream's frames, whole (a frame longer than max takes a second read).
+func (c *Codec) ReadStream(key string, from, max int, read func(from, max int) (StreamPart, string, []byte, error)) (StreamPart, error) {
+	p, head, data, err := read(from, max)
 	if err != nil || head[offFlags]&flagSealed == 0 {
-		if err == nil && s.seal != nil && s.seal.required {
+		if err == nil && c.seal != nil && c.seal.required {
 			return StreamPart{}, &RecordError{ReasonUnsealed}
 		}
 		p.Data, p.Next = data, from+len(data)
 		return p, err
 	}
-	if s.seal == nil {
+	if c.seal == nil {
 		return StreamPart{}, &RecordError{ReasonNoKeys}
 	}
 	var token Token
 	copy(token[:], head[offToken:])
-	plain, used, need, end, err := s.seal.openFrames(key, token, from, data)
+	plain, used, need, end, err := c.seal.openFrames(key, token, from, data)
 	if err == nil && used == 0 && need > 0 && from+need <= p.Len {
 		// One chunk longer than max: read it whole.
-		if p, _, data, err = s.streamRead(ctx, key, from, need); err == nil {
-			plain, used, _, end, err = s.seal.openFrames(key, token, from, data)
+		if p, _, data, err = read(from, need); err == nil {
+			plain, used, _, end, err = c.seal.openFrames(key, token, from, data)
 		}
 	}
 	if err != nil {
@@ -264,35 +227,10 @@ func (s *Store) StreamRead(ctx context.Context, key string, from, max int) (Stre
 	p.Data, p.Next = plain, from+used
 	if end && (p.End != StreamEnded || p.Next != p.Len) || !end && p.End == StreamEnded && p.Next == p.Len {
 		// The end byte and the end frame, which a normal end writes in
-		// one script, disagree: an end byte set by hand over a stream
-		// that broke off. (A reader past the end frame has returned: it
-		// read the end with it.)
+		// one write, disagree: an end byte set by hand over a stream that
+		// broke off. (A reader past the end frame has returned: it read
+		// the end with it.)
 		return StreamPart{}, &RecordError{ReasonTampered}
 	}
 	return p, nil
-}
-
-// streamRead is one read of key's streamed value: its length and end so
-// far, its fixed part and the bytes from from.
-func (s *Store) streamRead(ctx context.Context, key string, from, max int) (StreamPart, string, []byte, error) {
-	run := s.eval(ctx, streamReadScript, key, 0, from, max)
-	if err := run.Err(); err != nil {
-		return StreamPart{}, "", nil, s.unavailable("stream read", err)
-	}
-	v, _ := run.Slice()
-	if len(v) != 4 {
-		return StreamPart{}, "", nil, fmt.Errorf("stream read: %w", ErrLeaseLost)
-	}
-	head, _ := v[0].(string)
-	n, _ := v[1].(int64)
-	data, _ := v[2].(string)
-	now, _ := v[3].(int64)
-	if len(head) < streamPrefix || head[offVersion] != version || State(head[offState]) != Streamed {
-		return StreamPart{}, "", nil, fmt.Errorf("stream read: %w", ErrLeaseLost)
-	}
-	p := StreamPart{Len: int(n), End: StreamEnd(head[offStreamEnd])}
-	if p.End == StreamRunning && int64(binary.BigEndian.Uint64([]byte(head[offCompleted:offCompleted+8]))) < now {
-		p.End = StreamAborted // its owner is gone: nothing more can be appended
-	}
-	return p, head, []byte(data), nil
 }

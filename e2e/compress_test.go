@@ -18,6 +18,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -59,7 +60,7 @@ func TestCompressionThroughTheBinary(t *testing.T) {
 			if first.StatusCode != http.StatusCreated || b != body.String() {
 				t.Fatalf("first attempt: %d, body equal %t", first.StatusCode, b == body.String())
 			}
-			key := claim.New(srv.Client(), "idem:").Key("alice", proxy.KeyScope("pay", false), "k")
+			key := redisstore.New(srv.Client(), "idem:").Codec().Key("alice", proxy.KeyScope("pay", false), "k")
 			raw, err := srv.Client().Get(context.Background(), key).Bytes()
 			if err != nil {
 				t.Fatal(err)
@@ -115,8 +116,8 @@ func TestSealedRecordsKeyTheirFingerprints(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			st := claim.New(srv.Client(), "idem:", opt)
-			rec, _, err := st.Get(context.Background(), st.Key("alice", proxy.KeyScope("pay", false), key))
+			st := redisstore.New(srv.Client(), "idem:", opt)
+			rec, _, err := st.Get(context.Background(), st.Codec().Key("alice", proxy.KeyScope("pay", false), key))
 			if err != nil || rec == nil {
 				t.Fatalf("the record, under the key derived as before: %v %v", rec, err)
 			}
@@ -149,13 +150,13 @@ func TestPlantedCompressedBodiesAreBounded(t *testing.T) {
 	srv := redistest.Start(t)
 	sc := startBinary(t, payConfig(up.URL, srv.Addr, "  record_format: 3\n  compression: zstd\nlimits:\n  max_buffered_bytes: 1048576\n  principal_share: 25%\n"))
 	ctx := context.Background()
-	st := claim.New(srv.Client(), "idem:")
+	st := redisstore.New(srv.Client(), "idem:")
 	plant := func(key string, inflated int) {
 		t.Helper()
 		if r, b := postAnswer(t, sc.Client+"/payments", key, `{}`); r.StatusCode != http.StatusCreated {
 			t.Fatalf("first attempt: %d %s", r.StatusCode, b)
 		}
-		rkey := st.Key("alice", proxy.KeyScope("pay", false), key)
+		rkey := st.Codec().Key("alice", proxy.KeyScope("pay", false), key)
 		raw, err := srv.Client().Get(ctx, rkey).Bytes()
 		if err != nil {
 			t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -52,19 +53,19 @@ func (memUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // allocHandler is the handler on the embedded store, behind memUpstream,
 // with a discarded log and unregistered metrics.
-func allocHandler(t testing.TB) (*proxy.Handler, *claim.Store) {
+func allocHandler(t testing.TB) (*proxy.Handler, *redisstore.Store) {
 	t.Helper()
-	emb, err := claim.StartEmbedded()
+	emb, err := redisstore.StartEmbedded()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Close)
-	client, err := claim.NewClient(claim.ClientOptions{Addrs: []string{emb.Addr()}})
+	client, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{emb.Addr()}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { client.Close() })
-	store := claim.New(client, "idem:")
+	store := redisstore.New(client, "idem:")
 	t.Cleanup(store.Close)
 	cfg := proxy.TestConfig("http://127.0.0.1:1")
 	cfg.Routes = []proxy.Route{route("pay", "POST /payments")}
@@ -107,7 +108,7 @@ func TestAllocationBudget(t *testing.T) {
 	n := 0
 	storeFirst := testing.AllocsPerRun(200, func() {
 		n++
-		key := store.Key("alice", "pay", "s"+strconv.Itoa(n))
+		key := store.Codec().Key("alice", "pay", "s"+strconv.Itoa(n))
 		rec := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: "r"}
 		rec.Token[0] = byte(n)
 		if _, err := store.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
@@ -119,7 +120,7 @@ func TestAllocationBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	replayKey := store.Key("alice", "pay", "s1")
+	replayKey := store.Codec().Key("alice", "pay", "s1")
 	storeReplay := testing.AllocsPerRun(200, func() {
 		rec := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: "r"}
 		if res, err := store.Claim(ctx, replayKey, rec, 10*time.Second, claim.Quota{}); err != nil || res.Claimed {

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/internal/syncbuf"
@@ -34,7 +35,7 @@ type env struct {
 	redis *redistest.Server
 	// rdb is a client of the store, for looking at Redis directly.
 	rdb      redis.UniversalClient
-	store    *claim.Store
+	store    *redisstore.Store
 	upstream *httptest.Server
 	ledger   *ledger
 	front    *httptest.Server
@@ -111,7 +112,7 @@ type setup struct {
 	proxy.Config
 	WaitReplicas int
 	WaitTimeout  time.Duration
-	// StoreOptions are passed to claim.New (sealing, key secret).
+	// StoreOptions are passed to redisstore.New (sealing, key secret).
 	StoreOptions []claim.Option
 	// WaitSafetyPoll is proxy.Options.WaitSafetyPoll.
 	WaitSafetyPoll time.Duration
@@ -134,23 +135,23 @@ func newEnv(t testing.TB, app http.HandlerFunc, mutate func(*setup)) *env {
 		return newEnvOn(t, redistest.Start(t), app, mutate)
 	}
 	t.Logf("redis-server not found: running on the embedded store (set %s=1 to require Redis)", redistest.RequireEnv)
-	emb, err := claim.StartEmbedded()
+	emb, err := redisstore.StartEmbedded()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(emb.Close)
-	return newEnvStore(t, nil, claim.ClientOptions{Addrs: []string{emb.Addr()}}, app, mutate)
+	return newEnvStore(t, nil, redisstore.ClientOptions{Addrs: []string{emb.Addr()}}, app, mutate)
 }
 
 // newEnvOn is newEnv on a given redis-server.
 func newEnvOn(t testing.TB, srv *redistest.Server, app http.HandlerFunc, mutate func(*setup)) *env {
 	t.Helper()
-	return newEnvStore(t, srv, claim.ClientOptions{Addrs: []string{srv.Addr}}, app, mutate)
+	return newEnvStore(t, srv, redisstore.ClientOptions{Addrs: []string{srv.Addr}}, app, mutate)
 }
 
 // newEnvStore is newEnv on any Redis deployment (Cluster, Sentinel); srv
 // may be nil when there is no single server.
-func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions, app http.HandlerFunc, mutate func(*setup)) *env {
+func newEnvStore(t testing.TB, srv *redistest.Server, store redisstore.ClientOptions, app http.HandlerFunc, mutate func(*setup)) *env {
 	t.Helper()
 	e := &env{t: t, ledger: &ledger{}, redis: srv, reg: prometheus.NewRegistry(), logs: &syncbuf.Buffer{}}
 	e.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -168,7 +169,7 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions,
 		mutate(cfg)
 	}
 	e.prefix = "idem:"
-	client, err := claim.NewClient(store)
+	client, err := redisstore.NewClient(store)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +179,7 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store claim.ClientOptions,
 	if cfg.WaitReplicas > 0 {
 		opts = append(opts, claim.WithWait(cfg.WaitReplicas, cfg.WaitTimeout, func(op string) { e.waitShort.Add(1) }))
 	}
-	e.store = claim.New(client, e.prefix, opts...)
+	e.store = redisstore.New(client, e.prefix, opts...)
 	t.Cleanup(e.store.Close)
 	var out io.Writer = e.logs
 	if os.Getenv("IDEMPROXY_TEST_LOG") == "1" {
@@ -242,7 +243,7 @@ func (e *env) probeFingerprint() claim.Fingerprint {
 	if first := e.do(req{user: "alice", key: "probe", body: `{}`}); first.status != http.StatusCreated {
 		e.t.Fatal(first.status)
 	}
-	probe, _, err := e.store.Get(context.Background(), e.store.Key("alice", proxy.KeyScope("pay", false), "probe"))
+	probe, _, err := e.store.Get(context.Background(), e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "probe"))
 	if err != nil || probe == nil {
 		e.t.Fatal(err)
 	}

@@ -110,7 +110,7 @@ func (x *exchange) decide() *reply {
 		return rep
 	}
 	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, in.body)
-	x.hashedKey, x.idemKey = x.h.store.Key(x.principal, x.rt.scope, in.key), in.key
+	x.hashedKey, x.idemKey = x.h.codec.Key(x.principal, x.rt.scope, in.key), in.key
 	if len(in.legacy) > 0 {
 		if rep := x.useLegacyKey(in.legacy); rep != nil {
 			return rep
@@ -179,7 +179,7 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) *reply {
 	for attempt := 0; ; attempt++ {
 		res, err := x.claim(rec)
 		if errors.Is(err, claim.ErrLeaseLost) && attempt < maxOrphanSettles {
-			// Made, then freed before it was confirmed (claim.Store.Claim):
+			// Made, then freed before it was confirmed (redisstore.Store.Claim):
 			// claim again, under a new token, so that nothing fenced on
 			// the freed claim's token can touch the new one.
 			_, _ = io.ReadFull(x.h.rand, rec.Token[:])
@@ -219,7 +219,7 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) *reply {
 			}
 		}
 		existing, ttl := res.Existing, res.TTL
-		if existing.State == claim.InProgress && x.h.store.SameRequest(existing, rec.Fingerprint) && !existing.Orphaned(ttl) && time.Now().Before(waitUntil) {
+		if existing.State == claim.InProgress && x.h.codec.SameRequest(existing, rec.Fingerprint) && !existing.Orphaned(ttl) && time.Now().Before(waitUntil) {
 			existing, ttl, err = x.wait(waitUntil)
 			if err != nil {
 				return x.storeFailed("get", err, nil)
@@ -237,7 +237,7 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) *reply {
 			}
 			continue // freed, or changed under us: claim again
 		}
-		if x.h.store.SameRequest(existing, rec.Fingerprint) && existing.Orphaned(ttl) && attempt < maxOrphanSettles {
+		if x.h.codec.SameRequest(existing, rec.Fingerprint) && existing.Orphaned(ttl) && attempt < maxOrphanSettles {
 			if rep := x.settleOrphan(existing); rep != nil {
 				return rep
 			}
@@ -255,7 +255,7 @@ func (x *exchange) ownOrAnswer(rec *claim.Record, body []byte) *reply {
 // nil when existing may be acted on as it is: not orphaned, or its owner
 // gone.
 func (x *exchange) ownerAlive(existing, rec *claim.Record, ttl time.Duration) *reply {
-	if existing.State != claim.InProgress || !x.h.store.SameRequest(existing, rec.Fingerprint) {
+	if existing.State != claim.InProgress || !x.h.codec.SameRequest(existing, rec.Fingerprint) {
 		return nil
 	}
 	gone, wait := x.h.liveness.see(x.hashedKey, existing, max(x.rt.settings.Lease, existing.Lease))
@@ -324,7 +324,7 @@ func (x *exchange) claim(rec *claim.Record) (claim.Result, error) {
 	x.forwardBy = rec.Created.Add(claim.ConfirmWindow(s.Lease))
 	var q claim.Quota
 	if s.QuotaNewKeys > 0 {
-		q = claim.Quota{Key: x.h.store.QuotaKey(x.principal, x.rt.scope), Limit: s.QuotaNewKeys, Window: s.QuotaWindow}
+		q = claim.Quota{Key: x.h.codec.QuotaKey(x.principal, x.rt.scope), Limit: s.QuotaNewKeys, Window: s.QuotaWindow}
 	}
 	// Not the request's context: a client that hangs up cannot unsend a
 	// SET already written, and cancelling it would only turn a claim
@@ -363,7 +363,7 @@ func (x *exchange) clearUnforwarded(ghost *claim.Record) *reply {
 func (x *exchange) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl time.Duration) *reply {
 	x.linkTo(rec)
 	switch {
-	case !x.h.store.SameRequest(rec, fp):
+	case !x.h.codec.SameRequest(rec, fp):
 		return refuse(outcomeMismatch, probMismatch.with("this idempotency key was first used with a different method, path, query, body or fingerprinted header"))
 	case rec.State == claim.InProgress:
 		return x.inProgress("retry after the time in Retry-After; the first attempt is still running", ttl)
@@ -461,7 +461,7 @@ func (x *exchange) wait(until time.Time) (*claim.Record, time.Duration, error) {
 		select {
 		case <-ctx.Done():
 			return nil, 0, ctx.Err()
-		case <-watch.C:
+		case <-watch.C():
 		case <-timer.C:
 		}
 		var rec *claim.Record

@@ -16,7 +16,7 @@ import (
 // A client that says when it first sent a request lets the proxy tell: a
 // new claim (no record) for a request first sent longer ago than the
 // route's retention, or before the store's current epoch began (it lost
-// its data then: claim/epoch.go), cannot be told from one whose record is
+// its data then: claim/redisstore/epoch.go), cannot be told from one whose record is
 // gone, so it is refused 412 and nothing is forwarded. The client then
 // reconciles (looks the resource up) instead of paying twice.
 //

@@ -64,7 +64,7 @@ func TestFirstSent(t *testing.T) {
 	if _, err := e.store.CheckEpochs(ctx); err != nil {
 		t.Fatal(err)
 	}
-	epoch, err := e.store.EpochStart(ctx, e.store.Key("alice", proxy.KeyScope("pay", false), "x"))
+	epoch, err := e.store.EpochStart(ctx, e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "x"))
 	if err != nil || time.Since(epoch) > time.Minute {
 		t.Fatalf("epoch after the loss: %v %v, want about now", epoch, err)
 	}

@@ -388,7 +388,7 @@ func TestStaleOwnerCannotComplete(t *testing.T) {
 		<-release
 		created(w, r)
 	}, nil)
-	key := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
+	key := e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "k")
 	done := make(chan resp)
 	go func() { done <- e.do(req{user: "alice", key: "k", body: `{}`}) }()
 	poll.Until(t, "the first attempt holds the claim", func() bool { return e.ledger.Total() == 1 })
@@ -483,7 +483,7 @@ func TestSidecarDeathAfterClaim(t *testing.T) {
 	e := newEnv(t, created, func(c *setup) { c.Routes[0].Lease = time.Second })
 	// The same request body and path as the probe's, another key.
 	dead := &claim.Record{State: claim.InProgress, Created: time.Now(), Fingerprint: e.probeFingerprint()}
-	key := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
+	key := e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "k")
 	if res, err := e.store.Claim(context.Background(), key, dead, time.Second, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("dead sidecar's claim: %+v %v", res, err)
 	}
@@ -718,7 +718,7 @@ func TestOversizedHeadersAreNotStored(t *testing.T) {
 	if first.status != http.StatusCreated || first.header.Get("X-Big-3") != big || first.body != `{"ok":true}` {
 		t.Fatalf("first attempt: %d, %d-byte header, %q; want the whole answer", first.status, len(first.header.Get("X-Big-3")), first.body)
 	}
-	rec, _, err := e.store.Get(context.Background(), e.store.Key("alice", proxy.KeyScope("pay", false), "k"))
+	rec, _, err := e.store.Get(context.Background(), e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "k"))
 	if err != nil || rec == nil || !rec.BodyOmitted || len(rec.Header) != 0 || len(rec.Body) != 0 {
 		t.Fatalf("stored record: %+v, %v; want the status only", rec, err)
 	}

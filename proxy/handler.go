@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"cmp"
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -22,32 +21,18 @@ import (
 	"github.com/idemproxy/idemproxy/internal/problemfmt"
 )
 
-// Store is what the proxy needs from the claim store. *claim.Store
-// implements it against Redis.
-type Store interface {
-	Key(principal, scope, key string) string
-	Claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error)
-	QuotaKey(principal, scope string) string
-	Get(ctx context.Context, key string) (*claim.Record, time.Duration, error)
-	Renew(ctx context.Context, key string, rec *claim.Record, lease time.Duration) error
-	Complete(ctx context.Context, key string, rec *claim.Record, retention time.Duration) (claim.Completion, error)
-	SettleOrphan(ctx context.Context, key string, orphan, rec *claim.Record, retention time.Duration) error
-	TakeOver(ctx context.Context, key string, old, rec *claim.Record, lease time.Duration, since time.Time) (time.Time, error)
-	FreeAbsent(ctx context.Context, key string, token claim.Token, since time.Time, after time.Duration) error
-	Release(ctx context.Context, key string, token claim.Token) error
-	ReleaseUnconfirmed(ctx context.Context, key string, token claim.Token) (found bool, err error)
-	ReleaseUnforwarded(ctx context.Context, key string, ghost *claim.Record) error
-	SameRequest(rec *claim.Record, fp claim.Fingerprint) bool
-	Watch(ctx context.Context, key string) *claim.Watch
-	EpochStart(ctx context.Context, key string) (time.Time, error)
-	Since(ctx context.Context, name string, now time.Time) (time.Time, error)
-	StreamStart(ctx context.Context, key string, rec *claim.Record, retention, lease time.Duration) (int, error)
-	StreamAppend(ctx context.Context, key string, token claim.Token, at int, data []byte, lease time.Duration) (int, error)
-	StreamFinish(ctx context.Context, key string, token claim.Token, end claim.StreamEnd, at int) error
-	StreamRead(ctx context.Context, key string, from, max int) (claim.StreamPart, error)
-}
+// Store is what the proxy needs of a backend (claim.Store): the
+// protocol's operations on a key, its Codec, and its spans' names.
+type Store = claim.Store
 
-var _ Store = (*claim.Store)(nil)
+// codecOf is store's Codec (nil without a store: a Handler built only to
+// check a configuration).
+func codecOf(store Store) *claim.Codec {
+	if store == nil {
+		return nil
+	}
+	return store.Codec()
+}
 
 // Header names idemproxy sets.
 const (
@@ -91,10 +76,6 @@ type Options struct {
 	// TraceTrustNone. Another peer's is at most a link: it never makes the
 	// span sampled, and its tracestate and baggage are dropped.
 	TraceTrust TraceTrust
-	// StoreAddress is the Redis host:port store spans name as
-	// server.address and server.port (the first configured address); empty
-	// leaves them out.
-	StoreAddress string
 	// Version is the instrumentation scope version of the spans: the
 	// build's version. Empty leaves it unset.
 	Version string
@@ -115,6 +96,8 @@ const defaultBodyReadTimeout = 30 * time.Second
 // claim protocol, everything else streams straight to the upstream.
 type Handler struct {
 	store Store
+	// codec is the store's: key derivation and fingerprint comparison.
+	codec *claim.Codec
 	// routes is swapped whole by Reload; a request uses the routes it
 	// matched against from start to end.
 	routes          atomic.Pointer[router]
@@ -193,6 +176,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		return nil, err
 	}
 	h := &Handler{
+		codec:           codecOf(store),
 		store:           store,
 		id:              newIdentity(cfg.Identity, &http.Client{Timeout: jwksFetchTimeout}),
 		upstream:        cfg.Upstream,
@@ -206,7 +190,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		rand:            opts.Rand,
 		bodyTimeout:     cfg.BodyReadTimeout,
 		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, defaultWaitSafetyPoll),
-		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.StoreAddress, opts.TraceTrust, opts.Version),
+		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.TraceTrust, opts.Version),
 		owners:          claimAges{started: map[*owner]time.Time{}, now: time.Now},
 		passUpgrades:    slices.Clone(cfg.PassThroughUpgrades),
 		problems:        cfg.Problems,
@@ -234,7 +218,14 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	if h.rand == nil {
 		h.rand = rand.Reader
 	}
-	transport := opts.Transport
+	h.connect(opts.Transport)
+	return h, nil
+}
+
+// connect sets up what reaches the upstream through transport: the
+// forwarders (trusted peers and others) and the client of auth checks;
+// nil is NewTransport().
+func (h *Handler) connect(transport http.RoundTripper) {
 	if transport == nil {
 		transport = NewTransport()
 	}
@@ -252,7 +243,6 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	}
 	h.trustedPeer = h.newForwarder(base, transport, true)
 	h.otherPeer = h.newForwarder(base, transport, false)
-	return h, nil
 }
 
 // Reload replaces the routes and their settings. Requests in flight finish

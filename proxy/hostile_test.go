@@ -122,7 +122,7 @@ func TestInvalidJSONWithIgnoredFields(t *testing.T) {
 
 func TestForeignRecordUnderOurPrefix(t *testing.T) {
 	e := newEnv(t, created, nil)
-	key := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
+	key := e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "k")
 	rdb := e.rdb
 	if err := rdb.Set(context.Background(), key, "not ours", time.Hour).Err(); err != nil {
 		t.Fatal(err)

@@ -269,12 +269,12 @@ func TestOrphanedClaimIsSettledInFailMode(t *testing.T) {
 	if r := e.do(req{user: "alice", key: "probe", body: `{}`}); r.status != http.StatusCreated {
 		t.Fatal(r.status)
 	}
-	probe, _, err := e.store.Get(ctx, e.store.Key("alice", proxy.KeyScope("pay", false), "probe"))
+	probe, _, err := e.store.Get(ctx, e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "probe"))
 	if err != nil || probe == nil {
 		t.Fatal(err)
 	}
 	dead := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: "dead-owner", Fingerprint: probe.Fingerprint, Tail: time.Hour}
-	key := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
+	key := e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "k")
 	if res, err := e.store.Claim(ctx, key, dead, time.Second, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("dead sidecar's claim: %+v %v", res, err)
 	}

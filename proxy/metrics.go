@@ -228,7 +228,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	// Series that exist from the start make rate() and absent-based alerts
 	// work before the first error.
 	for _, s := range storeOps {
-		m.storeErrors.WithLabelValues(s.op)
+		m.storeErrors.WithLabelValues(s)
 	}
 	for _, r := range []string{"ok", "lost", "error"} {
 		m.renewals.WithLabelValues(r)

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -122,7 +122,7 @@ func TestPooledBodiesNeverReachAnotherRequest(t *testing.T) {
 		return c, err
 	}
 	srv := redistest.Start(t)
-	client, err := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}})
+	client, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{srv.Addr}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestPooledBodiesNeverReachAnotherRequest(t *testing.T) {
 	pay := testRoute("pay", "POST /payments")
 	pay.MaxRequestBody = 2 << 20
 	cfg.Routes = []Route{pay}
-	h, err := New(cfg, claim.New(client, "t:"), Options{Transport: transport, Logger: slog.New(slog.DiscardHandler)})
+	h, err := New(cfg, redisstore.New(client, "t:"), Options{Transport: transport, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -239,7 +239,7 @@ func absentMargin(s *Route) time.Duration { return s.Lease }
 // first attempt's claim) not asked about within the lookup's timeout.
 func (x *exchange) reconcilable(existing, rec *claim.Record, ttl time.Duration) (since time.Time, ok bool) {
 	rc := x.rt.settings.Reconcile
-	if rc == nil || !x.h.store.SameRequest(existing, rec.Fingerprint) {
+	if rc == nil || !x.h.codec.SameRequest(existing, rec.Fingerprint) {
 		return time.Time{}, false
 	}
 	if existing.State == claim.InProgress {
@@ -527,7 +527,7 @@ func (h *Handler) ReconcileKey(ctx context.Context, routeName, principal, key st
 	if rt == nil || rt.settings.Reconcile == nil {
 		return "", 0, nil, fmt.Errorf("route %q does not reconcile", routeName)
 	}
-	hashed := h.store.Key(principal, rt.scope, key)
+	hashed := h.codec.Key(principal, rt.scope, key)
 	existing, ttl, err := h.store.Get(ctx, hashed)
 	if err != nil {
 		return "", 0, nil, err

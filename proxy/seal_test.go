@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -40,7 +41,7 @@ func TestSealedRecordsEndToEnd(t *testing.T) {
 	if first.status != http.StatusCreated || !strings.Contains(first.header.Get("Set-Cookie"), "s3ss10n-k") {
 		t.Fatalf("first attempt: %d %v; want 201 with the session cookie", first.status, first.header)
 	}
-	rkey := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
+	rkey := e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "k")
 	raw, err := e.rdb.Get(ctx, rkey).Bytes()
 	if err != nil {
 		t.Fatalf("the record is not where the keyed derivation says: %v", err)
@@ -69,9 +70,9 @@ func TestSealedRecordsEndToEnd(t *testing.T) {
 	}
 	// Forge: a completed record planted under the public, unkeyed hash of
 	// the victim's next key is never found.
-	public := claim.New(e.rdb, e.prefix)
+	public := redisstore.New(e.rdb, e.prefix)
 	planted := &claim.Record{State: claim.InProgress, Created: time.Now()}
-	pk := public.Key("alice", proxy.KeyScope("pay", false), "next")
+	pk := public.Codec().Key("alice", proxy.KeyScope("pay", false), "next")
 	public.Claim(ctx, pk, planted, time.Minute, claim.Quota{})
 	done := *planted
 	done.State, done.Status, done.Body, done.Completed = claim.Completed, 201, []byte(`{"charged":true}`), time.Now()

@@ -10,33 +10,11 @@ import (
 // and traces it (storeSpan); op is one of storeOps, whose error series
 // exist from the start.
 
-// storeOps are the store operations, the values of the op label, each with
-// the Redis command it sends, which names its span (the database semantic
-// conventions): a read is GET, the claim and every fenced write a Lua
-// script. A new operation is one line here.
-var storeOps = []struct{ op, command string }{
-	{"claim", "EVALSHA"},
-	{"get", "GET"},
-	{"renew", "EVALSHA"},
-	{"complete", "EVALSHA"},
-	{"release", "EVALSHA"},
-	{"epoch", "EVALSHA"},
-	{"take_over", "EVALSHA"},
-	{"free_absent", "EVALSHA"},
-	{"stream_start", "EVALSHA"},
-	{"stream_append", "EVALSHA"},
-	{"stream_end", "EVALSHA"},
-	{"stream_read", "EVALSHA"},
-}
-
-// storeCommand is the Redis command store operation op sends.
-func storeCommand(op string) string {
-	for _, s := range storeOps {
-		if s.op == op {
-			return s.command
-		}
-	}
-	return "EVALSHA"
+// storeOps are the store operations, the values of the op label. A new
+// operation is one line here; the store names its span (claim.Span).
+var storeOps = []string{
+	"claim", "get", "renew", "complete", "release", "epoch", "take_over",
+	"free_absent", "stream_start", "stream_append", "stream_end", "stream_read",
 }
 
 // storeOp runs store operation op (one of storeOps) with ctx, timed and

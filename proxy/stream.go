@@ -601,7 +601,7 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64,
 		case <-cut.C:
 			x.log().Warn("stream follower cut: the stream ran past upstream.timeout + late_answer_window", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
 			return claim.StreamAborted
-		case <-watch.C:
+		case <-watch.C():
 		case <-timer.C:
 		}
 		part, err := x.readStream(ctx, at)

@@ -379,7 +379,7 @@ func TestFollowerOfAStuckStreamIsCut(t *testing.T) {
 		c.UpstreamTimeout, c.LateAnswerWindow = time.Second, time.Second
 	})
 	ctx := context.Background()
-	key := e.store.Key("alice", proxy.KeyScope("pay", false), "stuck")
+	key := e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "stuck")
 	owner := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: "stuck", Fingerprint: e.probeFingerprint()}
 	if res, err := e.store.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("claim: %+v %v", res, err)
@@ -578,7 +578,7 @@ func TestStreamLongerThanItsRouteStoresIsUnreadable(t *testing.T) {
 	})
 	ctx := context.Background()
 	plant := func(name string, chunks ...string) (string, claim.Record, int) {
-		key := e.store.Key("alice", proxy.KeyScope("pay", false), name)
+		key := e.store.Codec().Key("alice", proxy.KeyScope("pay", false), name)
 		owner := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: name, Fingerprint: e.probeFingerprint()}
 		if res, err := e.store.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
 			t.Fatalf("claim: %+v %v", res, err)

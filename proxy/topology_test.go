@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -18,13 +18,13 @@ import (
 // The concurrency guarantee on the deployments users scale out to.
 func TestConcurrentDuplicatesOnTopologies(t *testing.T) {
 	t.Parallel() // on its own store and servers; mostly waiting: runs beside the others (go test ./... time)
-	for name, start := range map[string]func(t *testing.T) claim.ClientOptions{
-		"cluster": func(t *testing.T) claim.ClientOptions {
-			return claim.ClientOptions{Addrs: redistest.StartCluster(t, 3, 1).Addrs()}
+	for name, start := range map[string]func(t *testing.T) redisstore.ClientOptions{
+		"cluster": func(t *testing.T) redisstore.ClientOptions {
+			return redisstore.ClientOptions{Addrs: redistest.StartCluster(t, 3, 1).Addrs()}
 		},
-		"sentinel": func(t *testing.T) claim.ClientOptions {
+		"sentinel": func(t *testing.T) redisstore.ClientOptions {
 			s := redistest.StartSentinel(t, 1)
-			return claim.ClientOptions{Addrs: s.SentinelAddrs(), MasterName: s.MasterName}
+			return redisstore.ClientOptions{Addrs: s.SentinelAddrs(), MasterName: s.MasterName}
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -60,26 +60,26 @@ func TestFailover(t *testing.T) {
 	t.Run("sentinel", func(t *testing.T) {
 		t.Parallel() // each on its own topology; the load loops are bounded in time
 		topo := redistest.StartSentinel(t, 1)
-		failover(t, claim.ClientOptions{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, 0, topo.Master, topo.Replicas[0])
+		failover(t, redisstore.ClientOptions{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, 0, topo.Master, topo.Replicas[0])
 	})
 	t.Run("sentinel with wait_replicas 1", func(t *testing.T) {
 		t.Parallel() // each on its own topology; the load loops are bounded in time
 		topo := redistest.StartSentinel(t, 1)
-		failover(t, claim.ClientOptions{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, 1, topo.Master, topo.Replicas[0])
+		failover(t, redisstore.ClientOptions{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName}, 1, topo.Master, topo.Replicas[0])
 	})
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel() // each on its own topology; the load loops are bounded in time
 		topo := redistest.StartCluster(t, 3, 1)
-		failover(t, claim.ClientOptions{Addrs: topo.Addrs()}, 0, topo.Masters[0], topo.Replicas[0])
+		failover(t, redisstore.ClientOptions{Addrs: topo.Addrs()}, 0, topo.Masters[0], topo.Replicas[0])
 	})
 	t.Run("cluster with wait_replicas 1", func(t *testing.T) {
 		t.Parallel() // each on its own topology; the load loops are bounded in time
 		topo := redistest.StartCluster(t, 3, 1)
-		failover(t, claim.ClientOptions{Addrs: topo.Addrs()}, 1, topo.Masters[0], topo.Replicas[0])
+		failover(t, redisstore.ClientOptions{Addrs: topo.Addrs()}, 1, topo.Masters[0], topo.Replicas[0])
 	})
 }
 
-func failover(t *testing.T, store claim.ClientOptions, waitReplicas int, master, replica *redistest.Server) {
+func failover(t *testing.T, store redisstore.ClientOptions, waitReplicas int, master, replica *redistest.Server) {
 	e := newEnvStore(t, nil, store, created, func(c *setup) {
 		c.Routes[0].Lease = 2 * time.Second
 		c.WaitReplicas = waitReplicas

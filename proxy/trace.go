@@ -45,8 +45,6 @@ const (
 type tracing struct {
 	tracer     trace.Tracer
 	propagator propagation.TextMapPropagator
-	// storeAttrs name the Redis server on every store span.
-	storeAttrs []attribute.KeyValue
 	trust      TraceTrust
 }
 
@@ -55,7 +53,7 @@ func (t *tracing) trusts(trustedPeer bool) bool {
 	return t.trust == TraceTrustAll || t.trust == TraceTrustTrustedPeers && trustedPeer
 }
 
-func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, storeAddr string, trust TraceTrust, version string) *tracing {
+func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, trust TraceTrust, version string) *tracing {
 	if tp == nil {
 		return nil
 	}
@@ -67,10 +65,6 @@ func newTracing(tp trace.TracerProvider, prop propagation.TextMapPropagator, sto
 		scope = append(scope, trace.WithInstrumentationVersion(version))
 	}
 	t := &tracing{tracer: tp.Tracer(tracerName, scope...), propagator: prop, trust: trust}
-	// db.namespace: idemproxy's keys live in database 0, the only one a
-	// Cluster has (the database semantic conventions name it by index).
-	t.storeAttrs = append(t.storeAttrs, semconv.DBSystemNameRedis, semconv.DBNamespace("0"))
-	t.storeAttrs = append(t.storeAttrs, hostPort(storeAddr, "")...)
 	return t
 }
 
@@ -264,7 +258,8 @@ func (x *exchange) linkTo(rec *claim.Record) {
 }
 
 // storeSpan records store operation op, which started at start and ended
-// now with err, as a client span named after the Redis command it sent.
+// now with err, as a client span the store describes (claim.Span: named
+// after what it sent, with its attributes).
 // A lost lease is an answer, not a failure; every other error marks the
 // span with error.type and an error status.
 func (x *exchange) storeSpan(op string, start time.Time, err error) {
@@ -272,15 +267,12 @@ func (x *exchange) storeSpan(op string, start time.Time, err error) {
 		return
 	}
 	t := x.h.tracing
-	cmd := storeCommand(op)
-	_, sp := t.tracer.Start(x.r.Context(), cmd,
+	d := x.h.store.Span(op)
+	_, sp := t.tracer.Start(x.r.Context(), d.Name,
 		trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithTimestamp(start),
-		trace.WithAttributes(t.storeAttrs...),
-		trace.WithAttributes(
-			semconv.DBOperationName(cmd),
-			attribute.String("idemproxy.store.operation", op),
-		))
+		trace.WithAttributes(d.Attributes...),
+		trace.WithAttributes(attribute.String("idemproxy.store.operation", op)))
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
 		sp.SetAttributes(semconv.ErrorTypeKey.String(storeErrorType(err)))
 		sp.SetStatus(codes.Error, err.Error())

@@ -293,7 +293,7 @@ func TestNewKeyQuota(t *testing.T) {
 	if n := e.ledger.Total(); n != 4 {
 		t.Fatalf("upstream executed %d times, want 4 (three for alice, one for bob)", n)
 	}
-	noKey, _, _ := e.store.Get(context.Background(), e.store.Key("alice", proxy.KeyScope("pay", false), "k4"))
+	noKey, _, _ := e.store.Get(context.Background(), e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "k4"))
 	if noKey != nil {
 		t.Fatal("the refused key left a claim behind")
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -51,7 +52,7 @@ func TestClaimsThatNeverForwarded(t *testing.T) {
 			if tc.unknown == proxy.Fail {
 				dead.Tail = time.Hour
 			}
-			key := e.store.Key("alice", proxy.KeyScope("pay", false), "k")
+			key := e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "k")
 			if err := e.store.PlantUnconfirmed(context.Background(), key, dead, time.Second); err != nil {
 				t.Fatalf("dead sidecar's claim: %v", err)
 			}
@@ -115,7 +116,7 @@ func TestClaimsThatNeverReachedRedis(t *testing.T) {
 	}
 	dead := ln.Addr().String()
 	ln.Close() // nothing listens here now: connections are refused
-	e := newEnvStore(t, nil, claim.ClientOptions{Addrs: []string{dead}}, created, nil)
+	e := newEnvStore(t, nil, redisstore.ClientOptions{Addrs: []string{dead}}, created, nil)
 	for i := range 20 {
 		r := e.do(req{user: "alice", key: fmt.Sprint("k", i), body: `{}`})
 		if r.status != http.StatusServiceUnavailable || !strings.Contains(r.body, "store-unavailable") {

@@ -252,7 +252,7 @@ func (x *exchange) holdAs(principal string) *reply {
 // It returns the reply when the store failed.
 func (x *exchange) useLegacyKey(keys []legacyKey) *reply {
 	for _, k := range keys {
-		legacy := x.h.store.Key(x.principal, k.scope, k.key)
+		legacy := x.h.codec.Key(x.principal, k.scope, k.key)
 		if k.key == "" || legacy == x.hashedKey || !x.h.keyChanges[k.change].reading(x, keyChangeMarkers[k.change]) {
 			continue
 		}

@@ -103,10 +103,10 @@ func TestWebhookKeysOfThePreviousReleases(t *testing.T) {
 			if status != http.StatusCreated {
 				t.Fatalf("first delivery: %d %s", status, first)
 			}
-			now := e.store.Key("webhook:github", proxy.KeyScope("github-events", false), eventKey(digest, "check_run"))
-			old := e.store.Key("webhook:github", proxy.KeyScope("github-events", tc.shared), "dlv-1")
+			now := e.store.Codec().Key("webhook:github", proxy.KeyScope("github-events", false), eventKey(digest, "check_run"))
+			old := e.store.Codec().Key("webhook:github", proxy.KeyScope("github-events", tc.shared), "dlv-1")
 			if tc.v06 {
-				old = e.store.Key("webhook:github", proxy.KeyScope("github-events", false), digest)
+				old = e.store.Codec().Key("webhook:github", proxy.KeyScope("github-events", false), digest)
 			}
 			if err := e.rdb.Rename(ctx, now, old).Err(); err != nil {
 				t.Fatalf("the delivery is not stored under its body's SHA-256 with its event, scoped by route: %v", err)

@@ -1,4 +1,4 @@
-package claim_test
+package redisstore_test
 
 import (
 	"context"
@@ -15,8 +15,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 )
 
 func benchRecord() *claim.Record {
@@ -46,10 +48,10 @@ func BenchmarkRecordDecode(b *testing.B) {
 }
 
 func BenchmarkKey(b *testing.B) {
-	s := claim.New(nil, "idem:")
+	s := redisstore.New(nil, "idem:")
 	b.ReportAllocs()
 	for b.Loop() {
-		s.Key("user-12345", "route\x00create-payment", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+		s.Codec().Key("user-12345", "route\x00create-payment", "8e03978e-40d5-43e8-bc93-6894a57f9324")
 	}
 }
 
@@ -62,13 +64,13 @@ func BenchmarkClaimComplete(b *testing.B) {
 }
 
 // claimComplete claims and completes a fresh key per iteration.
-func claimComplete(b *testing.B, s *claim.Store) {
+func claimComplete(b *testing.B, s *redisstore.Store) {
 	ctx := context.Background()
 	done := benchRecord()
 	i := 0
 	for b.Loop() {
 		i++
-		key := s.Key("bench", "route", strconv.Itoa(i))
+		key := s.Codec().Key("bench", "route", strconv.Itoa(i))
 		rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
 		rec.Token[0] = byte(i)
 		if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
@@ -87,13 +89,13 @@ func BenchmarkClaimCompleteWait(b *testing.B) {
 	for _, wait := range []int{0, 1} {
 		b.Run("wait_replicas="+strconv.Itoa(wait), func(b *testing.B) {
 			topo := redistest.StartSentinel(b, 1)
-			c, _ := claim.NewClient(claim.ClientOptions{Addrs: []string{topo.Master.Addr}})
+			c, _ := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{topo.Master.Addr}})
 			defer c.Close()
 			var opts []claim.Option
 			if wait > 0 {
 				opts = append(opts, claim.WithWait(wait, 100*time.Millisecond, func(string) { b.Error("WAIT short") }))
 			}
-			s := claim.New(c, "bench:", opts...)
+			s := redisstore.New(c, "bench:", opts...)
 			if err := s.Preload(context.Background()); err != nil {
 				b.Fatal(err)
 			}
@@ -115,7 +117,7 @@ func BenchmarkParallelClaim(b *testing.B) {
 		b.SetParallelism(16)
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				key := s.Key("bench", "route", strconv.FormatInt(seq.Add(1), 36))
+				key := s.Codec().Key("bench", "route", strconv.FormatInt(seq.Add(1), 36))
 				rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
 				if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
 					b.Fatal(res, err)
@@ -124,7 +126,7 @@ func BenchmarkParallelClaim(b *testing.B) {
 		})
 	})
 	b.Run("completed", func(b *testing.B) {
-		key := s.Key("bench", "route", "done")
+		key := s.Codec().Key("bench", "route", "done")
 		done := benchRecord()
 		if _, err := s.Claim(ctx, key, &claim.Record{State: claim.InProgress, Token: done.Token}, 10*time.Second, claim.Quota{}); err != nil {
 			b.Fatal(err)
@@ -155,10 +157,10 @@ func BenchmarkParallelPairs(b *testing.B) {
 	for _, on := range []bool{true, false} {
 		b.Run("pipeline="+strconv.FormatBool(on), func(b *testing.B) {
 			srv := redistest.Start(b)
-			c, _ := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}})
+			c, _ := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{srv.Addr}})
 			defer c.Close()
 			var batches, ops atomic.Int64
-			s := claim.New(c, "bench:", claim.WithPipeline(on), claim.WithBatchObserver(func(n int) {
+			s := redisstore.New(c, "bench:", claim.WithPipeline(on), claim.WithBatchObserver(func(n int) {
 				batches.Add(1)
 				ops.Add(int64(n))
 			}))
@@ -174,7 +176,7 @@ func BenchmarkParallelPairs(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					i := seq.Add(1)
-					key := s.Key("bench", "route", strconv.FormatInt(i, 36))
+					key := s.Codec().Key("bench", "route", strconv.FormatInt(i, 36))
 					rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
 					binary.LittleEndian.PutUint64(rec.Token[:], uint64(i))
 					if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
@@ -213,11 +215,11 @@ func redisCPU(b *testing.B, c redis.UniversalClient) time.Duration {
 }
 
 // benchStore is a Store on a fresh redis-server, scripts preloaded.
-func benchStore(b *testing.B) *claim.Store {
+func benchStore(b *testing.B) *redisstore.Store {
 	srv := redistest.Start(b)
-	c, _ := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}})
+	c, _ := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{srv.Addr}})
 	b.Cleanup(func() { c.Close() })
-	s := claim.New(c, "bench:")
+	s := redisstore.New(c, "bench:")
 	if err := s.Preload(context.Background()); err != nil {
 		b.Fatal(err)
 	}
@@ -237,17 +239,17 @@ func BenchmarkWatchWake(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		key := s.Key("bench", "watch", strconv.Itoa(i))
+		key := s.Codec().Key("bench", "watch", strconv.Itoa(i))
 		rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
 		rec.Token[0] = byte(i)
 		if _, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
 			b.Fatal(err)
 		}
 		w := s.Watch(ctx, key)
-		<-w.C // live
+		<-w.C() // live
 		got := make(chan time.Time)
 		go func() {
-			<-w.C
+			<-w.C()
 			if r, _, err := s.Get(ctx, key); err != nil || r == nil || r.State != claim.Completed {
 				b.Error("woken before the record was completed", r, err)
 			}
@@ -298,20 +300,20 @@ func BenchmarkPipelines(b *testing.B) {
 	srv := redistest.Start(b)
 	modes := []struct {
 		name string
-		make func(b *testing.B) *claim.Store
+		make func(b *testing.B) *redisstore.Store
 	}{
-		{"own", func(b *testing.B) *claim.Store {
-			c, _ := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}})
+		{"own", func(b *testing.B) *redisstore.Store {
+			c, _ := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{srv.Addr}})
 			b.Cleanup(func() { c.Close() })
-			return claim.New(c, "bench:", claim.WithPipeline(true))
+			return redisstore.New(c, "bench:", claim.WithPipeline(true))
 		}},
-		{"none", func(b *testing.B) *claim.Store {
-			c, _ := claim.NewClient(claim.ClientOptions{Addrs: []string{srv.Addr}})
+		{"none", func(b *testing.B) *redisstore.Store {
+			c, _ := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{srv.Addr}})
 			b.Cleanup(func() { c.Close() })
-			return claim.New(c, "bench:", claim.WithPipeline(false))
+			return redisstore.New(c, "bench:", claim.WithPipeline(false))
 		}},
-		{"autopipeline", func(b *testing.B) *claim.Store { return apStore(b, srv.Addr, false) }},
-		{"autopipeline-fullduplex", func(b *testing.B) *claim.Store { return apStore(b, srv.Addr, true) }},
+		{"autopipeline", func(b *testing.B) *redisstore.Store { return apStore(b, srv.Addr, false) }},
+		{"autopipeline-fullduplex", func(b *testing.B) *redisstore.Store { return apStore(b, srv.Addr, true) }},
 	}
 	var seq atomic.Int64 // keys are never reused, across runs
 	for _, conc := range []int{1, 32, 256} {
@@ -324,7 +326,7 @@ func BenchmarkPipelines(b *testing.B) {
 				done := benchRecord()
 				op := func() {
 					ctx := context.Background()
-					key := s.Key("bench", "pipelines", strconv.FormatInt(seq.Add(1), 36))
+					key := s.Codec().Key("bench", "pipelines", strconv.FormatInt(seq.Add(1), 36))
 					rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
 					if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
 						b.Fatal(res, err)
@@ -357,7 +359,7 @@ func BenchmarkPipelines(b *testing.B) {
 	}
 }
 
-func apStore(b *testing.B, addr string, fullDuplex bool) *claim.Store {
+func apStore(b *testing.B, addr string, fullDuplex bool) *redisstore.Store {
 	opts := redis.DefaultBlockingAutoPipelineOptions()
 	opts.FullDuplex = fullDuplex
 	c := redis.NewClient(&redis.Options{Addr: addr, Protocol: 2, AutoPipelineOptions: opts})
@@ -366,7 +368,7 @@ func apStore(b *testing.B, addr string, fullDuplex bool) *claim.Store {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return claim.New(apClient{Client: c, ap: ap}, "bench:", claim.WithPipeline(false))
+	return redisstore.New(apClient{Client: c, ap: ap}, "bench:", claim.WithPipeline(false))
 }
 
 // processCPU is this process' user and system CPU time so far.

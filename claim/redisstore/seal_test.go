@@ -1,4 +1,4 @@
-package claim_test
+package redisstore_test
 
 import (
 	"bytes"
@@ -12,6 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/contract"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 )
 
 func newKey(t *testing.T) []byte {
@@ -20,27 +22,27 @@ func newKey(t *testing.T) []byte {
 	return k
 }
 
-func sealed(t *testing.T, c redis.UniversalClient, prefix string, required bool, keys ...[]byte) *claim.Store {
+func sealed(t *testing.T, c redis.UniversalClient, prefix string, required bool, keys ...[]byte) *redisstore.Store {
 	t.Helper()
 	opt, err := claim.WithSealing(keys, required, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return claim.New(c, prefix, opt)
+	return redisstore.New(c, prefix, opt)
 }
 
 // A sealed record holds no plaintext of the response, opens only under its
 // own Redis key, and refuses edits.
-func testSealedRecords(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
+func testSealedRecords(t *testing.T, c redis.UniversalClient, _ *redisstore.Store) {
 	ctx := context.Background()
 	prefix := "seal:" + t.Name() + ":"
 	s := sealed(t, c, prefix, false, newKey(t))
-	key := s.Key("alice", "route", "k1")
-	rec := newRecord(t)
+	key := s.Codec().Key("alice", "route", "k1")
+	rec := contract.NewRecord(t)
 	if _, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
-	done := completed(rec, `{"card":"4242-secret-body"}`)
+	done := contract.Completed(rec, `{"card":"4242-secret-body"}`)
 	if _, err := s.Complete(ctx, key, done, time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +67,7 @@ func testSealedRecords(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 		t.Errorf("tampered record: %v, want a tampered ErrCorrupt", err)
 	}
 	// Moved: the intact value under another key does not open.
-	other := s.Key("alice", "route", "k2")
+	other := s.Codec().Key("alice", "route", "k2")
 	c.Set(ctx, other, raw, time.Hour)
 	if _, _, err := s.Get(ctx, other); !errors.Is(err, claim.ErrCorrupt) {
 		t.Errorf("record moved to another key: %v, want ErrCorrupt", err)
@@ -80,27 +82,27 @@ func testSealedRecords(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 // Keys rotate: records sealed with k1 open once k2 is added in front;
 // once k1 is dropped they are unreadable, never re-executed (ErrCorrupt,
 // not "absent").
-func testKeyRotation(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
+func testKeyRotation(t *testing.T, c redis.UniversalClient, _ *redisstore.Store) {
 	ctx := context.Background()
 	prefix := "rot:" + t.Name() + ":"
 	k1, k2 := newKey(t), newKey(t)
 	secret := newKey(t)
-	with := func(keys ...[]byte) *claim.Store {
+	with := func(keys ...[]byte) *redisstore.Store {
 		opt, err := claim.WithSealing(keys, false, secret)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return claim.New(c, prefix, opt)
+		return redisstore.New(c, prefix, opt)
 	}
 	s1 := with(k1)
-	key := s1.Key("alice", "route", "k")
-	rec := newRecord(t)
+	key := s1.Codec().Key("alice", "route", "k")
+	rec := contract.NewRecord(t)
 	s1.Claim(ctx, key, rec, time.Minute, claim.Quota{})
-	if _, err := s1.Complete(ctx, key, completed(rec, "old"), time.Hour); err != nil {
+	if _, err := s1.Complete(ctx, key, contract.Completed(rec, "old"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	s12 := with(k2, k1)
-	if s12.Key("alice", "route", "k") != key {
+	if s12.Codec().Key("alice", "route", "k") != key {
 		t.Fatal("with a key_secret_file, rotation must not move keys")
 	}
 	if got, _, err := s12.Get(ctx, key); err != nil || string(got.Body) != "old" {
@@ -110,7 +112,7 @@ func testKeyRotation(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 	if _, _, err := s2.Get(ctx, key); !errors.Is(err, claim.ErrCorrupt) || !strings.Contains(err.Error(), claim.ReasonUnknownKey) {
 		t.Fatalf("k1 record after dropping k1: %v, want unknown_key", err)
 	}
-	res, err := s2.Claim(ctx, key, newRecord(t), time.Minute, claim.Quota{})
+	res, err := s2.Claim(ctx, key, contract.NewRecord(t), time.Minute, claim.Quota{})
 	if res.Claimed || !errors.Is(err, claim.ErrCorrupt) {
 		t.Fatalf("claim over the unreadable record: %+v, %v; want ErrCorrupt, not a claim", res, err)
 	}
@@ -118,18 +120,18 @@ func testKeyRotation(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 
 // Without the secret, nobody computes where a key lives: a record planted
 // under the unkeyed hash is never found.
-func testSecretKeyDerivation(t *testing.T, c redis.UniversalClient, plain *claim.Store) {
+func testSecretKeyDerivation(t *testing.T, c redis.UniversalClient, plain *redisstore.Store) {
 	s := sealed(t, c, "test:"+t.Name()+":", false, newKey(t))
-	forged := claim.New(c, "test:"+t.Name()+":")
-	if s.Key("alice", "route", "k") == forged.Key("alice", "route", "k") {
+	forged := redisstore.New(c, "test:"+t.Name()+":")
+	if s.Codec().Key("alice", "route", "k") == forged.Codec().Key("alice", "route", "k") {
 		t.Fatal("the keyed derivation equals the public one")
 	}
 	ctx := context.Background()
-	rec := newRecord(t)
-	fk := forged.Key("alice", "route", "k")
+	rec := contract.NewRecord(t)
+	fk := forged.Codec().Key("alice", "route", "k")
 	forged.Claim(ctx, fk, rec, time.Minute, claim.Quota{})
-	forged.Complete(ctx, fk, completed(rec, "planted"), time.Hour)
-	res, err := s.Claim(ctx, s.Key("alice", "route", "k"), newRecord(t), time.Minute, claim.Quota{})
+	forged.Complete(ctx, fk, contract.Completed(rec, "planted"), time.Hour)
+	res, err := s.Claim(ctx, s.Codec().Key("alice", "route", "k"), contract.NewRecord(t), time.Minute, claim.Quota{})
 	if err != nil || !res.Claimed {
 		t.Fatalf("the victim's first claim = %+v, %v; want claimed, the planted record unseen", res, err)
 	}
@@ -137,19 +139,19 @@ func testSecretKeyDerivation(t *testing.T, c redis.UniversalClient, plain *claim
 
 // With encryption required, a record written before it was enabled is
 // unreadable rather than trusted.
-func testSealingRequired(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
+func testSealingRequired(t *testing.T, c redis.UniversalClient, _ *redisstore.Store) {
 	ctx := context.Background()
 	prefix := "req:" + t.Name() + ":"
 	k, secret := newKey(t), newKey(t)
 	opt, _ := claim.WithSealing([][]byte{k}, false, secret)
-	optional := claim.New(c, prefix, opt)
-	key := optional.Key("alice", "route", "k")
-	c.Set(ctx, key, completed(newRecord(t), "plain").Encode(), time.Hour)
+	optional := redisstore.New(c, prefix, opt)
+	key := optional.Codec().Key("alice", "route", "k")
+	c.Set(ctx, key, contract.Completed(contract.NewRecord(t), "plain").Encode(), time.Hour)
 	if got, _, err := optional.Get(ctx, key); err != nil || string(got.Body) != "plain" {
 		t.Fatalf("unsealed record, encryption optional: %+v, %v", got, err)
 	}
 	opt, _ = claim.WithSealing([][]byte{k}, true, secret)
-	required := claim.New(c, prefix, opt)
+	required := redisstore.New(c, prefix, opt)
 	if _, _, err := required.Get(ctx, key); !errors.Is(err, claim.ErrCorrupt) || !strings.Contains(err.Error(), claim.ReasonUnsealed) {
 		t.Fatalf("unsealed record, encryption required: %v, want unsealed", err)
 	}

@@ -1,10 +1,12 @@
-package claim
+package redisstore
 
 import (
 	"context"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // Waking waiters. A retry that waits for the first attempt's outcome
@@ -21,12 +23,10 @@ import (
 // subscription, the first and those after a reconnect, wakes the channel's
 // waiters too, so that they look at the key once the channel is live.
 
-// Watch wakes a waiter when its key may have changed.
-type Watch struct {
-	// C receives (at most one pending value) when the key may have been
+// keyWatch wakes a waiter when its key may have changed (claim.Watch).
+type keyWatch struct {
+	// c receives (at most one pending value) when the key may have been
 	// settled or freed, and once when the subscription is live.
-	C <-chan struct{}
-
 	c       chan struct{}
 	channel string
 	sub     *subscription
@@ -61,7 +61,7 @@ type subscribeOp struct {
 
 type channelState struct {
 	live    bool // its subscription was confirmed
-	waiters map[*Watch]struct{}
+	waiters map[*keyWatch]struct{}
 }
 
 func newWatcher(client redis.UniversalClient) *watcher {
@@ -80,13 +80,13 @@ func (w *watcher) publishCommand() string {
 // Watch starts watching key; the caller must Stop it. When the key's
 // channel is already live, C is ready at once, so the caller looks at the
 // key without waiting for a message it may have missed.
-func (s *Store) Watch(ctx context.Context, key string) *Watch {
+func (s *Store) Watch(ctx context.Context, key string) claim.Watch {
 	return s.watch.add(ctx, key)
 }
 
-func (w *watcher) add(ctx context.Context, channel string) *Watch {
+func (w *watcher) add(ctx context.Context, channel string) *keyWatch {
 	c := make(chan struct{}, 1)
-	wt := &Watch{C: c, c: c, channel: channel, w: w}
+	wt := &keyWatch{c: c, channel: channel, w: w}
 	node := ""
 	if w.sharded {
 		if m, err := w.client.(*redis.ClusterClient).MasterForKey(ctx, channel); err == nil {
@@ -110,7 +110,7 @@ func (w *watcher) add(ctx context.Context, channel string) *Watch {
 	wt.sub = sub
 	st := sub.channels[channel]
 	if st == nil {
-		st = &channelState{waiters: map[*Watch]struct{}{}}
+		st = &channelState{waiters: map[*keyWatch]struct{}{}}
 		sub.channels[channel] = st
 		sub.ask(subscribeOp{channel, true})
 	}
@@ -121,9 +121,12 @@ func (w *watcher) add(ctx context.Context, channel string) *Watch {
 	return wt
 }
 
+// C receives when the key may have changed.
+func (wt *keyWatch) C() <-chan struct{} { return wt.c }
+
 // Stop ends the watch; the channel is unsubscribed when nobody else
 // watches it.
-func (wt *Watch) Stop() {
+func (wt *keyWatch) Stop() {
 	w := wt.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -185,7 +188,7 @@ func (w *watcher) write(sub *subscription) {
 	}
 }
 
-func (wt *Watch) wake() {
+func (wt *keyWatch) wake() {
 	select {
 	case wt.c <- struct{}{}:
 	default:

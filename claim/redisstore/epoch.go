@@ -1,4 +1,4 @@
-package claim
+package redisstore
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // Data loss, detected. Every master holds an epoch marker under the key
@@ -43,27 +45,11 @@ import (
 // and a loss while no sidecar that had seen the marker was running is
 // taken for a new store.
 
-// Epoch is what is known of one master's epoch.
-type Epoch struct {
-	// Master names the master, as Health does.
-	Master string
-	// Start is when the epoch began, on Redis' clock.
-	Start time.Time
-	// AfterLoss says the epoch began because the store lost its data
-	// (its marker was created by a process that had seen the previous
-	// one); requests first sent before Start are refused. A new store's
-	// first epoch refuses nothing.
-	AfterLoss bool
-	// Lost is set when this look found the marker gone on a master whose
-	// epoch this process had seen before: the store lost its data.
-	Lost bool
-}
-
 // epochState is the epochs this process knows, by master.
 type epochState struct {
 	// mu guards known, markers, checkedDials and checked.
 	mu    sync.Mutex
-	known map[string]Epoch
+	known map[string]claim.Epoch
 	// markers is, on a Cluster, the slot of each master's marker (its
 	// lowest range), by master address.
 	markers      map[string]int
@@ -74,14 +60,7 @@ type epochState struct {
 	gen uint64
 	// onLoss, when set, is called for each master found without its
 	// marker after its epoch was known (the store lost its data).
-	onLoss func(e Epoch)
-}
-
-// WithEpochObserver has observe called for every epoch a look finds:
-// Lost says the store lost its data (a marker this process had seen is
-// gone). Call it before the store is used.
-func WithEpochObserver(observe func(Epoch)) Option {
-	return func(s *Store) { s.epochs.onLoss = observe }
+	onLoss func(e claim.Epoch)
 }
 
 // epochKey is the marker's key on a master one of whose slots is slot
@@ -96,14 +75,14 @@ func (s *Store) epochKey(slot int) string {
 // CheckEpochs looks at every master's marker (creating missing ones) and
 // returns what it found; the store watcher calls it every second, and a
 // claim after a new connection calls it first.
-func (s *Store) CheckEpochs(ctx context.Context) ([]Epoch, error) {
+func (s *Store) CheckEpochs(ctx context.Context) ([]claim.Epoch, error) {
 	dials := s.dials.Load()
 	s.epochs.mu.Lock()
 	gen := s.epochs.gen
 	s.epochs.mu.Unlock()
 	var (
 		mu   sync.Mutex
-		out  []Epoch
+		out  []claim.Epoch
 		errs []error
 	)
 	look := func(ctx context.Context, name string, c redis.Scripter, slot int) {
@@ -167,7 +146,7 @@ func (s *Store) noteMarker(addr string, start int) {
 }
 
 // lookEpoch reads (or creates) one master's marker and records it.
-func (s *Store) lookEpoch(ctx context.Context, name string, c redis.Scripter, slot int) (Epoch, error) {
+func (s *Store) lookEpoch(ctx context.Context, name string, c redis.Scripter, slot int) (claim.Epoch, error) {
 	s.epochs.mu.Lock()
 	_, seen := s.epochs.known[name]
 	s.epochs.mu.Unlock()
@@ -178,20 +157,20 @@ func (s *Store) lookEpoch(ctx context.Context, name string, c redis.Scripter, sl
 	now := strconv.FormatInt(s.now().UnixMicro(), 10)
 	v, err := epochScript.Run(ctx, c, []string{s.epochKey(slot)}, kind, now).Slice()
 	if err != nil {
-		return Epoch{}, err
+		return claim.Epoch{}, err
 	}
 	if len(v) != 2 {
-		return Epoch{}, fmt.Errorf("epoch: unexpected reply %v", v)
+		return claim.Epoch{}, fmt.Errorf("epoch: unexpected reply %v", v)
 	}
 	raw, afterLoss := strings.CutSuffix(strings.TrimSpace(fmt.Sprint(v[1])), ":lost")
 	us, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil {
-		return Epoch{}, fmt.Errorf("epoch marker %q: %w", v[1], err)
+		return claim.Epoch{}, fmt.Errorf("epoch marker %q: %w", v[1], err)
 	}
-	e := Epoch{Master: name, Start: time.UnixMicro(us), AfterLoss: afterLoss}
+	e := claim.Epoch{Master: name, Start: time.UnixMicro(us), AfterLoss: afterLoss}
 	s.epochs.mu.Lock()
 	if s.epochs.known == nil {
-		s.epochs.known = map[string]Epoch{}
+		s.epochs.known = map[string]claim.Epoch{}
 	}
 	prev, seen := s.epochs.known[name]
 	// Lost: this process knew an older epoch of this master, which is
@@ -272,7 +251,7 @@ func (s *Store) epochRead(ctx context.Context, key string) (*redis.StringCmd, st
 // withEpochRead is a claim's commands, with the read of its master's epoch
 // marker after them when rec.ReadEpoch asks for it (epochRead); epoch and
 // master go to noteEpochRead once the commands ran.
-func (s *Store) withEpochRead(ctx context.Context, key string, rec *Record, cmds ...redis.Cmder) (_ []redis.Cmder, epoch *redis.StringCmd, master string) {
+func (s *Store) withEpochRead(ctx context.Context, key string, rec *claim.Record, cmds ...redis.Cmder) (_ []redis.Cmder, epoch *redis.StringCmd, master string) {
 	if !rec.ReadEpoch {
 		return cmds, nil, ""
 	}

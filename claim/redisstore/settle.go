@@ -1,19 +1,20 @@
-package claim
+package redisstore
 
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // Renew extends the owner's lease, for rec's token and tail. It returns
 // ErrLeaseLost when the key is gone or owned by someone else, and nil when
 // the record was already completed by this owner (a renewal racing the
 // completion).
-func (s *Store) Renew(ctx context.Context, key string, rec *Record, lease time.Duration) error {
+func (s *Store) Renew(ctx context.Context, key string, rec *claim.Record, lease time.Duration) error {
 	n, err := s.eval(ctx, renewScript, key, 0, rec.Token[:], (lease + rec.Tail).Milliseconds()).Int64()
 	if err != nil {
 		return s.unavailable("renew", err)
@@ -22,32 +23,21 @@ func (s *Store) Renew(ctx context.Context, key string, rec *Record, lease time.D
 	case 1, -2:
 		return nil
 	default:
-		return fmt.Errorf("renew: %w", ErrLeaseLost)
+		return fmt.Errorf("renew: %w", claim.ErrLeaseLost)
 	}
 }
-
-// Completion says how a Complete was written.
-type Completion int
-
-const (
-	// Stored is the normal case: our in-progress record was replaced.
-	Stored Completion = iota + 1
-	// StoredAfterLapse means our lease had lapsed but nobody had claimed
-	// the key since, so the record was stored anyway.
-	StoredAfterLapse
-)
 
 // Complete replaces the owner's in-progress record with rec (Completed),
 // kept for retention. It returns ErrLeaseLost, writing nothing, when
 // another owner holds the key.
-func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention time.Duration) (Completion, error) {
+func (s *Store) Complete(ctx context.Context, key string, rec *claim.Record, retention time.Duration) (claim.Completion, error) {
 	var buf *[]byte
 	var value []byte
-	if s.seal == nil {
+	if !s.codec.Sealed() {
 		buf = valuePool.Get().(*[]byte)
-		value = s.stored(rec).encodeInto(*buf)
+		value = s.codec.AppendEncoded(*buf, key, rec)
 	} else {
-		value = s.encode(key, rec)
+		value = s.codec.Encode(key, rec)
 	}
 	args := []any{rec.Token[:], value, retention.Milliseconds(), s.watch.publishCommand()}
 	run, wait := s.evalWrite(ctx, completeScript, key, len(value), args...)
@@ -66,11 +56,11 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 	}
 	switch n {
 	case 1, 3:
-		return Stored, nil
+		return claim.Stored, nil
 	case 2:
-		return StoredAfterLapse, nil
+		return claim.StoredAfterLapse, nil
 	default:
-		return 0, fmt.Errorf("complete: %w", ErrLeaseLost)
+		return 0, fmt.Errorf("complete: %w", claim.ErrLeaseLost)
 	}
 }
 
@@ -81,9 +71,9 @@ func (s *Store) Complete(ctx context.Context, key string, rec *Record, retention
 // (gone, completed, claimed by another) or the owner renewed its lease
 // after all (its key's expiry is no longer orphan.Expires, when that was
 // read); the caller then claims again.
-func (s *Store) SettleOrphan(ctx context.Context, key string, orphan *Record, rec *Record, retention time.Duration) error {
-	value := s.encode(key, rec)
-	args := []any{orphan.Token[:], value, retention.Milliseconds(), orphan.Tail.Milliseconds(), s.watch.publishCommand(), expiryArg(orphan), expiryJitter.Milliseconds()}
+func (s *Store) SettleOrphan(ctx context.Context, key string, orphan *claim.Record, rec *claim.Record, retention time.Duration) error {
+	value := s.codec.Encode(key, rec)
+	args := []any{orphan.Token[:], value, retention.Milliseconds(), orphan.Tail.Milliseconds(), s.watch.publishCommand(), expiryArg(orphan), claim.ExpiryJitter.Milliseconds()}
 	run, wait := s.evalWrite(ctx, orphanScript, key, len(value), args...)
 	n, err := run.Int64()
 	if err == nil && n == 1 {
@@ -93,7 +83,7 @@ func (s *Store) SettleOrphan(ctx context.Context, key string, orphan *Record, re
 		return s.unavailable("settle orphan", err)
 	}
 	if n != 1 {
-		return fmt.Errorf("settle orphan: %w", ErrLeaseLost)
+		return fmt.Errorf("settle orphan: %w", claim.ErrLeaseLost)
 	}
 	return nil
 }
@@ -101,13 +91,13 @@ func (s *Store) SettleOrphan(ctx context.Context, key string, orphan *Record, re
 // Release deletes the owner's in-progress record so a retry can claim the
 // key. A key that is already gone is not an error; one owned by someone
 // else, or already completed, is ErrLeaseLost and is left alone.
-func (s *Store) Release(ctx context.Context, key string, token Token) error {
+func (s *Store) Release(ctx context.Context, key string, token claim.Token) error {
 	n, err := s.eval(ctx, releaseScript, key, 0, token[:], s.watch.publishCommand()).Int64()
 	if err != nil {
 		return s.unavailable("release", err)
 	}
 	if n < 0 {
-		return fmt.Errorf("release: %w", ErrLeaseLost)
+		return fmt.Errorf("release: %w", claim.ErrLeaseLost)
 	}
 	return nil
 }
@@ -121,7 +111,7 @@ func (s *Store) Release(ctx context.Context, key string, token Token) error {
 // pipeline's batches: those may be waiting on the very replies that came
 // late, and every moment it waits is one in which a retry elsewhere may
 // find the claim's lease over and settle it as outcome-unknown.
-func (s *Store) ReleaseUnconfirmed(ctx context.Context, key string, token Token) (found bool, err error) {
+func (s *Store) ReleaseUnconfirmed(ctx context.Context, key string, token claim.Token) (found bool, err error) {
 	n, err := releaseScript.Run(ctx, s.client, []string{key}, token[:], s.watch.publishCommand()).Int64()
 	if err != nil {
 		return false, s.unavailable("release", err)
@@ -133,34 +123,30 @@ func (s *Store) ReleaseUnconfirmed(ctx context.Context, key string, token Token)
 // Result.Unforwarded: a claim its owner never forwarded. It is fenced on
 // ghost's token and status slot, so a claim that changed since (renewed,
 // settled, replaced) is left alone and ErrLeaseLost returned.
-func (s *Store) ReleaseUnforwarded(ctx context.Context, key string, ghost *Record) error {
+func (s *Store) ReleaseUnforwarded(ctx context.Context, key string, ghost *claim.Record) error {
 	var slot [2]byte
-	binary.BigEndian.PutUint16(slot[:], ghost.markSlot())
+	binary.BigEndian.PutUint16(slot[:], ghost.MarkSlot())
 	n, err := s.eval(ctx, releaseUnforwardedScript, key, 0, ghost.Token[:], slot[:], s.watch.publishCommand()).Int64()
 	if err != nil {
 		return s.unavailable("release", err)
 	}
 	if n < 0 {
-		return fmt.Errorf("release unforwarded: %w", ErrLeaseLost)
+		return fmt.Errorf("release unforwarded: %w", claim.ErrLeaseLost)
 	}
 	return nil
 }
-
-// ErrStateChanged means Forget found the key in another state than the
-// caller said, and left it alone.
-var ErrStateChanged = errors.New("claim: the record is not in the state given")
 
 // Forget deletes the record under key, only while it is in state: an
 // operator releases a stuck claim (InProgress) or forgets a stored answer
 // (Completed), never the other by mistake. A key that is gone is not an
 // error; one in another state is ErrStateChanged.
-func (s *Store) Forget(ctx context.Context, key string, state State) error {
+func (s *Store) Forget(ctx context.Context, key string, state claim.State) error {
 	n, err := s.eval(ctx, forgetScript, key, 0, int(state), s.watch.publishCommand()).Int64()
 	if err != nil {
 		return s.unavailable("forget", err)
 	}
 	if n < 0 {
-		return fmt.Errorf("forget: %w", ErrStateChanged)
+		return fmt.Errorf("forget: %w", claim.ErrStateChanged)
 	}
 	return nil
 }

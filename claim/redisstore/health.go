@@ -1,4 +1,4 @@
-package claim
+package redisstore
 
 import (
 	"context"
@@ -6,45 +6,22 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
-
-// MasterHealth is what one look at one Redis master found.
-type MasterHealth struct {
-	// Master names the master: its address, or on Sentinel the monitored
-	// master's name. Empty when the deployment could not even be asked
-	// which masters it has (a Cluster whose slot map cannot be loaded).
-	Master string
-	// Err is why the master did not answer; nil when it is up.
-	Err error
-	// MemoryRatio is used_memory over maxmemory; 0 without a maxmemory,
-	// or when the master did not answer.
-	MemoryRatio float64
-	// Sized is set when the master told its size: Keys (every database's
-	// keys, INFO keyspace) and UsedBytes (used_memory). On a Redis shared
-	// with other applications they count theirs too.
-	Sized     bool
-	Keys      int64
-	UsedBytes int64
-	// Clock is this process' clock against the master's (clock.go);
-	// nil when the master did not answer TIME.
-	Clock *ClockReading
-}
-
-// Up reports whether the master answered.
-func (h MasterHealth) Up() bool { return h.Err == nil }
 
 // Health asks every master for its memory and key count (INFO memory
 // keyspace, one round trip each), which is also how it learns which are
 // up, and for its clock (TIME, one more), which is what keeps claims
 // marked (clock.go). The embedded store answers as one master. It is what
 // the store watcher calls every second.
-func (s *Store) Health(ctx context.Context) []MasterHealth {
+func (s *Store) Health(ctx context.Context) []claim.MasterHealth {
 	var (
 		mu  sync.Mutex
-		out []MasterHealth
+		out []claim.MasterHealth
 	)
 	read := func(ctx context.Context, name string, c redis.Cmdable) {
-		h := MasterHealth{Master: name}
+		h := claim.MasterHealth{Master: name}
 		info, err := c.Info(ctx, "memory", "keyspace").Result()
 		var refused redis.Error
 		switch {
@@ -70,10 +47,10 @@ func (s *Store) Health(ctx context.Context) []MasterHealth {
 		mu.Unlock()
 	}
 	if err := s.eachMaster(ctx, read); err != nil && len(out) == 0 {
-		out = append(out, MasterHealth{Err: s.unavailable("cluster slots", err)})
+		out = append(out, claim.MasterHealth{Err: s.unavailable("cluster slots", err)})
 	}
 	answered := len(out) > 0
-	readings := make([]ClockReading, 0, len(out))
+	readings := make([]claim.ClockReading, 0, len(out))
 	for _, h := range out {
 		if h.Clock == nil {
 			answered = false
@@ -108,10 +85,4 @@ func (s *Store) masterLabel() string {
 		return c.Options().Addr
 	}
 	return ""
-}
-
-// WithMasterName names the master a Sentinel deployment monitors, for
-// Health: go-redis' failover client has no address of its own to name it.
-func WithMasterName(name string) Option {
-	return func(s *Store) { s.masterName = name }
 }

@@ -1,4 +1,4 @@
-package claim
+package redisstore
 
 import (
 	"bufio"
@@ -9,13 +9,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-)
 
-// ErrFull means Redis is above the claim memory limit: new claims are
-// refused, so that the claims already in flight still find room to store
-// their outcome (a full noeviction Redis refuses every write, completions
-// included, and a completion refused is a retry that executes again).
-var ErrFull = errors.New("claim: store above its claim memory limit")
+	"github.com/idemproxy/idemproxy/claim"
+)
 
 // SetFull sets whether new claims are refused (ErrFull). Replays, and the
 // completions, renewals and releases of claims in flight, go on.
@@ -23,13 +19,13 @@ func (s *Store) SetFull(full bool) { s.full.Store(full) }
 
 // claimWhenFull answers a claim while the store is full: a key that holds
 // a record is answered from it, as a claim would; a free key is ErrFull.
-func (s *Store) claimWhenFull(ctx context.Context, key string, rec *Record, lease time.Duration) (Result, error) {
+func (s *Store) claimWhenFull(ctx context.Context, key string, rec *claim.Record, lease time.Duration) (claim.Result, error) {
 	raw, err := s.client.Get(ctx, key).Result()
 	switch {
 	case errors.Is(err, redis.Nil):
-		return Result{}, ErrFull
+		return claim.Result{}, claim.ErrFull
 	case err != nil:
-		return Result{}, s.unavailable("claim", err)
+		return claim.Result{}, s.unavailable("claim", err)
 	}
 	return s.found(ctx, key, rec, raw, lease)
 }

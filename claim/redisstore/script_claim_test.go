@@ -1,9 +1,11 @@
-package claim
+package redisstore
 
 import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -28,18 +30,18 @@ func TestScriptClaim(t *testing.T) {
 			if err := c.ScriptFlush(ctx).Err(); err != nil {
 				t.Fatal(err)
 			}
-			key := s.Key("alice", "r", "k")
-			first := &Record{State: InProgress, Created: time.UnixMilli(1)}
+			key := s.Codec().Key("alice", "r", "k")
+			first := &claim.Record{State: claim.InProgress, Created: time.UnixMilli(1)}
 			first.Token[0] = 1
-			if res, err := s.Claim(ctx, key, first, 10*time.Second, Quota{}); err != nil || !res.Claimed || res.pttl <= 0 || res.pttl > 10*time.Second || res.redisNow.IsZero() {
+			if res, err := s.Claim(ctx, key, first, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed || res.PTTL <= 0 || res.PTTL > 10*time.Second || res.ServerNow.IsZero() {
 				t.Fatalf("claim: %+v %v, want claimed with its PTTL and Redis' clock", res, err)
 			}
-			if res, err := s.Claim(ctx, key, first, 10*time.Second, Quota{}); err != nil || !res.Claimed {
+			if res, err := s.Claim(ctx, key, first, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
 				t.Fatalf("resent claim: %+v %v, want claimed", res, err)
 			}
-			second := &Record{State: InProgress, Created: time.UnixMilli(1)}
+			second := &claim.Record{State: claim.InProgress, Created: time.UnixMilli(1)}
 			second.Token[0] = 2
-			res, err := s.Claim(ctx, key, second, 10*time.Second, Quota{})
+			res, err := s.Claim(ctx, key, second, 10*time.Second, claim.Quota{})
 			if err != nil || res.Claimed || res.Existing.Token != first.Token || res.TTL <= 0 {
 				t.Fatalf("conflicting claim: %+v %v, want the first record with its TTL", res, err)
 			}

@@ -1,4 +1,4 @@
-package claim_test
+package redisstore_test
 
 import (
 	"context"
@@ -10,8 +10,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/contract"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 )
 
 // TestWaitReplicas: with WAIT 1 and one replica, claims and completions are
@@ -27,13 +30,13 @@ func TestWaitReplicas(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3, 1)
 	for _, topo := range []struct {
 		name string
-		cfg  claim.ClientOptions
+		cfg  redisstore.ClientOptions
 		// replica returns the replica that follows key's master.
 		replica func(c redis.UniversalClient, key string) *redis.Client
 	}{
-		{"sentinel", claim.ClientOptions{Addrs: sentinel.SentinelAddrs(), MasterName: sentinel.MasterName},
+		{"sentinel", redisstore.ClientOptions{Addrs: sentinel.SentinelAddrs(), MasterName: sentinel.MasterName},
 			func(redis.UniversalClient, string) *redis.Client { return sentinel.Replicas[0].Client() }},
-		{"cluster", claim.ClientOptions{Addrs: cluster.Addrs()},
+		{"cluster", redisstore.ClientOptions{Addrs: cluster.Addrs()},
 			func(c redis.UniversalClient, key string) *redis.Client {
 				master, err := c.(*redis.ClusterClient).MasterForKey(ctx, key)
 				if err != nil {
@@ -48,7 +51,7 @@ func TestWaitReplicas(t *testing.T) {
 				return nil
 			}},
 	} {
-		c, _ := claim.NewClient(topo.cfg)
+		c, _ := redisstore.NewClient(topo.cfg)
 		defer c.Close()
 		for _, flushed := range []bool{false, true} {
 			for _, tc := range []struct {
@@ -57,7 +60,7 @@ func TestWaitReplicas(t *testing.T) {
 			}{{1, map[string]int{}}, {2, map[string]int{"claim": 1, "complete": 1}}} {
 				var mu sync.Mutex
 				short := map[string]int{}
-				s := claim.New(c, "wait:", claim.WithWait(tc.want, 50*time.Millisecond, func(op string) {
+				s := redisstore.New(c, "wait:", claim.WithWait(tc.want, 50*time.Millisecond, func(op string) {
 					mu.Lock()
 					defer mu.Unlock()
 					short[op]++
@@ -68,15 +71,15 @@ func TestWaitReplicas(t *testing.T) {
 					}
 				}
 				what := fmt.Sprintf("%s, script cache flushed %v, wait_replicas=%d with one replica", topo.name, flushed, tc.want)
-				key := s.Key("alice", "r", time.Now().String())
-				rec := newRecord(t)
+				key := s.Codec().Key("alice", "r", time.Now().String())
+				rec := contract.NewRecord(t)
 				if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
 					t.Fatalf("%s: claim: %+v %v", what, res, err)
 				}
 				if len(tc.wantShort) == 0 && !onReplica(ctx, topo.replica(c, key), key) {
 					t.Errorf("%s: an acknowledged claim is not on the replica", what)
 				}
-				if _, err := s.Complete(ctx, key, completed(rec, "x"), time.Hour); err != nil {
+				if _, err := s.Complete(ctx, key, contract.Completed(rec, "x"), time.Hour); err != nil {
 					t.Fatalf("%s: complete: %v", what, err)
 				}
 				mu.Lock()
@@ -92,17 +95,17 @@ func TestWaitReplicas(t *testing.T) {
 	// master's replica down, every claim and completion of its keys is
 	// short, even though the other masters' replicas are up (a WAIT sent to
 	// one of them would count its replica and report nothing).
-	c, _ := claim.NewClient(claim.ClientOptions{Addrs: cluster.Addrs()})
+	c, _ := redisstore.NewClient(redisstore.ClientOptions{Addrs: cluster.Addrs()})
 	defer c.Close()
 	var mu sync.Mutex
 	short := map[string]int{}
-	s := claim.New(c, "wait-down:", claim.WithWait(1, 50*time.Millisecond, func(op string) {
+	s := redisstore.New(c, "wait-down:", claim.WithWait(1, 50*time.Millisecond, func(op string) {
 		mu.Lock()
 		defer mu.Unlock()
 		short[op]++
 	}))
 	cc := c.(*redis.ClusterClient)
-	first, err := cc.MasterForKey(ctx, s.Key("alice", "r", "k0"))
+	first, err := cc.MasterForKey(ctx, s.Codec().Key("alice", "r", "k0"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,16 +116,16 @@ func TestWaitReplicas(t *testing.T) {
 	}
 	const keys = 6
 	for i, n := 0, 0; n < keys; i++ {
-		key := s.Key("alice", "r", fmt.Sprintf("k%d", i))
+		key := s.Codec().Key("alice", "r", fmt.Sprintf("k%d", i))
 		if m, err := cc.MasterForKey(ctx, key); err != nil || m.Options().Addr != first.Options().Addr {
 			continue // another shard's key
 		}
 		n++
-		rec := newRecord(t)
+		rec := contract.NewRecord(t)
 		if res, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil || !res.Claimed {
 			t.Fatalf("claim with the shard's replica down: %+v %v", res, err)
 		}
-		if _, err := s.Complete(ctx, key, completed(rec, "x"), time.Hour); err != nil {
+		if _, err := s.Complete(ctx, key, contract.Completed(rec, "x"), time.Hour); err != nil {
 			t.Fatalf("complete with the shard's replica down: %v", err)
 		}
 	}
@@ -149,14 +152,14 @@ func onReplica(ctx context.Context, replica *redis.Client, key string) bool {
 func TestSentinelAuth(t *testing.T) {
 	topo := redistest.StartSentinelAuth(t, 1, "data-pw", "sentinel-pw")
 	ctx := context.Background()
-	claimOnce := func(cfg claim.ClientOptions) error {
-		c, _ := claim.NewClient(cfg)
+	claimOnce := func(cfg redisstore.ClientOptions) error {
+		c, _ := redisstore.NewClient(cfg)
 		defer c.Close()
-		s := claim.New(c, "auth:")
-		_, err := s.Claim(ctx, s.Key("alice", "r", time.Now().String()), newRecord(t), 10*time.Second, claim.Quota{})
+		s := redisstore.New(c, "auth:")
+		_, err := s.Claim(ctx, s.Codec().Key("alice", "r", time.Now().String()), contract.NewRecord(t), 10*time.Second, claim.Quota{})
 		return err
 	}
-	base := claim.ClientOptions{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName, Password: "data-pw"}
+	base := redisstore.ClientOptions{Addrs: topo.SentinelAddrs(), MasterName: topo.MasterName, Password: "data-pw"}
 	withSentinel := base
 	withSentinel.SentinelPassword = "sentinel-pw"
 	if err := claimOnce(withSentinel); err != nil {

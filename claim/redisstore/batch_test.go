@@ -1,4 +1,4 @@
-package claim
+package redisstore
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
 
 	"github.com/redis/go-redis/v9"
 
@@ -173,15 +175,15 @@ func TestBatchOnADeadConnection(t *testing.T) {
 		}
 	}
 	srv.Restart()
-	s := &Store{client: c, prefix: "dead:", batch: h.b}
+	s := &Store{client: c, codec: claim.NewCodec("dead:"), prefix: "dead:", batch: h.b}
 	poll.Until(t, "Redis answers again", func() bool { return s.Ping(ctx) == nil })
 	var wg sync.WaitGroup
 	var failed atomic.Int32
 	for g := range 16 {
 		wg.Go(func() {
-			rec := &Record{State: InProgress, Created: time.Now()}
+			rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
 			rec.Token[0] = byte(g)
-			if res, err := s.Claim(ctx, s.Key("p", "r", fmt.Sprint(g)), rec, time.Minute, Quota{}); err != nil || !res.Claimed {
+			if res, err := s.Claim(ctx, s.Codec().Key("p", "r", fmt.Sprint(g)), rec, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
 				failed.Add(1)
 			}
 		})

@@ -1,4 +1,4 @@
-package claim
+package redisstore
 
 import "github.com/redis/go-redis/v9"
 

@@ -1,4 +1,4 @@
-package claim
+package redisstore
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // Clocks, for telling a claim that was never forwarded (mark.go).
@@ -17,18 +19,12 @@ import (
 // is from Redis': an owner marks its claims (MarkClaimed, which is what
 // lets a later attempt free one) only while it has measured, recently and
 // without a step of its own wall clock since, that its clock is within
-// maxClockOffset of every master's. Each measurement is one TIME round
+// MaxClockOffset of every master's. Each measurement is one TIME round
 // trip: Redis read its clock somewhere between the moments the command
 // was sent and answered, so the offset lies in an interval as wide as the
 // round trip. A measurement is good when the whole interval is within
-// maxClockOffset, bad when none of it is, and tells nothing otherwise (a
+// MaxClockOffset, bad when none of it is, and tells nothing otherwise (a
 // slow reply): it then neither confirms nor withdraws the last good one.
-
-// maxClockOffset is how far a sidecar's clock may be from Redis' while it
-// marks its claims. NTP keeps hosts within milliseconds; a host further
-// off than this stops marking (its claims are then never freed early:
-// 409s, or outcome-unknown, instead) until it is back within it.
-const maxClockOffset = 500 * time.Millisecond
 
 const (
 	// clockValid is how long one good measurement lets claims be
@@ -39,22 +35,6 @@ const (
 	// setting the time) before that measurement stops counting.
 	clockStep = 20 * time.Millisecond
 )
-
-// ClockReading is one master's clock against this process', from one TIME
-// round trip.
-type ClockReading struct {
-	// Min and Max bound this process' clock minus the master's.
-	Min, Max time.Duration
-}
-
-// Good reports that the whole interval is within maxClockOffset.
-func (c ClockReading) Good() bool { return -maxClockOffset <= c.Min && c.Max <= maxClockOffset }
-
-// Bad reports that none of the interval is within maxClockOffset.
-func (c ClockReading) Bad() bool { return c.Min > maxClockOffset || c.Max < -maxClockOffset }
-
-// Offset is the middle of the interval.
-func (c ClockReading) Offset() time.Duration { return (c.Min + c.Max) / 2 }
 
 // clockState is what the last measurements said. Its zero value marks
 // nothing until a good measurement.
@@ -70,21 +50,21 @@ type clockState struct {
 }
 
 // readClock measures one master's clock with TIME.
-func readClock(ctx context.Context, c redis.Cmdable, now func() time.Time) (ClockReading, error) {
+func readClock(ctx context.Context, c redis.Cmdable, now func() time.Time) (claim.ClockReading, error) {
 	sent := now()
 	t, err := c.Time(ctx).Result()
 	answered := now()
 	if err != nil {
-		return ClockReading{}, err
+		return claim.ClockReading{}, err
 	}
 	// The process' clock read sent before Redis read t, and answered
 	// after it.
-	return ClockReading{Min: sent.Sub(t.Round(0)), Max: answered.Sub(t.Round(0))}, nil
+	return claim.ClockReading{Min: sent.Sub(t.Round(0)), Max: answered.Sub(t.Round(0))}, nil
 }
 
 // noteClocks takes one pass over the masters: good when every master
 // answered with a good reading, bad when any answered with a bad one.
-func (s *Store) noteClocks(readings []ClockReading, answered bool, end time.Time) {
+func (s *Store) noteClocks(readings []claim.ClockReading, answered bool, end time.Time) {
 	good := answered && len(readings) > 0
 	bad := false
 	for _, r := range readings {
@@ -103,11 +83,11 @@ func (s *Store) noteClocks(readings []ClockReading, answered bool, end time.Time
 
 // CheckClocks measures this process' clock against every master's, as the
 // store watcher does every second (Health): claims are marked only while
-// a recent measurement was good (see maxClockOffset).
+// a recent measurement was good (see MaxClockOffset).
 func (s *Store) CheckClocks(ctx context.Context) {
 	var (
 		mu       sync.Mutex
-		readings []ClockReading
+		readings []claim.ClockReading
 		answered = true
 	)
 	read := func(ctx context.Context, _ string, c redis.Cmdable) {

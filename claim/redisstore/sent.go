@@ -1,4 +1,4 @@
-package claim
+package redisstore
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"net"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // Claims that provably wrote nothing. A claim whose reply never came may
@@ -71,5 +73,5 @@ func (s *Store) notSent(before sendState, err error) error {
 	if before.conns || s.dials.Load() != before.dials || s.sendState().conns {
 		return err
 	}
-	return fmt.Errorf("%w: %w", ErrNotSent, err)
+	return fmt.Errorf("%w: %w", claim.ErrNotSent, err)
 }

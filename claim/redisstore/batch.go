@@ -1,13 +1,14 @@
-package claim
+package redisstore
 
 import (
 	"context"
-	"errors"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // Group commit. Every store operation is a short list of commands on one
@@ -94,7 +95,7 @@ func (b *batcher) do(ctx context.Context, size int, cmds ...redis.Cmder) error {
 		// Already sent: the batch will signal p.done when go-redis is done
 		// with it, resends included; p is not reused, so that signal
 		// reaches only whoever waits on the error's channel.
-		return &sendingError{err: ctx.Err(), done: p.done}
+		return &claim.SendingError{Err: ctx.Err(), Done: p.done}
 	}
 }
 
@@ -179,27 +180,3 @@ type deadlineOnly struct {
 }
 
 func (c deadlineOnly) Deadline() (time.Time, bool) { return c.deadline, true }
-
-// sendingError is a caller's context ending while its commands are still
-// on their way: go-redis may yet send them, or send them again after a
-// broken connection, until done receives.
-type sendingError struct {
-	err  error
-	done <-chan struct{}
-}
-
-func (e *sendingError) Error() string { return e.err.Error() }
-func (e *sendingError) Unwrap() error { return e.err }
-
-// StillSending returns, for an error of a store operation whose commands
-// may still be sent (its context ended while they were in a pipeline on
-// its way), a channel that receives once they no longer can; nil
-// otherwise. A claim's cleanup looks for the claim often until then: not
-// finding it yet does not mean it will not land.
-func StillSending(err error) <-chan struct{} {
-	var se *sendingError
-	if errors.As(err, &se) {
-		return se.done
-	}
-	return nil
-}

@@ -1,131 +1,35 @@
-package claim_test
+package redisstore_test
 
 import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/idemproxy/idemproxy/internal/redistest"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/redistest"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/internal/poll"
+	"github.com/idemproxy/idemproxy/claim/contract"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
 )
-
-// A streamed record (issue 44) replaces its owner's claim only, takes
-// appends fenced on the owner's token and the stored length (a resent
-// append is a no-op), is read by anyone from any offset, ends once, and
-// counts as aborted once its owner's lease runs out on Redis' clock: no
-// append lands after that.
-func testStreamedRecords(t *testing.T, _ redis.UniversalClient, s *claim.Store) {
-	ctx := context.Background()
-	key := s.Key("alice", "chat", "k1")
-	owner := newRecord(t)
-	if res, err := s.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
-		t.Fatalf("claim = %+v, %v", res, err)
-	}
-	head := *owner
-	head.State, head.Status = claim.Streamed, 200
-	head.Header = http.Header{"Content-Type": {"text/event-stream"}}
-	stranger := head
-	stranger.Token[0]++
-	if _, err := s.StreamStart(ctx, key, &stranger, time.Hour, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
-		t.Fatalf("a stream started by another token = %v, want ErrLeaseLost", err)
-	}
-	at, err := s.StreamStart(ctx, key, &head, time.Hour, 300*time.Millisecond)
-	if err != nil || at <= 0 {
-		t.Fatalf("StreamStart = %d, %v", at, err)
-	}
-	if again, err := s.StreamStart(ctx, key, &head, time.Hour, time.Minute); err != nil || again != at {
-		t.Fatalf("a resent StreamStart = %d, %v; want %d, nil", again, err, at)
-	}
-	n, err := s.StreamAppend(ctx, key, head.Token, at, []byte("data: 1\n\n"), time.Minute)
-	if err != nil || n != at+9 {
-		t.Fatalf("append = %d, %v", n, err)
-	}
-	if again, err := s.StreamAppend(ctx, key, head.Token, at, []byte("data: 1\n\n"), time.Minute); err != nil || again != n {
-		t.Fatalf("the same append resent = %d, %v; want %d (a no-op)", again, err, n)
-	}
-	if _, err := s.StreamAppend(ctx, key, stranger.Token, n, []byte("x"), time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
-		t.Fatalf("an append by another token = %v, want ErrLeaseLost", err)
-	}
-	var le *claim.StreamLengthError
-	if _, err := s.StreamAppend(ctx, key, head.Token, n+1, []byte("x"), time.Minute); !errors.As(err, &le) || le.Len != n {
-		t.Fatalf("an append at the wrong length = %v, want StreamLengthError{%d}", err, n)
-	}
-	if err := s.Renew(ctx, key, owner, time.Minute); err != nil {
-		t.Fatalf("the old claim's renewal racing the stream = %v, want nil (as after a completion)", err)
-	}
-	rec, _, err := s.Get(ctx, key)
-	if err != nil || rec.State != claim.Streamed || rec.StreamEnd != claim.StreamRunning || string(rec.Body) != "data: 1\n\n" ||
-		rec.Status != 200 || rec.Header.Get("Content-Type") != "text/event-stream" || rec.RequestID != "req-1" || rec.StreamLen != n || rec.AliveUntil.IsZero() {
-		t.Fatalf("Get = %+v, %v", rec, err)
-	}
-	if rec.Orphaned(0) {
-		t.Fatal("a streamed record counts as an orphan")
-	}
-	part, err := s.StreamRead(ctx, key, at+6, 100)
-	if err != nil || string(part.Data) != "1\n\n" || part.Len != n || part.End != claim.StreamRunning {
-		t.Fatalf("StreamRead = %+v, %v", part, err)
-	}
-	if err := s.Release(ctx, key, head.Token); !errors.Is(err, claim.ErrLeaseLost) {
-		t.Fatalf("releasing a stream = %v, want ErrLeaseLost (never freed)", err)
-	}
-	if err := s.StreamFinish(ctx, key, head.Token, claim.StreamEnded, n+1); err == nil {
-		t.Fatal("a normal end at the wrong length was recorded")
-	}
-	if err := s.StreamFinish(ctx, key, head.Token, claim.StreamEnded, n); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.StreamAppend(ctx, key, head.Token, n, []byte("late"), time.Minute); !errors.Is(err, claim.ErrStreamOver) {
-		t.Fatalf("an append after the end = %v, want ErrStreamOver", err)
-	}
-	rec, ttl, err := s.Get(ctx, key)
-	if err != nil || rec.StreamEnd != claim.StreamEnded || rec.Completed.IsZero() || ttl < 50*time.Minute {
-		t.Fatalf("after the end: %+v ttl %s, %v", rec, ttl, err)
-	}
-
-	// The owner's lease runs out: readers take the stream for aborted,
-	// and the owner's next append does not land.
-	key2 := s.Key("alice", "chat", "k2")
-	o2 := newRecord(t)
-	if _, err := s.Claim(ctx, key2, o2, time.Minute, claim.Quota{}); err != nil {
-		t.Fatal(err)
-	}
-	h2 := *o2
-	h2.State, h2.Status = claim.Streamed, 200
-	at2, err := s.StreamStart(ctx, key2, &h2, time.Hour, 100*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	poll.Until(t, "the stream's owner lease runs out", func() bool {
-		p, err := s.StreamRead(ctx, key2, at2, 10)
-		return err == nil && p.End == claim.StreamAborted
-	})
-	if _, err := s.StreamAppend(ctx, key2, h2.Token, at2, []byte("late"), time.Minute); !errors.Is(err, claim.ErrStreamOver) {
-		t.Fatalf("an append after the lease ran out = %v, want ErrStreamOver", err)
-	}
-	if rec, _, err := s.Get(ctx, key2); err != nil || rec.StreamEnd != claim.StreamAborted || len(rec.Body) != 0 {
-		t.Fatalf("after the lease ran out: %+v, %v", rec, err)
-	}
-}
 
 // On a sealing store a streamed record seals its head and each chunk as
 // it is stored: the raw value holds none of the answer, readers get every
 // chunk opened as it lands (one longer than a read's bound whole), and a
 // value moved to another key, a frame edited, dropped or moved, or an end
 // byte set by hand over a stream that broke off does not open.
-func testSealedStreams(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
+func testSealedStreams(t *testing.T, c redis.UniversalClient, _ *redisstore.Store) {
 	ctx := context.Background()
 	s := sealed(t, c, "sealstream:"+t.Name()+":", false, newKey(t))
 	start := func(k string) (string, claim.Record, int) {
 		t.Helper()
-		key := s.Key("alice", "chat", k)
-		owner := newRecord(t)
+		key := s.Codec().Key("alice", "chat", k)
+		owner := contract.NewRecord(t)
 		if res, err := s.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
 			t.Fatalf("claim = %+v, %v", res, err)
 		}
@@ -203,7 +107,7 @@ func testSealedStreams(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 	tampered("a chunk's byte flipped", flip)
 	dropped := append(bytes.Clone(raw[:at]), raw[n1:]...)
 	tampered("the first chunk dropped", dropped)
-	other := s.Key("alice", "chat", "moved")
+	other := s.Codec().Key("alice", "chat", "moved")
 	c.Set(ctx, other, raw, time.Hour)
 	if _, _, err := s.Get(ctx, other); !errors.Is(err, claim.ErrCorrupt) {
 		t.Errorf("a sealed stream moved to another key: %v, want ErrCorrupt", err)
@@ -236,13 +140,13 @@ func testSealedStreams(t *testing.T, c redis.UniversalClient, _ *claim.Store) {
 
 	// Without the keys a sealed stream is unreadable; a store that
 	// requires sealing refuses a plain one.
-	plain := claim.New(c, "sealstream:"+t.Name()+":")
+	plain := redisstore.New(c, "sealstream:"+t.Name()+":")
 	if _, err := plain.StreamRead(ctx, key, at, 100); !errors.Is(err, claim.ErrCorrupt) {
 		t.Errorf("a sealed stream read without keys = %v, want ErrCorrupt", err)
 	}
 	strict := sealed(t, c, "sealstream:"+t.Name()+":", true, newKey(t))
-	pkey := plain.Key("alice", "chat", "plain")
-	po := newRecord(t)
+	pkey := plain.Codec().Key("alice", "chat", "plain")
+	po := contract.NewRecord(t)
 	plain.Claim(ctx, pkey, po, time.Minute, claim.Quota{})
 	ph := *po
 	ph.State, ph.Status = claim.Streamed, 200
@@ -263,10 +167,10 @@ func TestStreamReadLimit(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	defer c.Close()
 	ctx := context.Background()
-	s := claim.New(c, "idem:")
+	s := redisstore.New(c, "idem:")
 	defer s.Close()
-	key := s.Key("alice", "chat", "long")
-	owner := newRecord(t)
+	key := s.Codec().Key("alice", "chat", "long")
+	owner := contract.NewRecord(t)
 	if res, err := s.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("claim = %+v, %v", res, err)
 	}
@@ -280,9 +184,9 @@ func TestStreamReadLimit(t *testing.T) {
 	if _, err := s.StreamAppend(ctx, key, head.Token, at, []byte(strings.Repeat("x", 4096)), time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	limited := claim.New(c, "idem:", claim.WithStreamReadLimit(1024))
+	limited := redisstore.New(c, "idem:", claim.WithStreamReadLimit(1024))
 	defer limited.Close()
-	retry := newRecord(t)
+	retry := contract.NewRecord(t)
 	_, err = limited.Claim(ctx, key, retry, time.Minute, claim.Quota{})
 	var re *claim.RecordError
 	if !errors.As(err, &re) || re.Reason != claim.ReasonTooLarge || !errors.Is(err, claim.ErrCorrupt) {

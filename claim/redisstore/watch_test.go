@@ -1,4 +1,4 @@
-package claim
+package redisstore
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -37,9 +38,9 @@ func TestWatchNeverWaitsForRedis(t *testing.T) {
 	s := New(client, "w:")
 	defer s.Close()
 
-	started := make(chan *Watch, 1)
-	go func() { started <- s.Watch(context.Background(), s.Key("p", "r", "first")) }()
-	var first *Watch
+	started := make(chan claim.Watch, 1)
+	go func() { started <- s.Watch(context.Background(), s.Codec().Key("p", "r", "first")) }()
+	var first claim.Watch
 	select {
 	case first = <-started:
 	case <-time.After(30 * time.Second):
@@ -52,7 +53,7 @@ func TestWatchNeverWaitsForRedis(t *testing.T) {
 	go func() {
 		defer close(done)
 		for i := range 20 {
-			w := s.Watch(context.Background(), s.Key("p", "r", fmt.Sprint(i)))
+			w := s.Watch(context.Background(), s.Codec().Key("p", "r", fmt.Sprint(i)))
 			if i%2 == 0 {
 				w.Stop()
 			}
@@ -66,7 +67,7 @@ func TestWatchNeverWaitsForRedis(t *testing.T) {
 	}
 	close(release)
 	select {
-	case <-first.C:
+	case <-first.C():
 	case <-time.After(30 * time.Second):
 		t.Fatal("the watch never went live once Redis answered")
 	}

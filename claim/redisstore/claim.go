@@ -1,4 +1,4 @@
-package claim
+package redisstore
 
 import (
 	"context"
@@ -8,34 +8,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
-
-// Result is the outcome of a Claim.
-type Result struct {
-	// Claimed reports that the caller now owns the key.
-	Claimed bool
-	// Existing is the record found when not Claimed.
-	Existing *Record
-	// TTL is what is left of Existing's lease when it is InProgress (at
-	// least 1ms), for Retry-After; zero when Existing is orphaned (see
-	// Record.Orphaned). It is zero for a completed record: a replay does
-	// not need it.
-	TTL time.Duration
-	// Unforwarded reports that Existing is a claim its owner never
-	// forwarded and never will (mark.go): ReleaseUnforwarded frees it.
-	Unforwarded bool
-	// Renewed reports that the claim, before Claim returned it, was
-	// renewed: its own round trip showed that its SET ran, on Redis'
-	// clock, so long after its Created time that a reader could take it
-	// for never forwarded (Redis' clock, or this process', is off or
-	// stepped). Renewed, no reader ever does.
-	Renewed bool
-
-	// pttl and redisNow are the key's PTTL and Redis' clock, read in the
-	// claim's own round trip (zero when not read): SetAt and ReadAt.
-	pttl     time.Duration
-	redisNow time.Time
-}
 
 // Claim takes key for rec's owner with a lease, or returns the record that
 // already holds it, in one round trip. rec must be InProgress. With a
@@ -50,15 +25,15 @@ type Result struct {
 // it is returned, and one that was freed meanwhile is ErrLeaseLost (the
 // caller claims again, with a new token). With a quota the count (INCR,
 // PEXPIRE NX) rides in the same pipeline.
-func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.Duration, q Quota) (Result, error) {
-	rec.Mark, rec.Lease = MarkClaimed, lease
+func (s *Store) Claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error) {
+	rec.Mark, rec.Lease = claim.MarkClaimed, lease
 	if !s.markable(s.now()) {
-		rec.Mark = MarkNone // this clock is not known to be close to Redis' (clock.go)
+		rec.Mark = claim.MarkNone // this clock is not known to be close to Redis' (clock.go)
 	}
 	before := s.sendState()
 	sent := s.now()
 	res, err := s.claimAny(ctx, key, rec, lease, q)
-	if err != nil && errors.Is(err, ErrUnavailable) {
+	if err != nil && errors.Is(err, claim.ErrUnavailable) {
 		err = s.notSent(before, err)
 	}
 	if err != nil || !res.Claimed {
@@ -71,11 +46,11 @@ func (s *Store) Claim(ctx context.Context, key string, rec *Record, lease time.D
 // owner leaves it (marked, never confirmed, never renewed): what a claim
 // written during a Redis stall becomes. For tests and the chaos harness;
 // the proxy never calls it.
-func (s *Store) PlantUnconfirmed(ctx context.Context, key string, rec *Record, lease time.Duration) error {
-	rec.Mark, rec.Lease = MarkClaimed, lease
+func (s *Store) PlantUnconfirmed(ctx context.Context, key string, rec *claim.Record, lease time.Duration) error {
+	rec.Mark, rec.Lease = claim.MarkClaimed, lease
 	res, err := s.claim(ctx, key, rec, lease)
 	if err == nil && !res.Claimed {
-		err = fmt.Errorf("plant: the key is taken: %w", ErrLeaseLost)
+		err = fmt.Errorf("plant: the key is taken: %w", claim.ErrLeaseLost)
 	}
 	return err
 }
@@ -86,27 +61,27 @@ func (s *Store) PlantUnconfirmed(ctx context.Context, key string, rec *Record, l
 // known), it is renewed first, which no reader frees. Such a claim also
 // withdraws trust in the last clock measurement, so the claims after it
 // are written unmarked until the clocks are measured close again.
-func (s *Store) confirm(ctx context.Context, key string, rec *Record, lease time.Duration, res Result, sent time.Time) (Result, error) {
-	if !res.redisNow.IsZero() {
-		r := ClockReading{Min: sent.Sub(res.redisNow), Max: s.now().Sub(res.redisNow)}
+func (s *Store) confirm(ctx context.Context, key string, rec *claim.Record, lease time.Duration, res claim.Result, sent time.Time) (claim.Result, error) {
+	if !res.ServerNow.IsZero() {
+		r := claim.ClockReading{Min: sent.Sub(res.ServerNow), Max: s.now().Sub(res.ServerNow)}
 		if r.Bad() {
 			s.distrustClocks()
 		}
 	}
-	if rec.forwardable(res.pttl, res.redisNow) {
+	if rec.Forwardable(res.PTTL, res.ServerNow) {
 		return res, nil
 	}
 	s.distrustClocks()
 	if err := s.Renew(ctx, key, rec, lease); err != nil {
-		return Result{}, fmt.Errorf("claim: %w", err)
+		return claim.Result{}, fmt.Errorf("claim: %w", err)
 	}
-	rec.Mark = MarkRenewed
+	rec.Mark = claim.MarkRenewed
 	res.Renewed = true
 	return res, nil
 }
 
 // claimAny is Claim on whichever path fits.
-func (s *Store) claimAny(ctx context.Context, key string, rec *Record, lease time.Duration, q Quota) (Result, error) {
+func (s *Store) claimAny(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error) {
 	if s.full.Load() {
 		return s.claimWhenFull(ctx, key, rec, lease+rec.Tail)
 	}
@@ -134,20 +109,20 @@ func (s *Store) claimAny(ctx context.Context, key string, rec *Record, lease tim
 var errNoScript = errors.New("claim: script not loaded")
 
 // claim is Claim counting nothing.
-func (s *Store) claim(ctx context.Context, key string, rec *Record, lease time.Duration) (Result, error) {
-	value := s.encode(key, rec)
+func (s *Store) claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration) (claim.Result, error) {
+	value := s.codec.Encode(key, rec)
 	lease += rec.Tail // the record outlives its lease by its tail
 	for attempt := 0; ; attempt++ {
 		run := claimCmd(ctx, key, value, lease, s.streamLimit)
 		cmds, epoch, master := s.withEpochRead(ctx, key, rec, noRetry{run})
 		wait, err := s.write(ctx, key, len(value), cmds...)
 		if err != nil {
-			return Result{}, s.unavailable("claim", err)
+			return claim.Result{}, s.unavailable("claim", err)
 		}
 		s.noteEpochRead(master, epoch)
 		if err := run.Err(); attempt == 0 && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			if err := claimScript.Load(ctx, s.client).Err(); err != nil {
-				return Result{}, s.unavailable("claim", err)
+				return claim.Result{}, s.unavailable("claim", err)
 			}
 			continue
 		}
@@ -166,24 +141,24 @@ func claimCmd(ctx context.Context, key string, value []byte, ttl time.Duration, 
 }
 
 // claimReply interprets claimScript's reply.
-func (s *Store) claimReply(key string, rec *Record, run *redis.Cmd) (Result, error) {
+func (s *Store) claimReply(key string, rec *claim.Record, run *redis.Cmd) (claim.Result, error) {
 	v, err := run.Slice()
 	if err != nil {
-		return Result{}, s.unavailable("claim", err)
+		return claim.Result{}, s.unavailable("claim", err)
 	}
 	if len(v) == 1 { // a settled record: no lease to read
 		raw, _ := v[0].(string)
 		return s.existing(key, rec, raw, 0, time.Time{})
 	}
 	if len(v) == 2 { // a streamed record longer than any route stores
-		return Result{}, fmt.Errorf("claim: a streamed record of %v bytes, over the %d read back: %w", v[1], s.streamLimit, &RecordError{ReasonTooLarge})
+		return claim.Result{}, fmt.Errorf("claim: a streamed record of %v bytes, over the %d read back: %w", v[1], s.streamLimit, &claim.RecordError{Reason: claim.ReasonTooLarge})
 	}
 	if len(v) != 4 {
-		return Result{}, fmt.Errorf("claim: unexpected reply %v: %w", v, ErrUnavailable)
+		return claim.Result{}, fmt.Errorf("claim: unexpected reply %v: %w", v, claim.ErrUnavailable)
 	}
 	ttl, now, _ := ttlReply(v[1:])
 	if n, ok := v[0].(int64); ok && n == 1 {
-		return Result{Claimed: true, pttl: ttl, redisNow: now}, nil
+		return claim.Result{Claimed: true, PTTL: ttl, ServerNow: now}, nil
 	}
 	raw, _ := v[0].(string)
 	return s.existing(key, rec, raw, ttl, now)
@@ -194,18 +169,18 @@ func (s *Store) claimReply(key string, rec *Record, run *redis.Cmd) (Result, err
 // progress it asks the key's PTTL and Redis' clock in one script, for
 // Retry-After, to tell an orphaned record and to tell a claim that was
 // never forwarded. When that fails, the whole lease is an upper bound.
-func (s *Store) found(ctx context.Context, key string, rec *Record, raw string, lease time.Duration) (Result, error) {
+func (s *Store) found(ctx context.Context, key string, rec *claim.Record, raw string, lease time.Duration) (claim.Result, error) {
 	res, err := s.existing(key, rec, raw, 0, time.Time{})
-	if err != nil || res.Claimed || res.Existing.State != InProgress {
+	if err != nil || res.Claimed || res.Existing.State != claim.InProgress {
 		return res, err
 	}
 	ttl := lease
 	if v, err := s.eval(ctx, ttlScript, key, 0).Slice(); err == nil {
 		if pttl, now, ok := ttlReply(v); ok {
 			ttl = pttl
-			res.Unforwarded = res.Existing.neverForwarded(pttl, now)
+			res.Unforwarded = res.Existing.NeverForwarded(pttl, now)
 			if pttl > 0 {
-				res.Existing.Expires, res.Existing.ReadAt, res.redisNow = now.Add(pttl), now, now
+				res.Existing.Expires, res.Existing.ReadAt, res.ServerNow = now.Add(pttl), now, now
 			}
 		}
 	}
@@ -242,7 +217,7 @@ func replyInt(v any) (int64, error) {
 
 // leaseLeft is what is left of rec's lease when its key has ttl left: all
 // of it, less the record's tail, and at least 1ms unless orphaned.
-func leaseLeft(rec *Record, ttl time.Duration) time.Duration {
+func leaseLeft(rec *claim.Record, ttl time.Duration) time.Duration {
 	if rec.Tail > 0 {
 		return max(ttl-rec.Tail, 0)
 	}
@@ -251,28 +226,28 @@ func leaseLeft(rec *Record, ttl time.Duration) time.Duration {
 
 // existing interprets the value a claim found under its key, with the
 // key's PTTL and Redis' clock read with it (zero when not read).
-func (s *Store) existing(key string, rec *Record, raw string, ttl time.Duration, now time.Time) (Result, error) {
-	found, err := s.open(key, []byte(raw))
+func (s *Store) existing(key string, rec *claim.Record, raw string, ttl time.Duration, now time.Time) (claim.Result, error) {
+	found, err := s.codec.Open(key, []byte(raw))
 	if err != nil {
-		return Result{}, err
+		return claim.Result{}, err
 	}
 	// go-redis resends a command whose reply was lost; the resend then finds
 	// the record the first send wrote. That is our claim, not a conflict.
-	if found.Token == rec.Token && found.State == InProgress {
-		return Result{Claimed: true, pttl: ttl, redisNow: now}, nil
+	if found.Token == rec.Token && found.State == claim.InProgress {
+		return claim.Result{Claimed: true, PTTL: ttl, ServerNow: now}, nil
 	}
-	if found.State != InProgress {
-		return Result{Existing: found}, nil
+	if found.State != claim.InProgress {
+		return claim.Result{Existing: found}, nil
 	}
 	if ttl > 0 && !now.IsZero() {
 		found.Expires, found.ReadAt = now.Add(ttl), now
 	}
-	return Result{Existing: found, TTL: leaseLeft(found, ttl), Unforwarded: found.neverForwarded(ttl, now), redisNow: now}, nil
+	return claim.Result{Existing: found, TTL: leaseLeft(found, ttl), Unforwarded: found.NeverForwarded(ttl, now), ServerNow: now}, nil
 }
 
 // Get returns the record under key, or nil when there is none, and for an
 // in-progress record what is left of its lease (see Result.TTL).
-func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, error) {
+func (s *Store) Get(ctx context.Context, key string) (*claim.Record, time.Duration, error) {
 	get := redis.NewStringCmd(ctx, "get", key)
 	pttl := redis.NewDurationCmd(ctx, time.Millisecond, "pttl", key)
 	if err := s.exec(ctx, 0, get, pttl); err != nil {
@@ -285,11 +260,11 @@ func (s *Store) Get(ctx context.Context, key string) (*Record, time.Duration, er
 	if err != nil {
 		return nil, 0, s.unavailable("get", err)
 	}
-	rec, err := s.open(key, raw)
+	rec, err := s.codec.Open(key, raw)
 	if err != nil {
 		return nil, 0, err
 	}
-	if rec.State == InProgress {
+	if rec.State == claim.InProgress {
 		ttl := max(pttl.Val(), 0)
 		// A claim that looks orphaned is judged by its owner's renewals
 		// (Record.Expires): its expiry on Redis' clock, read in one script
@@ -318,53 +293,27 @@ type noRetry struct{ redis.Cmder }
 // NoRetry tells go-redis not to resend the command.
 func (noRetry) NoRetry() bool { return true }
 
-// ErrQuota means the principal has claimed as many new keys on this route
-// as its quota allows within the window. Errors matching it are QuotaErrors.
-var ErrQuota = errors.New("claim: new-key quota reached")
-
-// QuotaError says when the quota's window ends.
-type QuotaError struct {
-	// RetryAfter is what is left of the window.
-	RetryAfter time.Duration
-}
-
-func (e *QuotaError) Error() string { return ErrQuota.Error() }
-
-// Is makes every QuotaError an ErrQuota.
-func (e *QuotaError) Is(target error) bool { return target == ErrQuota }
-
-// Quota bounds the new keys one principal claims on one scope per window,
-// counted in Redis, so shared by every replica. Retries and replays of a
-// key that exists never count.
-type Quota struct {
-	// Key is the counter's Redis key (Store.QuotaKey).
-	Key string
-	// Limit is how many new keys a window allows; 0 counts nothing.
-	Limit  int64
-	Window time.Duration
-}
-
 // claimCounted is Claim with the count in the claim's pipeline (no
 // WAIT): the claim script, INCR and PEXPIRE NX in one round trip; a claim
 // that finds an existing key takes its count back. errNoScript: the
 // script was not cached (loaded now; nothing claimed, nothing counted).
-func (s *Store) claimCounted(ctx context.Context, key string, rec *Record, lease time.Duration, q Quota) (Result, error) {
-	value := s.encode(key, rec)
+func (s *Store) claimCounted(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error) {
+	value := s.codec.Encode(key, rec)
 	run := claimCmd(ctx, key, value, lease+rec.Tail, s.streamLimit)
 	incr := redis.NewIntCmd(ctx, "incr", q.Key)
 	expire := redis.NewCmd(ctx, "pexpire", q.Key, q.Window.Milliseconds(), "nx")
 	cmds, epoch, master := s.withEpochRead(ctx, key, rec, noRetry{run}, incr, expire)
 	if err := s.exec(ctx, len(value), cmds...); err != nil {
-		return Result{}, s.unavailable("claim", err)
+		return claim.Result{}, s.unavailable("claim", err)
 	}
 	s.noteEpochRead(master, epoch)
 	s.windowFallback(ctx, q, incr, expire)
 	if redis.HasErrorPrefix(run.Err(), "NOSCRIPT") {
 		s.uncount(ctx, q, incr)
 		if err := claimScript.Load(ctx, s.client).Err(); err != nil {
-			return Result{}, s.unavailable("claim", err)
+			return claim.Result{}, s.unavailable("claim", err)
 		}
-		return Result{}, errNoScript
+		return claim.Result{}, errNoScript
 	}
 	res, err := s.claimReply(key, rec, run)
 	if err != nil || !res.Claimed {
@@ -378,7 +327,7 @@ func (s *Store) claimCounted(ctx context.Context, key string, rec *Record, lease
 // count taken back, and the caller told when the window ends. A counter
 // that failed to count lets the claim stand: the quota protects Redis, it
 // is not a reason to refuse a payment when Redis hiccups.
-func (s *Store) overQuota(ctx context.Context, key string, rec *Record, q Quota, res Result, incr *redis.IntCmd) (Result, error) {
+func (s *Store) overQuota(ctx context.Context, key string, rec *claim.Record, q claim.Quota, res claim.Result, incr *redis.IntCmd) (claim.Result, error) {
 	n, err := incr.Result()
 	if err != nil || n <= q.Limit {
 		return res, nil
@@ -391,20 +340,20 @@ func (s *Store) overQuota(ctx context.Context, key string, rec *Record, q Quota,
 	if err != nil || ttl <= 0 {
 		ttl = q.Window
 	}
-	return Result{}, &QuotaError{RetryAfter: ttl}
+	return claim.Result{}, &claim.QuotaError{RetryAfter: ttl}
 }
 
 // windowFallback starts the window where Redis refused PEXPIRE NX (Redis
 // < 7.0): when this count opened the window, a plain PEXPIRE sets it, so a
 // counter never outlives its window.
-func (s *Store) windowFallback(ctx context.Context, q Quota, incr *redis.IntCmd, expire *redis.Cmd) {
+func (s *Store) windowFallback(ctx context.Context, q claim.Quota, incr *redis.IntCmd, expire *redis.Cmd) {
 	if expire.Err() != nil && incr.Err() == nil && incr.Val() == 1 {
 		_ = s.client.PExpire(ctx, q.Key, q.Window).Err()
 	}
 }
 
 // uncount takes back a count that did not take a new key.
-func (s *Store) uncount(ctx context.Context, q Quota, incr *redis.IntCmd) {
+func (s *Store) uncount(ctx context.Context, q claim.Quota, incr *redis.IntCmd) {
 	if incr.Err() == nil {
 		_ = s.client.Decr(ctx, q.Key).Err()
 	}
