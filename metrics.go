@@ -58,6 +58,29 @@ func newMetrics(waitReplicas bool) *metrics {
 			Help: "1 when the last config reload attempt succeeded (or none was made), 0 when the file on disk is rejected.",
 		}),
 	}
+	m.storeGauges()
+	if waitReplicas {
+		m.waitShort.WithLabelValues("claim")
+		m.waitShort.WithLabelValues("complete")
+	}
+	m.reloadOK.Set(1)
+	v, rev, gov := buildLabels()
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_build_info",
+		Help: "Always 1; its labels say which build runs: version (CHANGELOG.md's, or the -X main.version stamp), revision (the VCS commit) and goversion.",
+	}, []string{"version", "revision", "goversion"})
+	build.WithLabelValues(v, rev, gov).Set(1)
+	m.reg.MustRegister(build)
+	m.reg.MustRegister(m.dataLost)
+	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.storeKeys, m.storeBytes, m.batchOps,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// storeGauges makes what the store watcher and the app probe set: the
+// store's memory, fullness, keys, bytes, loss and pipelines, and the
+// app's health.
+func (m *metrics) storeGauges() {
 	m.memoryUsed = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "idemproxy_redis_memory_used_ratio",
 		Help: "Redis used_memory over maxmemory (the fullest master on a Cluster); 0 without a maxmemory.",
@@ -91,20 +114,4 @@ func newMetrics(waitReplicas bool) *metrics {
 		Help:    "Store operations coalesced into each pipeline sent to Redis (store.pipeline); 1 when nothing waited to go with it.",
 		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 	})
-	if waitReplicas {
-		m.waitShort.WithLabelValues("claim")
-		m.waitShort.WithLabelValues("complete")
-	}
-	m.reloadOK.Set(1)
-	v, rev, gov := buildLabels()
-	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "idemproxy_build_info",
-		Help: "Always 1; its labels say which build runs: version (CHANGELOG.md's, or the -X main.version stamp), revision (the VCS commit) and goversion.",
-	}, []string{"version", "revision", "goversion"})
-	build.WithLabelValues(v, rev, gov).Set(1)
-	m.reg.MustRegister(build)
-	m.reg.MustRegister(m.dataLost)
-	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.storeKeys, m.storeBytes, m.batchOps,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return m
 }

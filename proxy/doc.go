@@ -20,12 +20,17 @@
 //   - exchange.go: one protected request from admission to its answer:
 //     serve, admission.go (identity.go, xfcc.go, jwt.go, webhook.go with
 //     providers.go; key.go, bodykey.go; firstsent.go), the body (pool.go,
-//     within limits.go), every store call (storecall.go), the
-//     fingerprint (fingerprint.go, headers.go), the claim and what an
-//     existing record answers (replay, wait, 409, 422). Each step returns
-//     the reply it decided (reply.go: a problem, a stored answer, or an
-//     unprotected forward) and respond alone writes it; finish counts and
-//     logs the request once (metrics.go, logline.go).
+//     within limits.go), the fingerprint (fingerprint.go, headers.go);
+//     then it runs its attempt. Each step returns the reply it decided
+//     (reply.go: a problem, a stored answer, or an unprotected forward)
+//     and respond alone writes it; finish counts and logs the request
+//     once (metrics.go, logline.go).
+//   - attempt.go: the protocol on one key, with no HTTP request: the
+//     claim, own-or-answer, waiting, what an existing record answers
+//     (replay, 409, 422, attaching to a stream), settling an orphan, and
+//     reconcile.go's take-over and lookup; every store call goes through
+//     storecall.go (timed, traced, retried). The key API's reconcile-now
+//     runs an attempt directly (Handler.ReconcileKey).
 //   - owner.go: the claim's owner forwards through a gate (gate.go) that
 //     holds the answer until it is stored, renews the lease, and answers
 //     504 at upstream.timeout while a late call goes on; settle.go stores

@@ -96,47 +96,47 @@ func uuidv7Time(s string) (time.Time, bool) {
 // before the store's epoch began (record-lost). Then the claim is
 // released, the request answered 412 and nothing forwarded: it returns
 // that reply, nil when the request goes on.
-func (x *exchange) refuseUnrecorded(rec *claim.Record) *reply {
-	if !x.hasFirstSent {
+func (a *attempt) refuseUnrecorded(rec *claim.Record) *reply {
+	if !a.hasFirstSent {
 		return nil
 	}
-	s := &x.rt.settings
+	s := &a.rt.settings
 	reason := ""
 	switch {
-	case time.Since(x.firstSent) > s.Retention+s.FirstSentSkew:
+	case time.Since(a.firstSent) > s.Retention+s.FirstSentSkew:
 		reason = refusedKeyExpired
 	default:
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(x.r.Context()), time.Second)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), time.Second)
 		var epoch time.Time
-		err := x.storeOp(ctx, "epoch", func(ctx context.Context) (err error) {
-			epoch, err = x.h.store.EpochStart(ctx, x.hashedKey)
+		err := a.storeOp(ctx, "epoch", func(ctx context.Context) (err error) {
+			epoch, err = a.h.store.EpochStart(ctx, a.hashedKey)
 			return err
 		})
 		cancel()
 		if err != nil {
 			// Whether the store lost this key's record cannot be told:
 			// nothing is forwarded, the claim is released.
-			x.releaseClaim(rec)
-			return x.storeFailed("epoch", err, nil)
+			a.releaseClaim(rec)
+			return a.storeFailed("epoch", err, nil)
 		}
-		if !epoch.IsZero() && x.firstSent.Before(epoch.Add(-s.FirstSentSkew)) {
+		if !epoch.IsZero() && a.firstSent.Before(epoch.Add(-s.FirstSentSkew)) {
 			reason = refusedRecordLost
 		}
 	}
 	if reason == "" {
 		return nil
 	}
-	x.releaseClaim(rec)
-	x.h.metrics.firstSentRefused.WithLabelValues(x.rt.name, reason).Inc()
+	a.releaseClaim(rec)
+	a.h.metrics.firstSentRefused.WithLabelValues(a.rt.name, reason).Inc()
 	if reason == refusedKeyExpired {
-		return refuse(outcomeRejected, probKeyExpired.with("the request was first sent at "+x.firstSent.UTC().Format(time.RFC3339)+", longer ago than this route keeps records ("+s.Retention.String()+"): it may have executed and its record expired; nothing was forwarded. Look the resource up; send a new request with a new key"))
+		return refuse(outcomeRejected, probKeyExpired.with("the request was first sent at "+a.firstSent.UTC().Format(time.RFC3339)+", longer ago than this route keeps records ("+s.Retention.String()+"): it may have executed and its record expired; nothing was forwarded. Look the resource up; send a new request with a new key"))
 	}
-	return refuse(outcomeRejected, probRecordLost.with("the request was first sent at "+x.firstSent.UTC().Format(time.RFC3339)+", before the idempotency store lost its records: it may have executed; nothing was forwarded. Look the resource up; send a new request with a new key"))
+	return refuse(outcomeRejected, probRecordLost.with("the request was first sent at "+a.firstSent.UTC().Format(time.RFC3339)+", before the idempotency store lost its records: it may have executed; nothing was forwarded. Look the resource up; send a new request with a new key"))
 }
 
 // releaseClaim frees rec's claim (fenced): nothing was forwarded.
-func (x *exchange) releaseClaim(rec *claim.Record) {
-	_ = x.detached("release", func(ctx context.Context) error { return x.h.store.Release(ctx, x.hashedKey, rec.Token) })
+func (a *attempt) releaseClaim(rec *claim.Record) {
+	_ = a.detached("release", func(ctx context.Context) error { return a.h.store.Release(ctx, a.hashedKey, rec.Token) })
 }
 
 // readFirstSent reads when the request was first sent, from the route's

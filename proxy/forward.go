@@ -1,13 +1,14 @@
 package proxy
 
 import (
-	"go.opentelemetry.io/otel/attribute"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"io"
 	"net/http"
 	"net/http/httputil"
 	"sync"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"go.opentelemetry.io/otel/trace"
 )

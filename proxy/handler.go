@@ -330,15 +330,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x := &exchange{
-		h:         h,
-		fwd:       h.forwarder(trusted),
-		rt:        rt,
-		w:         w,
-		r:         r,
-		path:      path,
-		trusted:   trusted,
-		requestID: h.requestID(r),
-		start:     time.Now(),
+		attempt: h.newAttempt(r.Context(), rt, "", h.requestID(r)),
+		fwd:     h.forwarder(trusted),
+		w:       w,
+		r:       r,
+		path:    path,
+		trusted: trusted,
 	}
 	if h.tracing != nil {
 		x.startTrace()
@@ -360,9 +357,14 @@ func (h *Handler) requestID(r *http.Request) string {
 	if id := r.Header.Get(requestIDHeader); id != "" && len(id) <= 128 && visibleASCII(id) {
 		return id
 	}
-	var b [16]byte
-	_, _ = io.ReadFull(h.rand, b[:]) // crypto/rand does not fail
-	id := hex.EncodeToString(b[:])
+	id := newRequestID(h.rand)
 	r.Header.Set(requestIDHeader, id)
 	return id
+}
+
+// newRequestID is a fresh request id: 16 bytes of rand, in hex.
+func newRequestID(rand io.Reader) string {
+	var b [16]byte
+	_, _ = io.ReadFull(rand, b[:]) // crypto/rand does not fail
+	return hex.EncodeToString(b[:])
 }

@@ -263,7 +263,7 @@ func (x *exchange) answeredTimeout(detail string) {
 	total := time.Since(x.start)
 	x.h.metrics.requests.WithLabelValues(x.rt.name, outcomeUpstreamTimeout).Inc()
 	line := requestLine{route: x.rt.name, outcome: outcomeUpstreamTimeout, status: http.StatusGatewayTimeout,
-		requestID: x.requestID, duration: total, key: x.hashedKey, detail: detail, traceID: x.traceID()}
+		requestID: x.requestID, duration: total, key: x.hashedKey, detail: detail, traceID: x.traceID}
 	if x.h.log.Enabled(context.Background(), slog.LevelInfo) {
 		line.log(x.h.log, slog.LevelInfo)
 	}

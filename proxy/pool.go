@@ -102,15 +102,29 @@ func (b *lentBody) takeBack() {
 	b.mu.Unlock()
 }
 
+// loans are an exchange's pooled buffers: reqBuf and respBuf, which the
+// request's body and the upstream's answer were read into, inflated, a
+// stored body inflated for its replay; and lent, the bodies handed out
+// over them (the forwarded body, a resend, the answer), more those beyond
+// three. giveBack takes all of them back. Only the handler's goroutine
+// lends: ReverseProxy calls its hooks and Transport in it.
+type loans struct {
+	reqBuf, respBuf []byte
+	inflated        []byte
+	lent            [3]lentBody
+	nlent           int
+	more            []*lentBody
+}
+
 // lend returns a body that reads buf until giveBack.
-func (x *exchange) lend(buf []byte) *lentBody {
+func (l *loans) lend(buf []byte) *lentBody {
 	var b *lentBody
-	if x.nlent < len(x.lent) {
-		b = &x.lent[x.nlent]
-		x.nlent++
+	if l.nlent < len(l.lent) {
+		b = &l.lent[l.nlent]
+		l.nlent++
 	} else {
 		b = &lentBody{}
-		x.more = append(x.more, b)
+		l.more = append(l.more, b)
 	}
 	b.r.Reset(buf)
 	return b

@@ -237,9 +237,9 @@ func absentMargin(s *Route) time.Duration { return s.Lease }
 // whose owner vanished (since zero: TakeOver judges from the orphan), or
 // (unknown_outcome: fail) a stored outcome-unknown record (since: its
 // first attempt's claim) not asked about within the lookup's timeout.
-func (x *exchange) reconcilable(existing, rec *claim.Record, ttl time.Duration) (since time.Time, ok bool) {
-	rc := x.rt.settings.Reconcile
-	if rc == nil || !x.h.codec.SameRequest(existing, rec.Fingerprint) {
+func (a *attempt) reconcilable(existing, rec *claim.Record, ttl time.Duration) (since time.Time, ok bool) {
+	rc := a.rt.settings.Reconcile
+	if rc == nil || !a.h.codec.SameRequest(existing, rec.Fingerprint) {
 		return time.Time{}, false
 	}
 	if existing.State == claim.InProgress {
@@ -282,73 +282,73 @@ func storedUnknown(rec *claim.Record) (since time.Time, ok bool) {
 // with Retry-After; anything else leaves the key answered outcome-unknown,
 // to be asked again by the next retry. It returns the reply decided, nil
 // when the key is free or changed: claim again.
-func (x *exchange) reconcileExisting(existing, rec *claim.Record, since time.Time) *reply {
-	s := &x.rt.settings
+func (a *attempt) reconcileExisting(existing, rec *claim.Record, since time.Time) *reply {
+	s := &a.rt.settings
 	rc := s.Reconcile
-	x.linkTo(existing)
+	a.linkTo(existing)
 	if existing.State == claim.Completed {
 		if left := rc.Timeout - time.Since(existing.Completed); left > 0 {
 			// Asked a moment ago: lookups of one key are spaced, at most
 			// one per timeout. The key is being reconciled: in progress.
-			x.reconcileResult = "spaced: asked within reconcile.timeout"
-			return x.inProgress("the upstream was asked about this key a moment ago; retry after the time in Retry-After, with the same key", max(left, time.Second))
+			a.reconcileResult = "spaced: asked within reconcile.timeout"
+			return a.inProgress("the upstream was asked about this key a moment ago; retry after the time in Retry-After, with the same key", max(left, time.Second))
 		}
 	}
-	taker := x.taker(rec)
-	err := x.detached("take_over", func(ctx context.Context) (err error) {
-		since, err = x.h.store.TakeOver(ctx, x.hashedKey, existing, taker, s.Lease+rc.Timeout, since)
+	taker := a.taker(rec)
+	err := a.detached("take_over", func(ctx context.Context) (err error) {
+		since, err = a.h.store.TakeOver(ctx, a.hashedKey, existing, taker, s.Lease+rc.Timeout, since)
 		return err
 	})
 	switch {
 	case errors.Is(err, claim.ErrLeaseLost):
 		return nil
 	case err != nil:
-		return x.storeFailed("take_over", err, nil)
+		return a.storeFailed("take_over", err, nil)
 	}
-	x.h.liveness.forget(x.hashedKey)
-	ans := x.ask()
+	a.h.liveness.forget(a.hashedKey)
+	ans := a.ask()
 	if s.Unknown != Fail && ans.result != lookupFound {
 		// keep and release: a vanished owner's key executes again when
 		// its claim lapses; asked first, it does unless found.
-		x.reconciled(ans.result, existing, ans.why)
-		err := x.detached("release", func(ctx context.Context) error { return x.h.store.Release(ctx, x.hashedKey, taker.Token) })
+		a.reconciled(ans.result, existing, ans.why)
+		err := a.detached("release", func(ctx context.Context) error { return a.h.store.Release(ctx, a.hashedKey, taker.Token) })
 		if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
-			return x.storeFailed("release", err, nil)
+			return a.storeFailed("release", err, nil)
 		}
 		return nil
 	}
 	if ans.result == lookupAbsent {
-		rep, done, why := x.freeAbsent(existing, taker, since)
+		rep, done, why := a.freeAbsent(existing, taker, since)
 		if done {
 			return rep
 		}
 		ans = lookupAnswer{result: lookupUnresolved, why: why}
 	}
 	if ans.result == lookupFound {
-		rep, done, why := x.storeFound(existing, taker, ans)
+		rep, done, why := a.storeFound(existing, taker, ans)
 		if done {
 			return rep
 		}
 		ans = lookupAnswer{result: lookupUnresolved, why: why}
 	}
-	x.reconciled(lookupUnresolved, existing, ans.why)
-	unknown := x.putBackUnknown(existing, taker, since)
-	return x.replay(unknown).withDetail("reconcile lookup unresolved (" + ans.why + "): outcome-unknown kept, the next retry asks again")
+	a.reconciled(lookupUnresolved, existing, ans.why)
+	unknown := a.putBackUnknown(existing, taker, since)
+	return a.replay(unknown).withDetail("reconcile lookup unresolved (" + ans.why + "): outcome-unknown kept, the next retry asks again")
 }
 
 // taker is the in-progress claim with which this attempt takes rec's key
 // over to ask the upstream: a claim of its own, never taken for one not
 // forwarded, outliving its lease by the retention, so that a taker that
 // vanishes leaves an orphan to ask about.
-func (x *exchange) taker(rec *claim.Record) *claim.Record {
+func (a *attempt) taker(rec *claim.Record) *claim.Record {
 	taker := *rec
-	taker.State, taker.Created, taker.RequestID = claim.InProgress, time.Now(), x.requestID
+	taker.State, taker.Created, taker.RequestID = claim.InProgress, time.Now(), a.requestID
 	taker.Completed, taker.Status, taker.Header, taker.Body = time.Time{}, 0, nil, nil
 	taker.BodyOmitted, taker.BodyCompressed, taker.Compact = false, false, false
 	taker.Mark, taker.Lease, taker.ReadEpoch = claim.MarkNone, 0, false
 	taker.Expires, taker.ReadAt = time.Time{}, time.Time{}
-	taker.Tail = x.rt.settings.Retention
-	_, _ = io.ReadFull(x.h.rand, taker.Token[:])
+	taker.Tail = a.rt.settings.Retention
+	_, _ = io.ReadFull(a.h.rand, taker.Token[:])
 	return &taker
 }
 
@@ -358,26 +358,26 @@ func (x *exchange) taker(rec *claim.Record) *claim.Record {
 // alone never frees a key. done says the reply is decided (nil: the key
 // is free, or changed: claim again); otherwise why the key could not be
 // freed, and it stays outcome-unknown.
-func (x *exchange) freeAbsent(existing, taker *claim.Record, since time.Time) (rep *reply, done bool, why string) {
-	s := &x.rt.settings
+func (a *attempt) freeAbsent(existing, taker *claim.Record, since time.Time) (rep *reply, done bool, why string) {
+	s := &a.rt.settings
 	after := s.Reconcile.AbsentAfter + absentMargin(s)
 	var err error
 	if left := time.Until(existing.Created.Add(after)); left > 0 {
 		err = &claim.TooEarlyError{Left: left}
 	} else {
-		err = x.detached("free_absent", func(ctx context.Context) error {
-			return x.h.store.FreeAbsent(ctx, x.hashedKey, taker.Token, since, after)
+		err = a.detached("free_absent", func(ctx context.Context) error {
+			return a.h.store.FreeAbsent(ctx, a.hashedKey, taker.Token, since, after)
 		})
 	}
 	var early *claim.TooEarlyError
 	switch {
 	case err == nil:
-		x.reconciled(lookupAbsent, existing, "")
+		a.reconciled(lookupAbsent, existing, "")
 		return nil, true, ""
 	case errors.As(err, &early):
-		x.reconciled(lookupTooEarly, existing, "")
-		x.putBackUnknown(existing, taker, since)
-		return x.tooEarly(early.Left), true, ""
+		a.reconciled(lookupTooEarly, existing, "")
+		a.putBackUnknown(existing, taker, since)
+		return a.tooEarly(early.Left), true, ""
 	case errors.Is(err, claim.ErrLeaseLost):
 		return nil, true, ""
 	}
@@ -387,15 +387,15 @@ func (x *exchange) freeAbsent(existing, taker *claim.Record, since time.Time) (r
 // storeFound settles the key taker holds with the upstream's found
 // answer and replays it. done says the reply is decided (nil: the key
 // changed, claim again); otherwise why it could not be stored.
-func (x *exchange) storeFound(existing, taker *claim.Record, ans lookupAnswer) (rep *reply, done bool, why string) {
-	found := x.foundRecord(existing, taker, ans)
-	err := x.detached("complete", func(ctx context.Context) error {
-		_, err := x.h.store.Complete(ctx, x.hashedKey, found, x.rt.settings.Retention)
+func (a *attempt) storeFound(existing, taker *claim.Record, ans lookupAnswer) (rep *reply, done bool, why string) {
+	found := a.foundRecord(existing, taker, ans)
+	err := a.detached("complete", func(ctx context.Context) error {
+		_, err := a.h.store.Complete(ctx, a.hashedKey, found, a.rt.settings.Retention)
 		return err
 	})
 	switch {
 	case err == nil:
-		x.reconciled(lookupFound, existing, "")
+		a.reconciled(lookupFound, existing, "")
 		return replayOf(found, outcomeReconciled), true, ""
 	case errors.Is(err, claim.ErrLeaseLost):
 		return nil, true, ""
@@ -447,36 +447,26 @@ func (x *exchange) ownerReconciles(o *owner, timeout bool) *reply {
 }
 
 // reconciled counts and logs one lookup's result.
-func (x *exchange) reconciled(result string, first *claim.Record, why string) {
-	x.reconcileResult = result
-	x.h.metrics.reconciled.WithLabelValues(x.rt.name, result).Inc()
-	args := []any{"route", x.rt.name, "key", x.hashedKey, "result", result, "original_request_id", first.RequestID, "request_id", x.requestID}
+func (a *attempt) reconciled(result string, first *claim.Record, why string) {
+	a.reconcileResult = result
+	a.h.metrics.reconciled.WithLabelValues(a.rt.name, result).Inc()
+	args := []any{"route", a.rt.name, "key", a.hashedKey, "result", result, "original_request_id", first.RequestID, "request_id", a.requestID}
 	if why != "" {
-		x.log().Warn("reconcile lookup", append(args, "error", why)...)
+		a.log().Warn("reconcile lookup", append(args, "error", why)...)
 		return
 	}
-	x.log().Info("reconcile lookup", args...)
+	a.log().Info("reconcile lookup", args...)
 }
 
 // foundRecord is the completed record a found answer settles the key
 // with, fenced on writer's token: the upstream's status (or the route's
 // reconcile.status), headers and body, marked reconciled.
-func (x *exchange) foundRecord(first, writer *claim.Record, ans lookupAnswer) *claim.Record {
+func (a *attempt) foundRecord(first, writer *claim.Record, ans lookupAnswer) *claim.Record {
 	header := ans.header
 	header.Set(reconciledHeader, "true")
-	return &claim.Record{
-		State:            claim.Completed,
-		Token:            writer.Token,
-		Fingerprint:      first.Fingerprint,
-		KeyedFingerprint: first.KeyedFingerprint,
-		Created:          first.Created,
-		Completed:        time.Now(),
-		RequestID:        first.RequestID,
-		Trace:            first.Trace,
-		Status:           ans.status,
-		Header:           header,
-		Body:             ans.body,
-	}
+	rec := settledRecord(first, writer.Token, claim.Completed, ans.status, header, time.Now())
+	rec.Body = ans.body
+	return rec
 }
 
 // putBackUnknown settles the taken-over key as outcome-unknown again,
@@ -485,8 +475,8 @@ func (x *exchange) foundRecord(first, writer *claim.Record, ans lookupAnswer) *c
 // bytes), an orphan is settled as settleOrphan would. Should the write
 // fail, the taker's claim outlives its lease and is an orphan the next
 // retry asks about: nothing executes.
-func (x *exchange) putBackUnknown(first, taker *claim.Record, since time.Time) *claim.Record {
-	s := &x.rt.settings
+func (a *attempt) putBackUnknown(first, taker *claim.Record, since time.Time) *claim.Record {
+	s := &a.rt.settings
 	var rec *claim.Record
 	if first.State == claim.Completed {
 		again := *first
@@ -497,22 +487,22 @@ func (x *exchange) putBackUnknown(first, taker *claim.Record, since time.Time) *
 		again.Header.Set(unknownSinceHeader, strconv.FormatInt(since.UnixMilli(), 10))
 		rec = &again
 	} else {
-		rec = x.h.outcomeUnknownRecord(first, taker.Token, time.Now(), true, s.Problems, true, since)
+		rec = a.h.outcomeUnknownRecord(first, taker.Token, time.Now(), true, s.Problems, true, since)
 	}
-	if err := x.detached("complete", func(ctx context.Context) error {
-		_, err := x.h.store.Complete(ctx, x.hashedKey, rec, s.Retention)
+	if err := a.detached("complete", func(ctx context.Context) error {
+		_, err := a.h.store.Complete(ctx, a.hashedKey, rec, s.Retention)
 		return err
 	}); err != nil {
-		x.log().Warn("reconcile: could not store outcome-unknown again; the claim lapses into an orphan a retry asks about",
-			"route", x.rt.name, "key", x.hashedKey, "error", err)
+		a.log().Warn("reconcile: could not store outcome-unknown again; the claim lapses into an orphan a retry asks about",
+			"route", a.rt.name, "key", a.hashedKey, "error", err)
 	}
 	return rec
 }
 
 // tooEarly answers a retry whose lookup said absent before absent_after:
 // the first attempt may still be running in the app.
-func (x *exchange) tooEarly(left time.Duration) *reply {
-	return x.inProgress("the upstream has no record of this key yet, and its first attempt may still be running; retry after the time in Retry-After", max(left, time.Second))
+func (a *attempt) tooEarly(left time.Duration) *reply {
+	return a.inProgress("the upstream has no record of this key yet, and its first attempt may still be running; retry after the time in Retry-After", max(left, time.Second))
 }
 
 // ReconcileKey is the key API's reconcile-now: on route, it asks the
@@ -527,40 +517,59 @@ func (h *Handler) ReconcileKey(ctx context.Context, routeName, principal, key st
 	if rt == nil || rt.settings.Reconcile == nil {
 		return "", 0, nil, fmt.Errorf("route %q does not reconcile", routeName)
 	}
-	hashed := h.codec.Key(principal, rt.scope, key)
-	existing, ttl, err := h.store.Get(ctx, hashed)
+	a := h.newAttempt(ctx, rt, principal, newRequestID(h.rand))
+	a.at(key)
+	existing, ttl, err := h.store.Get(ctx, a.hashedKey)
 	if err != nil {
 		return "", 0, nil, err
 	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "/", nil)
-	w := &answerRecorder{header: http.Header{}}
-	x := &exchange{h: h, rt: rt, w: w, r: req, principal: principal, hashedKey: hashed, idemKey: key, requestID: h.requestID(req), start: time.Now()}
 	if existing == nil {
 		return "not_reconcilable: absent", 0, nil, nil
 	}
-	since, ok := x.reconcilable(existing, existing, ttl)
+	since, ok := a.reconcilable(existing, existing, ttl)
 	if !ok {
 		return "not_reconcilable: " + existing.State.String(), 0, nil, nil
 	}
-	if x.ownerAlive(existing, existing, ttl) != nil {
+	if a.ownerAlive(existing, existing, ttl) != nil {
 		return "not_reconcilable: in_progress, its owner not yet seen gone for a whole lease (ask again after one)", 0, nil, nil
 	}
-	rep := x.reconcileExisting(existing, existing, since)
+	rep := a.reconcileExisting(existing, existing, since)
 	if rep == nil {
-		if x.reconcileResult == lookupAbsent {
+		if a.reconcileResult == lookupAbsent {
 			return lookupAbsent, 0, nil, nil // freed: the next retry executes
 		}
 		return "not_reconcilable: the key changed meanwhile", 0, nil, nil
 	}
-	x.respond(rep)
-	if x.reconcileResult == "" {
-		return "not_reconcilable: the store failed", w.status, w.body.Bytes(), nil
+	status, body = a.render(rep)
+	if a.reconcileResult == "" {
+		return "not_reconcilable: the store failed", status, body, nil
 	}
-	return x.reconcileResult, w.status, w.body.Bytes(), nil
+	return a.reconcileResult, status, body, nil
 }
 
-// answerRecorder keeps the reply an exchange run for the key API decided,
-// as respond writes it.
+// render is the status and body rep answers with, as a retry would get
+// them (a stored body inflated; a problem in the route's problem_body).
+func (a *attempt) render(rep *reply) (status int, body []byte) {
+	if rec := rep.record; rec != nil {
+		if !rec.BodyCompressed {
+			return rec.Status, rec.Body
+		}
+		n, err := rec.InflatedLen()
+		if err == nil {
+			buf := make([]byte, 0, n)
+			if err = rec.Inflate(buf); err == nil {
+				return rec.Status, rec.Body
+			}
+		}
+		rep = a.storeFailed("get", err, nil)
+	}
+	w := &answerRecorder{header: http.Header{}}
+	a.h.writeProblem(w, rep.problem, a.requestID, a.rt.settings.Problems)
+	return w.status, w.body.Bytes()
+}
+
+// answerRecorder keeps the problem an attempt run for the key API
+// decided, as written.
 type answerRecorder struct {
 	header http.Header
 	status int
@@ -576,14 +585,18 @@ func (r *answerRecorder) WriteHeader(status int) {
 }
 
 func (r *answerRecorder) Write(b []byte) (int, error) {
-	r.WriteHeader(http.StatusOK)
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
 	return r.body.Write(b)
 }
 
 // ask is one lookup for this exchange's key, traced.
-func (x *exchange) ask() lookupAnswer {
+func (a *attempt) ask() lookupAnswer {
 	start := time.Now()
-	ans := x.h.lookup(context.WithoutCancel(x.r.Context()), x.rt, x.principal, x.idemKey, x.rt.settings.MaxResponseBody)
-	x.lookupSpan(start, ans)
+	ans := a.h.lookup(context.WithoutCancel(a.ctx), a.rt, a.principal, a.idemKey, a.rt.settings.MaxResponseBody)
+	if a.seen != nil {
+		a.seen.lookupSpan(start, ans)
+	}
 	return ans
 }

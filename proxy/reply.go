@@ -1,8 +1,9 @@
 package proxy
 
 import (
-	"github.com/idemproxy/idemproxy/claim"
 	"net/http"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // reply is the answer a step of the exchange decided: a problem idemproxy
@@ -64,6 +65,13 @@ func bypassWith(body []byte, why string) *reply {
 func (x *exchange) respond(rep *reply) {
 	if rep == nil {
 		return
+	}
+	if rep.record != nil && rep.record.BodyCompressed && !rep.stream {
+		// A stored body is inflated for its replay here, into a buffer
+		// the exchange holds until it is written (inflate).
+		if failed := x.inflate(rep.record); failed != nil {
+			rep = failed
+		}
 	}
 	if rep.outcome != "" {
 		x.outcome = rep.outcome

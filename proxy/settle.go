@@ -82,25 +82,17 @@ func (o *owner) keep(why string) verdict {
 func (o *owner) complete(rec *claim.Record) verdict {
 	x := o.x
 	retention := x.rt.settings.Retention
-	var err error
-	for _, wait := range storeRetryWaits {
-		time.Sleep(wait)
-		var how claim.Completion
-		err = x.detached("complete", func(ctx context.Context) (err error) {
-			how, err = x.h.store.Complete(ctx, x.hashedKey, rec, retention)
-			return err
-		})
-		if err == nil {
-			x.h.metrics.storedBytes.Observe(float64(len(rec.Body)))
-			if how == claim.StoredAfterLapse {
-				return verdict{outcomeStored, "stored after the lease had lapsed; nobody had claimed the key since"}
-			}
-			return verdict{outcome: outcomeStored}
+	var how claim.Completion
+	err := x.retried("complete", func(ctx context.Context) (err error) {
+		how, err = x.h.store.Complete(ctx, x.hashedKey, rec, retention)
+		return err
+	})
+	if err == nil {
+		x.h.metrics.storedBytes.Observe(float64(len(rec.Body)))
+		if how == claim.StoredAfterLapse {
+			return verdict{outcomeStored, "stored after the lease had lapsed; nobody had claimed the key since"}
 		}
-		if errors.Is(err, claim.ErrLeaseLost) || errors.Is(err, claim.ErrCorrupt) {
-			break
-		}
-		x.h.metrics.storeErrors.WithLabelValues("complete").Inc()
+		return verdict{outcome: outcomeStored}
 	}
 	if errors.Is(err, claim.ErrLeaseLost) {
 		return verdict{outcomeFenceLost, "the lease lapsed and another attempt holds the key; its record was not overwritten"}
@@ -132,6 +124,15 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	if h.streams && x.rt.settings.Stream && isStream(resp) && o.startStream(resp) {
 		return nil
 	}
+	return o.storeAnswer(resp)
+}
+
+// storeAnswer reads the upstream's answer (resp, not a stream) up to the
+// route's max_response_body and settles the key with it: whole, or with
+// its body omitted when the answer is larger (then the client still gets
+// all of it). The client's copy reads the buffer, lent.
+func (o *owner) storeAnswer(resp *http.Response) error {
+	x, h := o.x, o.x.h
 	limit := x.rt.settings.MaxResponseBody
 	expected := resp.ContentLength
 	if expected > limit {
@@ -147,20 +148,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 		// unknown_outcome.
 		return fmt.Errorf("read upstream response body: %w", err)
 	}
-	rec := &claim.Record{
-		State:       claim.Completed,
-		Token:       o.rec.Token,
-		Fingerprint: o.rec.Fingerprint,
-		Created:     o.rec.Created,
-		Completed:   time.Now(),
-		RequestID:   o.rec.RequestID,
-		Trace:       o.rec.Trace,
-		Status:      resp.StatusCode,
-		Header:      resp.Header.Clone(),
-	}
-	for _, h := range x.rt.settings.ExcludeHeaders {
-		rec.Header.Del(h)
-	}
+	rec := settledRecord(o.rec, o.rec.Token, claim.Completed, resp.StatusCode, storedHeader(x.rt, resp.Header), time.Now())
 	if x.rt.settings.AdvertiseRetention {
 		resp.Header.Set(retentionHeader, retentionSeconds(x.rt.settings.Retention))
 	}
@@ -181,6 +169,37 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	}
 	o.settle(func() verdict { return o.complete(rec) })
 	return nil
+}
+
+// settledRecord is the record that settles claimed's key, fenced on
+// token: state (Completed, or Streamed for a stream's head), status and
+// header, with the claim's fingerprint, creation, request id and trace,
+// completed at completed (zero for a stream's head). Every record that
+// settles a key is built here.
+func settledRecord(claimed *claim.Record, token claim.Token, state claim.State, status int, header http.Header, completed time.Time) *claim.Record {
+	return &claim.Record{
+		State:            state,
+		Token:            token,
+		Fingerprint:      claimed.Fingerprint,
+		KeyedFingerprint: claimed.KeyedFingerprint,
+		Created:          claimed.Created,
+		Completed:        completed,
+		RequestID:        claimed.RequestID,
+		Trace:            claimed.Trace,
+		Status:           status,
+		Header:           header,
+	}
+}
+
+// storedHeader is what of an upstream's answer header rt stores: a copy,
+// less its exclude_headers (idemproxy's own were dropped on arrival:
+// dropOwnHeaders).
+func storedHeader(rt *route, h http.Header) http.Header {
+	stored := h.Clone()
+	for _, name := range rt.settings.ExcludeHeaders {
+		stored.Del(name)
+	}
+	return stored
 }
 
 // retentionSeconds is d in whole seconds, for retentionHeader.
@@ -293,19 +312,9 @@ func (h *Handler) outcomeUnknownRecord(orig *claim.Record, token claim.Token, no
 		}
 		header.Set(unknownSinceHeader, strconv.FormatInt(ms, 10))
 	}
-	return &claim.Record{
-		State:            claim.Completed,
-		Token:            token,
-		Fingerprint:      orig.Fingerprint,
-		KeyedFingerprint: orig.KeyedFingerprint,
-		Created:          orig.Created,
-		Completed:        now,
-		RequestID:        orig.RequestID,
-		Trace:            orig.Trace,
-		Status:           p.Status,
-		Header:           header,
-		Body:             body,
-	}
+	rec := settledRecord(orig, token, claim.Completed, p.Status, header, now)
+	rec.Body = body
+	return rec
 }
 
 func isTimeout(err error) bool {

@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // Store calls: every store operation a request makes goes through storeOp
@@ -19,24 +22,45 @@ var storeOps = []string{
 
 // storeOp runs store operation op (one of storeOps) with ctx, timed and
 // traced as op: every store call of a request goes through it.
-func (x *exchange) storeOp(ctx context.Context, op string, call func(context.Context) error) error {
+func (a *attempt) storeOp(ctx context.Context, op string, call func(context.Context) error) error {
 	start := time.Now()
 	err := call(ctx)
-	x.observeStore(op, start, err)
+	a.observeStore(op, start, err)
 	return err
 }
 
 // detached is storeOp on a context of its own: detached from the client,
 // whose hanging up cannot unsend a write, and bounded (settleCtx).
-func (x *exchange) detached(op string, call func(context.Context) error) error {
+func (a *attempt) detached(op string, call func(context.Context) error) error {
 	ctx, cancel := settleCtx()
 	defer cancel()
-	return x.storeOp(ctx, op, call)
+	return a.storeOp(ctx, op, call)
 }
 
 // observeStore times store operation op, which started at start, and
 // traces it.
-func (x *exchange) observeStore(op string, start time.Time, err error) {
-	x.h.metrics.storeSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	x.storeSpan(op, start, err)
+func (a *attempt) observeStore(op string, start time.Time, err error) {
+	a.h.metrics.storeSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	if a.seen != nil {
+		a.seen.storeSpan(op, start, err)
+	}
+}
+
+// retried is detached store operation op, run again while the store is
+// unavailable (claim.ErrUnavailable: each such failure is counted in
+// idemproxy_store_errors_total{op}), at most once per storeRetryWaits,
+// after its wait: the writes after the upstream answered, whose failure
+// is the dual-write window. Any other error (the lease lost, a record
+// unreadable, a stream out of step) is returned at once: retrying cannot
+// help.
+func (a *attempt) retried(op string, call func(context.Context) error) error {
+	var err error
+	for _, wait := range storeRetryWaits {
+		time.Sleep(wait)
+		if err = a.detached(op, call); err == nil || !errors.Is(err, claim.ErrUnavailable) {
+			return err
+		}
+		a.h.metrics.storeErrors.WithLabelValues(op).Inc()
+	}
+	return err
 }

@@ -101,19 +101,7 @@ type streamPump struct {
 func (o *owner) startStream(resp *http.Response) bool {
 	x := o.x
 	s := &x.rt.settings
-	head := &claim.Record{
-		State:       claim.Streamed,
-		Token:       o.rec.Token,
-		Fingerprint: o.rec.Fingerprint,
-		Created:     o.rec.Created,
-		RequestID:   o.rec.RequestID,
-		Trace:       o.rec.Trace,
-		Status:      resp.StatusCode,
-		Header:      resp.Header.Clone(),
-	}
-	for _, name := range s.ExcludeHeaders {
-		head.Header.Del(name)
-	}
+	head := settledRecord(o.rec, o.rec.Token, claim.Streamed, resp.StatusCode, storedHeader(x.rt, resp.Header), time.Time{})
 	if headerSize(head.Header) > s.MaxResponseBody {
 		return false
 	}
@@ -121,18 +109,10 @@ func (o *owner) startStream(resp *http.Response) bool {
 		resp.Header.Set(retentionHeader, retentionSeconds(s.Retention))
 	}
 	var at int
-	var err error
-	for _, wait := range storeRetryWaits {
-		time.Sleep(wait)
-		err = x.detached("stream_start", func(ctx context.Context) (err error) {
-			at, err = x.h.store.StreamStart(ctx, x.hashedKey, head, s.Retention, s.Lease)
-			return err
-		})
-		if err == nil || errors.Is(err, claim.ErrLeaseLost) {
-			break
-		}
-		x.h.metrics.storeErrors.WithLabelValues("stream_start").Inc()
-	}
+	err := x.retried("stream_start", func(ctx context.Context) (err error) {
+		at, err = x.h.store.StreamStart(ctx, x.hashedKey, head, s.Retention, s.Lease)
+		return err
+	})
 	if err != nil {
 		// As for a buffered answer that cannot be stored: the upstream
 		// acted, its client gets the answer (unrecorded), and the window
@@ -271,23 +251,13 @@ func (p *streamPump) append(chunk []byte) bool {
 		return true
 	}
 	from := p.at
-	var err error
-	for _, wait := range storeRetryWaits {
-		time.Sleep(wait)
-		var n int
-		err = x.detached("stream_append", func(ctx context.Context) (err error) {
-			n, err = x.h.store.StreamAppend(ctx, x.hashedKey, p.o.rec.Token, p.at, chunk, s.Lease)
-			return err
-		})
+	err := x.retried("stream_append", func(ctx context.Context) error {
+		n, err := x.h.store.StreamAppend(ctx, x.hashedKey, p.o.rec.Token, p.at, chunk, s.Lease)
 		if err == nil {
 			p.at = n
-			break
 		}
-		if !errors.Is(err, claim.ErrUnavailable) {
-			break // fenced off, over, or out of step: retrying cannot help
-		}
-		x.h.metrics.storeErrors.WithLabelValues("stream_append").Inc()
-	}
+		return err
+	})
 	if err != nil {
 		x.log().Warn("stream chunk not stored: the stream ends here for every reader", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
 		x.detail = "a chunk could not be stored, so it was never sent: the stream ended abnormally: " + err.Error()
@@ -346,17 +316,9 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 		if how == claim.StreamEnded {
 			at = p.at
 		}
-		var err error
-		for _, wait := range storeRetryWaits {
-			time.Sleep(wait)
-			err = x.detached("stream_end", func(ctx context.Context) error {
-				return x.h.store.StreamFinish(ctx, x.hashedKey, p.o.rec.Token, how, at)
-			})
-			if err == nil || !errors.Is(err, claim.ErrUnavailable) {
-				break
-			}
-			x.h.metrics.storeErrors.WithLabelValues("stream_end").Inc()
-		}
+		err := x.retried("stream_end", func(ctx context.Context) error {
+			return x.h.store.StreamFinish(ctx, x.hashedKey, p.o.rec.Token, how, at)
+		})
 		if err != nil && how == claim.StreamEnded {
 			clientErr = errStreamAborted
 			x.detail = "the stream's end could not be recorded; it ends abnormally for every reader: " + err.Error()
@@ -488,25 +450,25 @@ func (a *attached) give(key, principal string) {
 // attach is the reply to a retry of a streamed answer: the stream as
 // stored so far, then as it grows, marked as a replay; 409
 // response-not-replayable past max_response_body.
-func (x *exchange) attach(rec *claim.Record) *reply {
+func (a *attempt) attach(rec *claim.Record) *reply {
 	if rec.StreamEnd == claim.StreamTooLarge {
 		return notReplayable(rec)
 	}
-	if int64(len(rec.Body)) > x.rt.settings.MaxResponseBody {
+	if int64(len(rec.Body)) > a.rt.settings.MaxResponseBody {
 		// The owner stores no more than max_response_body of a stream: a
 		// longer one was planted or edited, and is not replayed.
-		return x.streamTooLong()
+		return a.streamTooLong()
 	}
-	if rec.StreamEnd == claim.StreamRunning && !x.h.streamReaders.take(x.hashedKey, x.principal) {
-		return x.inProgress("this stream, or this principal, has as many retries following streams as this sidecar allows; retry after the time in Retry-After", time.Second)
+	if rec.StreamEnd == claim.StreamRunning && !a.h.streamReaders.take(a.hashedKey, a.principal) {
+		return a.inProgress("this stream, or this principal, has as many retries following streams as this sidecar allows; retry after the time in Retry-After", time.Second)
 	}
 	return &reply{outcome: outcomeReplayed, record: rec, replayed: true, stream: true}
 }
 
 // streamTooLong answers a retry of a streamed record longer than the
 // route stores: record-unreadable, counted as too_large.
-func (x *exchange) streamTooLong() *reply {
-	x.h.metrics.recordErrors.WithLabelValues(claim.ReasonTooLarge).Inc()
+func (a *attempt) streamTooLong() *reply {
+	a.h.metrics.recordErrors.WithLabelValues(claim.ReasonTooLarge).Inc()
 	return refuse(outcomeRecordUnreadable, probRecordCorrupt.with("the stream stored for this key is longer than this route's max_response_body, which idemproxy never stores; nothing was forwarded"))
 }
 
@@ -545,10 +507,10 @@ func (x *exchange) follow(rec *claim.Record) {
 
 // readStream reads key's stream from at for a follower, sharing the read
 // with every follower of it on this sidecar asking the same (fanout.go).
-func (x *exchange) readStream(ctx context.Context, at int) (claim.StreamPart, error) {
-	return x.h.streamReads.read(ctx, x.hashedKey, at, func(ctx context.Context) (part claim.StreamPart, err error) {
-		err = x.storeOp(ctx, "stream_read", func(ctx context.Context) (err error) {
-			part, err = x.h.store.StreamRead(ctx, x.hashedKey, at, streamReadMax)
+func (a *attempt) readStream(ctx context.Context, at int) (claim.StreamPart, error) {
+	return a.h.streamReads.read(ctx, a.hashedKey, at, func(ctx context.Context) (part claim.StreamPart, err error) {
+		err = a.storeOp(ctx, "stream_read", func(ctx context.Context) (err error) {
+			part, err = a.h.store.StreamRead(ctx, a.hashedKey, at, streamReadMax)
 			return err
 		})
 		return part, err
@@ -557,9 +519,9 @@ func (x *exchange) readStream(ctx context.Context, at int) (claim.StreamPart, er
 
 // followerTooLong cuts a follower of a stream grown past what its owner
 // ever stores (planted or edited), counted as too_large.
-func (x *exchange) followerTooLong() claim.StreamEnd {
-	x.h.metrics.recordErrors.WithLabelValues(claim.ReasonTooLarge).Inc()
-	x.log().Warn("stream follower cut: the stored stream grew past max_response_body", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
+func (a *attempt) followerTooLong() claim.StreamEnd {
+	a.h.metrics.recordErrors.WithLabelValues(claim.ReasonTooLarge).Inc()
+	a.log().Warn("stream follower cut: the stored stream grew past max_response_body", "route", a.rt.name, "key", a.hashedKey, "request_id", a.requestID)
 	return claim.StreamAborted
 }
 
@@ -571,9 +533,9 @@ const streamClientGone claim.StreamEnd = 255
 // first attempt began (its owner cancels the call then), nor, whatever a
 // planted or damaged record says of its start or its lease, longer than
 // that after this follower began.
-func (x *exchange) followDeadline(rec *claim.Record) time.Time {
-	budget := x.h.upstreamTimeout + x.h.lateWindow
-	deadline := x.start.Add(budget)
+func (a *attempt) followDeadline(rec *claim.Record) time.Time {
+	budget := a.h.upstreamTimeout + a.h.lateWindow
+	deadline := a.start.Add(budget)
 	if !rec.Created.IsZero() && rec.Created.Add(budget).Before(deadline) {
 		deadline = rec.Created.Add(budget)
 	}

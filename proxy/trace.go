@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -85,11 +84,20 @@ func hostPort(addr, defaultPort string) []attribute.KeyValue {
 	return out
 }
 
+// spanSink is a traced exchange's traceSink: what its attempt did, as
+// client spans under the request's server span, and links from it.
+type spanSink struct {
+	t     *tracing
+	ctx   context.Context
+	span  trace.Span
+	store Store
+}
+
 // lookupSpan records a reconcile lookup, which started at start, as a
 // client span (HTTP semantic conventions) with its result; an unresolved
 // lookup is an error.
-func (x *exchange) lookupSpan(start time.Time, ans lookupAnswer) {
-	if x.span == nil {
+func (s *spanSink) lookupSpan(start time.Time, ans lookupAnswer) {
+	if s.span == nil {
 		return
 	}
 	attrs := []attribute.KeyValue{
@@ -99,32 +107,12 @@ func (x *exchange) lookupSpan(start time.Time, ans lookupAnswer) {
 	if ans.upstreamStatus != 0 {
 		attrs = append(attrs, semconv.HTTPResponseStatusCode(ans.upstreamStatus))
 	}
-	_, sp := x.h.tracing.tracer.Start(x.r.Context(), http.MethodGet,
+	_, sp := s.t.tracer.Start(s.ctx, http.MethodGet,
 		trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
 	if ans.result == lookupUnresolved {
 		sp.SetStatus(codes.Error, ans.why)
 	}
 	sp.End()
-}
-
-// traceID is the request's trace id when it is traced, else "".
-func (x *exchange) traceID() string {
-	if x.span == nil {
-		return ""
-	}
-	if sc := x.span.SpanContext(); sc.HasTraceID() {
-		return sc.TraceID().String()
-	}
-	return ""
-}
-
-// log is the handler's logger, with the request's trace id on every
-// line when it is traced.
-func (x *exchange) log() *slog.Logger {
-	if id := x.traceID(); id != "" {
-		return x.h.log.With("trace_id", id)
-	}
-	return x.h.log
 }
 
 // startTrace starts the exchange's server span, continuing the client's
@@ -139,6 +127,16 @@ func (x *exchange) startTrace() {
 		attribute.String("idemproxy.request_id", x.requestID),
 	}
 	x.r, x.span = x.h.tracing.serverSpan(x.r, x.trusted, x.start, x.r.Method+" "+x.rt.httpRoute, attrs)
+	// The attempt's store calls and lookups are children of the span; it
+	// tells the span what it did.
+	x.attempt.ctx = x.r.Context()
+	x.attempt.seen = &spanSink{t: x.h.tracing, ctx: x.r.Context(), span: x.span, store: x.h.store}
+	if sc := x.span.SpanContext(); sc.IsValid() {
+		x.attempt.trace = claim.TraceContext{TraceID: sc.TraceID(), SpanID: sc.SpanID()}
+	}
+	if sc := x.span.SpanContext(); sc.HasTraceID() {
+		x.attempt.traceID = sc.TraceID().String()
+	}
 }
 
 // serverSpan starts a server span for r, continuing the client's trace
@@ -226,23 +224,10 @@ func (x *exchange) endTrace() {
 	x.span.End()
 }
 
-// traceContext is what a record stores of the exchange's span: nothing
-// when it is not traced.
-func (x *exchange) traceContext() claim.TraceContext {
-	if x.span == nil {
-		return claim.TraceContext{}
-	}
-	sc := x.span.SpanContext()
-	if !sc.IsValid() {
-		return claim.TraceContext{}
-	}
-	return claim.TraceContext{TraceID: sc.TraceID(), SpanID: sc.SpanID()}
-}
-
-// linkTo links the exchange's span to the span of the attempt that
+// linkTo links the request's span to the span of the attempt that
 // claimed rec: the execution a replay, a 409 or a 422 refers to.
-func (x *exchange) linkTo(rec *claim.Record) {
-	if x.span == nil || rec.Trace.IsZero() {
+func (s *spanSink) linkTo(rec *claim.Record) {
+	if s.span == nil || rec.Trace.IsZero() {
 		return
 	}
 	sc := trace.NewSpanContext(trace.SpanContextConfig{
@@ -251,7 +236,7 @@ func (x *exchange) linkTo(rec *claim.Record) {
 		TraceFlags: trace.FlagsSampled,
 		Remote:     true,
 	})
-	x.span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
+	s.span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
 		attribute.String("idemproxy.link", "execution"),
 		attribute.String("idemproxy.original_request_id", rec.RequestID),
 	}})
@@ -262,13 +247,13 @@ func (x *exchange) linkTo(rec *claim.Record) {
 // after what it sent, with its attributes).
 // A lost lease is an answer, not a failure; every other error marks the
 // span with error.type and an error status.
-func (x *exchange) storeSpan(op string, start time.Time, err error) {
-	if x.span == nil {
+func (s *spanSink) storeSpan(op string, start time.Time, err error) {
+	if s.span == nil {
 		return
 	}
-	t := x.h.tracing
-	d := x.h.store.Span(op)
-	_, sp := t.tracer.Start(x.r.Context(), d.Name,
+	t := s.t
+	d := s.store.Span(op)
+	_, sp := t.tracer.Start(s.ctx, d.Name,
 		trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithTimestamp(start),
 		trace.WithAttributes(d.Attributes...),

@@ -140,14 +140,14 @@ type legacyKey struct {
 // newest first: v0.6.0's, the body's digest alone, for a provider keyed by
 // the body's digest; v0.5.0's, the delivery id (unsigned where the
 // provider does not sign it), in the scope the route had then.
-func (x *exchange) legacyKeys(wh *Webhook, key string, body []byte) []legacyKey {
-	p := providers[wh.Provider]
+func legacyKeys(rt *route, h http.Header, key string, body []byte) []legacyKey {
+	p := providers[rt.settings.Webhook.Provider]
 	if p.unsignedID == nil {
-		return []legacyKey{{scope: x.rt.legacyScope, key: key, change: keysV06}}
+		return []legacyKey{{scope: rt.legacyScope, key: key, change: keysV06}}
 	}
 	return []legacyKey{
-		{scope: x.rt.scope, key: bodySum(body), change: keysV07},
-		{scope: x.rt.legacyScope, key: p.unsignedID(x.r.Header), change: keysV06},
+		{scope: rt.scope, key: bodySum(body), change: keysV07},
+		{scope: rt.legacyScope, key: p.unsignedID(h), change: keysV06},
 	}
 }
 
@@ -191,7 +191,7 @@ func (x *exchange) admitDelivery() (admitted, *reply) {
 		return admitted{}, refuse(outcomeRejected, probKeyMalformed.with(err.Error()))
 	}
 	x.r.Header.Set(x.rt.settings.KeyHeader, key) // the upstream can dedupe on it too
-	return admitted{key: key, body: body, legacy: x.legacyKeys(wh, key, body)}, nil
+	return admitted{key: key, body: body, legacy: legacyKeys(x.rt, x.r.Header, key, body)}, nil
 }
 
 func (x *exchange) signatureInvalid(err error) *reply {
@@ -250,22 +250,22 @@ func (x *exchange) holdAs(principal string) *reply {
 // record instead of executing again. Each is looked for one retention
 // after this store first served the keys that replaced it (Store.Since).
 // It returns the reply when the store failed.
-func (x *exchange) useLegacyKey(keys []legacyKey) *reply {
+func (a *attempt) useLegacyKey(keys []legacyKey) *reply {
 	for _, k := range keys {
-		legacy := x.h.codec.Key(x.principal, k.scope, k.key)
-		if k.key == "" || legacy == x.hashedKey || !x.h.keyChanges[k.change].reading(x, keyChangeMarkers[k.change]) {
+		legacy := a.h.codec.Key(a.principal, k.scope, k.key)
+		if k.key == "" || legacy == a.hashedKey || !a.h.keyChanges[k.change].reading(a, keyChangeMarkers[k.change]) {
 			continue
 		}
 		var rec *claim.Record
-		err := x.detached("get", func(ctx context.Context) (err error) {
-			rec, _, err = x.h.store.Get(ctx, legacy)
+		err := a.detached("get", func(ctx context.Context) (err error) {
+			rec, _, err = a.h.store.Get(ctx, legacy)
 			return err
 		})
 		if err != nil {
-			return x.storeFailed("get", err, nil)
+			return a.storeFailed("get", err, nil)
 		}
 		if rec != nil {
-			x.hashedKey = legacy
+			a.hashedKey = legacy
 			return nil
 		}
 	}
@@ -291,18 +291,18 @@ type keyChange struct {
 	mu    sync.Mutex   // one read at a time
 }
 
-// reading reports whether x, a delivery, still looks for the keys the
+// reading reports whether a, a delivery, still looks for the keys the
 // change marked by marker replaced: within its route's retention of the
-// change, and whenever the marker cannot be read (a store call of x's).
-func (k *keyChange) reading(x *exchange, marker string) bool {
+// change, and whenever the marker cannot be read (a store call of a's).
+func (k *keyChange) reading(a *attempt, marker string) bool {
 	since := k.since.Load()
 	if since == 0 {
 		k.mu.Lock()
 		defer k.mu.Unlock()
 		if since = k.since.Load(); since == 0 {
 			var t time.Time
-			err := x.detached("get", func(ctx context.Context) (err error) {
-				t, err = x.h.store.Since(ctx, marker, time.Now())
+			err := a.detached("get", func(ctx context.Context) (err error) {
+				t, err = a.h.store.Since(ctx, marker, time.Now())
 				return err
 			})
 			if err != nil {
@@ -312,7 +312,7 @@ func (k *keyChange) reading(x *exchange, marker string) bool {
 			k.since.Store(since)
 		}
 	}
-	return time.Now().Before(time.Unix(0, since).Add(x.rt.settings.Retention))
+	return time.Now().Before(time.Unix(0, since).Add(a.rt.settings.Retention))
 }
 
 // webhookOutcome is a delivery's result label, from its outcome.
