@@ -26,6 +26,8 @@ import (
 	stripe "github.com/stripe/stripe-go/v82"
 	"github.com/stripe/stripe-go/v82/webhook"
 	svix "github.com/svix/svix-webhooks/go"
+
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 )
 
 // stripeBody is the problem_body the README recommends for clients that
@@ -36,18 +38,19 @@ import (
 // the first attempt instead of failing.
 const stripeBody = `{"error":{"type":"idempotency_error","code":{{if eq .Code "request-in-progress"}}"lock_timeout"{{else}}{{json .Code}}{{end}},"message":{{json .Detail}},"request_id":{{json .RequestID}}}}`
 
-var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-)
-
 // binaryEnv names an idemproxy binary already built (CI builds it once
 // for every stage); without it the suite builds the repository's.
 const binaryEnv = "IDEMPROXY_BINARY"
 
+// TestMain removes the binary binarytest built, if it built one.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	binarytest.Cleanup()
+	os.Exit(code)
+}
+
 // binary is the idemproxy binary: IDEMPROXY_BINARY's, or the repository's
-// built once.
+// built once (binarytest.Binary).
 func binary(t *testing.T) string {
 	t.Helper()
 	if bin := os.Getenv(binaryEnv); bin != "" {
@@ -56,23 +59,11 @@ func binary(t *testing.T) string {
 		}
 		return bin
 	}
-	binOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "idemproxy-compat-")
-		if err != nil {
-			binErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "idemproxy")
-		cmd := exec.Command("go", "build", "-o", binPath, ".")
-		cmd.Dir = ".."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("build: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
+	bin, err := binarytest.Binary()
+	if err != nil {
+		t.Fatal(err)
 	}
-	return binPath
+	return bin
 }
 
 func freePort(t *testing.T) int {
@@ -155,34 +146,13 @@ func sidecarFor(t *testing.T, upstream http.Handler, extra, routes string) strin
 	t.Helper()
 	up := httptest.NewServer(upstream)
 	t.Cleanup(up.Close)
-	port, admin := freePort(t), freePort(t)
-	path := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(path, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
-admin_listen: "127.0.0.1:%d"
-upstream:
+	yaml := fmt.Sprintf(`upstream:
   url: %q
 defaults:
   lease: 2s
 %sroutes:
-%s`, port, admin, up.URL, extra, routes)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(binary(t), "-config", path)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() }) // by the PID this test started
-	for range 200 {
-		if resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", admin)); err == nil {
-			resp.Body.Close()
-			return fmt.Sprintf("http://127.0.0.1:%d", port)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
-	t.Fatalf("idemproxy did not come up:\n%s", stderr.String())
-	return ""
+%s`, up.URL, extra, routes)
+	return binarytest.StartT(t, binary(t), yaml).Client
 }
 
 // calls is what a client library handed its application, per scenario and

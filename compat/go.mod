@@ -11,5 +11,8 @@ require (
 
 require (
 	github.com/hashicorp/go-cleanhttp v0.5.2 // indirect
+	github.com/idemproxy/idemproxy v0.0.0
 	gopkg.in/validator.v2 v2.0.1 // indirect
 )
+
+replace github.com/idemproxy/idemproxy => ../

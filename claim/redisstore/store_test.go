@@ -634,7 +634,7 @@ func TestSpansNameTheCommand(t *testing.T) {
 		d := s.Span(op)
 		attrs := map[string]string{}
 		for _, a := range d.Attributes {
-			attrs[string(a.Key)] = a.Value.Emit()
+			attrs[string(a.Key)] = a.Value.String()
 		}
 		if d.Name != want || attrs["db.operation.name"] != want || attrs["db.system.name"] != "redis" || attrs["server.address"] != "10.0.0.7" || attrs["server.port"] != "6380" {
 			t.Errorf("%s: span %q with %v, want %s on redis at 10.0.0.7:6380", op, d.Name, attrs, want)
