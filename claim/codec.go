@@ -65,6 +65,8 @@ type Options struct {
 	// NodeName names the node Health reports when the backend has no
 	// address of its own to give it (WithNodeName).
 	NodeName string
+	// Now, when set, is this process' clock (WithClock).
+	Now func() time.Time
 }
 
 // Option configures a store.
@@ -125,6 +127,13 @@ func WithEpochObserver(observe func(Epoch)) Option {
 // (go-redis' failover client has no address of its own).
 func WithNodeName(name string) Option {
 	return func(o *Options) { o.NodeName = name }
+}
+
+// WithClock makes the store read now as this process' clock, where it
+// compares it with the store's (claim marks, FreeAbsent's two clocks): a
+// test's process whose replies come late, or whose clock is off.
+func WithClock(now func() time.Time) Option {
+	return func(o *Options) { o.Now = now }
 }
 
 // WithSealing seals every record written with the first of keys (each

@@ -18,47 +18,76 @@ import (
 	"github.com/idemproxy/idemproxy/claim"
 )
 
-// Factory opens a store for one case, on the deployment under test, with
-// every key under prefix (each case has a prefix of its own) and opts.
-// It closes what it opened when t ends.
-type Factory func(t *testing.T, prefix string, opts ...claim.Option) claim.Backend
+// Deployment is one deployment of a backend under test: a backend's test
+// gives one per deployment it supports (a server, a cluster...).
+type Deployment interface {
+	// Open opens a store on the deployment, every key under prefix, with
+	// opts (several stores on one prefix read each other's records). It
+	// closes what it opened when t ends.
+	Open(t *testing.T, prefix string, opts ...claim.Option) claim.Backend
+	// Raw is key's value as stored, byte for byte; nil when the key holds
+	// nothing.
+	Raw(ctx context.Context, key string) ([]byte, error)
+	// Plant stores value under key as it is, for ttl: a record written
+	// by hand (another program's, an older release's, an edited one).
+	Plant(ctx context.Context, key string, value []byte, ttl time.Duration) error
+}
 
-// Case is one contract case.
+// Case is one contract case: s is a store Open made for it, under a
+// prefix of its own.
 type Case struct {
 	Name string
-	Run  func(t *testing.T, s claim.Backend)
+	Run  func(t *testing.T, d Deployment, s claim.Backend)
+}
+
+// on is a case that needs nothing but its store.
+func on(run func(t *testing.T, s claim.Backend)) func(*testing.T, Deployment, claim.Backend) {
+	return func(t *testing.T, _ Deployment, s claim.Backend) { run(t, s) }
 }
 
 // Cases are the contract, in the order they run.
 var Cases = []Case{
-	{"ClaimThenConflict", testClaimThenConflict},
-	{"ResentClaimIsOurs", testResentClaimIsOurs},
-	{"CompleteAndGet", testCompleteAndGet},
-	{"ResentCompleteIsSuccess", testResentCompleteIsSuccess},
-	{"RenewFenced", testRenewFenced},
-	{"ReleaseFenced", testReleaseFenced},
-	{"StaleOwnerAfterTakeover", testStaleOwnerAfterTakeover},
-	{"LeaseLapses", testLeaseLapses},
-	{"CompleteAfterLapse", testCompleteAfterLapse},
-	{"ConcurrentClaimsOneWinner", testConcurrentClaims},
-	{"ConcurrentPairsKeepTheirResults", testConcurrentPairs},
-	{"WatchWakesOnEverySettlement", testWatch},
-	{"TailOutlivesLease", testTailOutlivesLease},
-	{"SettleOrphanFenced", testSettleOrphanFenced},
-	{"FullRefusesOnlyNewClaims", testFullRefusesOnlyNewClaims},
-	{"Quota", testQuota},
-	{"UnforwardedClaims", testUnforwardedClaims},
-	{"TakeOverFenced", testTakeOverFenced},
-	{"StreamedRecords", testStreamedRecords},
+	{"ClaimThenConflict", on(testClaimThenConflict)},
+	{"ResentClaimIsOurs", on(testResentClaimIsOurs)},
+	{"CompleteAndGet", on(testCompleteAndGet)},
+	{"ResentCompleteIsSuccess", on(testResentCompleteIsSuccess)},
+	{"RenewFenced", on(testRenewFenced)},
+	{"ReleaseFenced", on(testReleaseFenced)},
+	{"StaleOwnerAfterTakeover", on(testStaleOwnerAfterTakeover)},
+	{"LeaseLapses", on(testLeaseLapses)},
+	{"CompleteAfterLapse", on(testCompleteAfterLapse)},
+	{"ConcurrentClaimsOneWinner", on(testConcurrentClaims)},
+	{"ConcurrentPairsKeepTheirResults", on(testConcurrentPairs)},
+	{"WatchWakesOnEverySettlement", on(testWatch)},
+	{"TailOutlivesLease", on(testTailOutlivesLease)},
+	{"SettleOrphanFenced", on(testSettleOrphanFenced)},
+	{"FullRefusesOnlyNewClaims", on(testFullRefusesOnlyNewClaims)},
+	{"Quota", on(testQuota)},
+	{"UnforwardedClaims", on(testUnforwardedClaims)},
+	{"TakeOverFenced", on(testTakeOverFenced)},
+	{"StreamedRecords", on(testStreamedRecords)},
+	{"ForeignValueNeverTouched", testForeignValue},
+	{"UnforwardedWhateverTheReadersClock", testUnforwardedReadersClock},
+	{"UnmarkedWhileTheClockIsOff", testUnmarkedWhileClockOff},
+	{"OwnRoundTripDecides", testOwnRoundTripDecides},
+	{"CompressedRecords", testCompressedRecords},
+	{"CompactRecords", testCompactRecords},
+	{"KeyedFingerprints", testKeyedFingerprints},
+	{"SealedRecords", testSealedRecords},
+	{"KeyRotation", testKeyRotation},
+	{"SecretKeyDerivation", testSecretKeyDerivation},
+	{"SealingRequired", testSealingRequired},
+	{"TakeOverFencedOnExpiry", testTakeOverFencedOnExpiry},
+	{"SealedStreams", testSealedStreams},
 }
 
-// Run runs every case in parallel, each on a store open gives it under a
-// prefix of its own ("test:<name>:").
-func Run(t *testing.T, open Factory) {
+// Run runs every case on d in parallel, each on a store d opens for it
+// under a prefix of its own ("test:<name>:").
+func Run(t *testing.T, d Deployment) {
 	for _, c := range Cases {
 		t.Run(c.Name, func(t *testing.T) {
 			t.Parallel()
-			c.Run(t, open(t, "test:"+t.Name()+":"))
+			c.Run(t, d, d.Open(t, "test:"+t.Name()+":"))
 		})
 	}
 }

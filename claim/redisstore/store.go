@@ -79,7 +79,7 @@ func New(client redis.UniversalClient, prefix string, opts ...claim.Option) *Sto
 	codec, o := claim.Build(prefix, opts...)
 	s := &Store{client: client, codec: codec, prefix: prefix, watch: newWatcher(client), streamLimit: codec.StreamReadLimit()}
 	s.waitReplicas, s.waitTimeout, s.onWaitShort = o.WaitReplicas, o.WaitTimeout, o.OnWaitShort
-	s.epochs.onLoss, s.masterName = o.OnEpoch, o.NodeName
+	s.epochs.onLoss, s.masterName, s.clockNow = o.OnEpoch, o.NodeName, o.Now
 	if o.Pipeline && s.waitReplicas == 0 {
 		s.batch = &batcher{client: client, onBatch: o.OnBatch}
 	}
