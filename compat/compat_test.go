@@ -750,3 +750,148 @@ func TestOpenAINodeStream(t *testing.T) {
 		}
 	}
 }
+
+// eventsUpstream answers POST /v1/events with one generation of eight
+// server-sent events, each with an id ("id: 3", "data: event 3 of
+// execution 1"), 20 ms apart, counting executions.
+type eventsUpstream struct {
+	mu    sync.Mutex
+	execs int
+}
+
+func (e *eventsUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	e.mu.Lock()
+	e.execs++
+	n := e.execs
+	e.mu.Unlock()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	for i := 1; i <= 8; i++ {
+		fmt.Fprintf(w, "id: %d\ndata: event %d of execution %d\n\n", i, i, n)
+		http.NewResponseController(w).Flush()
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestFetchEventSourceResumes (issue 55): @microsoft/fetch-event-source,
+// a client nobody here wrote, resends Last-Event-ID on its own retries.
+// Its first connection is cut after the third event; its retry (the same
+// POST, body and Idempotency-Key) gets the events after the third, with
+// Idempotent-Resumed-After: 3: the application sees each of the eight
+// events once, and the upstream generated once. A later call with the key
+// and no Last-Event-ID gets the whole stream.
+func TestFetchEventSourceResumes(t *testing.T) {
+	if _, err := exec.LookPath("node"); err != nil {
+		need(t, "node", err.Error())
+	}
+	if _, err := os.Stat("node/node_modules/@microsoft/fetch-event-source/package.json"); err != nil {
+		need(t, "the @microsoft/fetch-event-source npm package", "run: cd compat/node && npm ci")
+	}
+	up := &eventsUpstream{}
+	url := sidecarFor(t, up, "store:\n  record_format: 4\n", "  - name: events\n    match: \"POST /v1/events\"\n")
+	got := external(t, url, "node", "node/resume_events.mjs")
+	var all []string
+	for i := 1; i <= 8; i++ {
+		all = append(all, fmt.Sprintf("%d:event %d of execution 1", i, i))
+	}
+	want := calls{
+		"cut":   {strings.Join(all, " "), "resumed -,3"},
+		"whole": {strings.Join(all, " "), "resumed -"},
+	}
+	for scenario, w := range want {
+		if g := got[scenario]; strings.Join(g, "|") != strings.Join(w, "|") {
+			t.Errorf("%s: the application got %q, want %q", scenario, g, w)
+		}
+	}
+	up.mu.Lock()
+	defer up.mu.Unlock()
+	if up.execs != 1 {
+		t.Errorf("the upstream generated %d times, want 1", up.execs)
+	}
+}
+
+// messagesUpstream is a small Anthropic Messages-compatible upstream: POST
+// /v1/messages with stream: true answers the Messages API's server-sent
+// events (message_start, a text block's deltas, one per word, its stop,
+// message_delta, message_stop). A prompt "slow" holds its headers 1.2 s
+// (longer than the client's timeout). It counts executions per prompt.
+type messagesUpstream struct {
+	mu    sync.Mutex
+	execs map[string]int
+}
+
+func (m *messagesUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Stream   bool `json:"stream"`
+		Messages []struct {
+			Content string `json:"content"`
+		} `json:"messages"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil || !req.Stream || len(req.Messages) == 0 {
+		http.Error(w, "want a streamed message", http.StatusBadRequest)
+		return
+	}
+	prompt := req.Messages[0].Content
+	m.mu.Lock()
+	m.execs[prompt]++
+	n := m.execs[prompt]
+	m.mu.Unlock()
+	if prompt == "slow" {
+		time.Sleep(1200 * time.Millisecond)
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	send := func(event string, data map[string]any) {
+		b, _ := json.Marshal(data)
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, b)
+		http.NewResponseController(w).Flush()
+		time.Sleep(10 * time.Millisecond)
+	}
+	send("message_start", map[string]any{"type": "message_start", "message": map[string]any{
+		"id": "msg_compat", "type": "message", "role": "assistant", "content": []any{}, "model": "compat",
+		"stop_reason": nil, "stop_sequence": nil, "usage": map[string]int{"input_tokens": 1, "output_tokens": 0},
+	}})
+	send("content_block_start", map[string]any{"type": "content_block_start", "index": 0, "content_block": map[string]string{"type": "text", "text": ""}})
+	words := strings.Fields(fmt.Sprintf("answer to %s, execution %d", prompt, n))
+	for _, word := range words {
+		send("content_block_delta", map[string]any{"type": "content_block_delta", "index": 0, "delta": map[string]string{"type": "text_delta", "text": word + " "}})
+	}
+	send("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
+	send("message_delta", map[string]any{"type": "message_delta", "delta": map[string]any{"stop_reason": "end_turn", "stop_sequence": nil}, "usage": map[string]int{"output_tokens": len(words)}})
+	send("message_stop", map[string]any{"type": "message_stop"})
+}
+
+// TestAnthropicNodeStream (issue 55): the @anthropic-ai/sdk package
+// streams messages through the real binary (record_format 4, stream:
+// auto) with its own retries: a call that timed out before the stream
+// began is retried under the application's key and gets the one
+// execution's stream; the key again replays the same text.
+func TestAnthropicNodeStream(t *testing.T) {
+	if _, err := exec.LookPath("node"); err != nil {
+		need(t, "node", err.Error())
+	}
+	if _, err := os.Stat("node/node_modules/@anthropic-ai/sdk/package.json"); err != nil {
+		need(t, "the @anthropic-ai/sdk npm package", "run: cd compat/node && npm ci")
+	}
+	up := &messagesUpstream{execs: map[string]int{}}
+	url := sidecarFor(t, up, "store:\n  record_format: 4\n", "  - name: messages\n    match: \"POST /v1/messages\"\n")
+	got := external(t, url, "node", "node/anthropic_stream.mjs")
+	want := calls{
+		"stream":  {"text answer to plain, execution 1  replayed=false"},
+		"replay":  {"text answer to plain, execution 1  replayed=true"},
+		"retried": {"text answer to slow, execution 1  replayed=true"},
+	}
+	for scenario, w := range want {
+		if g := got[scenario]; strings.Join(g, "|") != strings.Join(w, "|") {
+			t.Errorf("%s: the application streamed %q, want %q", scenario, g, w)
+		}
+	}
+	m := up
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for prompt, n := range m.execs {
+		if n != 1 {
+			t.Errorf("prompt %q executed %d times at the upstream, want 1", prompt, n)
+		}
+	}
+}
