@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -105,20 +106,26 @@ func readOutcomes(r io.Reader, into, freed map[string]string) {
 
 // report is the checker's verdict over one run's history.
 type report struct {
-	Ops               int
-	Attempts          int
-	GaveUp            int
-	Executions        int
-	KeysExecuted      int
-	Duplicates        int
-	Explained         map[string]int // duplicate executions by cause
-	Unexplained       []string       // must be empty
-	CrossPrincipal    int            // must be 0
-	WrongBody         int            // must be 0: a 2xx/500 body that no execution of that key produced
-	ReplayMismatch    int            // must be 0: a replay that differs from every stored original
-	TransientReplayed int            // must be 0
-	Stuck             int            // must be 0
-	Orphans           int            // unknown_outcome: fail claims whose owner vanished, settled by the next attempt
+	Ops          int
+	Attempts     int
+	GaveUp       int
+	Executions   int
+	KeysExecuted int
+	Duplicates   int
+	Explained    map[string]int // duplicate executions by cause
+	Unexplained  []string       // must be empty
+	// StreamsCut are streams their upstream wrote whole that a client got
+	// broken off with no fault but the upstream's on its way (a slow or
+	// stalled reader must not cut a stream): must be empty. StreamReaders
+	// counts the streamed attempts by reader, followers included.
+	StreamsCut        []string
+	StreamReaders     map[string]int
+	CrossPrincipal    int // must be 0
+	WrongBody         int // must be 0: a 2xx/500 body that no execution of that key produced
+	ReplayMismatch    int // must be 0: a replay that differs from every stored original
+	TransientReplayed int // must be 0
+	Stuck             int // must be 0
+	Orphans           int // unknown_outcome: fail claims whose owner vanished, settled by the next attempt
 	// NeverForwarded counts operations answered 502 outcome-unknown for
 	// a key the upstream never executed: a wrong answer. Its causes are
 	// the documented ones; NeverForwardedUnexplained must be empty.
@@ -138,7 +145,7 @@ type report struct {
 }
 
 func (r *report) failed() bool {
-	return len(r.Unexplained) > 0 || r.CrossPrincipal > 0 || r.WrongBody > 0 ||
+	return len(r.Unexplained) > 0 || len(r.StreamsCut) > 0 || r.CrossPrincipal > 0 || r.WrongBody > 0 ||
 		r.ReplayMismatch > 0 || r.TransientReplayed > 0 || r.Stuck > 0 || len(r.NeverForwardedUnexplained) > r.ToleratedUnknown
 }
 
@@ -155,7 +162,7 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 	r := &report{
 		Ops: ops, Attempts: len(history), GaveUp: gaveUp, Executions: len(execs), Stuck: stuck,
 		Explained: map[string]int{}, Faults: map[string]int{}, FinalStatus: map[string]int{}, AttemptStatus: map[string]int{},
-		NeverForwardedCauses: map[string]int{},
+		NeverForwardedCauses: map[string]int{}, StreamReaders: map[string]int{},
 	}
 	for _, f := range faults {
 		r.Faults[f.Kind]++
@@ -186,6 +193,7 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 		return ""
 	}, sentFirst)
 	r.neverForwarded(history, byKey, faults)
+	r.streams(history, byKey, faults)
 	final := map[int]attempt{}
 	for _, a := range history {
 		r.AttemptStatus[statusLabel(a)]++
@@ -213,6 +221,45 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 		r.FinalStatus[statusLabel(a)]++
 	}
 	return r
+}
+
+// streams counts the streamed attempts by reader, and lists each stream
+// a client got broken off although its upstream wrote it whole, unless a
+// fault other than the upstream's (a sidecar killed or paused, Redis
+// stalled, lost or partitioned, late replies) came between the stream's
+// execution and that answer: those cut a stream for every reader, by
+// design. What remains is a stream a reader cut.
+func (r *report) streams(history []attempt, byKey map[opKey][]execution, faults []fault) {
+	upstreamFault := map[string]bool{faultUpstreamHang: true, faultUpstreamReset: true, faultUpstream503: true, faultUpstreamSlow: true}
+	for _, a := range history {
+		if a.Path != "/payments-stream" {
+			continue
+		}
+		reader := cmp.Or(a.Reader, "at once")
+		if a.Follower {
+			reader += ", follower"
+		}
+		r.StreamReaders[reader]++
+		if !a.Broken {
+			continue
+		}
+		for _, e := range byKey[opKey{a.Principal, a.Key}] {
+			if !e.Whole || !strings.HasPrefix(e.Response, a.Body) {
+				continue
+			}
+			explained := false
+			for _, f := range faults {
+				if !upstreamFault[f.Kind] && !f.End.Before(e.Start) && !f.Start.After(a.End) {
+					explained = true
+					break
+				}
+			}
+			if !explained {
+				r.StreamsCut = append(r.StreamsCut, fmt.Sprintf("%s (%s): %s/%s streamed whole by the upstream, got broken off after %d bytes", a.RequestID, reader, a.Principal, a.Key, len(a.Body)))
+			}
+			break
+		}
+	}
 }
 
 // duplicates counts every execution of a key after its first, each with
@@ -443,6 +490,12 @@ func (r *report) markdown() string {
 	}
 	mustZero("&nbsp;&nbsp;**unexplained wrong outcome-unknown answers**", len(r.NeverForwardedUnexplained))
 	fmt.Fprintf(&b, "| retries with a changed body, answered 422 | %d of %d | |\n", r.ChangedRejected, r.Changed)
+	if len(r.StreamReaders) > 0 {
+		for _, k := range sortedKeys(r.StreamReaders) {
+			fmt.Fprintf(&b, "| streamed attempts read %s | %d | |\n", k, r.StreamReaders[k])
+		}
+		mustZero("**streams their upstream wrote whole, broken off for a client by no fault but a reader's**", len(r.StreamsCut))
+	}
 	fmt.Fprintf(&b, "\nFaults injected:\n\n| fault | count |\n|---|---|\n")
 	for _, k := range sortedKeys(r.Faults) {
 		fmt.Fprintf(&b, "| %s | %d |\n", k, r.Faults[k])
@@ -460,6 +513,9 @@ func (r *report) markdown() string {
 	}
 	for _, u := range r.NeverForwardedUnexplained {
 		fmt.Fprintf(&b, "\nUNEXPLAINED OUTCOME-UNKNOWN: %s", u)
+	}
+	for _, u := range r.StreamsCut {
+		fmt.Fprintf(&b, "\nSTREAM CUT: %s", u)
 	}
 	for i, v := range r.Violations {
 		if i == 20 {

@@ -223,3 +223,32 @@ func TestCheckerRedisLossAndFirstSent(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamsCutByAReader: a stream its upstream wrote whole that a
+// client got broken off is a failure, unless a fault other than the
+// upstream's came between its execution and that answer.
+func TestStreamsCutByAReader(t *testing.T) {
+	t0 := time.Now()
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	whole := execution{Principal: "p", Key: "k", RequestID: "r1", Status: 201, Response: `{"principal":"p","key":"k"}`, Start: at(0), Whole: true}
+	broken := attempt{Op: 1, Principal: "p", Key: "k", Path: "/payments-stream", RequestID: "r1", Status: 201, Broken: true, Body: `{"principal"`, Reader: readerSlow, Start: at(0), End: at(1)}
+	for _, tc := range []struct {
+		name   string
+		exec   execution
+		faults []fault
+		cut    bool
+	}{
+		{"whole, no fault", whole, nil, true},
+		{"whole, the upstream slow", whole, []fault{{Kind: faultUpstreamSlow, Start: at(0), End: at(2)}}, true},
+		{"whole, Redis stalled meanwhile", whole, []fault{{Kind: faultRedisLatency, Start: at(0.5), End: at(0.7)}}, false},
+		{"whole, Redis stalled before", whole, []fault{{Kind: faultRedisLatency, Start: at(-2), End: at(-1)}}, true},
+		{"broken by the upstream", execution{Principal: "p", Key: "k", RequestID: "r1", Status: 201, Response: whole.Response, Start: at(0)}, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := check(1, 0, []attempt{broken}, []execution{tc.exec}, tc.faults, nil, 0, false, nil)
+			if got := len(r.StreamsCut) > 0; got != tc.cut || got != r.failed() {
+				t.Errorf("cut %v (failed %v), want %v: %v", got, r.failed(), tc.cut, r.StreamsCut)
+			}
+		})
+	}
+}

@@ -39,6 +39,42 @@ type attempt struct {
 	// Broken: a streamed answer that ended abnormally (Body is what came
 	// before the end), as every retry of it will.
 	Broken bool `json:"broken,omitempty"`
+	// Reader is how this attempt read a streamed answer (readerSlow,
+	// readerStalled; empty: at once), and Follower marks an attempt sent
+	// while the operation's first was streaming (followed).
+	Reader   string `json:"reader,omitempty"`
+	Follower bool   `json:"follower,omitempty"`
+}
+
+// How a client reads a streamed answer (chaos -stream): most at once; one
+// in six slowly, one in six stalled. The stream must be stored at the
+// upstream's pace and whole whatever they do.
+const (
+	readerSlow    = "slow"    // 16 bytes every 20-60 ms
+	readerStalled = "stalled" // nothing for 0.3-1.5 s after the headers, then all
+)
+
+// readAnswer reads resp's body as a client reading the way reader says.
+func readAnswer(body io.Reader, reader string) ([]byte, error) {
+	switch reader {
+	case readerStalled:
+		time.Sleep(300*time.Millisecond + rand.N(1200*time.Millisecond))
+	case readerSlow:
+		var out []byte
+		buf := make([]byte, 16)
+		for {
+			n, err := body.Read(buf)
+			out = append(out, buf[:n]...)
+			if err == io.EOF {
+				return out, nil
+			}
+			if err != nil {
+				return out, err
+			}
+			time.Sleep(20*time.Millisecond + rand.N(40*time.Millisecond))
+		}
+	}
+	return io.ReadAll(body)
 }
 
 // settled reports whether a client would stop retrying on this answer:
@@ -129,9 +165,12 @@ func (w *workload) operation(op int) {
 			parallel = 2 + rand.IntN(2)
 		}
 		var results []attempt
-		if parallel == 1 && rand.IntN(4) == 0 {
+		switch {
+		case path == "/payments-stream" && n == 0 && rand.IntN(3) == 0:
+			results = w.followed(op, n, principal, key, path, body, firstSent)
+		case parallel == 1 && rand.IntN(4) == 0:
 			results = w.impatient(op, n, principal, key, path, body, firstSent)
-		} else {
+		default:
 			results = make([]attempt, parallel)
 			var wg sync.WaitGroup
 			for i := range parallel {
@@ -162,6 +201,19 @@ func (w *workload) operation(op int) {
 	w.mu.Unlock()
 }
 
+// followed is a streamed operation's first attempt with a retry sent 20
+// to 150 ms after it to another sidecar, while the first streams: an
+// attached follower.
+func (w *workload) followed(op, n int, principal, key, path, body string, firstSent time.Time) []attempt {
+	first := w.pick()
+	done := make(chan attempt, 1)
+	go func() { done <- w.send(first, op, n, principal, key, path, body, false, firstSent) }()
+	time.Sleep(20*time.Millisecond + rand.N(130*time.Millisecond))
+	other := w.sidecars[(first.id+1+rand.IntN(len(w.sidecars)-1))%len(w.sidecars)]
+	follower := w.send(other, op, n, principal, key, path, body, false, firstSent, func(a *attempt) { a.Follower = true })
+	return []attempt{<-done, follower}
+}
+
 // pick is a sidecar at random.
 func (w *workload) pick() *sidecar { return w.sidecars[rand.IntN(len(w.sidecars))] }
 
@@ -182,11 +234,15 @@ func (w *workload) impatient(op, n int, principal, key, path, body string, first
 	return []attempt{<-done, second}
 }
 
-func (w *workload) send(sc *sidecar, op, n int, principal, key, path, body string, changed bool, firstSent time.Time) attempt {
+// send is one attempt; marks, when given, mark it (as a follower).
+func (w *workload) send(sc *sidecar, op, n int, principal, key, path, body string, changed bool, firstSent time.Time, marks ...func(*attempt)) attempt {
 	a := attempt{
 		Op: op, N: n, Sidecar: sc.id, Version: sc.version, Principal: principal, Key: key, Path: path,
 		BodyHash: hashBody(body), Changed: changed,
 		RequestID: "rq-" + strconv.FormatInt(w.reqSeq.Add(1), 10), Start: time.Now(),
+	}
+	for _, mark := range marks {
+		mark(&a)
 	}
 	// Jittered client timeouts; a few give up almost at once, which
 	// disconnects mid-request.
@@ -205,9 +261,17 @@ func (w *workload) send(sc *sidecar, op, n int, principal, key, path, body strin
 		req.Header.Set("Repeatability-First-Sent", firstSent.UTC().Format(http.TimeFormat))
 		a.FirstSent = true
 	}
+	if path == "/payments-stream" {
+		switch rand.IntN(6) {
+		case 0:
+			a.Reader = readerSlow
+		case 1:
+			a.Reader = readerStalled
+		}
+	}
 	resp, err := w.client.Do(req)
 	if err == nil {
-		b, rerr := io.ReadAll(resp.Body)
+		b, rerr := readAnswer(resp.Body, a.Reader)
 		resp.Body.Close()
 		switch {
 		case rerr != nil && ctx.Err() == nil && resp.Header.Get("Content-Type") == "text/event-stream":

@@ -95,7 +95,7 @@ func run() error {
 	flag.BoolVar(&o.mixed, "mixed", false, "run sidecar 0 on the previous release named in PREVIOUS_RELEASE (built from this clone's history), the others on this tree: a rolling upgrade")
 	keep := flag.Bool("keep", false, "run every route with unknown_outcome: keep (v0.3.0's default) instead of the default fail; duplicates after upstream resets are then expected")
 	flag.BoolVar(&o.reconcile, "reconcile", false, "give every route a reconcile lookup on the upstream's ledger (routes[].reconcile; late_answer_window 2s, absent_after 5s): outcome-unknown answers then remain only where the lookup itself failed")
-	flag.BoolVar(&o.stream, "stream", false, "store.record_format 4, and one operation in four on POST /payments-stream, whose answers are streamed (text/event-stream, in three pieces; a reset breaks one off after its first): relayed as they arrive, stored chunk by chunk, attached to by retries")
+	flag.BoolVar(&o.stream, "stream", false, "store.record_format 4, and one operation in four on POST /payments-stream, whose answers are streamed (text/event-stream, in three pieces; a reset breaks one off after its first): relayed as they arrive, stored chunk by chunk, attached to by retries (one streamed operation in three sends a follower 20-150 ms after its first attempt), read at once, slowly (one in six) or after a stall (one in six): a stream its upstream wrote whole is never broken off by a reader")
 	retired := flag.Bool("strict", false, "retired: the default run is the strict one since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
 	flag.Parse()
 	if *retired {

@@ -37,6 +37,9 @@ type execution struct {
 	// Mode is the upstream mode the execution ran in: a hang answers
 	// late, a reset never answers.
 	Mode string `json:"mode"`
+	// Whole: a streamed answer (chaos -stream) the upstream wrote to its
+	// end (no reset broke it off).
+	Whole bool `json:"whole,omitempty"`
 }
 
 // ledger is a legacy payments upstream that records every execution per
@@ -91,11 +94,16 @@ func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	l.seq++
 	resp, _ := json.Marshal(map[string]any{"principal": ex.Principal, "key": ex.Key, "execution": l.seq, "status": ex.Status})
 	ex.Response = string(resp)
+	at := len(l.execs)
 	l.execs = append(l.execs, ex)
 	l.mu.Unlock()
 
 	if r.URL.Path == "/payments-stream" {
-		l.stream(w, mode, ex.Status, resp)
+		if l.stream(w, mode, ex.Status, resp) {
+			l.mu.Lock()
+			l.execs[at].Whole = true
+			l.mu.Unlock()
+		}
 		return
 	}
 	switch mode {
@@ -150,8 +158,9 @@ func (l *ledger) lookup(w http.ResponseWriter, principal, key string) {
 // pieces put together are the execution's response. A reset breaks the
 // stream off after its first piece, and so does one stream in 30 in any
 // mode (the fault schedule may draw no reset in a short run); a hang
-// holds the headers; slow spaces the pieces.
-func (l *ledger) stream(w http.ResponseWriter, mode int32, status int, resp []byte) {
+// holds the headers; slow spaces the pieces. It reports whether it wrote
+// the whole answer.
+func (l *ledger) stream(w http.ResponseWriter, mode int32, status int, resp []byte) bool {
 	pause := time.Duration(1+rand.IntN(10)) * time.Millisecond
 	brk := rand.IntN(30) == 0
 	switch mode {
@@ -174,7 +183,8 @@ func (l *ledger) stream(w http.ResponseWriter, mode int32, status int, resp []by
 			if conn, _, err := rc.Hijack(); err == nil {
 				conn.Close() // the chunked body ends without its last chunk
 			}
-			return
+			return false
 		}
 	}
+	return true
 }
