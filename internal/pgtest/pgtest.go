@@ -1,0 +1,231 @@
+// Package pgtest starts real PostgreSQL servers for tests: a cluster made
+// by initdb in a temporary directory, postgres on a free loopback port,
+// stopped and removed when the test ends. PostgreSQL refuses to run as
+// root, so under root (CI) both run as the postgres user, which owns the
+// directory. Without PostgreSQL installed a test skips with a message, or
+// fails when IDEMPROXY_REQUIRE_POSTGRES=1 (CI sets it).
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemproxy/idemproxy/internal/loopback"
+	"github.com/idemproxy/idemproxy/internal/syncbuf"
+)
+
+// RequireEnv, when "1", turns a missing PostgreSQL into a test failure
+// instead of a skip.
+const RequireEnv = "IDEMPROXY_REQUIRE_POSTGRES"
+
+// User is the superuser initdb creates; it connects without a password
+// (trust, on loopback only).
+const User = "idemproxy"
+
+// Server is one postgres process owned by one test.
+type Server struct {
+	// Addr is host:port on 127.0.0.1; URL a connection string for the
+	// postgres database as User.
+	Addr string
+	URL  string
+
+	tb   testing.TB
+	bin  string
+	dir  string
+	port int
+	cred *syscall.Credential
+	cmd  *exec.Cmd
+	log  *syncbuf.Buffer
+}
+
+// binDir is where initdb and postgres are: beside a postgres in PATH, or
+// Debian's /usr/lib/postgresql/<version>/bin, the newest.
+func binDir() (string, error) {
+	if p, err := exec.LookPath("postgres"); err == nil {
+		if real, err := filepath.EvalSymlinks(p); err == nil {
+			p = real
+		}
+		if _, err := os.Stat(filepath.Join(filepath.Dir(p), "initdb")); err == nil {
+			return filepath.Dir(p), nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	slices.SortFunc(dirs, func(a, b string) int {
+		va, _ := strconv.Atoi(filepath.Base(filepath.Dir(a)))
+		vb, _ := strconv.Atoi(filepath.Base(filepath.Dir(b)))
+		return va - vb
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if _, err := os.Stat(filepath.Join(dirs[i], "initdb")); err == nil {
+			return dirs[i], nil
+		}
+	}
+	return "", errors.New("no initdb and postgres found (PATH, /usr/lib/postgresql/*/bin)")
+}
+
+// Start makes a cluster and starts postgres on it, with settings (name
+// value pairs, given as -c name=value) on top of the defaults, and stops
+// it when the test ends. Every write is durable when acknowledged, as in
+// production: fsync and synchronous_commit keep their defaults.
+func Start(tb testing.TB, settings ...string) *Server {
+	tb.Helper()
+	bin, err := binDir()
+	if err != nil {
+		if os.Getenv(RequireEnv) == "1" {
+			tb.Fatalf("%v, and %s=1: install it (apt-get install -y postgresql)", err, RequireEnv)
+		}
+		tb.Skipf("SKIP: %v: install PostgreSQL (apt-get install -y postgresql) to run tests against it; set %s=1 to make this a failure", err, RequireEnv)
+	}
+	s := &Server{tb: tb, bin: bin, log: &syncbuf.Buffer{}}
+	if os.Geteuid() == 0 {
+		if s.cred, err = postgresUser(); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	// Not tb.TempDir: its parent is root's and closed to the postgres user.
+	if s.dir, err = os.MkdirTemp("", "idemproxy-pg-"); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(s.dir) })
+	if s.cred != nil {
+		if err := os.Chown(s.dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", filepath.Join(s.dir, "data"), "-U", User, "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		tb.Fatalf("initdb: %v\n%s", err, out)
+	}
+	var lastErr error
+	for range 5 {
+		if s.port, err = loopback.FreePort(); err != nil {
+			tb.Fatal(err)
+		}
+		if lastErr = s.run(settings); lastErr == nil {
+			tb.Cleanup(s.Stop)
+			return s
+		}
+		if !strings.Contains(s.log.String(), "already in use") {
+			break
+		}
+	}
+	tb.Fatalf("postgres did not start: %v\n%s", lastErr, s.log.String())
+	return nil
+}
+
+// postgresUser is the credential of the postgres user, which Debian's
+// package creates.
+func postgresUser() (*syscall.Credential, error) {
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("running as root needs the postgres user to run PostgreSQL: %w", err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+// run starts postgres on s.port and waits until it takes connections.
+func (s *Server) run(settings []string) error {
+	args := []string{"-D", filepath.Join(s.dir, "data"), "-p", strconv.Itoa(s.port),
+		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + s.dir}
+	for i := 0; i+1 < len(settings); i += 2 {
+		args = append(args, "-c", settings[i]+"="+settings[i+1])
+	}
+	s.cmd = exec.Command(filepath.Join(s.bin, "postgres"), args...)
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	if err := s.cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- s.cmd.Wait() }()
+	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
+	s.URL = fmt.Sprintf("postgres://%s@%s/postgres?sslmode=disable", User, s.Addr)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			s.cmd = nil
+			return fmt.Errorf("postgres exited: %v", err)
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		conn, err := pgx.Connect(ctx, s.URL)
+		if err == nil {
+			conn.Close(ctx)
+			cancel()
+			go func() { <-exited }() // reaped when it stops
+			return nil
+		}
+		cancel()
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.Kill()
+	return errors.New("postgres took no connection within 30s")
+}
+
+// Stop shuts postgres down fast (SIGINT: connections cut, no data lost)
+// and waits for it; the cluster stays for Restart.
+func (s *Server) Stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	s.wait()
+}
+
+// Kill ends postgres with SIGKILL, as a crash would; Restart recovers the
+// cluster from its WAL.
+func (s *Server) Kill() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	s.wait()
+}
+
+// wait waits until the postgres process this Server started is gone.
+func (s *Server) wait() {
+	for range 600 {
+		if err := s.cmd.Process.Signal(syscall.Signal(0)); err != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.cmd = nil
+}
+
+// Restart starts postgres again on the same cluster and port (after
+// Kill, once the old server's backends are gone: postgres refuses to
+// start while they hold its shared memory).
+func (s *Server) Restart(settings ...string) {
+	s.tb.Helper()
+	s.Stop()
+	var err error
+	for range 20 {
+		if err = s.run(settings); err == nil {
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	s.tb.Fatalf("postgres did not restart: %v\n%s", err, s.log.String())
+}
+
+// Logs is what postgres wrote.
+func (s *Server) Logs() string { return s.log.String() }
