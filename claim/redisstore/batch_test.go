@@ -175,7 +175,7 @@ func TestBatchOnADeadConnection(t *testing.T) {
 		}
 	}
 	srv.Restart()
-	s := &Store{client: c, codec: claim.NewCodec("dead:"), prefix: "dead:", batch: h.b}
+	s := &Store{client: c, codec: claim.NewCodec("dead:"), prefix: "dead:", batch: h.b, clocks: claim.NewClocks(nil, nil)}
 	poll.Until(t, "Redis answers again", func() bool { return s.Ping(ctx) == nil })
 	var wg sync.WaitGroup
 	var failed atomic.Int32

@@ -27,11 +27,11 @@ import (
 // PEXPIRE NX) rides in the same pipeline.
 func (s *Store) Claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error) {
 	rec.Mark, rec.Lease = claim.MarkClaimed, lease
-	if !s.markable(s.now()) {
+	if !s.clocks.Markable(s.clocks.Now()) {
 		rec.Mark = claim.MarkNone // this clock is not known to be close to Redis' (clock.go)
 	}
 	before := s.sendState()
-	sent := s.now()
+	sent := s.clocks.Now()
 	res, err := s.claimAny(ctx, key, rec, lease, q)
 	if err != nil && errors.Is(err, claim.ErrUnavailable) {
 		err = s.notSent(before, err)
@@ -55,23 +55,12 @@ func (s *Store) PlantUnconfirmed(ctx context.Context, key string, rec *claim.Rec
 	return err
 }
 
-// confirm decides whether a claim just made may be forwarded, from its own
-// round trip: when a reader could take it for never forwarded (its SET
-// ran too late after Created on Redis' clock, or when it ran is not
-// known), it is renewed first, which no reader frees. Such a claim also
-// withdraws trust in the last clock measurement, so the claims after it
-// are written unmarked until the clocks are measured close again.
+// confirm renews a claim just made that a reader could take for never
+// forwarded (claim.Clocks.Confirm), before it is returned.
 func (s *Store) confirm(ctx context.Context, key string, rec *claim.Record, lease time.Duration, res claim.Result, sent time.Time) (claim.Result, error) {
-	if !res.ServerNow.IsZero() {
-		r := claim.ClockReading{Min: sent.Sub(res.ServerNow), Max: s.now().Sub(res.ServerNow)}
-		if r.Bad() {
-			s.distrustClocks()
-		}
-	}
-	if rec.Forwardable(res.PTTL, res.ServerNow) {
+	if s.clocks.Confirm(rec, res, sent) {
 		return res, nil
 	}
-	s.distrustClocks()
 	if err := s.Renew(ctx, key, rec, lease); err != nil {
 		return claim.Result{}, fmt.Errorf("claim: %w", err)
 	}
@@ -184,7 +173,7 @@ func (s *Store) found(ctx context.Context, key string, rec *claim.Record, raw st
 			}
 		}
 	}
-	res.TTL = leaseLeft(res.Existing, max(ttl, time.Millisecond))
+	res.TTL = claim.LeaseLeft(res.Existing, max(ttl, time.Millisecond))
 	return res, nil
 }
 
@@ -215,34 +204,10 @@ func replyInt(v any) (int64, error) {
 	return strconv.ParseInt(fmt.Sprint(v), 10, 64)
 }
 
-// leaseLeft is what is left of rec's lease when its key has ttl left: all
-// of it, less the record's tail, and at least 1ms unless orphaned.
-func leaseLeft(rec *claim.Record, ttl time.Duration) time.Duration {
-	if rec.Tail > 0 {
-		return max(ttl-rec.Tail, 0)
-	}
-	return max(ttl, time.Millisecond)
-}
-
 // existing interprets the value a claim found under its key, with the
 // key's PTTL and Redis' clock read with it (zero when not read).
 func (s *Store) existing(key string, rec *claim.Record, raw string, ttl time.Duration, now time.Time) (claim.Result, error) {
-	found, err := s.codec.Open(key, []byte(raw))
-	if err != nil {
-		return claim.Result{}, err
-	}
-	// go-redis resends a command whose reply was lost; the resend then finds
-	// the record the first send wrote. That is our claim, not a conflict.
-	if found.Token == rec.Token && found.State == claim.InProgress {
-		return claim.Result{Claimed: true, PTTL: ttl, ServerNow: now}, nil
-	}
-	if found.State != claim.InProgress {
-		return claim.Result{Existing: found}, nil
-	}
-	if ttl > 0 && !now.IsZero() {
-		found.Expires, found.ReadAt = now.Add(ttl), now
-	}
-	return claim.Result{Existing: found, TTL: leaseLeft(found, ttl), Unforwarded: found.NeverForwarded(ttl, now), ServerNow: now}, nil
+	return s.codec.Existing(key, rec, []byte(raw), ttl, now)
 }
 
 // Get returns the record under key, or nil when there is none, and for an
@@ -270,14 +235,14 @@ func (s *Store) Get(ctx context.Context, key string) (*claim.Record, time.Durati
 		// (Record.Expires): its expiry on Redis' clock, read in one script
 		// (a second round trip, for these only); the PTTL above is the
 		// bound when that read fails.
-		if rec.Orphaned(leaseLeft(rec, ttl)) {
+		if rec.Orphaned(claim.LeaseLeft(rec, ttl)) {
 			if v, err := s.eval(ctx, ttlScript, key, 0).Slice(); err == nil {
 				if p, now, ok := ttlReply(v); ok && p > 0 {
 					ttl, rec.Expires, rec.ReadAt = p, now.Add(p), now
 				}
 			}
 		}
-		return rec, leaseLeft(rec, ttl), nil
+		return rec, claim.LeaseLeft(rec, ttl), nil
 	}
 	return rec, max(pttl.Val(), 0), nil
 }

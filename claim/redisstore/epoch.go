@@ -154,7 +154,7 @@ func (s *Store) lookEpoch(ctx context.Context, name string, c redis.Scripter, sl
 	if seen {
 		kind = "lost"
 	}
-	now := strconv.FormatInt(s.now().UnixMicro(), 10)
+	now := strconv.FormatInt(s.clocks.Now().UnixMicro(), 10)
 	v, err := epochScript.Run(ctx, c, []string{s.epochKey(slot)}, kind, now).Slice()
 	if err != nil {
 		return claim.Epoch{}, err

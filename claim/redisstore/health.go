@@ -38,7 +38,7 @@ func (s *Store) Health(ctx context.Context) []claim.MasterHealth {
 			h.Err = s.unavailable("info memory", err)
 		}
 		if h.Err == nil {
-			if r, err := readClock(ctx, c, s.now); err == nil {
+			if r, err := readClock(ctx, c, s.clocks.Now); err == nil {
 				h.Clock = &r
 			}
 		}
@@ -58,7 +58,7 @@ func (s *Store) Health(ctx context.Context) []claim.MasterHealth {
 		}
 		readings = append(readings, *h.Clock)
 	}
-	s.noteClocks(readings, answered, s.now())
+	s.clocks.Note(readings, answered, s.clocks.Now())
 	return out
 }
 

@@ -58,7 +58,7 @@ func (s *Store) TakeOver(ctx context.Context, key string, old, rec *claim.Record
 // when the claim is no longer the caller's.
 func (s *Store) FreeAbsent(ctx context.Context, key string, token claim.Token, since time.Time, after time.Duration) error {
 	v, err := s.eval(ctx, freeAbsentScript, key, 0, token[:], since.UnixMilli(), after.Milliseconds(), s.watch.publishCommand(),
-		s.now().UnixMilli(), claim.MaxClockOffset.Milliseconds()).Int64Slice()
+		s.clocks.Now().UnixMilli(), claim.MaxClockOffset.Milliseconds()).Int64Slice()
 	switch {
 	case err != nil:
 		return s.unavailable("free absent", err)

@@ -53,10 +53,9 @@ type Store struct {
 	// masterName, on Sentinel, names the master for Health.
 	masterName string
 
-	// clock is what the clock measurements said (clock.go); clockNow,
-	// when set, stands in for time.Now there (tests).
-	clock    clockState
-	clockNow func() time.Time
+	// clocks is what the clock measurements said (claim.Clocks,
+	// clock.go).
+	clocks *claim.Clocks
 	// streamLimit is the longest streamed record a claim reads back (0:
 	// any); claim.WithStreamReadLimit.
 	streamLimit int
@@ -79,7 +78,8 @@ func New(client redis.UniversalClient, prefix string, opts ...claim.Option) *Sto
 	codec, o := claim.Build(prefix, opts...)
 	s := &Store{client: client, codec: codec, prefix: prefix, watch: newWatcher(client), streamLimit: codec.StreamReadLimit()}
 	s.waitReplicas, s.waitTimeout, s.onWaitShort = o.WaitReplicas, o.WaitTimeout, o.OnWaitShort
-	s.epochs.onLoss, s.masterName, s.clockNow = o.OnEpoch, o.NodeName, o.Now
+	s.epochs.onLoss, s.masterName = o.OnEpoch, o.NodeName
+	s.clocks = claim.NewClocks(o.Now, s.CheckClocks)
 	if o.Pipeline && s.waitReplicas == 0 {
 		s.batch = &batcher{client: client, onBatch: o.OnBatch}
 	}
