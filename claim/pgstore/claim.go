@@ -1,0 +1,158 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// Claim takes key for rec's owner with a lease, or returns the record that
+// already holds it, in one round trip (idem_claim), which also reads the
+// key's lease and the database's clock; with a quota the count rides in
+// the same function, and a claim beyond it is undone there. Whether the
+// claim may be forwarded is decided from that round trip
+// (claim.Clocks.Confirm).
+func (s *Store) Claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error) {
+	rec.Mark, rec.Lease = claim.MarkClaimed, lease
+	if !s.clocks.Markable(s.clocks.Now()) {
+		rec.Mark = claim.MarkNone // this clock is not known to be close to the database's
+	}
+	sent := s.clocks.Now()
+	if s.full.Load() {
+		return s.claimWhenFull(ctx, key, rec)
+	}
+	res, err := s.claim(ctx, key, rec, lease, q)
+	if err != nil || !res.Claimed {
+		return res, err
+	}
+	if s.clocks.Confirm(rec, res, sent) {
+		return res, nil
+	}
+	if err := s.Renew(ctx, key, rec, lease); err != nil {
+		return claim.Result{}, fmt.Errorf("claim: %w", err)
+	}
+	rec.Mark = claim.MarkRenewed
+	res.Renewed = true
+	return res, nil
+}
+
+// PlantUnconfirmed writes rec's claim as one whose reply never reached its
+// owner leaves it (marked, never confirmed, never renewed). For tests.
+func (s *Store) PlantUnconfirmed(ctx context.Context, key string, rec *claim.Record, lease time.Duration) error {
+	rec.Mark, rec.Lease = claim.MarkClaimed, lease
+	res, err := s.claim(ctx, key, rec, lease, claim.Quota{})
+	if err == nil && !res.Claimed {
+		err = fmt.Errorf("plant: the key is taken: %w", claim.ErrLeaseLost)
+	}
+	return err
+}
+
+// claim is the claim's round trip.
+func (s *Store) claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error) {
+	value := s.codec.Encode(key, rec)
+	var qkey *string
+	if q.Limit > 0 {
+		qkey = &q.Key
+	}
+	var (
+		kind    int
+		cur     []byte
+		pttl    *int64
+		nowMS   int64
+		length  *int
+		limit   = s.codec.StreamReadLimit()
+		ttl     = (lease + rec.Tail).Milliseconds()
+		qwindow = q.Window.Milliseconds()
+	)
+	if err := s.row(ctx, "claim", "idem_claim", []any{key, value, ttl, limit, qkey, q.Limit, qwindow}, &kind, &cur, &pttl, &nowMS, &length); err != nil {
+		return claim.Result{}, err
+	}
+	now := time.UnixMilli(nowMS)
+	left := time.Duration(0)
+	if pttl != nil {
+		left = time.Duration(*pttl) * time.Millisecond
+	}
+	switch kind {
+	case 1:
+		return claim.Result{Claimed: true, PTTL: left, ServerNow: now}, nil
+	case 2:
+		return s.codec.Existing(key, rec, cur, 0, time.Time{})
+	case 3:
+		return s.codec.Existing(key, rec, cur, left, now)
+	case 4:
+		return claim.Result{}, &claim.QuotaError{RetryAfter: max(left, time.Millisecond)}
+	case 0:
+		n := 0
+		if length != nil {
+			n = *length
+		}
+		return claim.Result{}, fmt.Errorf("claim: a streamed record of %d bytes, over the %d read back: %w", n, limit, &claim.RecordError{Reason: claim.ReasonTooLarge})
+	}
+	return claim.Result{}, fmt.Errorf("claim: unexpected kind %d: %w", kind, claim.ErrUnavailable)
+}
+
+// claimWhenFull answers a claim while the store is full: a key that holds
+// a record is answered from it; a free key is ErrFull.
+func (s *Store) claimWhenFull(ctx context.Context, key string, rec *claim.Record) (claim.Result, error) {
+	cur, pttl, now, err := s.read(ctx, key)
+	if err != nil {
+		return claim.Result{}, err
+	}
+	if cur == nil {
+		return claim.Result{}, claim.ErrFull
+	}
+	return s.codec.Existing(key, rec, cur, pttl, now)
+}
+
+// read is key's value (nil: none), what is left of its lease, and the
+// database's clock.
+func (s *Store) read(ctx context.Context, key string) ([]byte, time.Duration, time.Time, error) {
+	var cur []byte
+	var pttl, nowMS int64
+	q := "SELECT r.cur, r.pttl, " + s.fn("idem_now") + "() FROM " + s.fn("idem_read") + "($1) r"
+	if err := s.pool.QueryRow(ctx, q, key).Scan(&cur, &pttl, &nowMS); err != nil {
+		return nil, 0, time.Time{}, claim.Unavailable("get", err)
+	}
+	if pttl < 0 {
+		return nil, 0, time.Time{}, nil
+	}
+	return cur, time.Duration(pttl) * time.Millisecond, time.UnixMilli(nowMS), nil
+}
+
+// Get returns the record under key, or nil when there is none, and for an
+// in-progress record what is left of its lease (see Result.TTL); an
+// in-progress record carries its expiry on the database's clock
+// (Record.Expires), read in the same round trip.
+func (s *Store) Get(ctx context.Context, key string) (*claim.Record, time.Duration, error) {
+	cur, pttl, now, err := s.read(ctx, key)
+	if err != nil || cur == nil {
+		return nil, 0, err
+	}
+	rec, err := s.codec.Open(key, cur)
+	if err != nil {
+		return nil, 0, err
+	}
+	if rec.State == claim.InProgress {
+		rec.Expires, rec.ReadAt = now.Add(pttl), now
+		return rec, claim.LeaseLeft(rec, pttl), nil
+	}
+	return rec, pttl, nil
+}
+
+// slot is a claim's status slot, as stored.
+func slot(rec *claim.Record) []byte {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], rec.MarkSlot())
+	return b[:]
+}
+
+// expiryMS is a record's Expires as a fence: Unix ms, 0 when not read.
+func expiryMS(r *claim.Record) int64 {
+	if r.Expires.IsZero() {
+		return 0
+	}
+	return r.Expires.UnixMilli()
+}

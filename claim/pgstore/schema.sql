@@ -1,0 +1,388 @@
+-- idemproxy's durable store (claim/pgstore): the tables and the functions
+-- every operation runs, each one statement and one round trip, judged on
+-- the database's clock (idem_now) inside it. {{schema}} is the schema
+-- (store.postgres.schema). Each function mirrors the Redis store's script
+-- of the same name (claim/redisstore/scripts.go) on a record's bytes: byte
+-- 1 the version, byte 2 the state (1 in progress, 2 completed, 3 a
+-- stream), bytes 4..19 the owner token, bytes 68..69 a claim's status
+-- slot, bytes 60..67 and 70 a stream's lease and end. A value of another
+-- version is never overwritten or deleted. A row whose expires_ms has
+-- passed is absent: every function treats it so at once; expiry only
+-- reclaims its space later (idem_expire, by the index on expires_ms).
+
+CREATE SCHEMA IF NOT EXISTS {{schema}};
+
+CREATE TABLE IF NOT EXISTS {{schema}}.records (
+  key        text PRIMARY KEY,
+  value      bytea NOT NULL,
+  expires_ms bigint NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_expires_ms ON {{schema}}.records (expires_ms);
+
+CREATE TABLE IF NOT EXISTS {{schema}}.counters (
+  key        text PRIMARY KEY,
+  n          bigint NOT NULL,
+  expires_ms bigint NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS {{schema}}.markers (
+  name  text PRIMARY KEY,
+  value text NOT NULL
+);
+
+-- The database's clock, Unix milliseconds.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_now() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$ SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+
+-- A value's state byte; -1 for a value too short to have one.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_state(v bytea) RETURNS int
+LANGUAGE sql IMMUTABLE AS $$ SELECT CASE WHEN length(v) >= 2 THEN get_byte(v, 1) ELSE -1 END $$;
+
+-- Whether v is a record of ours (version 1) owned by token tok.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_ours(v bytea, tok bytea) RETURNS bool
+LANGUAGE sql IMMUTABLE AS $$ SELECT length(v) >= 19 AND get_byte(v, 0) = 1 AND substring(v FROM 4 FOR 16) = tok $$;
+
+-- The live value under k, its row locked; NULL when there is none or it
+-- expired (then its row, locked, is there to be overwritten).
+CREATE OR REPLACE FUNCTION {{schema}}.idem_get(k text, now_ms bigint, OUT cur bytea, OUT exp bigint, OUT present bool)
+LANGUAGE plpgsql AS $$
+BEGIN
+  SELECT r.value, r.expires_ms INTO cur, exp FROM {{schema}}.records r WHERE r.key = k FOR UPDATE;
+  present := FOUND;
+  IF present AND exp <= now_ms THEN
+    cur := NULL;
+  END IF;
+END $$;
+
+-- Writes v under k for ttl ms: over the row idem_get locked (present), or
+-- as a new row. False when a row appeared meanwhile (another writer won).
+CREATE OR REPLACE FUNCTION {{schema}}.idem_put(k text, v bytea, ttl bigint, now_ms bigint, present bool) RETURNS bool
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF present THEN
+    UPDATE {{schema}}.records SET value = v, expires_ms = now_ms + ttl WHERE key = k;
+    RETURN true;
+  END IF;
+  INSERT INTO {{schema}}.records (key, value, expires_ms) VALUES (k, v, now_ms + ttl) ON CONFLICT (key) DO NOTHING;
+  RETURN FOUND;
+END $$;
+
+CREATE OR REPLACE FUNCTION {{schema}}.idem_del(k text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  DELETE FROM {{schema}}.records WHERE key = k;
+  PERFORM pg_notify('idemproxy', k);
+END $$;
+
+-- The claim: k taken for v for ttl ms if absent, or the record there.
+-- kind 1 claimed (pttl: ttl); 2 a settled record (cur); 3 a record in
+-- progress (cur, pttl); 0 a stream longer than lim (len); 4 over the
+-- quota (pttl: what is left of its window). With qkey, a new key counts
+-- against qlimit per qwindow ms, undone beyond it.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_claim(k text, v bytea, ttl bigint, lim int, qkey text, qlimit bigint, qwindow bigint,
+  OUT kind int, OUT cur bytea, OUT pttl bigint, OUT now_ms bigint, OUT len int)
+LANGUAGE plpgsql AS $$
+DECLARE
+  exp bigint; present bool; qn bigint; qexp bigint;
+BEGIN
+  now_ms := {{schema}}.idem_now();
+  LOOP
+    SELECT g.cur, g.exp, g.present INTO cur, exp, present FROM {{schema}}.idem_get(k, now_ms) g;
+    EXIT WHEN cur IS NOT NULL;
+    IF {{schema}}.idem_put(k, v, ttl, now_ms, present) THEN
+      kind := 1; pttl := ttl; cur := NULL;
+      IF qkey IS NOT NULL AND qlimit > 0 THEN
+        INSERT INTO {{schema}}.counters AS c (key, n, expires_ms) VALUES (qkey, 1, now_ms + qwindow)
+        ON CONFLICT (key) DO UPDATE SET
+          n = CASE WHEN c.expires_ms <= now_ms THEN 1 ELSE c.n + 1 END,
+          expires_ms = CASE WHEN c.expires_ms <= now_ms THEN now_ms + qwindow ELSE c.expires_ms END
+        RETURNING c.n, c.expires_ms INTO qn, qexp;
+        IF qn > qlimit THEN
+          DELETE FROM {{schema}}.records WHERE key = k;
+          UPDATE {{schema}}.counters AS c SET n = c.n - 1 WHERE c.key = qkey;
+          kind := 4; pttl := qexp - now_ms;
+        END IF;
+      END IF;
+      RETURN;
+    END IF;
+  END LOOP;
+  IF {{schema}}.idem_state(cur) <> 1 THEN
+    IF lim > 0 AND {{schema}}.idem_state(cur) = 3 AND length(cur) > lim THEN
+      kind := 0; len := length(cur); cur := NULL;
+      RETURN;
+    END IF;
+    kind := 2;
+    RETURN;
+  END IF;
+  kind := 3; pttl := exp - now_ms;
+END $$;
+
+-- What is left of k's lease, and the database's clock.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_ttl(k text, OUT pttl bigint, OUT now_ms bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+  now_ms := {{schema}}.idem_now();
+  SELECT r.expires_ms - now_ms INTO pttl FROM {{schema}}.records r WHERE r.key = k AND r.expires_ms > now_ms;
+  IF NOT FOUND THEN pttl := -2; END IF;
+END $$;
+
+-- A record and what is left of its key's lease (-2: absent).
+CREATE OR REPLACE FUNCTION {{schema}}.idem_read(k text, OUT cur bytea, OUT pttl bigint)
+LANGUAGE plpgsql AS $$
+DECLARE now_ms bigint := {{schema}}.idem_now();
+BEGIN
+  SELECT r.value, r.expires_ms - now_ms INTO cur, pttl FROM {{schema}}.records r WHERE r.key = k AND r.expires_ms > now_ms;
+  IF NOT FOUND THEN pttl := -2; END IF;
+END $$;
+
+-- 1 renewed, 0 gone, -1 another owner's, -2 already completed. A claim
+-- marked as claimed (the top bits of byte 68 are 01) is rewritten as
+-- renewed (10).
+CREATE OR REPLACE FUNCTION {{schema}}.idem_renew(k text, tok bytea, ttl bigint) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE now_ms bigint := {{schema}}.idem_now(); cur bytea; m int;
+BEGIN
+  SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, now_ms) g;
+  IF cur IS NULL THEN RETURN 0; END IF;
+  IF NOT {{schema}}.idem_ours(cur, tok) THEN RETURN -1; END IF;
+  IF {{schema}}.idem_state(cur) <> 1 THEN RETURN -2; END IF;
+  IF length(cur) >= 68 THEN
+    m := get_byte(cur, 67);
+    IF m >= 64 AND m < 128 THEN cur := set_byte(cur, 67, m + 64); END IF;
+  END IF;
+  UPDATE {{schema}}.records SET value = cur, expires_ms = now_ms + ttl WHERE key = k;
+  RETURN 1;
+END $$;
+
+-- 1 released, 0 gone, -1 changed (fenced on token, state and slot).
+CREATE OR REPLACE FUNCTION {{schema}}.idem_release_unforwarded(k text, tok bytea, slot bytea) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE cur bytea;
+BEGIN
+  SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, {{schema}}.idem_now()) g;
+  IF cur IS NULL THEN RETURN 0; END IF;
+  IF NOT {{schema}}.idem_ours(cur, tok) OR {{schema}}.idem_state(cur) <> 1 OR length(cur) < 69 OR substring(cur FROM 68 FOR 2) <> slot THEN RETURN -1; END IF;
+  PERFORM {{schema}}.idem_del(k);
+  RETURN 1;
+END $$;
+
+-- 1 stored, 2 stored after the lease lapsed, 3 already stored by us, -1
+-- another owner's.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_complete(k text, tok bytea, v bytea, ttl bigint) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE now_ms bigint := {{schema}}.idem_now(); cur bytea; present bool;
+BEGIN
+  SELECT g.cur, g.present INTO cur, present FROM {{schema}}.idem_get(k, now_ms) g;
+  IF cur IS NULL THEN
+    IF NOT {{schema}}.idem_put(k, v, ttl, now_ms, present) THEN RETURN -1; END IF;
+    PERFORM pg_notify('idemproxy', k);
+    RETURN 2;
+  END IF;
+  IF NOT {{schema}}.idem_ours(cur, tok) THEN RETURN -1; END IF;
+  IF {{schema}}.idem_state(cur) = 2 THEN RETURN 3; END IF;
+  PERFORM {{schema}}.idem_put(k, v, ttl, now_ms, true);
+  PERFORM pg_notify('idemproxy', k);
+  RETURN 1;
+END $$;
+
+-- 1 released, 0 gone, -1 another owner's, -2 completed.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_release(k text, tok bytea) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE cur bytea;
+BEGIN
+  SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, {{schema}}.idem_now()) g;
+  IF cur IS NULL THEN RETURN 0; END IF;
+  IF NOT {{schema}}.idem_ours(cur, tok) THEN RETURN -1; END IF;
+  IF {{schema}}.idem_state(cur) <> 1 THEN RETURN -2; END IF;
+  PERFORM {{schema}}.idem_del(k);
+  RETURN 1;
+END $$;
+
+-- Settles an orphan: 1 settled, 0 gone, -1 another owner's, -2
+-- completed, -3 its owner renewed (its lease is more than its tail, or
+-- its expiry moved past slack ms of exp, when exp > 0).
+CREATE OR REPLACE FUNCTION {{schema}}.idem_orphan(k text, tok bytea, v bytea, ttl bigint, tail bigint, exp_seen bigint, slack bigint) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE now_ms bigint := {{schema}}.idem_now(); cur bytea; exp bigint;
+BEGIN
+  SELECT g.cur, g.exp INTO cur, exp FROM {{schema}}.idem_get(k, now_ms) g;
+  IF cur IS NULL THEN RETURN 0; END IF;
+  IF NOT {{schema}}.idem_ours(cur, tok) THEN RETURN -1; END IF;
+  IF {{schema}}.idem_state(cur) <> 1 THEN RETURN -2; END IF;
+  IF exp - now_ms > tail THEN RETURN -3; END IF;
+  IF exp_seen > 0 AND abs(exp - exp_seen) > slack THEN RETURN -3; END IF;
+  PERFORM {{schema}}.idem_put(k, v, ttl, now_ms, true);
+  PERFORM pg_notify('idemproxy', k);
+  RETURN 1;
+END $$;
+
+-- Takes over a record whose outcome is unknown: res 1 taken (since,
+-- now_ms), 0 gone, -1 changed, -3 the orphan's owner renewed.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_take_over(k text, tok bytea, v bytea, ttl bigint, tail bigint, since_in bigint, exp_seen bigint, slack bigint,
+  OUT res int, OUT since bigint, OUT now_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE cur bytea; exp bigint; st int;
+BEGIN
+  now_ms := {{schema}}.idem_now();
+  SELECT g.cur, g.exp INTO cur, exp FROM {{schema}}.idem_get(k, now_ms) g;
+  IF cur IS NULL THEN res := 0; RETURN; END IF;
+  st := {{schema}}.idem_state(cur);
+  IF NOT {{schema}}.idem_ours(cur, tok) OR (st <> 1 AND st <> 2) THEN res := -1; RETURN; END IF;
+  IF st = 1 THEN
+    IF exp - now_ms > tail THEN res := -3; RETURN; END IF;
+    IF exp_seen > 0 AND abs(exp - exp_seen) > slack THEN res := -3; RETURN; END IF;
+    since := now_ms - (tail - (exp - now_ms));
+  ELSE
+    since := since_in;
+    IF since <= 0 OR since > now_ms THEN since := now_ms; END IF;
+  END IF;
+  PERFORM {{schema}}.idem_put(k, v, ttl, now_ms, true);
+  res := 1;
+END $$;
+
+-- Frees a key taken over after an absent answer: res 1 freed, 0 gone, -1
+-- changed, -4 too early (n: ms left), -6 the clocks disagree (n: the
+-- offset ms).
+CREATE OR REPLACE FUNCTION {{schema}}.idem_free_absent(k text, tok bytea, since bigint, age bigint, caller_ms bigint, max_offset bigint, OUT res int, OUT n bigint)
+LANGUAGE plpgsql AS $$
+DECLARE now_ms bigint := {{schema}}.idem_now(); cur bytea;
+BEGIN
+  SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, now_ms) g;
+  IF cur IS NULL THEN res := 0; RETURN; END IF;
+  IF NOT {{schema}}.idem_ours(cur, tok) OR {{schema}}.idem_state(cur) <> 1 THEN res := -1; RETURN; END IF;
+  IF abs(now_ms - caller_ms) > max_offset THEN res := -6; n := now_ms - caller_ms; RETURN; END IF;
+  IF since + age - now_ms > 0 THEN res := -4; n := since + age - now_ms; RETURN; END IF;
+  PERFORM {{schema}}.idem_del(k);
+  res := 1;
+END $$;
+
+-- 1 deleted, 0 gone, -1 in another state or not a record of ours.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_forget(k text, st int) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE cur bytea;
+BEGIN
+  SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, {{schema}}.idem_now()) g;
+  IF cur IS NULL THEN RETURN 0; END IF;
+  IF length(cur) < 2 OR get_byte(cur, 0) <> 1 OR get_byte(cur, 1) <> st THEN RETURN -1; END IF;
+  PERFORM {{schema}}.idem_del(k);
+  RETURN 1;
+END $$;
+
+-- Streams. A stream's value is its head then its chunks; its lease (a
+-- running stream's: from now on the database's clock) is in bytes 60..67,
+-- its end in byte 70.
+
+-- 1 started, 2 started after the lease lapsed, 3 already started by us,
+-- -1 another owner's, -2 completed.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_stream_start(k text, tok bytea, head bytea, ttl bigint, lease bigint) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE now_ms bigint := {{schema}}.idem_now(); cur bytea; present bool; how int := 1; v bytea;
+BEGIN
+  SELECT g.cur, g.present INTO cur, present FROM {{schema}}.idem_get(k, now_ms) g;
+  IF cur IS NULL THEN
+    how := 2;
+  ELSE
+    IF NOT {{schema}}.idem_ours(cur, tok) THEN RETURN -1; END IF;
+    IF {{schema}}.idem_state(cur) = 3 THEN RETURN 3; END IF;
+    IF {{schema}}.idem_state(cur) <> 1 THEN RETURN -2; END IF;
+  END IF;
+  v := overlay(head PLACING int8send(now_ms + lease) FROM 60 FOR 8);
+  IF NOT {{schema}}.idem_put(k, v, ttl, now_ms, present) THEN RETURN -1; END IF;
+  PERFORM pg_notify('idemproxy', k);
+  RETURN how;
+END $$;
+
+-- The 8-byte big-endian number at position at (1-based) of v.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_rd8(v bytea, at int) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$ SELECT ('x' || encode(substring(v FROM at FOR 8), 'hex'))::bit(64)::bigint $$;
+
+-- res 1 appended (n: the new length), 0 gone, -1 not ours, -2 ended, -3
+-- the lease had run out (marked aborted), -5 another length (n).
+CREATE OR REPLACE FUNCTION {{schema}}.idem_stream_append(k text, tok bytea, at bigint, chunk bytea, lease bigint, OUT res int, OUT n bigint)
+LANGUAGE plpgsql AS $$
+DECLARE now_ms bigint := {{schema}}.idem_now(); cur bytea;
+BEGIN
+  SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, now_ms) g;
+  IF cur IS NULL THEN res := 0; RETURN; END IF;
+  IF NOT {{schema}}.idem_ours(cur, tok) OR {{schema}}.idem_state(cur) <> 3 OR length(cur) < 74 THEN res := -1; RETURN; END IF;
+  IF get_byte(cur, 69) <> 0 THEN res := -2; RETURN; END IF;
+  IF {{schema}}.idem_rd8(cur, 60) < now_ms THEN
+    UPDATE {{schema}}.records SET value = set_byte(value, 69, 2) WHERE key = k;
+    PERFORM pg_notify('idemproxy', k);
+    res := -3; RETURN;
+  END IF;
+  n := length(cur);
+  IF n <> at THEN res := -5; RETURN; END IF;
+  cur := overlay(cur || chunk PLACING int8send(now_ms + lease) FROM 60 FOR 8);
+  UPDATE {{schema}}.records SET value = cur WHERE key = k;
+  n := length(cur);
+  IF length(chunk) > 0 THEN PERFORM pg_notify('idemproxy', k); END IF;
+  res := 1;
+END $$;
+
+-- res 1 recorded (or already, the same), 0 gone, -1 not ours, -2 ended
+-- otherwise, -5 another length (n).
+CREATE OR REPLACE FUNCTION {{schema}}.idem_stream_end(k text, tok bytea, e int, at bigint, last bytea, OUT res int, OUT n bigint)
+LANGUAGE plpgsql AS $$
+DECLARE now_ms bigint := {{schema}}.idem_now(); cur bytea; was int;
+BEGIN
+  SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, now_ms) g;
+  IF cur IS NULL THEN res := 0; RETURN; END IF;
+  IF NOT {{schema}}.idem_ours(cur, tok) OR {{schema}}.idem_state(cur) <> 3 OR length(cur) < 74 THEN res := -1; RETURN; END IF;
+  was := get_byte(cur, 69);
+  IF was <> 0 THEN
+    IF was = e THEN res := 1; ELSE res := -2; END IF;
+    RETURN;
+  END IF;
+  IF at >= 0 AND length(cur) <> at THEN res := -5; n := length(cur); RETURN; END IF;
+  IF e = 1 AND {{schema}}.idem_rd8(cur, 60) < now_ms THEN
+    UPDATE {{schema}}.records SET value = set_byte(value, 69, 2) WHERE key = k;
+    PERFORM pg_notify('idemproxy', k);
+    res := -2; RETURN;
+  END IF;
+  IF e = 1 AND last IS NOT NULL AND length(last) > 0 THEN cur := cur || last; END IF;
+  cur := overlay(set_byte(cur, 69, e) PLACING int8send(now_ms) FROM 60 FOR 8);
+  UPDATE {{schema}}.records SET value = cur WHERE key = k;
+  PERFORM pg_notify('idemproxy', k);
+  res := 1;
+END $$;
+
+-- A stream's first 74 bytes, its length, its bytes from offset "off"
+-- (0-based), at most max, and the database's clock.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_stream_read(k text, off bigint, max_n bigint, OUT head bytea, OUT n bigint, OUT data bytea, OUT now_ms bigint)
+LANGUAGE plpgsql AS $$
+DECLARE cur bytea;
+BEGIN
+  now_ms := {{schema}}.idem_now();
+  SELECT r.value INTO cur FROM {{schema}}.records r WHERE r.key = k AND r.expires_ms > now_ms;
+  IF NOT FOUND THEN head := ''::bytea; n := 0; data := ''::bytea; RETURN; END IF;
+  head := substring(cur FROM 1 FOR 74);
+  n := length(cur);
+  data := ''::bytea;
+  IF off < n THEN data := substring(cur FROM (off + 1)::int FOR max_n::int); END IF;
+END $$;
+
+-- A marker (since:<name>, epoch): created with value when missing; its
+-- value either way.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_marker(nm text, v text) RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE cur text;
+BEGIN
+  INSERT INTO {{schema}}.markers (name, value) VALUES (nm, v) ON CONFLICT (name) DO NOTHING;
+  SELECT m.value INTO cur FROM {{schema}}.markers m WHERE m.name = nm;
+  RETURN cur;
+END $$;
+
+-- Deletes up to lim expired rows, oldest first, by the index on
+-- expires_ms: expiry never scans the table. Returns how many.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_expire(lim int) RETURNS int
+LANGUAGE plpgsql AS $$
+DECLARE now_ms bigint := {{schema}}.idem_now(); gone int;
+BEGIN
+  DELETE FROM {{schema}}.records WHERE key IN (
+    SELECT key FROM {{schema}}.records WHERE expires_ms <= now_ms ORDER BY expires_ms LIMIT lim FOR UPDATE SKIP LOCKED);
+  GET DIAGNOSTICS gone = ROW_COUNT;
+  DELETE FROM {{schema}}.counters WHERE key IN (
+    SELECT key FROM {{schema}}.counters WHERE expires_ms <= now_ms LIMIT lim FOR UPDATE SKIP LOCKED);
+  RETURN gone;
+END $$;

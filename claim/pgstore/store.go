@@ -1,0 +1,223 @@
+// Package pgstore is the PostgreSQL backend of claim: claims and settled
+// responses in a table, for deployments whose keys must be durable
+// (every write is committed, synchronous_commit on, before it is
+// acknowledged) or kept longer than memory allows.
+//
+// Every operation is one statement and one round trip: a function of the
+// schema this package ships (schema.sql, installed by Migrate), which
+// judges leases and fences on the database's clock inside it, as the Redis
+// store's scripts do on Redis' (it mirrors them one for one). Record bytes
+// are claim.Codec's, the same as in Redis. Waiters are woken by NOTIFY on
+// one LISTEN connection per store.
+//
+// It is not a library: its exported names serve the idemproxy binary and
+// the repository's tests, and change between releases without notice.
+package pgstore
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+//go:embed schema.sql
+var schemaSQL string
+
+// Store keeps claims in PostgreSQL.
+type Store struct {
+	pool   *pgxpool.Pool
+	codec  *claim.Codec
+	schema string // quoted
+	// node names the server in Health and the epoch marker.
+	node   string
+	clocks *claim.Clocks
+	// full refuses new claims (SetFull).
+	full  atomic.Bool
+	watch *listener
+	// epochs: the marker this process last saw (CheckEpochs).
+	epochMu   sync.Mutex
+	epochSeen string
+	epochAt   claim.Epoch
+	spanAttrs []attribute.KeyValue
+}
+
+var _ claim.Backend = (*Store)(nil)
+
+// Migrate installs the schema (tables, index, functions) under schema;
+// running it again changes nothing.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	sql := strings.ReplaceAll(schemaSQL, "{{schema}}", pgx.Identifier{schema}.Sanitize())
+	if _, err := pool.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("pgstore: migrate schema %q: %w", schema, err)
+	}
+	return nil
+}
+
+// New returns a Store on pool, its records in schema (installed by
+// Migrate), every key under prefix.
+func New(pool *pgxpool.Pool, schema, prefix string, opts ...claim.Option) *Store {
+	codec, o := claim.Build(prefix, opts...)
+	cfg := pool.Config().ConnConfig
+	node := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	s := &Store{pool: pool, codec: codec, schema: pgx.Identifier{schema}.Sanitize(), node: node}
+	s.clocks = claim.NewClocks(o.Now, s.checkClocks)
+	s.watch = newListener(pool)
+	s.spanAttrs = []attribute.KeyValue{semconv.DBSystemNamePostgreSQL, semconv.DBNamespace(cfg.Database)}
+	if cfg.Host != "" {
+		s.spanAttrs = append(s.spanAttrs, semconv.ServerAddress(cfg.Host), semconv.ServerPort(int(cfg.Port)))
+	}
+	return s
+}
+
+// Codec is the store's claim.Codec.
+func (s *Store) Codec() *claim.Codec { return s.codec }
+
+// Span describes store operation op's client span: named after the
+// function it calls.
+func (s *Store) Span(op string) claim.Span {
+	name := "SELECT idem_" + op
+	return claim.Span{Name: name, Attributes: append(s.spanAttrs[:len(s.spanAttrs):len(s.spanAttrs)], semconv.DBOperationName("SELECT"))}
+}
+
+// fn is the schema-qualified name of one of the schema's functions.
+func (s *Store) fn(name string) string { return s.schema + "." + name }
+
+// row runs one of the schema's functions with args and scans its result
+// into dst.
+func (s *Store) row(ctx context.Context, op, fn string, args []any, dst ...any) error {
+	ph := make([]string, len(args))
+	for i := range args {
+		ph[i] = "$" + strconv.Itoa(i+1)
+	}
+	q := "SELECT * FROM " + s.fn(fn) + "(" + strings.Join(ph, ", ") + ")"
+	if err := s.pool.QueryRow(ctx, q, args...).Scan(dst...); err != nil {
+		return claim.Unavailable(op, err)
+	}
+	return nil
+}
+
+// Close stops the store's LISTEN connection; the pool stays open.
+func (s *Store) Close() { s.watch.close() }
+
+// Preload checks that the schema is installed.
+func (s *Store) Preload(ctx context.Context) error {
+	var now int64
+	return s.row(ctx, "preload", "idem_now", nil, &now)
+}
+
+// SetFull sets whether new claims are refused (ErrFull).
+func (s *Store) SetFull(full bool) { s.full.Store(full) }
+
+// EvictionPolicy is "noeviction": PostgreSQL never drops a row to make
+// room.
+func (s *Store) EvictionPolicy(context.Context) (string, error) { return "noeviction", nil }
+
+// Health reads the database's clock (claim.Clocks) and size.
+func (s *Store) Health(ctx context.Context) []claim.MasterHealth {
+	h := claim.MasterHealth{Master: s.node}
+	sent := s.clocks.Now()
+	var nowMS, keys, bytes int64
+	q := "SELECT " + s.fn("idem_now") + "(), (SELECT count(*) FROM " + s.schema + ".records), pg_total_relation_size('" + strings.ReplaceAll(s.schema, "'", "''") + ".records')"
+	if err := s.pool.QueryRow(ctx, q).Scan(&nowMS, &keys, &bytes); err != nil {
+		h.Err = claim.Unavailable("health", err)
+		s.clocks.Note(nil, false, s.clocks.Now())
+		return []claim.MasterHealth{h}
+	}
+	answered := s.clocks.Now()
+	at := time.UnixMilli(nowMS)
+	// The database read its clock between sent and answered, to the
+	// millisecond.
+	r := claim.ClockReading{Min: sent.Sub(at.Add(time.Millisecond)), Max: answered.Sub(at)}
+	s.clocks.Note([]claim.ClockReading{r}, true, answered)
+	h.Clock, h.Sized, h.Keys, h.UsedBytes = &r, true, keys, bytes
+	return []claim.MasterHealth{h}
+}
+
+// checkClocks measures this process' clock against the database's.
+func (s *Store) checkClocks(ctx context.Context) { s.Health(ctx) }
+
+// Since is when this store first saw name (a marker row, kept).
+func (s *Store) Since(ctx context.Context, name string, now time.Time) (time.Time, error) {
+	var v string
+	if err := s.row(ctx, "since", "idem_marker", []any{s.codec.Prefix() + "since:" + name, strconv.FormatInt(now.UnixMilli(), 10)}, &v); err != nil {
+		return time.Time{}, err
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("claim: marker since:%s: %w", name, err)
+	}
+	return time.UnixMilli(ms), nil
+}
+
+// CheckEpochs reads the store's epoch marker, creating it when missing;
+// one that this process saw and is gone means the data was lost (a
+// restore from an old backup, a truncation): the new epoch begins after a
+// loss.
+func (s *Store) CheckEpochs(ctx context.Context) ([]claim.Epoch, error) {
+	s.epochMu.Lock()
+	defer s.epochMu.Unlock()
+	mark := strconv.FormatInt(s.clocks.Now().UnixMicro(), 10)
+	if s.epochSeen != "" {
+		mark += ":lost"
+	}
+	var v string
+	if err := s.row(ctx, "epoch", "idem_marker", []any{s.codec.Prefix() + "epoch", mark}, &v); err != nil {
+		return nil, err
+	}
+	e := claim.Epoch{Master: s.node, AfterLoss: strings.HasSuffix(v, ":lost")}
+	us, err := strconv.ParseInt(strings.TrimSuffix(v, ":lost"), 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("claim: epoch marker %q: %w", v, err)
+	}
+	e.Start = time.UnixMicro(us)
+	e.Lost = s.epochSeen != "" && s.epochSeen != v
+	s.epochSeen, s.epochAt = v, e
+	return []claim.Epoch{e}, nil
+}
+
+// EpochStart is when the data key lives in began, when it began after a
+// loss; zero otherwise.
+func (s *Store) EpochStart(ctx context.Context, key string) (time.Time, error) {
+	es, err := s.CheckEpochs(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if es[0].AfterLoss {
+		return es[0].Start, nil
+	}
+	return time.Time{}, nil
+}
+
+// Forget deletes key's record while it is in state (the key API).
+func (s *Store) Forget(ctx context.Context, key string, state claim.State) error {
+	var n int
+	if err := s.row(ctx, "forget", "idem_forget", []any{key, int(state)}, &n); err != nil {
+		return err
+	}
+	if n < 0 {
+		return fmt.Errorf("forget: %w", claim.ErrStateChanged)
+	}
+	return nil
+}
+
+// Expire deletes up to n expired rows, oldest first (the expiry index):
+// what the store watcher runs to reclaim their space. Reads treat an
+// expired row as absent whether or not it was deleted yet.
+func (s *Store) Expire(ctx context.Context, n int) (int, error) {
+	var gone int
+	err := s.row(ctx, "expire", "idem_expire", []any{n}, &gone)
+	return gone, err
+}

@@ -1,0 +1,70 @@
+package pgstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/contract"
+	"github.com/idemproxy/idemproxy/claim/pgstore"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
+)
+
+// deployment is a PostgreSQL server as the contract suite sees it: stores
+// on one pool and schema, its values read and written with SQL.
+type deployment struct {
+	pool   *pgxpool.Pool
+	schema string
+}
+
+func (d deployment) Open(t *testing.T, prefix string, opts ...claim.Option) claim.Backend {
+	s := pgstore.New(d.pool, d.schema, prefix, opts...)
+	t.Cleanup(s.Close)
+	return s
+}
+
+func (d deployment) table() string { return pgx.Identifier{d.schema, "records"}.Sanitize() }
+
+func (d deployment) Raw(ctx context.Context, key string) ([]byte, error) {
+	var v []byte
+	err := d.pool.QueryRow(ctx, "SELECT value FROM "+d.table()+" WHERE key = $1 AND expires_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)", key).Scan(&v)
+	if err == pgx.ErrNoRows {
+		return nil, nil
+	}
+	return v, err
+}
+
+func (d deployment) Plant(ctx context.Context, key string, value []byte, ttl time.Duration) error {
+	_, err := d.pool.Exec(ctx, "INSERT INTO "+d.table()+" (key, value, expires_ms) VALUES ($1, $2, floor(extract(epoch FROM clock_timestamp()) * 1000) + $3) "+
+		"ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_ms = EXCLUDED.expires_ms", key, value, ttl.Milliseconds())
+	return err
+}
+
+// open is a pool on a fresh server with the schema installed.
+func open(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, srv.URL+"&pool_max_conns=64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pgstore.Migrate(ctx, pool, "idemproxy"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgstore.Migrate(ctx, pool, "idemproxy"); err != nil {
+		t.Fatalf("migrating again: %v", err)
+	}
+	return pool
+}
+
+// TestContract runs the shared contract suite (claim/contract) against a
+// real PostgreSQL server.
+func TestContract(t *testing.T) {
+	contract.Run(t, deployment{pool: open(t), schema: "idemproxy"})
+}
