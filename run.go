@@ -25,6 +25,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "size" {
 		return runSize(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "store" {
+		return runStore(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "config.yaml", "path of the YAML config file")
@@ -35,7 +38,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(fs.Output(), usage)
 		fs.PrintDefaults()
 	}
-	if help, err := parseFlags(fs, args, "the subcommands are demo, keys and size, and they come first"); help || err != nil {
+	if help, err := parseFlags(fs, args, "the subcommands are demo, keys, size and store, and they come first"); help || err != nil {
 		return err
 	}
 	if *version {
@@ -103,6 +106,7 @@ Usage:
   idemproxy demo                           the sidecar, an embedded store and a sample upstream, with a scripted show
   idemproxy keys get|delete|reconcile ...  look up, clear or reconcile one idempotency key on a running sidecar (idemproxy keys -h)
   idemproxy size ...                       the Redis memory a traffic profile needs (idemproxy size -h)
+  idemproxy store migrate [-config f]      install or update store.postgres' schema and exit
 
 Flags:
 `

@@ -18,6 +18,8 @@ import (
 type secrets struct {
 	// redis is store.redis with the passwords read from their files.
 	redis config.Redis
+	// postgresPassword is store.postgres.password_file's.
+	postgresPassword string
 	// store are the sealing and key derivation options.
 	store []claim.Option
 	// keySecret is store.key_secret_file's content; nil without one.
@@ -43,6 +45,13 @@ func readSecrets(cfg *config.Config) (*secrets, error) {
 	var errs []error
 	if err := readPasswords(&sec.redis); err != nil {
 		errs = append(errs, err)
+	}
+	if f := cfg.Store.Postgres.PasswordFile; f != "" {
+		if b, err := os.ReadFile(f); err != nil {
+			errs = append(errs, fmt.Errorf("store.postgres.password_file: %w", err))
+		} else {
+			sec.postgresPassword = strings.TrimSpace(string(b))
+		}
 	}
 	if cfg.Store.Redis.TLSCAFile != "" {
 		c, err := redisstore.NewClient(clientOptions(cfg.Store.Redis))

@@ -11,10 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/pgstore"
 	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -164,6 +166,9 @@ func (s *server) proxyOptions(ctx context.Context) (proxy.Options, error) {
 // openStore connects to Redis, or starts the embedded store when no
 // address is configured, which it reports.
 func (s *server) openStore(ctx context.Context, sec *secrets) error {
+	if s.cfg.Store.Postgres.URL != "" {
+		return s.openPostgres(ctx, sec)
+	}
 	redisCfg := sec.redis
 	if len(redisCfg.Addrs) == 0 {
 		emb, err := redisstore.StartEmbedded()
@@ -188,6 +193,35 @@ func (s *server) openStore(ctx context.Context, sec *secrets) error {
 	}
 	s.store = rs
 	s.closers = append(s.closers, s.store.Close)
+	preload(ctx, s.store, s.log)
+	return nil
+}
+
+// openPostgres opens the durable store: a pool on store.postgres.url,
+// with the schema installed at start when create_schema says so (and
+// again in the background until the database answers).
+func (s *server) openPostgres(ctx context.Context, sec *secrets) error {
+	pg := s.cfg.Store.Postgres
+	pcfg, err := pgxpool.ParseConfig(pg.URL)
+	if err != nil {
+		return fmt.Errorf("store.postgres.url: %w", err)
+	}
+	if sec.postgresPassword != "" {
+		pcfg.ConnConfig.Password = sec.postgresPassword
+	}
+	pcfg.MaxConns = int32(pg.MaxConns)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("store.postgres.url: %w", err)
+	}
+	s.closers = append(s.closers, pool.Close)
+	store := pgstore.New(pool, pg.Schema, s.cfg.Store.KeyPrefix, storeOptions(s.cfg, sec, s.metrics, s.log)...)
+	if pg.CreateSchema {
+		store.MigrateOnPreload()
+	}
+	s.store = store
+	s.closers = append(s.closers, s.store.Close)
+	s.metrics.evictionSafe.Set(1) // PostgreSQL never evicts a row
 	preload(ctx, s.store, s.log)
 	return nil
 }

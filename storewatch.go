@@ -16,10 +16,30 @@ import (
 // come up later; until then protected routes answer per store_unavailable
 // and idemproxy_store_up says so.
 func preload(ctx context.Context, store claim.Backend, logger *slog.Logger) {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	if err := store.Preload(ctx); err != nil {
+	if err := store.Preload(pctx); err != nil {
 		logger.Warn("store not reachable at start: serving; protected routes answer per store_unavailable until it is", "err", err)
+		go preloadLater(ctx, store, logger)
+	}
+}
+
+// preloadLater runs Preload again every 2 s until it succeeds (the
+// store's scripts or schema are then in place) or ctx ends.
+func preloadLater(ctx context.Context, store claim.Backend, logger *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		err := store.Preload(pctx)
+		cancel()
+		if err == nil {
+			logger.Info("store reachable: preloaded")
+			return
+		}
 	}
 }
 

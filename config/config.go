@@ -221,7 +221,7 @@ func Default() *Config {
 			URL: DefaultUpstreamURL, Timeout: DefaultUpstreamTimeout,
 			LateAnswerWindow: DefaultLateAnswerWindow, MaxLateCalls: DefaultMaxLateCalls, LateCallsPrincipalShare: DefaultPrincipalShare,
 		},
-		Store:               Store{RecordFormat: 1, Compression: CompressionNone, KeyPrefix: DefaultKeyPrefix, Pipeline: true, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit},
+		Store:               Store{RecordFormat: 1, Compression: CompressionNone, KeyPrefix: DefaultKeyPrefix, Pipeline: true, WaitTimeout: DefaultWaitTimeout, ClaimMemoryLimit: DefaultClaimMemoryLimit, Postgres: Postgres{Schema: "idemproxy", CreateSchema: true, MaxConns: 32}},
 		Client:              Client{ReadHeaderTimeout: DefaultReadHeaderTimeout, BodyTimeout: DefaultBodyTimeout, WriteTimeout: DefaultWriteTimeout},
 		Limits:              Limits{PrincipalShare: DefaultPrincipalShare},
 		PassThroughUpgrades: []string{"websocket"},

@@ -2,14 +2,18 @@ package config
 
 import (
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 )
 
-// Store configures Redis.
+// Store configures the store: Redis (the default, or the embedded store
+// when no address is set) or PostgreSQL, never both.
 type Store struct {
-	// Redis says how to reach the deployment.
+	// Redis says how to reach a Redis deployment.
 	Redis Redis `yaml:"redis"`
+	// Postgres, when its URL is set, keeps records in PostgreSQL instead.
+	Postgres Postgres `yaml:"postgres"`
 	// RecordFormat is the stored format written: 1 (what v0.3.0 reads,
 	// the default), 2 (fingerprints keyed with KeySecretFile: turn it on
 	// once every replica runs v0.4.0 or later) or 3 (2, plus compact
@@ -85,6 +89,27 @@ type Redis struct {
 	TLSServerName string `yaml:"tls_server_name"`
 }
 
+// Postgres is the connection to the PostgreSQL database of the durable
+// store (claim/pgstore).
+type Postgres struct {
+	// URL is a libpq connection string or URL (postgres://user@host:5432/
+	// db?sslmode=verify-full); several hosts with
+	// target_session_attrs=read-write follow a failover. Never a password:
+	// PasswordFile holds it.
+	URL string `yaml:"url"`
+	// PasswordFile, when set, holds the password (a mounted Secret), read
+	// at start, surrounding whitespace removed.
+	PasswordFile string `yaml:"password_file"`
+	// Schema holds idemproxy's tables and functions.
+	Schema string `yaml:"schema"`
+	// CreateSchema installs or updates the schema at start (idemproxy
+	// store migrate does it alone); false expects it installed.
+	CreateSchema bool `yaml:"create_schema"`
+	// MaxConns bounds the connection pool (one more is held to listen
+	// for wake-ups).
+	MaxConns int `yaml:"max_conns"`
+}
+
 // Record compressions (store.compression).
 const (
 	CompressionNone = "none"
@@ -103,6 +128,7 @@ func (c *Config) validateStore(add problemf) {
 	if st.KeyPrefix == "" {
 		add("store.key_prefix", "must not be empty: it keeps idemproxy's keys apart from other data")
 	}
+	c.validatePostgres(add)
 	r := st.Redis
 	if r.Password != "" && r.PasswordFile != "" {
 		add("store.redis.password_file", "set either store.redis.password or store.redis.password_file, not both")
@@ -144,4 +170,48 @@ func (c *Config) validateStore(add problemf) {
 	if st.WaitReplicas > 0 && st.WaitTimeout <= 0 {
 		add("store.wait_timeout", "must be positive when store.wait_replicas is set, got %s", st.WaitTimeout)
 	}
+}
+
+// validatePostgres checks store.postgres: exactly one store, no password
+// in the URL, a schema name and a pool size.
+func (c *Config) validatePostgres(add problemf) {
+	pg := c.Store.Postgres
+	if pg.URL == "" {
+		if pg.PasswordFile != "" {
+			add("store.postgres.password_file", "is only used with store.postgres.url")
+		}
+		return
+	}
+	if len(c.Store.Redis.Addrs) > 0 {
+		add("store.postgres.url", "set either store.redis.addrs or store.postgres.url, not both: one fleet uses one store (docs/production.md, switching stores)")
+	}
+	if u, err := url.Parse(pg.URL); err == nil && u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			add("store.postgres.url", "holds a password: put it in a file named by store.postgres.password_file, and leave it out of the URL")
+		}
+	} else if strings.Contains(strings.ToLower(pg.URL), "password=") {
+		add("store.postgres.url", "holds a password: put it in a file named by store.postgres.password_file, and leave it out of the URL")
+	}
+	if !validIdentifier(pg.Schema) {
+		add("store.postgres.schema", "must be a plain SQL name (letters, digits, _; not starting with a digit), got %q", pg.Schema)
+	}
+	if pg.MaxConns < 2 || pg.MaxConns > 1000 {
+		add("store.postgres.max_conns", "must be between 2 and 1000, got %d", pg.MaxConns)
+	}
+	if c.Store.WaitReplicas > 0 {
+		add("store.wait_replicas", "is Redis' WAIT: with store.postgres, a synchronous standby (synchronous_standby_names) does it in the database")
+	}
+}
+
+// validIdentifier reports whether s is a plain SQL name.
+func validIdentifier(s string) bool {
+	if s == "" || len(s) > 63 || s[0] >= '0' && s[0] <= '9' {
+		return false
+	}
+	for _, c := range s {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
 }

@@ -193,6 +193,7 @@ func (c *Config) exposedSecrets(groups func() ([]int, error)) []string {
 	files := []struct{ key, path string }{
 		{"store.redis.password_file", c.Store.Redis.PasswordFile},
 		{"store.redis.sentinel_password_file", c.Store.Redis.SentinelPasswordFile},
+		{"store.postgres.password_file", c.Store.Postgres.PasswordFile},
 		{"store.key_secret_file", c.Store.KeySecretFile},
 		{"admin.token_file", c.Admin.TokenFile},
 	}

@@ -42,7 +42,7 @@ func (c *Config) Warnings() []string {
 	}
 	w = append(w, c.webhookWarnings()...)
 	w = append(w, c.quotaWarnings()...)
-	if len(c.Store.Redis.Addrs) == 0 {
+	if len(c.Store.Redis.Addrs) == 0 && c.Store.Postgres.URL == "" {
 		w = append(w, "store.redis.addrs: empty: the embedded in-memory store is in use: single instance, not durable, no authentication, lost on every restart (a retry after a restart executes again); development only, set store.redis.addrs in production")
 	}
 	w = append(w, c.exposedSecrets(os.Getgroups)...)

@@ -38,15 +38,18 @@ var schemaSQL string
 
 // Store keeps claims in PostgreSQL.
 type Store struct {
-	pool   *pgxpool.Pool
-	codec  *claim.Codec
-	schema string // quoted
+	pool       *pgxpool.Pool
+	codec      *claim.Codec
+	schema     string // quoted
+	schemaName string
 	// node names the server in Health and the epoch marker.
 	node   string
 	clocks *claim.Clocks
 	// full refuses new claims (SetFull).
 	full  atomic.Bool
 	watch *listener
+	// migrate installs the schema on Preload (MigrateOnPreload).
+	migrate bool
 	// epochs: the marker this process last saw (CheckEpochs).
 	epochMu   sync.Mutex
 	epochSeen string
@@ -72,7 +75,7 @@ func New(pool *pgxpool.Pool, schema, prefix string, opts ...claim.Option) *Store
 	codec, o := claim.Build(prefix, opts...)
 	cfg := pool.Config().ConnConfig
 	node := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
-	s := &Store{pool: pool, codec: codec, schema: pgx.Identifier{schema}.Sanitize(), node: node}
+	s := &Store{pool: pool, codec: codec, schema: pgx.Identifier{schema}.Sanitize(), schemaName: schema, node: node}
 	s.clocks = claim.NewClocks(o.Now, s.checkClocks)
 	s.watch = newListener(pool)
 	s.spanAttrs = []attribute.KeyValue{semconv.DBSystemNamePostgreSQL, semconv.DBNamespace(cfg.Database)}
@@ -112,8 +115,18 @@ func (s *Store) row(ctx context.Context, op, fn string, args []any, dst ...any) 
 // Close stops the store's LISTEN connection; the pool stays open.
 func (s *Store) Close() { s.watch.close() }
 
-// Preload checks that the schema is installed.
+// MigrateOnPreload makes Preload install or update the schema first
+// (store.postgres.create_schema).
+func (s *Store) MigrateOnPreload() { s.migrate = true }
+
+// Preload installs the schema when MigrateOnPreload said so, and checks
+// that it is there.
 func (s *Store) Preload(ctx context.Context) error {
+	if s.migrate {
+		if err := Migrate(ctx, s.pool, s.schemaName); err != nil {
+			return claim.Unavailable("migrate", err)
+		}
+	}
 	var now int64
 	return s.row(ctx, "preload", "idem_now", nil, &now)
 }
@@ -143,6 +156,9 @@ func (s *Store) Health(ctx context.Context) []claim.MasterHealth {
 	r := claim.ClockReading{Min: sent.Sub(at.Add(time.Millisecond)), Max: answered.Sub(at)}
 	s.clocks.Note([]claim.ClockReading{r}, true, answered)
 	h.Clock, h.Sized, h.Keys, h.UsedBytes = &r, true, keys, bytes
+	// The store watcher calls Health every second: it reclaims expired
+	// rows in batches as it goes (reads never see them anyway).
+	_, _ = s.Expire(ctx, expireBatch)
 	return []claim.MasterHealth{h}
 }
 
@@ -212,6 +228,10 @@ func (s *Store) Forget(ctx context.Context, key string, state claim.State) error
 	}
 	return nil
 }
+
+// expireBatch is the most expired rows one Health call deletes: 5,000 a
+// second keeps up with 5,000 new keys a second.
+const expireBatch = 5000
 
 // Expire deletes up to n expired rows, oldest first (the expiry index):
 // what the store watcher runs to reclaim their space. Reads treat an

@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/binarytest"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/poll"
+)
+
+// pgConfig is a pay route on the PostgreSQL store at url.
+func pgConfig(upstream, url, extra string) string {
+	return fmt.Sprintf("upstream:\n  url: %q\nstore:\n  postgres:\n    url: %q\n%sroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream, url, extra)
+}
+
+// TestPostgresStoreThroughTheBinary (issue 56): a sidecar configured with
+// store.postgres (the schema installed at start, create_schema's
+// default) replays a retry byte for byte and executes a key once under
+// concurrent retries; its records outlive the sidecar (a new one replays
+// them) and PostgreSQL itself (killed with -9 and restarted: every
+// acknowledged record is there).
+func TestPostgresStoreThroughTheBinary(t *testing.T) {
+	pg := pgtest.Start(t)
+	up := binarytest.NewRecorder(t)
+	sc := startBinary(t, pgConfig(up.URL, pg.URL, ""))
+
+	st, first := post(t, sc.Client+"/payments", "pg-1", `{"amount":1}`)
+	if st != http.StatusCreated {
+		t.Fatalf("first attempt: %d %s", st, first)
+	}
+	resp, again := postAnswer(t, sc.Client+"/payments", "pg-1", `{"amount":1}`)
+	if resp.StatusCode != http.StatusCreated || again != first || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry: %d %q replayed=%q, want the first answer replayed", resp.StatusCode, again, resp.Header.Get("Idempotent-Replayed"))
+	}
+	if st, body := post(t, sc.Client+"/payments", "pg-1", `{"amount":2}`); st != http.StatusUnprocessableEntity {
+		t.Errorf("the key with another body: %d %s, want 422", st, body)
+	}
+
+	up.Delay = 300 * time.Millisecond
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() { post(t, sc.Client+"/payments", "pg-concurrent", `{}`) })
+	}
+	wg.Wait()
+	up.Delay = 0
+	if n := up.Executions("pg-concurrent"); n != 1 {
+		t.Errorf("8 concurrent attempts executed %d times, want 1", n)
+	}
+
+	sc.Kill()
+	pg.Kill()
+	pg.Restart()
+	other := startBinary(t, pgConfig(up.URL, pg.URL, "    create_schema: false\n"))
+	poll.Until(t, "the new sidecar's store up", func() bool { seen, upNow := storeUp(t, other.Admin); return seen && upNow })
+	if st, body := post(t, other.Client+"/payments", "pg-1", `{"amount":1}`); st != http.StatusCreated || body != first {
+		t.Errorf("after the sidecar and PostgreSQL were killed: %d %q, want the first answer", st, body)
+	}
+	if n := up.Executions("pg-1"); n != 1 {
+		t.Errorf("pg-1 executed %d times, want 1", n)
+	}
+}
+
+// TestPostgresConfigRefused: a password in store.postgres.url and both
+// stores at once are refused at -check with a message naming the key,
+// and store migrate installs the schema.
+func TestPostgresConfigRefused(t *testing.T) {
+	bin := binarytest.TestBinary(t)
+	dir := t.TempDir()
+	for _, tc := range []struct{ name, store, want string }{
+		{"password in the URL", "  postgres:\n    url: \"postgres://u:secret@127.0.0.1:5432/db\"\n", "store.postgres.url: holds a password: put it in a file named by store.postgres.password_file"},
+		{"both stores", "  redis:\n    addrs: [\"127.0.0.1:6379\"]\n  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n", "set either store.redis.addrs or store.postgres.url, not both"},
+		{"schema", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    schema: \"a;b\"\n", "store.postgres.schema: must be a plain SQL name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".yaml")
+			if err := os.WriteFile(path, []byte("upstream:\n  url: \"http://127.0.0.1:9\"\nstore:\n"+tc.store+"routes:\n  - name: pay\n    match: \"POST /p\"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(bin, "-config", path, "-check").CombinedOutput()
+			if err == nil || !strings.Contains(string(out), tc.want) || strings.Contains(string(out), "panic") {
+				t.Errorf("-check: %v\n%s\nwant exit 1 naming %q", err, out, tc.want)
+			}
+		})
+	}
+	t.Run("store migrate", func(t *testing.T) {
+		pg := pgtest.Start(t)
+		path := filepath.Join(dir, "migrate.yaml")
+		if err := os.WriteFile(path, []byte(pgConfig("http://127.0.0.1:9", pg.URL, "    schema: idem_test\n")), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // a second run changes nothing
+			out, err := exec.Command(bin, "store", "migrate", "-config", path).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), `schema "idem_test" installed`) {
+				t.Fatalf("store migrate: %v\n%s", err, out)
+			}
+		}
+	})
+}
