@@ -10,7 +10,7 @@ import (
 )
 
 // productDirs hold the code the binary ships.
-var productDirs = []string{".", "proxy", "claim", "claim/redisstore", "config", "internal/sizing", "internal/problemfmt", "internal/jsonpointer"}
+var productDirs = []string{".", "proxy", "claim", "claim/redisstore", "claim/pgstore", "config", "internal/sizing", "internal/problemfmt", "internal/jsonpointer"}
 
 // maxFuncLines is the most lines a product function's body may take
 // (STYLE.md: functions split by case).

@@ -12,21 +12,20 @@ import (
 	"github.com/idemproxy/idemproxy/config"
 )
 
+// subcommands are the commands that come first: idemproxy demo, keys,
+// size and store.
+var subcommands = map[string]func(ctx context.Context, args []string, stdout, stderr io.Writer) error{
+	"demo": runDemo, "keys": runKeys, "size": runSize, "store": runStore,
+}
+
 // run is the whole program: it parses args, and either checks a config,
 // runs the demo, or serves until ctx is cancelled and in-flight requests
 // have settled.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "demo" {
-		return runDemo(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "keys" {
-		return runKeys(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "size" {
-		return runSize(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) > 0 && args[0] == "store" {
-		return runStore(ctx, args[1:], stdout, stderr)
+	if len(args) > 0 {
+		if sub := subcommands[args[0]]; sub != nil {
+			return sub(ctx, args[1:], stdout, stderr)
+		}
 	}
 	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -104,3 +104,44 @@ func TestPostgresConfigRefused(t *testing.T) {
 		}
 	})
 }
+
+// TestPostgresFailoverLosesNothing (issue 56): a primary with a
+// synchronous standby, the sidecar's URL naming both with
+// target_session_attrs=read-write. Every answer the sidecar gave was
+// committed on both; the primary is killed with -9 and the standby
+// promoted: every key replays its first answer, none executes again.
+func TestPostgresFailoverLosesNothing(t *testing.T) {
+	primary := pgtest.Start(t)
+	standby := primary.Standby(t)
+	primary.Sync(t)
+	url := fmt.Sprintf("postgres://%s@%s,%s/postgres?sslmode=disable&target_session_attrs=read-write", pgtest.User, primary.Addr, standby.Addr)
+	up := binarytest.NewRecorder(t)
+	sc := startBinary(t, pgConfig(up.URL, url, ""))
+	answers := map[string]string{}
+	for i := range 20 {
+		key := fmt.Sprintf("fo-%d", i)
+		st, body := post(t, sc.Client+"/payments", key, `{}`)
+		if st != http.StatusCreated {
+			t.Fatalf("%s: %d %s", key, st, body)
+		}
+		answers[key] = body
+	}
+	primary.Kill()
+	standby.Promote(t)
+	for key, want := range answers {
+		var st int
+		var body string
+		// The pool finds the new primary once its connections to the
+		// old one fail: a retry meanwhile is 503 store-unavailable.
+		poll.Until(t, key+" answered after the failover", func() bool {
+			st, body = post(t, sc.Client+"/payments", key, `{}`)
+			return st != http.StatusServiceUnavailable
+		})
+		if st != http.StatusCreated || body != want {
+			t.Errorf("%s after the failover: %d %q, want the first answer", key, st, body)
+		}
+		if n := up.Executions(key); n != 1 {
+			t.Errorf("%s executed %d times, want 1", key, n)
+		}
+	}
+}

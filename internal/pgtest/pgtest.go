@@ -227,5 +227,83 @@ func (s *Server) Restart(settings ...string) {
 	s.tb.Fatalf("postgres did not restart: %v\n%s", err, s.log.String())
 }
 
+// Standby makes a streaming replica of s (pg_basebackup, as the primary
+// knows it: application_name standby) and starts it on a port of its own.
+// Sync then makes s wait for it on every commit.
+func (s *Server) Standby(tb testing.TB) *Server {
+	tb.Helper()
+	st := &Server{tb: tb, bin: s.bin, cred: s.cred, log: &syncbuf.Buffer{}}
+	var err error
+	if st.dir, err = os.MkdirTemp("", "idemproxy-pg-standby-"); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(st.dir) })
+	if st.cred != nil {
+		if err := os.Chown(st.dir, int(st.cred.Uid), int(st.cred.Gid)); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=%s application_name=standby", s.port, User)
+	backup := exec.Command(filepath.Join(s.bin, "pg_basebackup"), "-d", conninfo, "-D", filepath.Join(st.dir, "data"), "-R", "-X", "stream", "--no-sync")
+	backup.SysProcAttr = &syscall.SysProcAttr{Credential: st.cred}
+	if out, err := backup.CombinedOutput(); err != nil {
+		tb.Fatalf("pg_basebackup: %v\n%s", err, out)
+	}
+	for range 5 {
+		if st.port, err = loopback.FreePort(); err != nil {
+			tb.Fatal(err)
+		}
+		if err = st.run(nil); err == nil {
+			tb.Cleanup(st.Stop)
+			return st
+		}
+	}
+	tb.Fatalf("the standby did not start: %v\n%s", err, st.log.String())
+	return nil
+}
+
+// Sync makes every commit on s wait until the standby named standby
+// flushed it (synchronous_standby_names), and returns once it streams
+// synchronously.
+func (s *Server) Sync(tb testing.TB) {
+	tb.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, s.URL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = 'standby'"); err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		tb.Fatal(err)
+	}
+	for range 200 {
+		var state string
+		err := conn.QueryRow(ctx, "SELECT sync_state FROM pg_stat_replication WHERE application_name = 'standby'").Scan(&state)
+		if err == nil && state == "sync" {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	tb.Fatal("the standby never became synchronous")
+}
+
+// Promote makes a standby the primary, and returns once it takes writes.
+func (s *Server) Promote(tb testing.TB) {
+	tb.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, s.URL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_promote(true, 30)").Scan(&ok); err != nil || !ok {
+		tb.Fatalf("pg_promote: %v, %v", ok, err)
+	}
+}
+
 // Logs is what postgres wrote.
 func (s *Server) Logs() string { return s.log.String() }
