@@ -65,6 +65,12 @@ const (
 	// runs): every claim looks orphaned on Redis' clock, and no live owner
 	// may lose its claim to a retry for it.
 	faultRedisClockLeap = "redis-clock-leap"
+	// The PostgreSQL store's (-store postgres): kill -9 of the
+	// postmaster and a restart from the WAL, and the whole server stopped
+	// (SIGSTOP) for 1.2-3 s. Neither loses what it acknowledged, so
+	// neither explains a duplicate.
+	faultPostgresKill = "postgres-kill-restart"
+	faultPostgresStop = "postgres-stop"
 )
 
 // logLine is the part of a sidecar's per-request log line the checker

@@ -47,6 +47,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/clockshim"
 	"github.com/idemproxy/idemproxy/internal/faultlink"
 	"github.com/idemproxy/idemproxy/internal/loopback"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
 
 func main() {
@@ -78,6 +79,11 @@ type options struct {
 	// tolerateUnknown is how many unexplained wrong outcome-unknowns a
 	// -mixed run accepts.
 	tolerateUnknown int
+	// postgres runs the sidecars on the PostgreSQL store (-store
+	// postgres): PostgreSQL killed with -9 and restarted, stopped,
+	// partitioned, its replies late, on top of the sidecar and upstream
+	// faults; nothing it acknowledged may be lost.
+	postgres bool
 }
 
 func run() error {
@@ -96,12 +102,23 @@ func run() error {
 	keep := flag.Bool("keep", false, "run every route with unknown_outcome: keep (v0.3.0's default) instead of the default fail; duplicates after upstream resets are then expected")
 	flag.BoolVar(&o.reconcile, "reconcile", false, "give every route a reconcile lookup on the upstream's ledger (routes[].reconcile; late_answer_window 2s, absent_after 5s): outcome-unknown answers then remain only where the lookup itself failed")
 	flag.BoolVar(&o.stream, "stream", false, "store.record_format 4, and one operation in four on POST /payments-stream, whose answers are streamed (text/event-stream, in three pieces; a reset breaks one off after its first): relayed as they arrive, stored chunk by chunk, attached to by retries (one streamed operation in three sends a follower 20-150 ms after its first attempt), read at once, slowly (one in six) or after a stall (one in six): a stream its upstream wrote whole is never broken off by a reader")
+	store := flag.String("store", "redis", "redis, or postgres: the sidecars on the PostgreSQL store (store.postgres), PostgreSQL killed with -9 and restarted, stopped (SIGSTOP, its backends too), partitioned and its replies late; no duplicate is explained by it (it loses nothing it acknowledged)")
 	retired := flag.Bool("strict", false, "retired: the default run is the strict one since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
 	flag.Parse()
 	if *retired {
 		return errors.New("-strict is retired: the default run is strict since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
 	}
 	o.strict = !*keep
+	switch *store {
+	case "redis":
+	case "postgres":
+		o.postgres = true
+		if o.mixed || o.reconcile || !o.strict {
+			return errors.New("-store postgres runs this tree with unknown_outcome: fail: not with -mixed, -reconcile or -keep")
+		}
+	default:
+		return fmt.Errorf("-store: redis or postgres, got %q", *store)
+	}
 	if o.stream && o.mixed {
 		return errors.New("-stream writes record_format 4, which the previous release refuses: not with -mixed")
 	}
@@ -141,6 +158,9 @@ func harness(o options, dir string) error {
 		bins, versions = []string{prev, bin}, []string{version, "current"}
 	}
 
+	if o.postgres {
+		return harnessPostgres(o, dir, bins, versions)
+	}
 	port, err := loopback.FreePort()
 	if err != nil {
 		return err
@@ -206,7 +226,7 @@ func harness(o options, dir string) error {
 	elapsed := time.Since(start)
 	inj.heal()
 
-	return judge(o, dir, rdb, scs, w, led, inj, elapsed)
+	return judge(o, dir, func() (int, int, error) { return countInProgress(rdb.addr()) }, scs, w, led, inj, elapsed)
 }
 
 // describeVersions says which version each sidecar runs.
@@ -238,7 +258,7 @@ func startSidecars(o options, dir string, bins, versions []string, upstream stri
 		p2, _ := loopback.FreePort()
 		v := min(i, len(bins)-1)
 		sc := &sidecar{id: i, version: versions[v], port: p1, adminPort: p2, logDir: dir}
-		config, err := sc.writeConfig(dir, upstream, links[i].Addr(), o.strict, o.reconcile, o.stream)
+		config, err := sc.writeConfig(dir, upstream, links[i].Addr(), o.strict, o.reconcile, o.stream, o.postgres)
 		if err != nil {
 			return scs, err
 		}
@@ -254,11 +274,11 @@ func startSidecars(o options, dir string, bins, versions []string, upstream stri
 // judge waits out the quiet period, reads what the sidecars logged and
 // what Redis holds, checks the history and writes the report; it fails
 // when a must-be-zero figure is not zero.
-func judge(o options, dir string, rdb *redisProc, scs []*sidecar, w *workload, led *ledger, inj *injector, elapsed time.Duration) error {
+func judge(o options, dir string, inProgress func() (stuck, orphans int, err error), scs []*sidecar, w *workload, led *ledger, inj *injector, elapsed time.Duration) error {
 	// Quiet period: every lease (2s) and upstream timeout (2s) has passed
 	// for anything still in progress, so nothing may be in progress now.
 	time.Sleep(6 * time.Second)
-	stuck, orphans, err := countInProgress(rdb.addr())
+	stuck, orphans, err := inProgress()
 	if err != nil {
 		return err
 	}
@@ -285,6 +305,9 @@ func judge(o options, dir string, rdb *redisProc, scs []*sidecar, w *workload, l
 	}
 	if o.stream {
 		mode += ", -stream (record_format 4, one operation in four on a streaming route)"
+	}
+	if o.postgres {
+		mode += ", -store postgres (the PostgreSQL store; PostgreSQL killed with -9 and restarted, stopped, partitioned, its replies late)"
 	}
 	if o.reconcile {
 		mode = "-reconcile (unknown_outcome: fail, every route reconciling against the ledger; late_answer_window 2s, absent_after 5s)"
@@ -347,7 +370,10 @@ func countInProgress(addr string) (stuck, orphans int, err error) {
 
 // injector runs the fault schedule and logs what it did.
 type injector struct {
-	redis    *redisProc
+	redis *redisProc
+	// pg, when set, is the PostgreSQL store (-store postgres), and the
+	// faults are its.
+	pg       *pgtest.Server
 	links    []*faultlink.Link // links[i] is sidecar i's link to Redis
 	ledger   *ledger
 	sidecars []*sidecar
@@ -385,6 +411,15 @@ func (in *injector) run(ctx context.Context, every time.Duration) {
 	// The newest faults come first once, so that every run, the short
 	// one in CI too, has them; then all at random.
 	first := []string{faultRedisFlush}
+	if in.pg != nil {
+		kinds = []string{
+			faultKillSidecar, faultKillSidecar, faultPostgresKill, faultPostgresKill, faultPostgresStop,
+			faultStallUnderWindow, faultStallOverWindow, faultRedisLatency, faultUpstreamHang, faultUpstreamReset,
+			faultUpstream503, faultUpstreamSlow, faultSidecarPause, faultRedisPartition, faultLinkPartition,
+			faultReplyDelays, faultReplyDelays,
+		}
+		first = []string{faultPostgresKill, faultPostgresStop}
+	}
 	if in.clock != nil {
 		kinds = append(kinds, faultRedisClockStep, faultRedisClockStep)
 		first = append([]string{faultRedisClockStep}, first...)
@@ -476,19 +511,29 @@ func (in *injector) inject(kind string) {
 		sc.signal(syscall.SIGSTOP)
 		time.Sleep(3*time.Second + rand.N(3*time.Second))
 		sc.signal(syscall.SIGCONT)
-	case faultRedisStall, faultStallUnderWindow, faultStallOverWindow:
-		// Redis itself stops (SIGSTOP): claims written to it are not
-		// answered in time and run when it resumes. Just under the 1s
-		// confirm window, their owners still forward; just over, they
-		// do not; well over (1.2-3s), their leases run out too.
+	case faultPostgresKill:
+		// kill -9 of the postmaster, a restart from the WAL: everything
+		// it acknowledged is there (synchronous_commit on).
+		in.pg.Kill()
+		time.Sleep(200 * time.Millisecond)
+		if err := in.pg.Relaunch(); err != nil {
+			fmt.Fprintln(os.Stderr, "restart postgres:", err)
+		}
+	case faultPostgresStop, faultStallUnderWindow, faultStallOverWindow:
+		if in.pg == nil {
+			in.stallRedis(kind)
+			break
+		}
 		d := map[string]time.Duration{
-			faultRedisStall:       1200*time.Millisecond + rand.N(1800*time.Millisecond),
+			faultPostgresStop:     1200*time.Millisecond + rand.N(1800*time.Millisecond),
 			faultStallUnderWindow: 800*time.Millisecond + rand.N(150*time.Millisecond),
 			faultStallOverWindow:  1050*time.Millisecond + rand.N(200*time.Millisecond),
 		}[kind]
-		in.redis.signal(syscall.SIGSTOP)
+		in.pg.Signal(syscall.SIGSTOP)
 		time.Sleep(d)
-		in.redis.signal(syscall.SIGCONT)
+		in.pg.Signal(syscall.SIGCONT)
+	case faultRedisStall:
+		in.stallRedis(kind)
 	case faultRedisPartition:
 		// Every sidecar's link to Redis carries nothing either way for
 		// 1-3s, then delivers what it held.
@@ -537,6 +582,21 @@ func (in *injector) inject(kind string) {
 	}
 	f.End = time.Now()
 	in.record(f)
+}
+
+// stallRedis stops Redis itself (SIGSTOP): claims written to it are not
+// answered in time and run when it resumes. Just under the 1s confirm
+// window, their owners still forward; just over, they do not; well over
+// (1.2-3s), their leases run out too.
+func (in *injector) stallRedis(kind string) {
+	d := map[string]time.Duration{
+		faultRedisStall:       1200*time.Millisecond + rand.N(1800*time.Millisecond),
+		faultStallUnderWindow: 800*time.Millisecond + rand.N(150*time.Millisecond),
+		faultStallOverWindow:  1050*time.Millisecond + rand.N(200*time.Millisecond),
+	}[kind]
+	in.redis.signal(syscall.SIGSTOP)
+	time.Sleep(d)
+	in.redis.signal(syscall.SIGCONT)
 }
 
 // heal ends every fault still in force.

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/internal/binarytest"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
 
 // redisProc is a redis-server this harness started and may kill -9.
@@ -130,7 +131,9 @@ func (s *sidecar) kill() { s.Kill() }
 // signal sends sig to the sidecar, by the PID this harness started.
 func (s *sidecar) signal(sig syscall.Signal) { s.Signal(sig) }
 
-func (s *sidecar) writeConfig(dir, upstream, redisAddr string, strict, reconcile, stream bool) (string, error) {
+// writeConfig writes the sidecar's config; storeAddr is its link to the
+// store: Redis', or with postgres PostgreSQL's.
+func (s *sidecar) writeConfig(dir, upstream, storeAddr string, strict, reconcile, stream, postgres bool) (string, error) {
 	config := filepath.Join(dir, fmt.Sprintf("sidecar-%d.yaml", s.id))
 	unknown := "keep"
 	if strict {
@@ -142,6 +145,10 @@ func (s *sidecar) writeConfig(dir, upstream, redisAddr string, strict, reconcile
 		// checker compares reconciled answers with executions as any.
 		late = "  late_answer_window: 2s\n"
 		lookup = "    reconcile: {url: \"/payments/by-key/{key}\", found: [201, 500], absent: [404], timeout: 1s, absent_after: 5s}\n"
+	}
+	store := fmt.Sprintf("  redis:\n    addrs: [%q]\n", storeAddr)
+	if postgres {
+		store = fmt.Sprintf("  postgres:\n    url: \"postgres://%s@%s/postgres?sslmode=disable&connect_timeout=2\"\n", pgtest.User, storeAddr)
 	}
 	format, streamRoute := "", ""
 	if stream {
@@ -156,9 +163,7 @@ upstream:
 %sdrain:
   timeout: 3s
 store:
-%s  redis:
-    addrs: [%q]
-defaults:
+%s%sdefaults:
   lease: 2s
   retention: 1h
   unknown_outcome: %s
@@ -169,5 +174,5 @@ routes:
     match: "POST /payments-wait"
     concurrent: wait
     max_wait: 3s
-%s%s`, s.port, s.adminPort, upstream, late, format, redisAddr, unknown, lookup, lookup, streamRoute)), 0o644)
+%s%s`, s.port, s.adminPort, upstream, late, format, store, unknown, lookup, lookup, streamRoute)), 0o644)
 }

@@ -79,53 +79,89 @@ func binDir() (string, error) {
 
 // Start makes a cluster and starts postgres on it, with settings (name
 // value pairs, given as -c name=value) on top of the defaults, and stops
-// it when the test ends. Every write is durable when acknowledged, as in
-// production: fsync and synchronous_commit keep their defaults.
+// and removes it when the test ends. Every write is durable when
+// acknowledged, as in production: fsync and synchronous_commit keep their
+// defaults.
 func Start(tb testing.TB, settings ...string) *Server {
 	tb.Helper()
-	bin, err := binDir()
-	if err != nil {
+	if _, err := binDir(); err != nil {
 		if os.Getenv(RequireEnv) == "1" {
 			tb.Fatalf("%v, and %s=1: install it (apt-get install -y postgresql)", err, RequireEnv)
 		}
 		tb.Skipf("SKIP: %v: install PostgreSQL (apt-get install -y postgresql) to run tests against it; set %s=1 to make this a failure", err, RequireEnv)
 	}
-	s := &Server{tb: tb, bin: bin, log: &syncbuf.Buffer{}}
-	if os.Geteuid() == 0 {
-		if s.cred, err = postgresUser(); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	// Not tb.TempDir: its parent is root's and closed to the postgres user.
-	if s.dir, err = os.MkdirTemp("", "idemproxy-pg-"); err != nil {
+	s, err := Launch(settings...)
+	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { os.RemoveAll(s.dir) })
-	if s.cred != nil {
-		if err := os.Chown(s.dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
-			tb.Fatal(err)
+	s.tb = tb
+	tb.Cleanup(s.Close)
+	return s
+}
+
+// Launch is Start for a harness (chaos): the caller ends it with Close.
+func Launch(settings ...string) (*Server, error) {
+	bin, err := binDir()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{bin: bin, log: &syncbuf.Buffer{}}
+	if os.Geteuid() == 0 {
+		if s.cred, err = postgresUser(); err != nil {
+			return nil, err
 		}
+	}
+	if err := s.makeDir("idemproxy-pg-"); err != nil {
+		return nil, err
 	}
 	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", filepath.Join(s.dir, "data"), "-U", User, "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
 	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 	if out, err := initdb.CombinedOutput(); err != nil {
-		tb.Fatalf("initdb: %v\n%s", err, out)
+		os.RemoveAll(s.dir)
+		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
 	}
-	var lastErr error
+	if err := s.runOnFreePort(settings); err != nil {
+		os.RemoveAll(s.dir)
+		return nil, err
+	}
+	return s, nil
+}
+
+// makeDir makes s's directory, the postgres user's when root (not
+// tb.TempDir: its parent is root's and closed to that user).
+func (s *Server) makeDir(pattern string) error {
+	var err error
+	if s.dir, err = os.MkdirTemp("", pattern); err != nil {
+		return err
+	}
+	if s.cred != nil {
+		return os.Chown(s.dir, int(s.cred.Uid), int(s.cred.Gid))
+	}
+	return nil
+}
+
+// runOnFreePort starts postgres on a free port, another when a parallel
+// test took the one found.
+func (s *Server) runOnFreePort(settings []string) error {
+	var err error
 	for range 5 {
 		if s.port, err = loopback.FreePort(); err != nil {
-			tb.Fatal(err)
+			return err
 		}
-		if lastErr = s.run(settings); lastErr == nil {
-			tb.Cleanup(s.Stop)
-			return s
+		if err = s.run(settings); err == nil {
+			return nil
 		}
 		if !strings.Contains(s.log.String(), "already in use") {
 			break
 		}
 	}
-	tb.Fatalf("postgres did not start: %v\n%s", lastErr, s.log.String())
-	return nil
+	return fmt.Errorf("postgres did not start: %v\n%s", err, s.log.String())
+}
+
+// Close stops postgres and removes its cluster.
+func (s *Server) Close() {
+	s.Stop()
+	os.RemoveAll(s.dir)
 }
 
 // postgresUser is the credential of the postgres user, which Debian's
@@ -148,7 +184,7 @@ func (s *Server) run(settings []string) error {
 		args = append(args, "-c", settings[i]+"="+settings[i+1])
 	}
 	s.cmd = exec.Command(filepath.Join(s.bin, "postgres"), args...)
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true}
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
 		return err
@@ -213,18 +249,35 @@ func (s *Server) wait() {
 
 // Restart starts postgres again on the same cluster and port (after
 // Kill, once the old server's backends are gone: postgres refuses to
-// start while they hold its shared memory).
+// start while they hold its shared memory); it fails the test when it
+// cannot.
 func (s *Server) Restart(settings ...string) {
 	s.tb.Helper()
+	if err := s.Relaunch(settings...); err != nil {
+		s.tb.Fatal(err)
+	}
+}
+
+// Relaunch is Restart for a harness.
+func (s *Server) Relaunch(settings ...string) error {
 	s.Stop()
 	var err error
 	for range 20 {
 		if err = s.run(settings); err == nil {
-			return
+			return nil
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-	s.tb.Fatalf("postgres did not restart: %v\n%s", err, s.log.String())
+	return fmt.Errorf("postgres did not restart: %v\n%s", err, s.log.String())
+}
+
+// Signal sends sig to every process of the cluster (the postmaster's
+// process group: its backends too): SIGSTOP and SIGCONT pause and resume
+// the whole server.
+func (s *Server) Signal(sig syscall.Signal) {
+	if s.cmd != nil {
+		_ = syscall.Kill(-s.cmd.Process.Pid, sig)
+	}
 }
 
 // Standby makes a streaming replica of s (pg_basebackup, as the primary
@@ -233,33 +286,21 @@ func (s *Server) Restart(settings ...string) {
 func (s *Server) Standby(tb testing.TB) *Server {
 	tb.Helper()
 	st := &Server{tb: tb, bin: s.bin, cred: s.cred, log: &syncbuf.Buffer{}}
-	var err error
-	if st.dir, err = os.MkdirTemp("", "idemproxy-pg-standby-"); err != nil {
+	if err := st.makeDir("idemproxy-pg-standby-"); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { os.RemoveAll(st.dir) })
-	if st.cred != nil {
-		if err := os.Chown(st.dir, int(st.cred.Uid), int(st.cred.Gid)); err != nil {
-			tb.Fatal(err)
-		}
-	}
 	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=%s application_name=standby", s.port, User)
 	backup := exec.Command(filepath.Join(s.bin, "pg_basebackup"), "-d", conninfo, "-D", filepath.Join(st.dir, "data"), "-R", "-X", "stream", "--no-sync")
 	backup.SysProcAttr = &syscall.SysProcAttr{Credential: st.cred}
 	if out, err := backup.CombinedOutput(); err != nil {
 		tb.Fatalf("pg_basebackup: %v\n%s", err, out)
 	}
-	for range 5 {
-		if st.port, err = loopback.FreePort(); err != nil {
-			tb.Fatal(err)
-		}
-		if err = st.run(nil); err == nil {
-			tb.Cleanup(st.Stop)
-			return st
-		}
+	if err := st.runOnFreePort(nil); err != nil {
+		tb.Fatalf("the standby: %v", err)
 	}
-	tb.Fatalf("the standby did not start: %v\n%s", err, st.log.String())
-	return nil
+	tb.Cleanup(st.Stop)
+	return st
 }
 
 // Sync makes every commit on s wait until the standby named standby
