@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
@@ -202,17 +201,9 @@ func (s *server) openStore(ctx context.Context, sec *secrets) error {
 // again in the background until the database answers).
 func (s *server) openPostgres(ctx context.Context, sec *secrets) error {
 	pg := s.cfg.Store.Postgres
-	pcfg, err := pgxpool.ParseConfig(pg.URL)
+	pool, err := openPool(ctx, pg, sec, int32(pg.MaxConns))
 	if err != nil {
-		return fmt.Errorf("store.postgres.url: %w", err)
-	}
-	if sec.postgresPassword != "" {
-		pcfg.ConnConfig.Password = sec.postgresPassword
-	}
-	pcfg.MaxConns = int32(pg.MaxConns)
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("store.postgres.url: %w", err)
+		return err
 	}
 	s.closers = append(s.closers, pool.Close)
 	store := pgstore.New(pool, pg.Schema, s.cfg.Store.KeyPrefix, storeOptions(s.cfg, sec, s.metrics, s.log)...)

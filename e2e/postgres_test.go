@@ -14,6 +14,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/poll"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
 // pgConfig is a pay route on the PostgreSQL store at url.
@@ -139,6 +140,57 @@ func TestPostgresFailoverLosesNothing(t *testing.T) {
 		})
 		if st != http.StatusCreated || body != want {
 			t.Errorf("%s after the failover: %d %q, want the first answer", key, st, body)
+		}
+		if n := up.Executions(key); n != 1 {
+			t.Errorf("%s executed %d times, want 1", key, n)
+		}
+	}
+}
+
+// TestStoreCopyFromRedis (issue 56): a Redis fleet's settled records,
+// copied into PostgreSQL by idemproxy store copy -from-redis, replay on a
+// sidecar of the PostgreSQL store with their first answer, executed
+// once; a second copy keeps what is there.
+func TestStoreCopyFromRedis(t *testing.T) {
+	rdb := redistest.Start(t)
+	pg := pgtest.Start(t)
+	up := binarytest.NewRecorder(t)
+	dir := t.TempDir()
+	oldCfg := filepath.Join(dir, "redis.yaml")
+	newCfg := filepath.Join(dir, "postgres.yaml")
+	if err := os.WriteFile(oldCfg, []byte(payConfig(up.URL, rdb.Addr, "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(newCfg, []byte(pgConfig(up.URL, pg.URL, "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := startBinary(t, payConfig(up.URL, rdb.Addr, ""))
+	answers := map[string]string{}
+	for i := range 5 {
+		key := fmt.Sprintf("moved-%d", i)
+		st, body := post(t, old.Client+"/payments", key, `{}`)
+		if st != http.StatusCreated {
+			t.Fatalf("%s on Redis: %d %s", key, st, body)
+		}
+		answers[key] = body
+	}
+	old.Kill()
+	bin := binarytest.TestBinary(t)
+	for run := range 2 {
+		out, err := exec.Command(bin, "store", "copy", "-from-redis", oldCfg, "-config", newCfg).CombinedOutput()
+		want := "5 settled records copied"
+		if run == 1 {
+			want = "0 settled records copied from Redis with what is left of their retention, 5 kept"
+		}
+		if err != nil || !strings.Contains(string(out), want) {
+			t.Fatalf("store copy (run %d): %v\n%s\nwant %q", run+1, err, out, want)
+		}
+	}
+	sc := startBinary(t, pgConfig(up.URL, pg.URL, ""))
+	for key, want := range answers {
+		resp, body := postAnswer(t, sc.Client+"/payments", key, `{}`)
+		if resp.StatusCode != http.StatusCreated || body != want || resp.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("%s on PostgreSQL after the copy: %d %q, want the Redis fleet's answer replayed", key, resp.StatusCode, body)
 		}
 		if n := up.Executions(key); n != 1 {
 			t.Errorf("%s executed %d times, want 1", key, n)

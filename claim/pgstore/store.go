@@ -241,3 +241,16 @@ func (s *Store) Expire(ctx context.Context, n int) (int, error) {
 	err := s.row(ctx, "expire", "idem_expire", []any{n}, &gone)
 	return gone, err
 }
+
+// Import stores value under key as it is, for ttl, unless the key holds a
+// live record already (which is kept): a settled record copied from
+// another store (idemproxy store copy). It reports whether it wrote.
+func (s *Store) Import(ctx context.Context, key string, value []byte, ttl time.Duration) (bool, error) {
+	q := "INSERT INTO " + s.schema + ".records AS r (key, value, expires_ms) VALUES ($1, $2, " + s.fn("idem_now") + "() + $3) " +
+		"ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_ms = EXCLUDED.expires_ms WHERE r.expires_ms <= " + s.fn("idem_now") + "()"
+	tag, err := s.pool.Exec(ctx, q, key, value, ttl.Milliseconds())
+	if err != nil {
+		return false, claim.Unavailable("import", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

@@ -225,3 +225,58 @@ func (s *Store) unavailable(op string, err error) error {
 	}
 	return claim.Unavailable(op, err)
 }
+
+// Settled calls f with every settled record under the store's prefix (a
+// completed one, or a stream that ended), its raw value and what is left
+// of its retention: what idemproxy store copy moves to another store.
+// Claims in progress, markers and quota counters are not records to copy.
+// A scan: for that command only, never on a request's path.
+func (s *Store) Settled(ctx context.Context, f func(key string, value []byte, ttl time.Duration) error) error {
+	scan := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, s.prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			key := iter.Val()
+			rest := key[len(s.prefix):]
+			if len(rest) != 64 { // markers (epoch, since:), quota counters (q:)
+				continue
+			}
+			v, err := c.Get(ctx, key).Bytes()
+			if err != nil {
+				continue // gone between the scan and the read
+			}
+			ttl, err := c.PTTL(ctx, key).Result()
+			if err != nil || ttl <= 0 {
+				continue
+			}
+			if !settledValue(v) {
+				continue
+			}
+			if err := f(key, v, ttl); err != nil {
+				return err
+			}
+		}
+		return iter.Err()
+	}
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return scan(ctx, m) })
+	case *redis.Client:
+		return scan(ctx, c)
+	}
+	return fmt.Errorf("claim: store copy: unsupported client %T", s.client)
+}
+
+// settledValue reports whether v is a settled record of ours: completed
+// (state 2), or a stream (3) whose end byte says it ended.
+func settledValue(v []byte) bool {
+	if len(v) < 2 || v[0] != 1 {
+		return false
+	}
+	switch v[1] {
+	case 2:
+		return true
+	case 3:
+		return len(v) > 69 && v[69] != 0
+	}
+	return false
+}
