@@ -143,7 +143,7 @@ var consumers = map[string]struct{ file, reads string }{
 	"admin.token_file":                   {"secrets.go", "cfg.Admin.TokenFile"},
 	"admin.readiness_requires_store":     {"server.go", "s.cfg.Admin.ReadinessRequiresStore"},
 	"store.redis.addrs":                  {"adapt.go", "slices.Clone(r.Addrs)"},
-	"store.postgres.url":                 {"server.go", "pg.URL"},
+	"store.postgres.url":                 {"storecmd.go", "pg.URL"},
 	"store.postgres.password_file":       {"secrets.go", "cfg.Store.Postgres.PasswordFile"},
 	"store.postgres.schema":              {"server.go", "pg.Schema"},
 	"store.postgres.create_schema":       {"server.go", "pg.CreateSchema"},

@@ -31,6 +31,9 @@ type metrics struct {
 	dataLost *prometheus.CounterVec
 	// storeKeys and storeBytes are each master's size, from the same look.
 	storeKeys, storeBytes *prometheus.GaugeVec
+	// expired, cleanupLag and oldestClaim are a store's cleanup, when it
+	// deletes expired records itself (PostgreSQL: claim.Cleanup).
+	expired, cleanupLag, oldestClaim *prometheus.GaugeVec
 	// batchOps observes how many operations each store pipeline carried
 	// (store.pipeline).
 	batchOps prometheus.Histogram
@@ -72,7 +75,7 @@ func newMetrics(waitReplicas bool) *metrics {
 	build.WithLabelValues(v, rev, gov).Set(1)
 	m.reg.MustRegister(build)
 	m.reg.MustRegister(m.dataLost)
-	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.storeKeys, m.storeBytes, m.batchOps,
+	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.storeKeys, m.storeBytes, m.expired, m.cleanupLag, m.oldestClaim, m.batchOps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -103,11 +106,23 @@ func (m *metrics) storeGauges() {
 	}, []string{"master"})
 	m.storeKeys = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "idemproxy_store_keys",
-		Help: "Keys the Redis master holds (INFO keyspace, every database), read by the store watcher every second; one series per master. Records held should stay near new keys/s x retention (idemproxy:store_expected_records). On a Redis shared with other applications it counts theirs too.",
+		Help: "Keys the Redis master holds (INFO keyspace, every database), or the PostgreSQL store's estimated rows (pg_class.reltuples), read by the store watcher every second; one series per master. Records held should stay near new keys/s x retention (idemproxy:store_expected_records). On a Redis shared with other applications it counts theirs too.",
 	}, []string{"master"})
 	m.storeBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "idemproxy_store_used_bytes",
-		Help: "used_memory of the Redis master, read by the store watcher every second; one series per master.",
+		Help: "used_memory of the Redis master, or the PostgreSQL store's records table with its indexes and TOAST (pg_total_relation_size), read by the store watcher every second; one series per master.",
+	}, []string{"master"})
+	m.expired = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_store_expired_records",
+		Help: "PostgreSQL store: expired records not deleted yet (reads ignore them; the store watcher deletes up to 5,000 a second by the expiry index), counted up to a million.",
+	}, []string{"master"})
+	m.cleanupLag = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_store_cleanup_lag_seconds",
+		Help: "PostgreSQL store: how long ago the oldest expired record not deleted yet expired; 0 when cleanup keeps up.",
+	}, []string{"master"})
+	m.oldestClaim = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_store_oldest_claim_seconds",
+		Help: "PostgreSQL store: the age of the oldest claim in progress (its Created time against the database's clock), found by the partial index on claims; 0 when none.",
 	}, []string{"master"})
 	m.batchOps = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "idemproxy_store_pipeline_operations",

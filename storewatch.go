@@ -97,6 +97,7 @@ func (h *storeHealth) watch(ctx context.Context, store claim.Backend, limit floa
 		h.mu.Unlock()
 		up := h.up()
 		setStoreSize(m.storeKeys, m.storeBytes, known, masters)
+		setCleanup(m, masters)
 		setStoreUp(m.storeUp, known, masters)
 		switch {
 		case !up && wasUp:
@@ -192,6 +193,18 @@ func setStoreSize(keys, used *prometheus.GaugeVec, known map[string]bool, master
 		}
 		keys.WithLabelValues(mh.Master).Set(float64(mh.Keys))
 		used.WithLabelValues(mh.Master).Set(float64(mh.UsedBytes))
+	}
+}
+
+// setCleanup sets the cleanup gauges of each master that reports its
+// cleanup (claim.Cleanup: the PostgreSQL store).
+func setCleanup(m *metrics, masters []claim.MasterHealth) {
+	for _, mh := range masters {
+		if c := mh.Cleanup; c != nil {
+			m.expired.WithLabelValues(mh.Master).Set(float64(c.Expired))
+			m.cleanupLag.WithLabelValues(mh.Master).Set(c.Lag.Seconds())
+			m.oldestClaim.WithLabelValues(mh.Master).Set(c.OldestClaim.Seconds())
+		}
 	}
 }
 

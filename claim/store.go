@@ -191,6 +191,21 @@ type MasterHealth struct {
 	// Clock is this process' clock against the master's (clock.go);
 	// nil when the master did not answer TIME.
 	Clock *ClockReading
+	// Cleanup is set by a store whose expired records wait to be
+	// deleted (PostgreSQL: reads ignore them at once): how many, how long
+	// the oldest has waited, and the oldest claim in progress.
+	Cleanup *Cleanup
+}
+
+// Cleanup is what a store that deletes expired records itself reports.
+type Cleanup struct {
+	// Expired counts expired records not deleted yet (up to a million),
+	// and Lag is how long ago the oldest of them expired.
+	Expired int64
+	Lag     time.Duration
+	// OldestClaim is the age of the oldest claim in progress, on the
+	// store's clock (0: none).
+	OldestClaim time.Duration
 }
 
 // MaxClockOffset is how far a sidecar's clock may be from Redis' while it

@@ -18,6 +18,9 @@ CREATE TABLE IF NOT EXISTS {{schema}}.records (
   expires_ms bigint NOT NULL
 );
 CREATE INDEX IF NOT EXISTS records_expires_ms ON {{schema}}.records (expires_ms);
+-- The claims in progress (state byte 1), so that the oldest is found
+-- without a scan (idem_cleanup).
+CREATE INDEX IF NOT EXISTS records_in_progress ON {{schema}}.records (expires_ms) WHERE substring(value FROM 2 FOR 1) = '\x01'::bytea;
 
 CREATE TABLE IF NOT EXISTS {{schema}}.counters (
   key        text PRIMARY KEY,
@@ -385,4 +388,19 @@ BEGIN
   DELETE FROM {{schema}}.counters WHERE key IN (
     SELECT key FROM {{schema}}.counters WHERE expires_ms <= now_ms LIMIT lim FOR UPDATE SKIP LOCKED);
   RETURN gone;
+END $$;
+
+-- What the store watcher reports every second, by the indexes alone:
+-- the expired rows not deleted yet (up to a million), how long ago the
+-- oldest expired (ms), the oldest claim in progress's age (ms, from its
+-- Created time at bytes 52..59), and the table's estimated rows.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_cleanup(OUT now_ms bigint, OUT expired bigint, OUT lag_ms bigint, OUT oldest_claim_ms bigint, OUT est_rows bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+  now_ms := {{schema}}.idem_now();
+  SELECT count(*) INTO expired FROM (SELECT 1 FROM {{schema}}.records WHERE expires_ms <= now_ms LIMIT 1000000) e;
+  SELECT now_ms - min(expires_ms) INTO lag_ms FROM {{schema}}.records WHERE expires_ms <= now_ms;
+  SELECT now_ms - min({{schema}}.idem_rd8(value, 52)) INTO oldest_claim_ms FROM {{schema}}.records
+    WHERE substring(value FROM 2 FOR 1) = '\x01'::bytea AND expires_ms > now_ms AND length(value) >= 59;
+  SELECT greatest(c.reltuples, 0)::bigint INTO est_rows FROM pg_class c WHERE c.oid = '{{schema}}.records'::regclass;
 END $$;

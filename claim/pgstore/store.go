@@ -138,13 +138,18 @@ func (s *Store) SetFull(full bool) { s.full.Store(full) }
 // room.
 func (s *Store) EvictionPolicy(context.Context) (string, error) { return "noeviction", nil }
 
-// Health reads the database's clock (claim.Clocks) and size.
+// Health reads the database's clock (claim.Clocks), the store's size
+// (its estimated rows, and the table's bytes with its indexes and TOAST)
+// and its cleanup (claim.Cleanup), by the indexes alone: no scan. The
+// store watcher calls it every second, and it reclaims up to expireBatch
+// expired rows as it goes (reads never see them anyway).
 func (s *Store) Health(ctx context.Context) []claim.MasterHealth {
 	h := claim.MasterHealth{Master: s.node}
 	sent := s.clocks.Now()
-	var nowMS, keys, bytes int64
-	q := "SELECT " + s.fn("idem_now") + "(), (SELECT count(*) FROM " + s.schema + ".records), pg_total_relation_size('" + strings.ReplaceAll(s.schema, "'", "''") + ".records')"
-	if err := s.pool.QueryRow(ctx, q).Scan(&nowMS, &keys, &bytes); err != nil {
+	var nowMS, expired, rows, bytes int64
+	var lagMS, oldestMS *int64
+	q := "SELECT c.now_ms, c.expired, c.lag_ms, c.oldest_claim_ms, c.est_rows, pg_total_relation_size('" + strings.ReplaceAll(s.schema, "'", "''") + ".records') FROM " + s.fn("idem_cleanup") + "() c"
+	if err := s.pool.QueryRow(ctx, q).Scan(&nowMS, &expired, &lagMS, &oldestMS, &rows, &bytes); err != nil {
 		h.Err = claim.Unavailable("health", err)
 		s.clocks.Note(nil, false, s.clocks.Now())
 		return []claim.MasterHealth{h}
@@ -155,9 +160,14 @@ func (s *Store) Health(ctx context.Context) []claim.MasterHealth {
 	// millisecond.
 	r := claim.ClockReading{Min: sent.Sub(at.Add(time.Millisecond)), Max: answered.Sub(at)}
 	s.clocks.Note([]claim.ClockReading{r}, true, answered)
-	h.Clock, h.Sized, h.Keys, h.UsedBytes = &r, true, keys, bytes
-	// The store watcher calls Health every second: it reclaims expired
-	// rows in batches as it goes (reads never see them anyway).
+	h.Clock, h.Sized, h.Keys, h.UsedBytes = &r, true, rows, bytes
+	h.Cleanup = &claim.Cleanup{Expired: expired}
+	if lagMS != nil {
+		h.Cleanup.Lag = time.Duration(*lagMS) * time.Millisecond
+	}
+	if oldestMS != nil {
+		h.Cleanup.OldestClaim = time.Duration(*oldestMS) * time.Millisecond
+	}
 	_, _ = s.Expire(ctx, expireBatch)
 	return []claim.MasterHealth{h}
 }

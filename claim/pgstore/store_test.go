@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -67,4 +68,31 @@ func open(t *testing.T) *pgxpool.Pool {
 // real PostgreSQL server.
 func TestContract(t *testing.T) {
 	contract.Run(t, deployment{pool: open(t), schema: "idemproxy"})
+}
+
+// TestHealthReportsCleanup: Health reports the expired rows not deleted
+// yet and how long ago the oldest expired, deletes them (the store
+// watcher calls it every second), and reports the oldest claim in
+// progress by its Created time; all by the indexes.
+func TestHealthReportsCleanup(t *testing.T) {
+	d := deployment{pool: open(t), schema: "idemproxy"}
+	ctx := context.Background()
+	s := d.Open(t, "cleanup:")
+	for i := range 3 {
+		if err := d.Plant(ctx, fmt.Sprintf("cleanup:gone-%d", i), []byte("x"), -time.Duration(i+1)*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := contract.NewRecord(t)
+	rec.Created = time.Now().Add(-90 * time.Second)
+	if _, err := s.Claim(ctx, s.Codec().Key("p", "r", "old"), rec, time.Hour, claim.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	h := s.Health(ctx)[0]
+	if h.Err != nil || h.Cleanup == nil || h.Cleanup.Expired != 3 || h.Cleanup.Lag < 3*time.Minute-time.Second || h.Cleanup.OldestClaim < 89*time.Second {
+		t.Fatalf("health = %+v, cleanup %+v; want 3 expired, the oldest 3 minutes ago, a claim 90 s old", h, h.Cleanup)
+	}
+	if h = s.Health(ctx)[0]; h.Cleanup.Expired != 0 || h.Cleanup.Lag != 0 {
+		t.Errorf("after a Health, cleanup %+v; want the expired rows deleted", h.Cleanup)
+	}
 }
