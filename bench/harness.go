@@ -25,6 +25,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/loopback"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
 
 // clockTicks is USER_HZ, the unit of utime and stime in /proc/PID/stat.
@@ -42,6 +43,10 @@ func freePort() int {
 type proc struct {
 	name string
 	cmd  *exec.Cmd
+	// pidOf, when set, gives the process id instead of cmd (a PostgreSQL
+	// server pgtest runs: its postmaster, whose children are its
+	// backends).
+	pidOf func() int
 	// sidecar, for idemproxy, runs it instead of cmd (internal/binarytest).
 	sidecar *binarytest.Sidecar
 	addr    string
@@ -53,6 +58,9 @@ type proc struct {
 func (p *proc) pid() int {
 	if p.sidecar != nil {
 		return p.sidecar.PID()
+	}
+	if p.pidOf != nil {
+		return p.pidOf()
 	}
 	return p.cmd.Process.Pid
 }
@@ -180,11 +188,14 @@ func (p *proc) peakRSS() int64 {
 
 // target is one thing measured.
 type target struct {
-	name    string
-	start   func() (*proc, error) // a fresh process per measurement
-	path    string
-	body    []byte
-	keyed   bool     // send a unique Idempotency-Key per request
+	name  string
+	start func() (*proc, error) // a fresh process per measurement
+	path  string
+	body  []byte
+	keyed bool // send a unique Idempotency-Key per request
+	// store, when set, is the store whose CPU is measured instead of
+	// Redis' (PostgreSQL's, for the targets on store.postgres).
+	store   *proc
 	replay  []string // keys to replay at random instead
 	prepare func(base string) ([]string, error)
 }
@@ -295,6 +306,9 @@ func measure(o options, t *target, delay time.Duration, redisProc *proc, seq *at
 		}
 	}
 	load(o, base, t, o.warmup, seq)
+	if t.store != nil {
+		redisProc = t.store
+	}
 	cpu0, rcpu0 := p.cpuSeconds(), redisProc.cpuSeconds()
 	start := time.Now()
 	lat, errs := load(o, base, t, o.duration, seq)
@@ -334,6 +348,23 @@ func redisRTT(addr string) (p50, p99 time.Duration) {
 	return lat[len(lat)/2], lat[len(lat)*99/100]
 }
 
+// pgConfig is idemproxyConfig on the PostgreSQL store.
+const pgConfig = `listen: %q
+admin_listen: "127.0.0.1:%d"
+log_level: info
+upstream:
+  url: %q
+store:
+  postgres:
+    url: %q
+defaults:
+  max_request_body: 2MiB
+  max_response_body: 1MiB
+routes:
+  - name: pay
+    match: "POST /payments"
+`
+
 const idemproxyConfig = `listen: %q
 admin_listen: "127.0.0.1:%d"
 log_level: %s
@@ -361,6 +392,14 @@ func bench(o options, dir, self, bin, fiberBin, prevBin, prevVersion string) err
 	}
 	defer redisProc.stop()
 	rttP50, rttP99 := redisRTT(redisAddr)
+	// PostgreSQL (the durable store's targets), when installed.
+	var pg *pgtest.Server
+	if pg, err = pgtest.Launch(); err != nil {
+		fmt.Fprintf(os.Stderr, "PostgreSQL not started (%v): its targets are skipped\n", err)
+		pg = nil
+	} else {
+		defer pg.Close()
+	}
 
 	var seq atomic.Int64
 	var results []result
@@ -371,6 +410,9 @@ func bench(o options, dir, self, bin, fiberBin, prevBin, prevVersion string) err
 			return err
 		}
 		targets := benchTargets(dir, self, bin, fiberBin, prevBin, prevVersion, redisAddr, up, upAddr, delay)
+		if pg != nil {
+			targets = append(targets, pgTargets(dir, bin, pg, upAddr, delay)...)
+		}
 		rs, err := rounds(o, targets, delay, redisProc, &seq)
 		up.stop()
 		if err != nil {
@@ -421,23 +463,7 @@ func benchTargets(dir, self, bin, fiberBin, prevBin, prevVersion, redisAddr stri
 	}
 	idemAt := func(logLevel string, pipeline bool) func() (*proc, error) { return binAt(bin, logLevel, pipeline) }
 	idem := idemAt("info", true)
-	seed := func(base string) ([]string, error) {
-		keys := make([]string, 1000)
-		for i := range keys {
-			keys[i] = fmt.Sprintf("replay-%d-%d", delay, i)
-			req, _ := http.NewRequest(http.MethodPost, base+"/payments", bytes.NewReader(small))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("X-Forwarded-User", "bench")
-			req.Header.Set("Idempotency-Key", keys[i])
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				return nil, err
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		return keys, nil
-	}
+	seed := seeder(fmt.Sprintf("replay-%d", delay), small)
 	targets := []*target{
 		{name: "direct upstream", start: direct, path: "/payments", body: small},
 		{name: "ReverseProxy", start: rp, path: "/payments", body: small},
@@ -485,6 +511,49 @@ func benchTargets(dir, self, bin, fiberBin, prevBin, prevVersion, redisAddr stri
 		&target{name: "idemproxy first attempts, 1 MiB body", start: idem, path: "/payments", body: body1m, keyed: true},
 	)
 	return targets
+}
+
+// seeder is a target's prepare: it stores 1,000 keys (prefix-0...) with
+// body, and returns them for replays.
+func seeder(prefix string, body []byte) func(base string) ([]string, error) {
+	return func(base string) ([]string, error) {
+		keys := make([]string, 1000)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("%s-%d", prefix, i)
+			req, _ := http.NewRequest(http.MethodPost, base+"/payments", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Forwarded-User", "bench")
+			req.Header.Set("Idempotency-Key", keys[i])
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return nil, err
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		return keys, nil
+	}
+}
+
+// pgTargets are idemproxy on the PostgreSQL store pg (first attempts and
+// replays), its store CPU PostgreSQL's: the postmaster and its backends.
+func pgTargets(dir, bin string, pg *pgtest.Server, upAddr string, delay time.Duration) []*target {
+	small := []byte(`{"amount":1250,"currency":"EUR","customer":"cus_42","description":"order 42"}`)
+	store := &proc{name: "postgres", pidOf: pg.PID, shared: true}
+	start := func() (*proc, error) {
+		port, admin := freePort(), freePort()
+		a := fmt.Sprintf("127.0.0.1:%d", port)
+		cfg := filepath.Join(dir, "idemproxy-pg.yaml")
+		if err := os.WriteFile(cfg, fmt.Appendf(nil, pgConfig, a, admin, "http://"+upAddr, pg.URL), 0o644); err != nil {
+			return nil, err
+		}
+		return startIdemproxy(bin, cfg, port, admin, nil)
+	}
+	seed := seeder(fmt.Sprintf("pg-replay-%d", delay), small)
+	return []*target{
+		{name: "idemproxy on PostgreSQL, first attempts", start: start, path: "/payments", body: small, keyed: true, store: store},
+		{name: "idemproxy on PostgreSQL, replays", start: start, path: "/payments", body: small, prepare: seed, store: store},
+	}
 }
 
 // rounds measures targets in o.rounds interleaved rounds and returns each

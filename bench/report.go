@@ -70,7 +70,7 @@ func report(o options, results []result, rttP50, rttP99 time.Duration) string {
 			}
 		}
 		fmt.Fprintf(&b, "\n### Upstream service time %s\n\n", delay)
-		fmt.Fprintf(&b, "| target | rps | p50 | p99 | p99.9 | CPU s / 1k req | CPU vs ReverseProxy | Redis CPU s / 1k req | peak RSS | rps vs ReverseProxy | p50 added vs ReverseProxy |\n")
+		fmt.Fprintf(&b, "| target | rps | p50 | p99 | p99.9 | CPU s / 1k req | CPU vs ReverseProxy | store CPU s / 1k req (Redis; PostgreSQL's on its rows) | peak RSS | rps vs ReverseProxy | p50 added vs ReverseProxy |\n")
 		fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|\n")
 		for _, r := range results {
 			if r.delay != delay {

@@ -346,5 +346,13 @@ func (s *Server) Promote(tb testing.TB) {
 	}
 }
 
+// PID is the postmaster's process id (its backends are its children).
+func (s *Server) PID() int {
+	if s.cmd == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
 // Logs is what postgres wrote.
 func (s *Server) Logs() string { return s.log.String() }
