@@ -355,3 +355,45 @@ func TestChartPortsFollowTheConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestChartPostgres (issue 56): with postgres.url the chart renders
+// store.postgres (schema, create_schema, max_conns, the password file of
+// postgres.existingSecret, mounted) and no store.redis, which idemproxy
+// would refuse beside it; the NetworkPolicy lets the sidecar reach the
+// database's port instead of Redis'. The rendered config loads with
+// idemproxy's own loader.
+func TestChartPostgres(t *testing.T) {
+	dir := t.TempDir()
+	pg := filepath.Join(dir, "pg.yaml")
+	if err := os.WriteFile(pg, []byte("postgres:\n  url: \"postgres://idemproxy@db:5432/app?sslmode=verify-full\"\n  existingSecret: pg-secret\n  maxConns: 16\nnetworkPolicy:\n  enabled: true\n  egress: true\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := renderChart(t, filepath.Join(chartDir, "ci", "minimal-values.yaml"), pg)
+	cfg := loadRendered(t, get[*corev1.ConfigMap](t, b, "ConfigMap/payments-idemproxy-config"))
+	p := cfg.Store.Postgres
+	if p.URL != "postgres://idemproxy@db:5432/app?sslmode=verify-full" || p.PasswordFile != "/var/run/secrets/idemproxy-postgres/password" || p.MaxConns != 16 || p.Schema != "idemproxy" || !p.CreateSchema || len(cfg.Store.Redis.Addrs) != 0 {
+		t.Errorf("rendered store: postgres %+v, redis addrs %v; want the postgres values and no redis", p, cfg.Store.Redis.Addrs)
+	}
+	dep := get[*appsv1.Deployment](t, b, "Deployment/payments-idemproxy")
+	found := false
+	for _, v := range dep.Spec.Template.Spec.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == "pg-secret" {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("postgres.existingSecret is not mounted")
+	}
+	np := get[*networkingv1.NetworkPolicy](t, b, "NetworkPolicy/payments-idemproxy")
+	ports := map[int32]bool{}
+	for _, e := range np.Spec.Egress {
+		for _, port := range e.Ports {
+			if port.Port != nil {
+				ports[port.Port.IntVal] = true
+			}
+		}
+	}
+	if !ports[5432] || ports[6379] {
+		t.Errorf("egress ports %v: want PostgreSQL's 5432, not Redis' 6379", ports)
+	}
+}

@@ -86,6 +86,13 @@ Redis deployment and the mounted key files filled in.
 {{- if and (kindIs "map" .Values.idemproxy) (hasKey .Values.idemproxy "config") -}}{{- $v = .Values.idemproxy -}}{{- end -}}
 {{- $cfg := deepCopy $v.config -}}
 {{- $store := get $cfg "store" | default dict -}}
+{{- if $v.postgres.url -}}
+{{- $pg := dict "url" $v.postgres.url "schema" $v.postgres.schema "create_schema" $v.postgres.createSchema "max_conns" (int $v.postgres.maxConns) -}}
+{{- if $v.postgres.existingSecret -}}
+{{- $_ := set $pg "password_file" "/var/run/secrets/idemproxy-postgres/password" -}}
+{{- end -}}
+{{- $_ := set $store "postgres" $pg -}}
+{{- else -}}
 {{- $redis := dict "addrs" $v.redis.addrs -}}
 {{- if eq $v.redis.mode "sentinel" -}}
 {{- $_ := set $redis "master_name" (required "redis.masterName is required with redis.mode sentinel" $v.redis.masterName) -}}
@@ -102,6 +109,7 @@ Redis deployment and the mounted key files filled in.
 {{- end -}}
 {{- end -}}
 {{- $_ := set $store "redis" $redis -}}
+{{- end -}}
 {{- if $v.encryption.existingSecret -}}
 {{- $files := list -}}
 {{- range $v.encryption.keys -}}
@@ -209,9 +217,14 @@ parent chart that vendors it as a dependency named idemproxy.
     - name: idemproxy-config
       mountPath: /etc/idemproxy
       readOnly: true
-    {{- if $v.redis.existingSecret }}
+    {{- if and $v.redis.existingSecret (not $v.postgres.url) }}
     - name: idemproxy-redis
       mountPath: /var/run/secrets/idemproxy-redis
+      readOnly: true
+    {{- end }}
+    {{- if and $v.postgres.url $v.postgres.existingSecret }}
+    - name: idemproxy-postgres
+      mountPath: /var/run/secrets/idemproxy-postgres
       readOnly: true
     {{- end }}
     {{- if $v.encryption.existingSecret }}
@@ -236,7 +249,16 @@ parent chart that vendors it as a dependency named idemproxy.
 - name: idemproxy-config
   configMap:
     name: {{ include "idemproxy.fullname" . }}-config
-{{- if $v.redis.existingSecret }}
+{{- if and $v.postgres.url $v.postgres.existingSecret }}
+- name: idemproxy-postgres
+  secret:
+    secretName: {{ $v.postgres.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ $v.postgres.passwordKey }}
+        path: password
+{{- end }}
+{{- if and $v.redis.existingSecret (not $v.postgres.url) }}
 - name: idemproxy-redis
   secret:
     secretName: {{ $v.redis.existingSecret }}
