@@ -7,6 +7,7 @@
 //	go run ./bench overload              # 3× the upstream's capacity of first attempts
 //	go run ./bench soak -duration 30m    # resources over time at a steady rate
 //	go run ./bench units                 # Redis cost per store operation, bytes per record
+//	go run ./bench pgunits               # the PostgreSQL store's bytes per record on disk, WAL per operation
 //
 // Every server is its own process on 127.0.0.1, so CPU time and peak RSS
 // are read per process from /proc. The load generator runs in this process.
@@ -40,6 +41,9 @@ func main() {
 			return
 		case "units":
 			exitOn(units(os.Args[2:]))
+			return
+		case "pgunits":
+			exitOn(pgUnits(os.Args[2:]))
 			return
 		case "stream":
 			exitOn(streamBench(os.Args[2:]))

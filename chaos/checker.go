@@ -330,6 +330,14 @@ func (r *report) neverForwarded(history []attempt, byKey map[opKey][]execution, 
 					// back; the owner knew it had not forwarded, and could
 					// not free the claim before its lease ran out.
 					cause = "owner's link to Redis cut from its claim's reply until past the lease (documented)"
+				case (f.Kind == faultPostgresKill || f.Kind == faultPostgresStop) && during &&
+					owner.Status != http.StatusCreated && f.End.Sub(owner.Start) > leaseOf(owner):
+					// The same on PostgreSQL: the claim committed, and
+					// the server was killed (its reply lost) or stopped
+					// before answering; it was back only after the lease,
+					// too late for the owner to free a claim it knew it
+					// had not forwarded.
+					cause = "owner's PostgreSQL down from its claim's reply until past the lease (documented)"
 				}
 			}
 		}

@@ -252,3 +252,26 @@ func TestStreamsCutByAReader(t *testing.T) {
 		})
 	}
 }
+
+// TestNeverForwardedOnPostgresDown: an owner's claim whose reply was lost
+// to PostgreSQL killed (or stopped) until past the lease is a documented
+// wrong outcome-unknown, as a cut link is on Redis; one whose fault ended
+// within the lease is not.
+func TestNeverForwardedOnPostgresDown(t *testing.T) {
+	t0 := time.Now()
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	owner := attempt{Op: 1, Principal: "p", Key: "k", RequestID: "r1", Start: at(0), End: at(0.5)}
+	retry := attempt{Op: 1, Principal: "p", Key: "k", RequestID: "r2", Status: 502, Body: `{"type":"problem:outcome-unknown","request_id":"r1"}`, Start: at(5), End: at(5.1)}
+	for _, tc := range []struct {
+		name      string
+		end       float64
+		explained bool
+	}{{"back after the lease", 3, true}, {"back within the lease", 1, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := check(1, 0, []attempt{owner, retry}, nil, []fault{{Kind: faultPostgresKill, Start: at(0.2), End: at(tc.end)}}, nil, 0, true, nil)
+			if got := len(r.NeverForwardedUnexplained) == 0 && r.NeverForwarded == 1; got != tc.explained {
+				t.Errorf("explained %v, want %v: %v %v", got, tc.explained, r.NeverForwardedCauses, r.NeverForwardedUnexplained)
+			}
+		})
+	}
+}
