@@ -324,6 +324,15 @@ func (r *report) neverForwarded(history []attempt, byKey map[opKey][]execution, 
 					cause = "owner ran the previous release (" + owner.Version + "), whose unconfirmed-claim cleanup is slower (fixed since)"
 				case (f.Kind == faultKillSidecar || f.Kind == faultSidecarPause) && f.Target == owner.Sidecar && during:
 					cause = "owner " + f.Kind + " between its confirmed claim and forwarding (documented)"
+				case (f.Kind == faultKillSidecar || f.Kind == faultSidecarPause) && f.Target == owner.Sidecar &&
+					owner.Status != http.StatusCreated && !f.Start.Before(owner.End) && f.Start.Before(owner.Start.Add(leaseOf(owner))):
+					// The claim's reply came too late (the owner answered
+					// 503 and queued the claim for its background cleanup),
+					// its write ran in time on the store's clock, and the
+					// sidecar died within the lease, before the cleanup
+					// deleted it: a claim no retry can tell from one
+					// forwarded.
+					cause = "owner " + f.Kind + " before its background cleanup deleted a claim it had not forwarded (documented)"
 				case (f.Kind == faultRedisPartition || (f.Kind == faultLinkPartition && f.Target == owner.Sidecar)) && during &&
 					owner.Status != http.StatusCreated && f.End.Sub(owner.Start) > leaseOf(owner):
 					// The claim landed in time and its reply did not come

@@ -275,3 +275,26 @@ func TestNeverForwardedOnPostgresDown(t *testing.T) {
 		})
 	}
 }
+
+// TestNeverForwardedOwnerKilledBeforeCleanup: a claim whose owner
+// answered 503 (its reply late) and whose sidecar was killed within the
+// lease, before its background cleanup deleted it, is a documented wrong
+// outcome-unknown; a kill after the lease explains nothing.
+func TestNeverForwardedOwnerKilledBeforeCleanup(t *testing.T) {
+	t0 := time.Now()
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	owner := attempt{Op: 1, Sidecar: 1, Principal: "p", Key: "k", RequestID: "r1", Status: 503, Start: at(0), End: at(1.1)}
+	retry := attempt{Op: 1, Sidecar: 0, Principal: "p", Key: "k", RequestID: "r2", Status: 502, Body: `{"type":"problem:outcome-unknown","request_id":"r1"}`, Start: at(6), End: at(6.1)}
+	for _, tc := range []struct {
+		name      string
+		kill      float64
+		explained bool
+	}{{"killed within the lease", 1.8, true}, {"killed after the lease", 2.5, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := check(1, 0, []attempt{owner, retry}, nil, []fault{{Kind: faultKillSidecar, Target: 1, Start: at(tc.kill), End: at(tc.kill + 1)}}, nil, 0, true, nil)
+			if got := len(r.NeverForwardedUnexplained) == 0; got != tc.explained {
+				t.Errorf("explained %v, want %v: %v %v", got, tc.explained, r.NeverForwardedCauses, r.NeverForwardedUnexplained)
+			}
+		})
+	}
+}
