@@ -190,6 +190,15 @@ func harness(o options, dir string) error {
 		defer links[i].Close()
 	}
 
+	inj := &injector{redis: rdb, links: links, clock: clock, leaps: o.reconcile}
+	return drive(o, dir, bins, versions, links, inj, "", func() (int, int, error) { return countInProgress(rdb.addr()) })
+}
+
+// drive runs the load against sidecars on links (to the store), with
+// inj's faults, then judges: the ledger upstream, the sidecars, the
+// workload and the fault schedule every store shares. where names the
+// store in the load line; inProgress counts its claims left in progress.
+func drive(o options, dir string, bins, versions []string, links []*faultlink.Link, inj *injector, where string, inProgress func() (int, int, error)) error {
 	led := &ledger{hangFor: 3 * time.Second, failRate: 0.02, transientRate: 0.02}
 	upLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -214,19 +223,18 @@ func harness(o options, dir string) error {
 		sidecars: scs, principals: 5, maxOps: o.ops, deadline: time.Now().Add(o.duration), stream: o.stream,
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
 	}
-	inj := &injector{redis: rdb, links: links, ledger: led, sidecars: scs, clock: clock, leaps: o.reconcile}
+	inj.ledger, inj.sidecars = led, scs
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { inj.run(ctx, o.faultEvery) })
 	start := time.Now()
-	fmt.Printf("load: %d operations at %.0f/s, %d workers, %d sidecars (%s), a fault every ~%s\n", o.ops, o.rate, o.workers, o.sidecars, describeVersions(scs), o.faultEvery)
+	fmt.Printf("load: %d operations at %.0f/s, %d workers, %d sidecars (%s)%s, a fault every ~%s\n", o.ops, o.rate, o.workers, o.sidecars, describeVersions(scs), where, o.faultEvery)
 	w.run(o.workers)
 	stop()
 	wg.Wait()
 	elapsed := time.Since(start)
 	inj.heal()
-
-	return judge(o, dir, func() (int, int, error) { return countInProgress(rdb.addr()) }, scs, w, led, inj, elapsed)
+	return judge(o, dir, inProgress, scs, w, led, inj, elapsed)
 }
 
 // describeVersions says which version each sidecar runs.
@@ -601,6 +609,9 @@ func (in *injector) stallRedis(kind string) {
 
 // heal ends every fault still in force.
 func (in *injector) heal() {
+	if in.pg != nil {
+		in.pg.Signal(syscall.SIGCONT)
+	}
 	if in.clock != nil {
 		in.clock.Set(0)
 		in.offset = 0

@@ -3,10 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
-	"net/http"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,42 +27,8 @@ func harnessPostgres(o options, dir string, bins, versions []string) error {
 		}
 		defer links[i].Close()
 	}
-	led := &ledger{hangFor: 3 * time.Second, failRate: 0.02, transientRate: 0.02}
-	upLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	up := &http.Server{Handler: led, ReadHeaderTimeout: 5 * time.Second}
-	go up.Serve(upLn)
-	defer up.Close()
-
-	scs, err := startSidecars(o, dir, bins, versions, "http://"+upLn.Addr().String(), links)
-	for _, sc := range scs {
-		defer sc.kill()
-	}
-	if err != nil {
-		return err
-	}
-	pace := time.NewTicker(time.Duration(float64(time.Second) / o.rate))
-	defer pace.Stop()
-	w := &workload{
-		pace:     pace.C,
-		sidecars: scs, principals: 5, maxOps: o.ops, deadline: time.Now().Add(o.duration), stream: o.stream,
-		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
-	}
-	inj := &injector{pg: pg, links: links, ledger: led, sidecars: scs}
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { inj.run(ctx, o.faultEvery) })
-	start := time.Now()
-	fmt.Printf("load: %d operations at %.0f/s, %d workers, %d sidecars on PostgreSQL, a fault every ~%s\n", o.ops, o.rate, o.workers, o.sidecars, o.faultEvery)
-	w.run(o.workers)
-	stop()
-	wg.Wait()
-	elapsed := time.Since(start)
-	inj.heal()
-	pg.Signal(syscall.SIGCONT) // a stop cut short by the end of the load is undone
-	return judge(o, dir, func() (int, int, error) { return countInProgressPostgres(pg.URL) }, scs, w, led, inj, elapsed)
+	inj := &injector{pg: pg, links: links}
+	return drive(o, dir, bins, versions, links, inj, " on PostgreSQL", func() (int, int, error) { return countInProgressPostgres(pg.URL) })
 }
 
 // countInProgressPostgres is countInProgress on the PostgreSQL store: the
