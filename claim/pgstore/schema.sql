@@ -89,6 +89,15 @@ DECLARE
   exp bigint; present bool; qn bigint; qexp bigint;
 BEGIN
   now_ms := {{schema}}.idem_now();
+  -- A settled record (a replay) is read without a lock: it changes only
+  -- by expiring or by the key API's delete, and a replay needs neither
+  -- the insert's attempt nor the row lock.
+  SELECT r.value INTO cur FROM {{schema}}.records r WHERE r.key = k AND r.expires_ms > now_ms;
+  IF FOUND AND {{schema}}.idem_state(cur) IN (2, 3) AND NOT (lim > 0 AND {{schema}}.idem_state(cur) = 3 AND length(cur) > lim) THEN
+    kind := 2;
+    RETURN;
+  END IF;
+  cur := NULL;
   LOOP
     SELECT g.cur, g.exp, g.present INTO cur, exp, present FROM {{schema}}.idem_get(k, now_ms) g;
     EXIT WHEN cur IS NOT NULL;
