@@ -3,6 +3,8 @@ package pgstore_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/claim/contract"
 	"github.com/idemproxy/idemproxy/claim/pgstore"
+	"github.com/idemproxy/idemproxy/internal/clockshim"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
 
@@ -94,5 +97,72 @@ func TestHealthReportsCleanup(t *testing.T) {
 	}
 	if h = s.Health(ctx)[0]; h.Cleanup.Expired != 0 || h.Cleanup.Lag != 0 {
 		t.Errorf("after a Health, cleanup %+v; want the expired rows deleted", h.Cleanup)
+	}
+}
+
+// TestKeysCrossMidnight (issue 56): uniqueness holds for the whole
+// retention whatever the date: on a database whose clock reads two
+// seconds before midnight (a clock shim), a key completed and a key
+// claimed before midnight are the same keys after it: the first replays,
+// the second is still in progress, and neither can be claimed anew.
+func TestKeysCrossMidnight(t *testing.T) {
+	dir, err := os.MkdirTemp("", "idemproxy-midnight-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	clock, err := clockshim.Build(dir)
+	if err != nil {
+		t.Skipf("SKIP: %v", err)
+	}
+	// postgres runs as its own user: the shim and its offset file must be
+	// readable by it.
+	for _, p := range []string{dir, filepath.Join(dir, "clockshim.so"), filepath.Join(dir, "clockshim.offset")} {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pg := pgtest.StartEnv(t, clock.Env())
+	now := time.Now()
+	midnight := time.Date(now.Year(), now.Month(), now.Day()+1, 0, 0, 0, 0, time.Local)
+	if err := clock.Set(midnight.Add(-2 * time.Second).Sub(now)); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := pgstore.Migrate(ctx, pool, "idemproxy"); err != nil {
+		t.Fatal(err)
+	}
+	var before time.Time
+	if err := pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&before); err != nil || before.Local().Hour() != 23 {
+		t.Fatalf("the database's clock reads %v (%v), want just before midnight", before.Local(), err)
+	}
+	s := pgstore.New(pool, "idemproxy", "midnight:")
+	defer s.Close()
+	done, running := s.Codec().Key("p", "r", "done"), s.Codec().Key("p", "r", "running")
+	rec := contract.NewRecord(t)
+	if _, err := s.Claim(ctx, done, rec, time.Minute, claim.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Complete(ctx, done, contract.Completed(rec, "before midnight"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.Claim(ctx, running, contract.NewRecord(t), time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim before midnight: %+v %v", res, err)
+	}
+	time.Sleep(3 * time.Second)
+	var after time.Time
+	if err := pool.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&after); err != nil || after.Local().Day() == before.Local().Day() {
+		t.Fatalf("the database's clock reads %v (%v), want past midnight", after.Local(), err)
+	}
+	if res, err := s.Claim(ctx, done, contract.NewRecord(t), time.Minute, claim.Quota{}); err != nil || res.Claimed || res.Existing == nil || string(res.Existing.Body) != "before midnight" {
+		t.Errorf("the completed key after midnight: %+v %v, want its record", res, err)
+	}
+	if res, err := s.Claim(ctx, running, contract.NewRecord(t), time.Minute, claim.Quota{}); err != nil || res.Claimed || res.Existing == nil || res.Existing.State != claim.InProgress {
+		t.Errorf("the claimed key after midnight: %+v %v, want the claim in progress", res, err)
 	}
 }

@@ -50,6 +50,8 @@ type Server struct {
 	cred *syscall.Credential
 	cmd  *exec.Cmd
 	log  *syncbuf.Buffer
+	// env is added to postgres' environment (StartEnv: a clock shim's).
+	env []string
 }
 
 // binDir is where initdb and postgres are: beside a postgres in PATH, or
@@ -99,13 +101,34 @@ func Start(tb testing.TB, settings ...string) *Server {
 	return s
 }
 
+// StartEnv is Start with env added to postgres' environment (a clock
+// shim's, internal/clockshim: its files must be readable by the postgres
+// user).
+func StartEnv(tb testing.TB, env []string, settings ...string) *Server {
+	tb.Helper()
+	if _, err := binDir(); err != nil {
+		Start(tb) // skips or fails as Start does
+	}
+	s, err := launch(env, settings)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s.tb = tb
+	tb.Cleanup(s.Close)
+	return s
+}
+
 // Launch is Start for a harness (chaos): the caller ends it with Close.
-func Launch(settings ...string) (*Server, error) {
+func Launch(settings ...string) (*Server, error) { return launch(nil, settings) }
+
+// launch makes and starts a cluster with env added to postgres'
+// environment.
+func launch(env, settings []string) (*Server, error) {
 	bin, err := binDir()
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{bin: bin, log: &syncbuf.Buffer{}}
+	s := &Server{bin: bin, log: &syncbuf.Buffer{}, env: env}
 	if os.Geteuid() == 0 {
 		if s.cred, err = postgresUser(); err != nil {
 			return nil, err
@@ -186,6 +209,9 @@ func (s *Server) run(settings []string) error {
 	s.cmd = exec.Command(filepath.Join(s.bin, "postgres"), args...)
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true}
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	if len(s.env) > 0 {
+		s.cmd.Env = append(os.Environ(), s.env...)
+	}
 	if err := s.cmd.Start(); err != nil {
 		return err
 	}
