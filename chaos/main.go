@@ -102,7 +102,7 @@ func run() error {
 	keep := flag.Bool("keep", false, "run every route with unknown_outcome: keep (v0.3.0's default) instead of the default fail; duplicates after upstream resets are then expected")
 	flag.BoolVar(&o.reconcile, "reconcile", false, "give every route a reconcile lookup on the upstream's ledger (routes[].reconcile; late_answer_window 2s, absent_after 5s): outcome-unknown answers then remain only where the lookup itself failed")
 	flag.BoolVar(&o.stream, "stream", false, "store.record_format 4, and one operation in four on POST /payments-stream, whose answers are streamed (text/event-stream, in three pieces; a reset breaks one off after its first): relayed as they arrive, stored chunk by chunk, attached to by retries (one streamed operation in three sends a follower 20-150 ms after its first attempt), read at once, slowly (one in six) or after a stall (one in six): a stream its upstream wrote whole is never broken off by a reader")
-	store := flag.String("store", "redis", "redis, or postgres: the sidecars on the PostgreSQL store (store.postgres), PostgreSQL killed with -9 and restarted, stopped (SIGSTOP, its backends too), partitioned and its replies late; no duplicate is explained by it (it loses nothing it acknowledged)")
+	store := flag.String("store", "redis", "redis, or postgres: the sidecars on the PostgreSQL store (store.postgres), PostgreSQL killed with -9 and restarted, stopped (SIGSTOP, its backends too), its clock stepped, partitioned and its replies late; no duplicate is explained by it (it loses nothing it acknowledged)")
 	retired := flag.Bool("strict", false, "retired: the default run is the strict one since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
 	flag.Parse()
 	if *retired {

@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/clockshim"
 	"github.com/idemproxy/idemproxy/internal/faultlink"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
@@ -15,7 +18,18 @@ import (
 // harnessPostgres is harness on the PostgreSQL store (-store postgres):
 // one PostgreSQL server, each sidecar reaching it through a fault link.
 func harnessPostgres(o options, dir string, bins, versions []string) error {
-	pg, err := pgtest.Launch()
+	// Steps of PostgreSQL's clock: the shim in its environment, its
+	// files readable by the postgres user it runs as.
+	clock, err := clockshim.Build(dir)
+	if err != nil {
+		return err
+	}
+	for _, p := range []string{dir, filepath.Join(dir, "clockshim.so"), filepath.Join(dir, "clockshim.offset")} {
+		if err := os.Chmod(p, 0o755); err != nil {
+			return err
+		}
+	}
+	pg, err := pgtest.LaunchEnv(clock.Env())
 	if err != nil {
 		return fmt.Errorf("-store postgres: %w", err)
 	}
@@ -27,7 +41,7 @@ func harnessPostgres(o options, dir string, bins, versions []string) error {
 		}
 		defer links[i].Close()
 	}
-	inj := &injector{pg: pg, links: links}
+	inj := &injector{pg: pg, links: links, clock: clock}
 	return drive(o, dir, bins, versions, links, inj, " on PostgreSQL", func() (int, int, error) { return countInProgressPostgres(pg.URL) })
 }
 

@@ -121,6 +121,9 @@ func StartEnv(tb testing.TB, env []string, settings ...string) *Server {
 // Launch is Start for a harness (chaos): the caller ends it with Close.
 func Launch(settings ...string) (*Server, error) { return launch(nil, settings) }
 
+// LaunchEnv is Launch with env added to postgres' environment.
+func LaunchEnv(env []string, settings ...string) (*Server, error) { return launch(env, settings) }
+
 // launch makes and starts a cluster with env added to postgres'
 // environment.
 func launch(env, settings []string) (*Server, error) {
