@@ -104,7 +104,7 @@ Usage:
   idemproxy -version                       print build information and exit
   idemproxy demo                           the sidecar, an embedded store and a sample upstream, with a scripted show
   idemproxy keys get|delete|reconcile ...  look up, clear or reconcile one idempotency key on a running sidecar (idemproxy keys -h)
-  idemproxy size ...                       the Redis memory a traffic profile needs (idemproxy size -h)
+  idemproxy size ...                       the Redis memory (or, --store postgres, the disk and WAL) a traffic profile needs (idemproxy size -h)
   idemproxy store migrate [-config f]      install or update store.postgres' schema and exit
   idemproxy store copy -from-redis old.yaml [-config f]
                                            copy a Redis fleet's settled records into store.postgres

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
@@ -34,6 +35,7 @@ func runSize(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Float64Var(&l.TargetFill, "fill", 0.7, "share of maxmemory the records may fill")
 	fs.Float64Var(&l.TargetCPU, "cpu-target", 0.5, "share of a master's core its commands may use")
 	path := fs.String("config", "", "read retention, lease, max_response_body and sealing from this config")
+	store := fs.String("store", "redis", "redis, or postgres: the PostgreSQL store's disk, WAL and writes instead of Redis' memory and masters; with -config, the store it configures")
 	if help, err := parseFlags(fs, args, "size takes only flags"); help || err != nil {
 		return err
 	}
@@ -62,6 +64,19 @@ func runSize(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if err := l.Check(); err != nil {
 		return fmt.Errorf("size: %w", err)
+	}
+	if *path != "" && !set["store"] {
+		if cfg, err := config.Load(*path); err == nil && cfg.Store.Postgres.URL != "" {
+			*store = "postgres"
+		}
+	}
+	switch *store {
+	case "redis":
+	case "postgres":
+		sizePostgres(l, stdout)
+		return nil
+	default:
+		return fmt.Errorf("size: --store: %q is neither redis nor postgres", *store)
 	}
 	e := sizing.Size(l)
 	fmt.Fprint(stdout, sizing.TableHeader+e.Row())
@@ -103,4 +118,44 @@ func fromConfig(l *sizing.Load, cfg *config.Config, set map[string]bool) {
 	if !set["compression"] {
 		l.Compression = cfg.Store.Compression == config.CompressionZstd
 	}
+}
+
+// The PostgreSQL store's unit costs, measured with go run ./bench pgunits
+// (20,000 keys, 1 KiB answers, PostgreSQL 15 with its defaults;
+// docs/scaling.md): bytes on disk per settled record (the records table,
+// its indexes and TOAST) and WAL per key over its life (claim,
+// completion, expiry), each beyond the answer's body.
+const (
+	pgDiskPerRecord = 1747 - 1024
+	pgWALPerKey     = 849 + 1635 + 147 - 1024
+)
+
+// sizePostgres prints what load l asks of the PostgreSQL store: records
+// held, disk, WAL and transactions per second.
+func sizePostgres(l sizing.Load, stdout io.Writer) {
+	records := l.NewKeysPerSecond * l.Retention.Seconds()
+	body := float64(l.ResponseBytes)
+	disk := records * (pgDiskPerRecord + body)
+	wal := l.NewKeysPerSecond * (pgWALPerKey + body)
+	// A claim and a completion per new key, a renewal every lease/3 of
+	// the upstream call, a read per replay.
+	writes := l.NewKeysPerSecond * (2 + math.Floor(l.UpstreamLatency.Seconds()/(l.Lease.Seconds()/3)))
+	reads := l.NewKeysPerSecond * l.ReplayRatio
+	fmt.Fprintf(stdout, "PostgreSQL store: %.0f new keys/s kept %s (%.0f-byte answers)\n", l.NewKeysPerSecond, l.Retention, body)
+	fmt.Fprintf(stdout, "  records held: %.0f\n", records)
+	fmt.Fprintf(stdout, "  disk (table, indexes, TOAST): %s, at %.0f bytes per record\n", humanBytes(disk), pgDiskPerRecord+body)
+	fmt.Fprintf(stdout, "  WAL: %s/s, at %.0f bytes per key (claim, completion, expiry)\n", humanBytes(wal), pgWALPerKey+body)
+	fmt.Fprintf(stdout, "  writes: %.0f transactions/s (each a commit); replays: %.0f reads/s\n", writes, reads)
+	fmt.Fprintln(stdout, "Unit costs measured on one 2-core VM with PostgreSQL 15 (docs/scaling.md); re-measure on yours with `go run ./bench pgunits`.")
+}
+
+// humanBytes is n bytes in KiB, MiB, GiB or TiB.
+func humanBytes(n float64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB"}
+	i := 0
+	for n >= 1024 && i < len(units)-1 {
+		n /= 1024
+		i++
+	}
+	return fmt.Sprintf("%.1f %s", n, units[i])
 }

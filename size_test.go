@@ -76,3 +76,29 @@ func TestSizeReadsTheConfig(t *testing.T) {
 		t.Errorf("size with config.example.yaml:\n%s", out.String())
 	}
 }
+
+// TestSizePostgres (issue 56): idemproxy size --store postgres prints the
+// PostgreSQL store's records, disk and WAL from the units bench pgunits
+// measured; a config on store.postgres selects it.
+func TestSizePostgres(t *testing.T) {
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"size", "--store", "postgres", "--new-keys-per-second", "1000", "--retention", "168h"}, &out, &errb); err != nil {
+		t.Fatal(err, errb.String())
+	}
+	for _, want := range []string{"records held: 604800000", "disk (table, indexes, TOAST): 984.0 GiB, at 1747 bytes per record", "WAL: 2.5 MiB/s, at 2631 bytes per key", "writes: 2000 transactions/s"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("size --store postgres printed:\n%s\nwant %q", out.String(), want)
+		}
+	}
+	path := t.TempDir() + "/pg.yaml"
+	if err := os.WriteFile(path, []byte("upstream:\n  url: \"http://127.0.0.1:9\"\nstore:\n  postgres:\n    url: \"postgres://u@db/app\"\nroutes:\n  - name: pay\n    match: \"POST /p\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"size", "-config", path, "--new-keys-per-second", "10"}, &out, &errb); err != nil || !strings.HasPrefix(out.String(), "PostgreSQL store:") {
+		t.Errorf("size -config on store.postgres: %v\n%s", err, out.String())
+	}
+	if err := run(context.Background(), []string{"size", "--store", "mysql", "--new-keys-per-second", "10"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "--store") {
+		t.Errorf("--store mysql: %v, want refused naming the flag", err)
+	}
+}
