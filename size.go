@@ -19,23 +19,8 @@ func runSize(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("idemproxy size", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var l sizing.Load
-	fs.Float64Var(&l.NewKeysPerSecond, "new-keys-per-second", 0, "first attempts per second, all routes and pods together (required)")
-	fs.DurationVar(&l.Retention, "retention", 24*time.Hour, "how long settled answers are kept (defaults.retention); with -config, its longest")
-	fs.IntVar(&l.ResponseBytes, "response-bytes", 1024, "typical stored answer body; with -config, capped by its largest max_response_body")
-	fs.Float64Var(&l.ReplayRatio, "replay-ratio", 0.1, "replays and retries per new key")
-	fs.Float64Var(&l.PassThroughPerSecond, "pass-through-per-second", 0, "unprotected requests per second through the sidecars")
-	fs.BoolVar(&l.Sealed, "sealed", false, "records sealed (store.encryption); with -config, whether it sets key_files")
-	fs.IntVar(&l.Format, "record-format", 1, "store.record_format written (3: compact records; 4: streamed answers too); with -config, its own")
-	fs.IntVar(&l.StreamChunks, "stream-chunks", 0, "answers streamed as they arrive (routes[].stream, --record-format 4): chunks per answer, each one append (0: buffered answers)")
-	compression := fs.String("compression", "none", "store.compression: none or zstd (under --record-format 3); with -config, its own")
-	fs.Float64Var(&l.CompressionRatio, "compression-ratio", 0, "with zstd, compressed size / answer size for your answers (0: the ratios measured on JSON payment objects, docs/scaling.md)")
-	fs.DurationVar(&l.Lease, "lease", 10*time.Second, "defaults.lease")
-	fs.DurationVar(&l.UpstreamLatency, "upstream-latency", 100*time.Millisecond, "how long a first attempt's upstream call takes (renewals every lease/3 of it)")
-	shard := fs.String("shard-memory", "25GiB", "one Redis master's maxmemory")
-	fs.Float64Var(&l.TargetFill, "fill", 0.7, "share of maxmemory the records may fill")
-	fs.Float64Var(&l.TargetCPU, "cpu-target", 0.5, "share of a master's core its commands may use")
-	path := fs.String("config", "", "read retention, lease, max_response_body and sealing from this config")
-	store := fs.String("store", "redis", "redis, or postgres: the PostgreSQL store's disk, WAL and writes instead of Redis' memory and masters; with -config, the store it configures")
+	f := sizeFlags(fs, &l)
+	compression, shard, path, store := f.compression, f.shard, f.path, f.store
 	if help, err := parseFlags(fs, args, "size takes only flags"); help || err != nil {
 		return err
 	}
@@ -84,6 +69,32 @@ func runSize(_ context.Context, args []string, stdout, stderr io.Writer) error {
 		e.Binding, *shard, l.TargetFill*100, e.ShardsForMemory, e.ShardsForCPU, l.TargetCPU*100)
 	fmt.Fprintf(stdout, "Redis: %.0f operations/s. Unit costs measured on one 2-core VM (docs/scaling.md, \"Sizing\"); re-measure on yours with `go run ./bench units`.\n", e.RedisOpsPerSecond)
 	return nil
+}
+
+// sizeFlagValues are the string flags of idemproxy size.
+type sizeFlagValues struct{ compression, shard, path, store *string }
+
+// sizeFlags declares idemproxy size's flags on fs, the load's into l.
+func sizeFlags(fs *flag.FlagSet, l *sizing.Load) sizeFlagValues {
+	var f sizeFlagValues
+	fs.Float64Var(&l.NewKeysPerSecond, "new-keys-per-second", 0, "first attempts per second, all routes and pods together (required)")
+	fs.DurationVar(&l.Retention, "retention", 24*time.Hour, "how long settled answers are kept (defaults.retention); with -config, its longest")
+	fs.IntVar(&l.ResponseBytes, "response-bytes", 1024, "typical stored answer body; with -config, capped by its largest max_response_body")
+	fs.Float64Var(&l.ReplayRatio, "replay-ratio", 0.1, "replays and retries per new key")
+	fs.Float64Var(&l.PassThroughPerSecond, "pass-through-per-second", 0, "unprotected requests per second through the sidecars")
+	fs.BoolVar(&l.Sealed, "sealed", false, "records sealed (store.encryption); with -config, whether it sets key_files")
+	fs.IntVar(&l.Format, "record-format", 1, "store.record_format written (3: compact records; 4: streamed answers too); with -config, its own")
+	fs.IntVar(&l.StreamChunks, "stream-chunks", 0, "answers streamed as they arrive (routes[].stream, --record-format 4): chunks per answer, each one append (0: buffered answers)")
+	f.compression = fs.String("compression", "none", "store.compression: none or zstd (under --record-format 3); with -config, its own")
+	fs.Float64Var(&l.CompressionRatio, "compression-ratio", 0, "with zstd, compressed size / answer size for your answers (0: the ratios measured on JSON payment objects, docs/scaling.md)")
+	fs.DurationVar(&l.Lease, "lease", 10*time.Second, "defaults.lease")
+	fs.DurationVar(&l.UpstreamLatency, "upstream-latency", 100*time.Millisecond, "how long a first attempt's upstream call takes (renewals every lease/3 of it)")
+	f.shard = fs.String("shard-memory", "25GiB", "one Redis master's maxmemory")
+	fs.Float64Var(&l.TargetFill, "fill", 0.7, "share of maxmemory the records may fill")
+	fs.Float64Var(&l.TargetCPU, "cpu-target", 0.5, "share of a master's core its commands may use")
+	f.path = fs.String("config", "", "read retention, lease, max_response_body and sealing from this config")
+	f.store = fs.String("store", "redis", "redis, or postgres: the PostgreSQL store's disk, WAL and writes instead of Redis' memory and masters; with -config, the store it configures")
+	return f
 }
 
 // fromConfig takes what a config says of the load, unless a flag said it:
