@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/loopback"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -47,6 +48,21 @@ func startBinary(t *testing.T, yaml string) *sidecar { return binarytest.T(t, ya
 // top-level sections such as defaults:).
 func payConfig(upstream, redis, extra string) string {
 	return fmt.Sprintf("upstream:\n  url: %q\nstore:\n  redis:\n    addrs: [%q]\n%sroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream, redis, extra)
+}
+
+// eachStore runs f on the Redis store and on the PostgreSQL store, each on
+// a server of its own: config is the pay route's config on that store,
+// extra going after its store section (store keys at two spaces, then
+// top-level sections), as payConfig's.
+func eachStore(t *testing.T, f func(t *testing.T, config func(upstream, extra string) string)) {
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		f(t, func(upstream, extra string) string { return payConfig(upstream, srv.Addr, extra) })
+	})
+	t.Run("postgres", func(t *testing.T) {
+		pg := pgtest.Start(t)
+		f(t, func(upstream, extra string) string { return pgConfig(upstream, pg.URL, extra) })
+	})
 }
 
 // The common requests and reads (internal/binarytest).

@@ -10,16 +10,20 @@ import (
 
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/poll"
-	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
 // TestKilledOwnerIsSettledAsOutcomeUnknown runs the real binary with
 // unknown_outcome: fail, SIGKILLs it while its upstream call is in flight
 // and starts it again: retries get 409 during the dead owner's lease, then
-// 502 outcome-unknown, replayed; the upstream executed once.
+// 502 outcome-unknown, replayed; the upstream executed once. On each
+// store (eachStore).
 func TestKilledOwnerIsSettledAsOutcomeUnknown(t *testing.T) {
 	t.Parallel() // binary-level, on its own ports and store: runs beside the others (go test ./... time)
-	srv := redistest.Start(t)
+	eachStore(t, killedOwner)
+}
+
+// killedOwner is TestKilledOwnerIsSettledAsOutcomeUnknown on one store.
+func killedOwner(t *testing.T, config func(upstream, extra string) string) {
 	var calls atomic.Int64
 	stop := make(chan struct{})
 	defer close(stop)
@@ -32,7 +36,7 @@ func TestKilledOwnerIsSettledAsOutcomeUnknown(t *testing.T) {
 		}
 	}))
 	defer upstream.Close()
-	sc := startBinary(t, payConfig(upstream.URL, srv.Addr, "defaults:\n  lease: 3s\n  unknown_outcome: fail\n"))
+	sc := startBinary(t, config(upstream.URL, "defaults:\n  lease: 3s\n  unknown_outcome: fail\n"))
 	go func() {
 		if resp, err := http.DefaultClient.Do(payRequest(sc.Client+"/payments", "killed-1", "{}")); err == nil {
 			resp.Body.Close()

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -127,15 +128,13 @@ func (l *ledger) executions(key string) int {
 // reconcileConfig is a route that reconciles: upstream.timeout 1s, no late
 // window, absent_after 2s, lease 1s (an absent answer is believed once the
 // first attempt is absent_after plus a lease old), lookups of 500ms.
-func reconcileConfig(upstream, redis string) string {
+func reconcileConfig(upstream, store string) string {
 	return fmt.Sprintf(`upstream:
   url: %q
   timeout: 1s
   late_answer_window: 0s
 store:
-  redis:
-    addrs: [%q]
-defaults:
+%sdefaults:
   lease: 1s
 routes:
   - name: pay
@@ -145,7 +144,7 @@ routes:
       status: 201
       timeout: 500ms
       absent_after: 2s
-`, upstream, redis)
+`, upstream, store)
 }
 
 // TestReconcileThroughTheBinary (issue 43): where the outcome would be
@@ -155,9 +154,19 @@ routes:
 // outcome-unknown for the whole retention.
 func TestReconcileThroughTheBinary(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
+	t.Run("redis", func(t *testing.T) {
+		reconcileThroughTheBinary(t, fmt.Sprintf("  redis:\n    addrs: [%q]\n", redistest.Start(t).Addr))
+	})
+	t.Run("postgres", func(t *testing.T) {
+		reconcileThroughTheBinary(t, fmt.Sprintf("  postgres:\n    url: %q\n", pgtest.Start(t).URL))
+	})
+}
+
+// reconcileThroughTheBinary is TestReconcileThroughTheBinary on the store
+// its section configures.
+func reconcileThroughTheBinary(t *testing.T, store string) {
 	l, upstream := newLedger(t)
-	cfg := reconcileConfig(upstream.URL, srv.Addr)
+	cfg := reconcileConfig(upstream.URL, store)
 
 	t.Run("the upstream acted, then the connection reset: the first client gets the real answer", func(t *testing.T) {
 		a := startBinary(t, cfg)

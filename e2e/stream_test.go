@@ -122,10 +122,15 @@ func attachLive(t *testing.T, up *streamUpstream, first, second, key, ev1, ev2 s
 // and a retry after that gets that prefix and that end; one execution.
 func TestStreamThroughTheBinary(t *testing.T) {
 	t.Parallel() // binary-level, on its own ports and store
-	srv := redistest.Start(t)
+	eachStore(t, streamThroughTheBinary)
+}
+
+// streamThroughTheBinary is TestStreamThroughTheBinary on one store.
+func streamThroughTheBinary(t *testing.T, config func(upstream, extra string) string) {
 	up := newStreamUpstream(t)
-	owner := startBinary(t, streamConfig(up.URL, srv.Addr, 4))
-	other := startBinary(t, streamConfig(up.URL, srv.Addr, 4))
+	extra := "  record_format: 4\ndefaults:\n  lease: 1s\n"
+	owner := startBinary(t, config(up.URL, extra))
+	other := startBinary(t, config(up.URL, extra))
 
 	a, b := attachLive(t, up, owner.Client, other.Client, "chat-1", "1", "2")
 
