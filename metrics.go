@@ -31,6 +31,8 @@ type metrics struct {
 	dataLost *prometheus.CounterVec
 	// storeKeys and storeBytes are each master's size, from the same look.
 	storeKeys, storeBytes *prometheus.GaugeVec
+	// size is each master's bytes under one name for both stores.
+	size *prometheus.GaugeVec
 	// expired, cleanupLag and oldestClaim are a store's cleanup, when it
 	// deletes expired records itself (PostgreSQL: claim.Cleanup).
 	expired, cleanupLag, oldestClaim *prometheus.GaugeVec
@@ -75,7 +77,7 @@ func newMetrics(waitReplicas bool) *metrics {
 	build.WithLabelValues(v, rev, gov).Set(1)
 	m.reg.MustRegister(build)
 	m.reg.MustRegister(m.dataLost)
-	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.storeKeys, m.storeBytes, m.expired, m.cleanupLag, m.oldestClaim, m.batchOps,
+	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.storeKeys, m.storeBytes, m.size, m.expired, m.cleanupLag, m.oldestClaim, m.batchOps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -111,6 +113,10 @@ func (m *metrics) storeGauges() {
 	m.storeBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "idemproxy_store_used_bytes",
 		Help: "used_memory of the Redis master, or the PostgreSQL store's records table with its indexes and TOAST (pg_total_relation_size), read by the store watcher every second; one series per master.",
+	}, []string{"master"})
+	m.size = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_store_bytes",
+		Help: "The store's size, one series per master: Redis' used_memory, or the PostgreSQL records table with its indexes and TOAST (the same figure as idemproxy_store_used_bytes, under one name for both stores).",
 	}, []string{"master"})
 	m.expired = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "idemproxy_store_expired_records",

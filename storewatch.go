@@ -196,10 +196,14 @@ func setStoreSize(keys, used *prometheus.GaugeVec, known map[string]bool, master
 	}
 }
 
-// setCleanup sets the cleanup gauges of each master that reports its
-// cleanup (claim.Cleanup: the PostgreSQL store).
+// setCleanup sets idemproxy_store_bytes of each master that told its
+// size, and the cleanup gauges of each that reports its cleanup
+// (claim.Cleanup: the PostgreSQL store).
 func setCleanup(m *metrics, masters []claim.MasterHealth) {
 	for _, mh := range masters {
+		if mh.Sized {
+			m.size.WithLabelValues(mh.Master).Set(float64(mh.UsedBytes))
+		}
 		if c := mh.Cleanup; c != nil {
 			m.expired.WithLabelValues(mh.Master).Set(float64(c.Expired))
 			m.cleanupLag.WithLabelValues(mh.Master).Set(c.Lag.Seconds())

@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
@@ -168,4 +170,27 @@ func TestStoreSizeMetrics(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestStoreSizeAndCleanupGauges (issue 56): idemproxy_store_bytes carries
+// every store's size under one name, and the cleanup gauges are set only
+// for a store that reports its cleanup (the PostgreSQL store).
+func TestStoreSizeAndCleanupGauges(t *testing.T) {
+	m := newMetrics(false)
+	setCleanup(m, []claim.MasterHealth{
+		{Master: "redis-0:6379", Sized: true, UsedBytes: 1 << 20},
+		{Master: "db:5432", Sized: true, UsedBytes: 3 << 20, Cleanup: &claim.Cleanup{Expired: 7, Lag: 90 * time.Second, OldestClaim: 2 * time.Second}},
+	})
+	if v := testutil.ToFloat64(m.size.WithLabelValues("redis-0:6379")); v != 1<<20 {
+		t.Errorf("idemproxy_store_bytes for Redis = %v", v)
+	}
+	if v := testutil.ToFloat64(m.size.WithLabelValues("db:5432")); v != 3<<20 {
+		t.Errorf("idemproxy_store_bytes for PostgreSQL = %v", v)
+	}
+	if v := testutil.ToFloat64(m.cleanupLag.WithLabelValues("db:5432")); v != 90 {
+		t.Errorf("cleanup lag = %v, want 90", v)
+	}
+	if n := testutil.CollectAndCount(m.cleanupLag); n != 1 {
+		t.Errorf("cleanup lag series = %d, want 1 (none for Redis)", n)
+	}
 }
