@@ -112,8 +112,7 @@ func (s *Store) claimWhenFull(ctx context.Context, key string, rec *claim.Record
 func (s *Store) read(ctx context.Context, key string) ([]byte, time.Duration, time.Time, error) {
 	var cur []byte
 	var pttl, nowMS int64
-	q := "SELECT r.cur, r.pttl, " + s.fn("idem_now") + "() FROM " + s.fn("idem_read") + "($1) r"
-	if err := s.pool.QueryRow(ctx, q, key).Scan(&cur, &pttl, &nowMS); err != nil {
+	if err := s.pool.QueryRow(ctx, s.readQuery, key).Scan(&cur, &pttl, &nowMS); err != nil {
 		return nil, 0, time.Time{}, claim.Unavailable("get", err)
 	}
 	if pttl < 0 {

@@ -55,6 +55,10 @@ type Store struct {
 	epochSeen string
 	epochAt   claim.Epoch
 	spanAttrs []attribute.KeyValue
+	// calls are the statements of the schema's functions (call), and
+	// readQuery read's.
+	calls     sync.Map
+	readQuery string
 }
 
 var _ claim.Backend = (*Store)(nil)
@@ -77,6 +81,7 @@ func New(pool *pgxpool.Pool, schema, prefix string, opts ...claim.Option) *Store
 	node := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
 	s := &Store{pool: pool, codec: codec, schema: pgx.Identifier{schema}.Sanitize(), schemaName: schema, node: node}
 	s.clocks = claim.NewClocks(o.Now, s.checkClocks)
+	s.readQuery = "SELECT r.cur, r.pttl, " + s.fn("idem_now") + "() FROM " + s.fn("idem_read") + "($1) r"
 	s.watch = newListener(pool)
 	s.spanAttrs = []attribute.KeyValue{semconv.DBSystemNamePostgreSQL, semconv.DBNamespace(cfg.Database)}
 	if cfg.Host != "" {
@@ -95,18 +100,35 @@ func (s *Store) Span(op string) claim.Span {
 	return claim.Span{Name: name, Attributes: append(s.spanAttrs[:len(s.spanAttrs):len(s.spanAttrs)], semconv.DBOperationName("SELECT"))}
 }
 
+// call is the statement that calls function fn with n arguments, built
+// once per function: operations run on the request's path.
+func (s *Store) call(fn string, n int) string {
+	k := callKey{fn, n}
+	if q, ok := s.calls.Load(k); ok {
+		return q.(string)
+	}
+	ph := make([]string, n)
+	for i := range ph {
+		ph[i] = "$" + strconv.Itoa(i+1)
+	}
+	q := "SELECT * FROM " + s.fn(fn) + "(" + strings.Join(ph, ", ") + ")"
+	s.calls.Store(k, q)
+	return q
+}
+
+// callKey names one of call's statements.
+type callKey struct {
+	fn string
+	n  int
+}
+
 // fn is the schema-qualified name of one of the schema's functions.
 func (s *Store) fn(name string) string { return s.schema + "." + name }
 
 // row runs one of the schema's functions with args and scans its result
 // into dst.
 func (s *Store) row(ctx context.Context, op, fn string, args []any, dst ...any) error {
-	ph := make([]string, len(args))
-	for i := range args {
-		ph[i] = "$" + strconv.Itoa(i+1)
-	}
-	q := "SELECT * FROM " + s.fn(fn) + "(" + strings.Join(ph, ", ") + ")"
-	if err := s.pool.QueryRow(ctx, q, args...).Scan(dst...); err != nil {
+	if err := s.pool.QueryRow(ctx, s.call(fn, len(args)), args...).Scan(dst...); err != nil {
 		return claim.Unavailable(op, err)
 	}
 	return nil
