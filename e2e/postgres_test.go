@@ -69,9 +69,10 @@ func TestPostgresStoreThroughTheBinary(t *testing.T) {
 	}
 }
 
-// TestPostgresConfigRefused: a password in store.postgres.url and both
-// stores at once are refused at -check with a message naming the key,
-// and store migrate installs the schema.
+// TestPostgresConfigRefused: a password in store.postgres.url, both
+// stores at once, a schema that is not a plain name and a password file
+// that cannot be read are refused at -check with a message naming the
+// key, and store migrate installs the schema.
 func TestPostgresConfigRefused(t *testing.T) {
 	bin := binarytest.TestBinary(t)
 	dir := t.TempDir()
@@ -79,6 +80,7 @@ func TestPostgresConfigRefused(t *testing.T) {
 		{"password in the URL", "  postgres:\n    url: \"postgres://u:secret@127.0.0.1:5432/db\"\n", "store.postgres.url: holds a password: put it in a file named by store.postgres.password_file"},
 		{"both stores", "  redis:\n    addrs: [\"127.0.0.1:6379\"]\n  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n", "set either store.redis.addrs or store.postgres.url, not both"},
 		{"schema", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    schema: \"a;b\"\n", "store.postgres.schema: must be a plain SQL name"},
+		{"password file missing", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    password_file: \"/nonexistent/pg-password\"\n", "store.postgres.password_file: open /nonexistent/pg-password"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".yaml")
