@@ -6,6 +6,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,10 +19,9 @@ import (
 // Its status and headers replace the owner's claim (claim.StreamStart),
 // then every chunk is appended to the key's record before any client
 // sees it: the owner's streamPump reads the upstream at the upstream's
-// pace (read) and stores whatever arrived while the last append was in
-// flight in the next (store); its own client follows what was stored,
-// as an attached retry does on any sidecar (follow). A stream that
-// breaks off (the upstream reset, the store failed, the owner's budget or
+// pace and stores what each read brought (pump); its own client follows
+// what was stored, as an attached retry does on any sidecar (follow). A
+// stream that breaks off (the upstream reset, the store failed, the owner's budget or
 // a drain ran out) is recorded as aborted, and every reader ends it
 // abnormally after the same prefix: a chunked body closed without its
 // last chunk. Past max_response_body the first client's stream goes on
@@ -61,22 +61,41 @@ const (
 // errStreamAborted ends a stream abnormally for its own client.
 var errStreamAborted = errors.New("the stream broke off; what was stored is kept and replayed with the same abnormal end")
 
-// streamPump relays one streamed answer for its owner.
+// streamPump relays one streamed answer for its owner. One goroutine at a
+// time pumps (reads the upstream, stores what it read, hands it on): the
+// owner's client's own, inside Read, while it keeps up, so an event costs
+// that goroutine one read, one append and one write, as ReverseProxy's
+// copy does plus the store's round trip; a goroutine of the pump's own
+// (background) once that client has not come back to Read for
+// streamTakeover, or went away. Renewals run on a timer of their own
+// (renewDue), serialized with the appends, which nothing a client does
+// can hold back.
 type streamPump struct {
 	o     *owner
 	body  io.ReadCloser // the upstream's
-	at    int           // the stored value's length
 	start time.Time
+	buf   []byte // the read buffer, the pumping goroutine's
+
+	// storeMu serializes what is written to the store: appends, renewals
+	// and the end, and the fields below.
+	storeMu   sync.Mutex
+	at        int // the stored value's length
+	lastWrite time.Time
+	ended     bool
+	stored    int64
+	first     bool
+	tooBig    bool
+	renew     *time.Timer
 
 	mu      sync.Mutex
-	cond    *sync.Cond // signals pending room and out's growth
-	pending []byte     // read from the upstream, not stored yet
-	readErr error      // how the upstream's body ended (io.EOF: normally)
-	read    bool       // the upstream's body ended
+	cond    *sync.Cond // signals out's growth and room, pumping's end
+	pumping bool       // a goroutine reads the upstream (one at a time)
+	reading bool       // the owner's client is in Read
 	out     []byte     // stored, not yet taken by the owner's client
 	outErr  error      // set with outDone: io.EOF, or errStreamAborted
 	outDone bool
 	gone    bool // the owner's client went away: out is not kept
+	closed  bool // done is closed
 	// storedTo is the stored value's length as the pump last appended;
 	// lagging says the owner's client fell more than streamPending behind
 	// and reads the rest from the store, from lagFrom on: the pump never
@@ -84,15 +103,16 @@ type streamPump struct {
 	// renewals).
 	storedTo, lagFrom int
 	lagging           bool
-	wake              chan struct{}
+	takeover          *time.Timer // runs background
 	done              chan struct{}
 	// rc is the owner's client's connection, whose write deadline each
 	// part handed to it renews (client.write_timeout).
-	rc     *http.ResponseController
-	stored int64
-	first  bool
-	tooBig bool
+	rc *http.ResponseController
 }
+
+// streamTakeover is how long the owner's client may be away from Read
+// (writing what it took) before the pump reads the upstream without it.
+const streamTakeover = 10 * time.Millisecond
 
 // startStream begins relaying resp, a stream, as its owner: the head is
 // stored in place of the claim, and resp's body becomes what was stored.
@@ -126,12 +146,18 @@ func (o *owner) startStream(resp *http.Response) bool {
 		return true
 	}
 	o.settle(func() verdict { return verdict{outcome: outcomeStored, detail: "streamed"} })
-	p := &streamPump{o: o, body: resp.Body, at: at, start: x.start, wake: make(chan struct{}, 1), done: make(chan struct{}), rc: http.NewResponseController(x.w)}
+	p := &streamPump{o: o, body: resp.Body, at: at, start: x.start, lastWrite: time.Now(),
+		buf: make([]byte, streamReadBuf), done: make(chan struct{}), rc: http.NewResponseController(x.w)}
 	p.cond = sync.NewCond(&p.mu)
+	p.hold(streamReadBuf)
 	o.stream = p
 	resp.Body = p
-	go p.readUpstream()
-	go p.store()
+	p.storeMu.Lock()
+	p.renew = time.AfterFunc(s.Lease/3, p.renewDue)
+	p.storeMu.Unlock()
+	p.mu.Lock()
+	p.takeover = time.AfterFunc(streamTakeover, p.background) // until the client first reads
+	p.mu.Unlock()
 	return true
 }
 
@@ -152,90 +178,81 @@ func (p *streamPump) release(n int) {
 	}
 }
 
-// readUpstream reads the upstream's body at its pace into pending.
-func (p *streamPump) readUpstream() {
-	p.hold(streamReadBuf)
-	defer p.release(streamReadBuf)
-	buf := make([]byte, streamReadBuf)
-	for {
-		n, err := p.body.Read(buf)
-		p.mu.Lock()
-		for len(p.pending) >= streamPending && !p.outDone {
-			p.cond.Wait()
-		}
-		over := p.outDone
-		if !over { // once the stream ended, what is read is dropped
-			p.hold(n)
-			p.pending = append(p.pending, buf[:n]...)
-		}
-		if err != nil {
-			p.read, p.readErr = true, err
-		}
-		p.mu.Unlock()
-		select {
-		case p.wake <- struct{}{}:
-		default:
-		}
-		if err != nil || over {
-			return
-		}
+// pump reads the upstream once, stores what it read and hands it to the
+// owner's client; at the upstream's end, or when a chunk cannot be
+// stored, it records how the stream ended. The caller set p.pumping.
+func (p *streamPump) pump() {
+	n, err := p.body.Read(p.buf)
+	chunk := slices.Clone(p.buf[:n]) // the store may hold it past a timed-out send
+	p.storeMu.Lock()
+	defer p.storeMu.Unlock()
+	if p.ended { // once the stream ended, what is read is dropped
+		return
 	}
-}
-
-// store appends what was read to the key's record, then hands it to the
-// owner's client; it renews the owner's lease while nothing arrives, and
-// records how the stream ended.
-func (p *streamPump) store() {
-	defer close(p.done)
-	defer p.body.Close()
-	defer func() {
-		// Read and never stored (the stream ended first): dropped.
-		p.mu.Lock()
-		p.release(len(p.pending))
-		p.pending = nil
-		p.mu.Unlock()
-	}()
-	x := p.o.x
-	s := &x.rt.settings
-	renew := time.NewTimer(s.Lease / 3)
-	defer renew.Stop()
-	for {
-		renewing := false
-		select {
-		case <-p.wake:
-		case <-renew.C:
-			renewing = true
-		}
-		p.mu.Lock()
-		chunk, read, readErr := p.pending, p.read, p.readErr
-		p.pending = nil
-		p.cond.Broadcast()
-		p.mu.Unlock()
-		if len(chunk) > 0 || renewing {
-			if !p.append(chunk) {
-				p.release(len(chunk)) // never sent
-				p.end(claim.StreamAborted, errStreamAborted)
-				return
-			}
-			renew.Reset(s.Lease / 3)
-		}
-		if !read {
-			continue
-		}
-		if readErr != io.EOF {
-			x.unknown = "the stream broke off: " + readErr.Error()
+	if n > 0 {
+		p.hold(n)
+		if !p.append(chunk) {
+			p.release(n) // never sent
 			p.end(claim.StreamAborted, errStreamAborted)
 			return
 		}
+	}
+	switch {
+	case err == io.EOF:
 		p.end(claim.StreamEnded, io.EOF)
-		return
+	case err != nil:
+		p.o.x.unknown = "the stream broke off: " + err.Error()
+		p.end(claim.StreamAborted, errStreamAborted)
 	}
 }
 
+// pumped is the pumping goroutine's return (p.mu held): the next may
+// pump, and once the stream ended nobody will.
+func (p *streamPump) pumped() {
+	p.pumping = false
+	p.cond.Broadcast()
+	p.finishLocked()
+}
+
+// background pumps while the owner's client is away from Read (writing,
+// stalled, or gone), and hands back to it once it waits in Read again.
+func (p *streamPump) background() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for !p.outDone && !p.pumping && !p.reading {
+		p.pumping = true
+		p.mu.Unlock()
+		p.pump()
+		p.mu.Lock()
+		p.pumped()
+	}
+}
+
+// renewDue renews the owner's lease when nothing was stored for a third
+// of it; a renewal that fails ends the stream, unblocking the pumping
+// goroutine's read.
+func (p *streamPump) renewDue() {
+	p.storeMu.Lock()
+	defer p.storeMu.Unlock()
+	if p.ended {
+		return
+	}
+	third := p.o.x.rt.settings.Lease / 3
+	if wait := time.Until(p.lastWrite.Add(third)); wait > 0 {
+		p.renew.Reset(wait)
+		return
+	}
+	if !p.append(nil) {
+		p.end(claim.StreamAborted, errStreamAborted)
+		return
+	}
+	p.renew.Reset(third)
+}
+
 // append stores chunk (empty: renews the lease) and hands it to the
-// owner's client; false when it could not be stored. Past
-// max_response_body nothing more is stored and the record says so: the
-// first client's stream goes on.
+// owner's client; false when it could not be stored (p.storeMu held).
+// Past max_response_body nothing more is stored and the record says so:
+// the first client's stream goes on.
 func (p *streamPump) append(chunk []byte) bool {
 	x := p.o.x
 	s := &x.rt.settings
@@ -263,6 +280,7 @@ func (p *streamPump) append(chunk []byte) bool {
 		x.detail = "a chunk could not be stored, so it was never sent: the stream ended abnormally: " + err.Error()
 		return false
 	}
+	p.lastWrite = time.Now()
 	if len(chunk) > 0 {
 		p.stored += int64(len(chunk))
 		x.h.metrics.streamChunks.WithLabelValues(x.rt.name).Inc()
@@ -293,6 +311,9 @@ func (p *streamPump) hand(chunk []byte, from, to int) {
 	case len(chunk) == 0:
 	case p.gone:
 		p.release(len(chunk)) // nobody takes it
+	case p.lagging && from == p.lagFrom && len(p.out) == 0:
+		p.lagging = false // it read back all there was: caught up
+		p.out = append(p.out, chunk...)
 	case from >= 0 && (p.lagging || len(p.out)+len(chunk) > streamPending):
 		if !p.lagging {
 			p.lagging, p.lagFrom = true, from
@@ -308,9 +329,12 @@ func (p *streamPump) hand(chunk []byte, from, to int) {
 // end records how the stream ended (a normal end only once every chunk
 // is stored, fenced on the stored length) and ends the owner's client's
 // stream the same way: a normal end that cannot be recorded is an
-// abnormal one for every reader.
+// abnormal one for every reader (p.storeMu held). Closing the upstream's
+// body unblocks a goroutine still reading it.
 func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 	x := p.o.x
+	p.ended = true
+	p.renew.Stop()
 	if !p.tooBig {
 		at := -1
 		if how == claim.StreamEnded {
@@ -336,40 +360,69 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 		end = "aborted"
 	}
 	x.h.metrics.streamEnds.WithLabelValues(x.rt.name, end).Inc()
+	_ = p.body.Close()
 	p.mu.Lock()
 	p.outDone, p.outErr = true, clientErr
+	p.takeover.Stop()
 	p.cond.Broadcast()
+	p.finishLocked()
 	p.mu.Unlock()
 }
 
+// finishLocked closes done once the stream ended and nobody pumps any
+// more (p.mu held): past it nothing of the pump touches the exchange.
+func (p *streamPump) finishLocked() {
+	if !p.outDone || p.pumping || p.closed {
+		return
+	}
+	p.closed = true
+	p.release(streamReadBuf)
+	close(p.done)
+}
+
 // Read is the owner's client's body: what was stored, as it is; once that
-// client lags, read back from the store.
+// client lags, read back from the store. When nothing waits for it and
+// nobody pumps, it pumps itself.
 func (p *streamPump) Read(b []byte) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for len(p.out) == 0 && !(p.lagging && p.lagFrom < p.storedTo) && !p.outDone {
-		p.cond.Wait()
-	}
-	if len(p.out) == 0 && p.lagging && p.lagFrom < p.storedTo {
-		if err := p.readBack(); err != nil {
-			return 0, err
+	p.takeover.Stop()
+	p.reading = true
+	defer func() { p.reading = false }()
+	for {
+		switch {
+		case len(p.out) > 0:
+			n := copy(b, p.out)
+			p.release(n)
+			p.out = p.out[n:]
+			if len(p.out) == 0 {
+				p.out = nil
+			}
+			p.cond.Broadcast()
+			// The client must take this within client.write_timeout, or it
+			// is cut (the stream goes on, stored, for the retries).
+			_ = p.rc.SetWriteDeadline(time.Now().Add(time.Duration(p.o.x.h.writeTimeout.Load())))
+			if !p.outDone {
+				p.takeover.Reset(streamTakeover)
+			}
+			return n, nil
+		case p.lagging && p.lagFrom < p.storedTo:
+			if err := p.readBack(); err != nil {
+				return 0, err
+			}
+		case p.outDone:
+			_ = p.rc.SetWriteDeadline(time.Time{}) // the connection may serve another request
+			return 0, p.outErr
+		case !p.pumping:
+			p.pumping = true
+			p.mu.Unlock()
+			p.pump()
+			p.mu.Lock()
+			p.pumped()
+		default:
+			p.cond.Wait()
 		}
 	}
-	if len(p.out) > 0 {
-		n := copy(b, p.out)
-		p.release(n)
-		p.out = p.out[n:]
-		if len(p.out) == 0 {
-			p.out = nil
-		}
-		p.cond.Broadcast()
-		// The client must take this within client.write_timeout, or it
-		// is cut (the stream goes on, stored, for the retries).
-		_ = p.rc.SetWriteDeadline(time.Now().Add(time.Duration(p.o.x.h.writeTimeout.Load())))
-		return n, nil
-	}
-	_ = p.rc.SetWriteDeadline(time.Time{}) // the connection may serve another request
-	return 0, p.outErr
 }
 
 // readBack reads, for a lagging owner's client, the stored stream from
@@ -399,12 +452,15 @@ func (p *streamPump) readBack() error {
 }
 
 // Close is the owner's client going away (or done): the stream goes on,
-// stored, for the retries.
+// stored, for the retries, pumped in the background.
 func (p *streamPump) Close() error {
 	p.mu.Lock()
 	p.release(len(p.out))
 	p.gone, p.out = true, nil
 	p.cond.Broadcast()
+	if !p.outDone {
+		p.takeover.Reset(0)
+	}
 	p.mu.Unlock()
 	return nil
 }
