@@ -27,7 +27,7 @@ store:
 routes:
   - name: chat
     match: "POST /stream"
-`
+%s`
 
 // streamBench (go run ./bench stream) measures a streamed answer (server-
 // sent events, one flush per event) through idemproxy against the plain
@@ -40,6 +40,8 @@ func streamBench(args []string) error {
 	gap := fs.Duration("gap", 5*time.Millisecond, "the upstream's pause between events")
 	size := fs.Int("size", 200, "bytes per event")
 	out := fs.String("out", "", "also write the markdown results to this file")
+	rounds := fs.Int("rounds", 5, "turns the targets take, each with its share of -n")
+	profile := fs.String("cpuprofile", "", "also write a CPU profile of idemproxy's measured streams to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -79,7 +81,12 @@ func streamBench(args []string) error {
 	defer rp.stop()
 	port, admin := freePort(), freePort()
 	cfg := filepath.Join(dir, "idemproxy.yaml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, streamConfig, port, admin, "http://"+upAddr, redisAddr), 0o644); err != nil {
+	pprofAddr, pprofCfg := "", ""
+	if *profile != "" {
+		pprofAddr = fmt.Sprintf("127.0.0.1:%d", freePort())
+		pprofCfg = fmt.Sprintf("admin_pprof_listen: %q\n", pprofAddr)
+	}
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, streamConfig, port, admin, "http://"+upAddr, redisAddr, pprofCfg), 0o644); err != nil {
 		return err
 	}
 	idem, err := startIdemproxy(bin, cfg, port, admin, nil)
@@ -91,70 +98,101 @@ func streamBench(args []string) error {
 	type row struct {
 		name                   string
 		first, last            []time.Duration
-		cpu                    float64 // of the proxy, per event
+		cpu                    float64 // of the proxy, seconds, summed over the rounds
+		events                 int
 		attachFirst, attachEnd []time.Duration
+		keys                   []string
 	}
-	measure := func(name string, p *proc, addr string, attach bool) (row, error) {
-		r := row{name: name}
+	// measure runs count streams through r's target, adding to r.
+	measure := func(r *row, p *proc, addr string, count int) error {
 		cpu0 := 0.0
 		if p != nil {
-			cpu0 = p.cpuSeconds()
+			cpu0 = p.cpuPrecise()
 		}
-		keys := make([]string, *n)
-		for i := range *n {
-			keys[i] = fmt.Sprintf("%s-%d-%d", strings.Fields(name)[0], time.Now().UnixNano(), i)
-			first, last, err := oneStream("http://"+addr+"/stream", keys[i])
+		for range count {
+			key := fmt.Sprintf("%s-%d", strings.Fields(r.name)[0], time.Now().UnixNano())
+			first, last, err := oneStream("http://"+addr+"/stream", key)
 			if err != nil {
-				return r, fmt.Errorf("%s: %w", name, err)
+				return fmt.Errorf("%s: %w", r.name, err)
 			}
-			r.first, r.last = append(r.first, first), append(r.last, last)
+			r.first, r.last, r.keys = append(r.first, first), append(r.last, last), append(r.keys, key)
 		}
 		if p != nil {
-			r.cpu = (p.cpuSeconds() - cpu0) / float64(*n**events)
+			r.cpu += p.cpuPrecise() - cpu0
 		}
-		for _, key := range keys {
-			if !attach {
-				break
-			}
-			f, l, err := oneStream("http://"+addr+"/stream", key) // after the end: a replay
-			if err != nil {
-				return r, err
-			}
-			r.attachFirst, r.attachEnd = append(r.attachFirst, f), append(r.attachEnd, l)
-		}
-		return r, nil
+		r.events += count * *events
+		return nil
 	}
-	var rows []row
-	for _, t := range []struct {
-		name   string
-		p      *proc
-		addr   string
-		attach bool
+	targets := []struct {
+		name string
+		p    *proc
+		addr string
 	}{
-		{"upstream direct", nil, upAddr, false},
-		{"ReverseProxy", rp, rpAddr, false},
-		{"idemproxy (stream: auto, record_format 4)", idem, idem.addr, true},
-	} {
-		if _, err := measure(t.name, t.p, t.addr, false); err != nil { // warm-up
+		{"upstream direct", nil, upAddr},
+		{"ReverseProxy", rp, rpAddr},
+		{"idemproxy (stream: auto, record_format 4)", idem, idem.addr},
+	}
+	for _, t := range targets { // warm-up
+		if err := measure(&row{name: t.name}, t.p, t.addr, max(*n/10, 5)); err != nil {
 			return err
 		}
-		r, err := measure(t.name, t.p, t.addr, t.attach)
+	}
+	var profiled chan error
+	if pprofAddr != "" {
+		perStream := time.Duration(*events)**gap + 3*time.Millisecond
+		seconds := int((time.Duration(len(targets)**n) * perStream).Seconds()) + 1
+		profiled = make(chan error, 1)
+		go func() { profiled <- fetchProfile(pprofAddr, seconds, *profile) }()
+	}
+	// The targets take turns, *rounds times, so that the machine's drift
+	// (other tenants, frequency) falls on each alike; each round's ratio
+	// of CPU per event is reported too.
+	rows := make([]row, len(targets))
+	var ratios []float64
+	for i := range rows {
+		rows[i].name = targets[i].name
+	}
+	for round := range *rounds {
+		count := *n / *rounds
+		if round < *n%*rounds {
+			count++
+		}
+		var cpu [3]float64
+		for i, t := range targets {
+			before := rows[i].cpu
+			if err := measure(&rows[i], t.p, t.addr, count); err != nil {
+				return err
+			}
+			cpu[i] = rows[i].cpu - before
+		}
+		if cpu[1] > 0 {
+			ratios = append(ratios, cpu[2]/cpu[1])
+		}
+	}
+	if profiled != nil {
+		if err := <-profiled; err != nil {
+			return err
+		}
+	}
+	idemRow := &rows[2]
+	for _, key := range idemRow.keys { // after the end: replays
+		f, l, err := oneStream("http://"+idem.addr+"/stream", key)
 		if err != nil {
 			return err
 		}
-		rows = append(rows, r)
+		idemRow.attachFirst, idemRow.attachEnd = append(idemRow.attachFirst, f), append(idemRow.attachEnd, l)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "Streams of %d events of %d bytes, %s apart (one flush each), %d per target, one client at a time; Redis round trip p50 %s. %s\n\n",
-		*events, *size, *gap, *n, rttP50.Round(time.Microsecond), machine())
+	fmt.Fprintf(&b, "Streams of %d events of %d bytes, %s apart (one flush each), %d per target in %d rounds, one client at a time; Redis round trip p50 %s. %s\n\n",
+		*events, *size, *gap, *n, *rounds, rttP50.Round(time.Microsecond), machine())
 	b.WriteString("| target | first event p50 | p90 | last byte p50 | p90 | proxy CPU per event (the stream's connection and claim included) |\n|---|---|---|---|---|---|\n")
 	base := rows[1]
 	for _, r := range rows {
 		cpu := "—"
 		if r.cpu > 0 {
-			cpu = fmt.Sprintf("%.1f µs", r.cpu*1e6)
+			cpu = fmt.Sprintf("%.1f µs", r.cpu/float64(r.events)*1e6)
 			if r.name != base.name && base.cpu > 0 {
-				cpu += fmt.Sprintf(" (%.2f× ReverseProxy)", r.cpu/base.cpu)
+				cpu += fmt.Sprintf(" (%.2f× ReverseProxy)", r.cpu/float64(r.events)/(base.cpu/float64(base.events)))
 			}
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", r.name, pct(r.first, 50), pct(r.first, 90), pct(r.last, 50), pct(r.last, 90), cpu)
@@ -164,6 +202,11 @@ func streamBench(args []string) error {
 	}
 	fmt.Fprintf(&b, "\nAdded by idemproxy over ReverseProxy: first event %s (p50), last byte %s (p50).\n",
 		(med(rows[2].first) - med(base.first)).Round(time.Microsecond), (med(rows[2].last) - med(base.last)).Round(time.Microsecond))
+	if len(ratios) > 0 {
+		slices.Sort(ratios)
+		fmt.Fprintf(&b, "CPU per event, idemproxy over ReverseProxy, by round (%d rounds, the targets taking turns): median %.2f×, from %.2f× to %.2f×.\n",
+			len(ratios), ratios[len(ratios)/2], ratios[0], ratios[len(ratios)-1])
+	}
 	fmt.Print(b.String())
 	if *out != "" {
 		return os.WriteFile(*out, []byte(b.String()), 0o644)
@@ -214,4 +257,21 @@ func pct(d []time.Duration, p int) string {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[min(len(s)-1, len(s)*p/100)].Round(10 * time.Microsecond).String()
+}
+
+// fetchProfile writes a CPU profile of seconds from pprof at addr to path.
+func fetchProfile(addr string, seconds int, path string) error {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, seconds))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("cpu profile: status %d", resp.StatusCode)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
 }
