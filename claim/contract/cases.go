@@ -292,24 +292,8 @@ func testWatch(t *testing.T, s claim.Backend) {
 	key := s.Codec().Key("alice", "route", "watched")
 	w := s.Watch(ctx, key)
 	defer w.Stop()
-	woken := func(what string) {
-		t.Helper()
-		select {
-		case <-w.C():
-		case <-time.After(10 * time.Second):
-			t.Fatalf("watch not woken: %s", what)
-		}
-	}
-	quiet := func(what string) {
-		t.Helper()
-		select {
-		case <-w.C():
-			t.Fatalf("watch woken by %s", what)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	woken("the channel went live")
-	quiet("nothing")
+	watchWoken(t, w, "the channel went live")
+	watchQuiet(t, w, "nothing")
 
 	rec := NewRecord(t)
 	if _, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
@@ -318,11 +302,11 @@ func testWatch(t *testing.T, s claim.Backend) {
 	if err := s.Renew(ctx, key, rec, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	quiet("a claim and a renewal")
+	watchQuiet(t, w, "a claim and a renewal")
 	if err := s.Release(ctx, key, rec.Token); err != nil {
 		t.Fatal(err)
 	}
-	woken("release")
+	watchWoken(t, w, "release")
 
 	rec = NewRecord(t)
 	if _, err := s.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
@@ -331,12 +315,18 @@ func testWatch(t *testing.T, s claim.Backend) {
 	if _, err := s.Complete(ctx, key, Completed(rec, "done"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	woken("complete")
+	watchWoken(t, w, "complete")
 	if err := s.Forget(ctx, key, claim.Completed); err != nil {
 		t.Fatal(err)
 	}
-	woken("forget")
+	watchWoken(t, w, "forget")
+	testWatchOrphanAndStop(t, s, w, key)
+}
 
+// testWatchOrphanAndStop: settling an orphan wakes the watch on key;
+// nothing does once it stopped.
+func testWatchOrphanAndStop(t *testing.T, s claim.Backend, w claim.Watch, key string) {
+	ctx := context.Background()
 	orphan := NewRecord(t)
 	orphan.Tail = 10 * time.Second
 	if _, err := s.Claim(ctx, key, orphan, time.Millisecond, claim.Quota{}); err != nil {
@@ -350,7 +340,7 @@ func testWatch(t *testing.T, s claim.Backend) {
 	if err := s.SettleOrphan(ctx, key, orphan, Completed(settler, "outcome unknown"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	woken("settling an orphan")
+	watchWoken(t, w, "settling an orphan")
 
 	w.Stop()
 	other := s.Codec().Key("alice", "route", "other")
@@ -360,7 +350,27 @@ func testWatch(t *testing.T, s claim.Backend) {
 	if err := s.Forget(ctx, key, claim.Completed); err != nil {
 		t.Fatal(err)
 	}
-	quiet("an operation after Stop")
+	watchQuiet(t, w, "an operation after Stop")
+}
+
+// watchWoken fails t unless w is woken within 10 s, by what.
+func watchWoken(t *testing.T, w claim.Watch, what string) {
+	t.Helper()
+	select {
+	case <-w.C():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("watch not woken: %s", what)
+	}
+}
+
+// watchQuiet fails t when w is woken within 100 ms, by what.
+func watchQuiet(t *testing.T, w claim.Watch, what string) {
+	t.Helper()
+	select {
+	case <-w.C():
+		t.Fatalf("watch woken by %s", what)
+	case <-time.After(100 * time.Millisecond):
+	}
 }
 
 // An in-progress record with a tail stays after its lease, and reports its
@@ -521,7 +531,7 @@ func testUnforwardedClaims(t *testing.T, s claim.Backend) {
 	ctx := context.Background()
 	s.Health(ctx) // what the store watcher does every second: it measures the clocks, and claims are marked from now
 	lease := 10 * time.Second
-	keyFresh, keyGhost, keyRenewed, keyLost := s.Codec().Key("p", "s", "fresh"), s.Codec().Key("p", "s", "ghost"), s.Codec().Key("p", "s", "renewed"), s.Codec().Key("p", "s", "lost")
+	keyFresh, keyGhost, keyRenewed := s.Codec().Key("p", "s", "fresh"), s.Codec().Key("p", "s", "ghost"), s.Codec().Key("p", "s", "renewed")
 	other := NewRecord(t)
 	other.Created = time.Now()
 
@@ -575,8 +585,14 @@ func testUnforwardedClaims(t *testing.T, s claim.Backend) {
 		t.Fatalf("a renewed claim was reported %+v", res)
 	}
 
-	// A claim whose reply never came: ReleaseUnconfirmed frees it, and
-	// says when there was nothing of ours.
+	testReleaseUnconfirmed(t, s, lease)
+}
+
+// testReleaseUnconfirmed: a claim whose reply never came is freed by
+// ReleaseUnconfirmed, which says when there was nothing of ours.
+func testReleaseUnconfirmed(t *testing.T, s claim.Backend, lease time.Duration) {
+	ctx := context.Background()
+	keyLost := s.Codec().Key("p", "s", "lost")
 	lost := NewRecord(t)
 	lost.Created = time.Now()
 	if _, err := s.Claim(ctx, keyLost, lost, lease, claim.Quota{}); err != nil {
@@ -643,10 +659,16 @@ func testTakeOverFenced(t *testing.T, s claim.Backend) {
 	if got, _, _ := s.Get(ctx, key); got != nil {
 		t.Fatalf("after the free: %+v, want the key gone", got)
 	}
+	testTakeOverCompleted(t, s)
+}
 
-	// A completed record: since is the one given, or Redis' now without one
-	// (or with one in the future).
-	key = s.Codec().Key("alice", "route", "k2")
+// testTakeOverCompleted: taking over a completed record, since is the
+// one given, or the store's now without one (or with one in the future).
+func testTakeOverCompleted(t *testing.T, s claim.Backend) {
+	ctx := context.Background()
+	taker := NewRecord(t)
+	taker.Tail = time.Hour
+	key := s.Codec().Key("alice", "route", "k2")
 	first := NewRecord(t)
 	if _, err := s.Claim(ctx, key, first, time.Minute, claim.Quota{}); err != nil {
 		t.Fatal(err)
@@ -729,25 +751,36 @@ func testStreamedRecords(t *testing.T, s claim.Backend) {
 	if err != nil || string(part.Data) != "1\n\n" || part.Len != n || part.End != claim.StreamRunning {
 		t.Fatalf("StreamRead = %+v, %v", part, err)
 	}
-	if err := s.Release(ctx, key, head.Token); !errors.Is(err, claim.ErrLeaseLost) {
+	testStreamEnds(t, s, key, head.Token, n)
+	testStreamOwnerLapses(t, s)
+}
+
+// testStreamEnds: a running stream of length n is never released; its
+// normal end is fenced on its length, and nothing is appended after it.
+func testStreamEnds(t *testing.T, s claim.Backend, key string, token claim.Token, n int) {
+	ctx := context.Background()
+	if err := s.Release(ctx, key, token); !errors.Is(err, claim.ErrLeaseLost) {
 		t.Fatalf("releasing a stream = %v, want ErrLeaseLost (never freed)", err)
 	}
-	if err := s.StreamFinish(ctx, key, head.Token, claim.StreamEnded, n+1); err == nil {
+	if err := s.StreamFinish(ctx, key, token, claim.StreamEnded, n+1); err == nil {
 		t.Fatal("a normal end at the wrong length was recorded")
 	}
-	if err := s.StreamFinish(ctx, key, head.Token, claim.StreamEnded, n); err != nil {
+	if err := s.StreamFinish(ctx, key, token, claim.StreamEnded, n); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.StreamAppend(ctx, key, head.Token, n, []byte("late"), time.Minute); !errors.Is(err, claim.ErrStreamOver) {
+	if _, err := s.StreamAppend(ctx, key, token, n, []byte("late"), time.Minute); !errors.Is(err, claim.ErrStreamOver) {
 		t.Fatalf("an append after the end = %v, want ErrStreamOver", err)
 	}
 	rec, ttl, err := s.Get(ctx, key)
 	if err != nil || rec.StreamEnd != claim.StreamEnded || rec.Completed.IsZero() || ttl < 50*time.Minute {
 		t.Fatalf("after the end: %+v ttl %s, %v", rec, ttl, err)
 	}
+}
 
-	// The owner's lease runs out: readers take the stream for aborted,
-	// and the owner's next append does not land.
+// testStreamOwnerLapses: the owner's lease runs out, readers take the
+// stream for aborted, and the owner's next append does not land.
+func testStreamOwnerLapses(t *testing.T, s claim.Backend) {
+	ctx := context.Background()
 	key2 := s.Codec().Key("alice", "chat", "k2")
 	o2 := NewRecord(t)
 	if _, err := s.Claim(ctx, key2, o2, time.Minute, claim.Quota{}); err != nil {

@@ -348,13 +348,20 @@ func testCompactRecords(t *testing.T, d Deployment, _ claim.Backend) {
 		t.Error("the forgotten compact record is still there")
 	}
 
+	testSealedCompactRecords(t, d, prefix)
+}
+
+// testSealedCompactRecords: under sealing, record_format 3 keeps the
+// fixed layout.
+func testSealedCompactRecords(t *testing.T, d Deployment, prefix string) {
+	ctx := context.Background()
 	sealing, err := claim.WithSealing([][]byte{newKey(t)}, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sealedCompact := d.Open(t, prefix+"sealed:", sealing, claim.WithCompactRecords())
-	key = sealedCompact.Codec().Key("alice", "route", "k2")
-	rec = NewRecord(t)
+	key := sealedCompact.Codec().Key("alice", "route", "k2")
+	rec := NewRecord(t)
 	if _, err := sealedCompact.Claim(ctx, key, rec, 10*time.Second, claim.Quota{}); err != nil {
 		t.Fatal(err)
 	}
@@ -564,8 +571,14 @@ func testTakeOverFencedOnExpiry(t *testing.T, d Deployment, s claim.Backend) {
 		t.Fatalf("freeing with the clocks together: %v", err)
 	}
 
-	// A running stream, whatever headers its head carries.
-	key = s.Codec().Key("alice", "route", "streamed")
+	testTakeOverSpareStreams(t, s)
+}
+
+// testTakeOverSpareStreams: a running stream is never taken over nor
+// settled as an orphan, whatever headers its head carries.
+func testTakeOverSpareStreams(t *testing.T, s claim.Backend) {
+	ctx := context.Background()
+	key := s.Codec().Key("alice", "route", "streamed")
 	streamer := NewRecord(t)
 	if res, err := s.Claim(ctx, key, streamer, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
 		t.Fatalf("claim = %+v, %v", res, err)
@@ -590,25 +603,39 @@ func testTakeOverFencedOnExpiry(t *testing.T, d Deployment, s claim.Backend) {
 // value moved to another key, a frame edited, dropped or moved, or an end
 // byte set by hand over a stream that broke off does not open.
 func testSealedStreams(t *testing.T, d Deployment, _ claim.Backend) {
-	ctx := context.Background()
 	s := sealed(t, d, "sealstream:"+t.Name()+":", false, newKey(t))
-	start := func(k string) (string, claim.Record, int) {
-		t.Helper()
-		key := s.Codec().Key("alice", "chat", k)
-		owner := NewRecord(t)
-		if res, err := s.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
-			t.Fatalf("claim = %+v, %v", res, err)
-		}
-		head := *owner
-		head.State, head.Status = claim.Streamed, 200
-		head.Header = http.Header{"Content-Type": {"text/event-stream"}, "X-Secret-Header": {"hdr-4242"}}
-		at, err := s.StreamStart(ctx, key, &head, time.Hour, time.Minute)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return key, head, at
+	key, at, n1 := testSealedStreamWhole(t, d, s)
+	testSealedStreamTampered(t, d, s, key, at, n1)
+	testSealedStreamTruncated(t, d, s)
+	testSealedStreamWithoutKeys(t, d, key, at)
+}
+
+// startSealedStream claims k on s and starts its stream, whose head
+// carries a header to find in clear text: its key, head and length.
+func startSealedStream(t *testing.T, s claim.Backend, k string) (string, claim.Record, int) {
+	t.Helper()
+	ctx := context.Background()
+	key := s.Codec().Key("alice", "chat", k)
+	owner := NewRecord(t)
+	if res, err := s.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim = %+v, %v", res, err)
 	}
-	key, head, at := start("k1")
+	head := *owner
+	head.State, head.Status = claim.Streamed, 200
+	head.Header = http.Header{"Content-Type": {"text/event-stream"}, "X-Secret-Header": {"hdr-4242"}}
+	at, err := s.StreamStart(ctx, key, &head, time.Hour, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, head, at
+}
+
+// testSealedStreamWhole: a sealed stream's chunks are appended (resent:
+// a no-op), read in frames whatever the bound, hold nothing in clear
+// text, and end. Its key, where its chunks begin and where the first ends.
+func testSealedStreamWhole(t *testing.T, d Deployment, s claim.Backend) (key string, at, n1 int) {
+	ctx := context.Background()
+	key, head, at := startSealedStream(t, s, "k1")
 	big := "data: " + strings.Repeat("x", 3000) + "\n\n"
 	n1, err := s.StreamAppend(ctx, key, head.Token, at, []byte("data: secret-1\n\n"), time.Minute)
 	if err != nil {
@@ -657,7 +684,15 @@ func testSealedStreams(t *testing.T, d Deployment, _ claim.Backend) {
 	if part, err := s.StreamRead(ctx, key, n2, 1<<20); err != nil || len(part.Data) != 0 || part.End != claim.StreamEnded || part.Next != part.Len {
 		t.Fatalf("StreamRead of the end = %+v, %v", part, err)
 	}
-	raw, _ = d.Raw(ctx, key)
+	return key, at, n1
+}
+
+// testSealedStreamTampered: the ended sealed stream at key, a byte
+// flipped, its first chunk (at to n1) dropped, or moved to another key,
+// is corrupt; put back, it reads.
+func testSealedStreamTampered(t *testing.T, d Deployment, s claim.Backend, key string, at, n1 int) {
+	ctx := context.Background()
+	raw, _ := d.Raw(ctx, key)
 	tampered := func(what string, v []byte) {
 		t.Helper()
 		d.Plant(ctx, key, v, time.Hour)
@@ -682,10 +717,14 @@ func testSealedStreams(t *testing.T, d Deployment, _ claim.Backend) {
 	if _, _, err := s.Get(ctx, key); err != nil {
 		t.Fatalf("the value put back: %v", err)
 	}
+}
 
-	// A stream that broke off after one chunk, its end byte set by hand
-	// to "ended": a truncated stream must not pass for a whole one.
-	key2, head2, at2 := start("k2")
+// testSealedStreamTruncated: a stream that broke off after one chunk,
+// its end byte set by hand to "ended": a truncated stream must not pass
+// for a whole one.
+func testSealedStreamTruncated(t *testing.T, d Deployment, s claim.Backend) {
+	ctx := context.Background()
+	key2, head2, at2 := startSealedStream(t, s, "k2")
 	m, err := s.StreamAppend(ctx, key2, head2.Token, at2, []byte("data: part\n\n"), time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -705,9 +744,13 @@ func testSealedStreams(t *testing.T, d Deployment, _ claim.Backend) {
 	if _, err := s.StreamRead(ctx, key2, m, 1<<20); !errors.Is(err, claim.ErrCorrupt) {
 		t.Errorf("an aborted stream marked ended by hand: StreamRead at its end = %v, want ErrCorrupt", err)
 	}
+}
 
-	// Without the keys a sealed stream is unreadable; a store that
-	// requires sealing refuses a plain one.
+// testSealedStreamWithoutKeys: without the keys a sealed stream (key,
+// from at) is unreadable; a store that requires sealing refuses a plain
+// one.
+func testSealedStreamWithoutKeys(t *testing.T, d Deployment, key string, at int) {
+	ctx := context.Background()
 	plain := d.Open(t, "sealstream:"+t.Name()+":")
 	if _, err := plain.StreamRead(ctx, key, at, 100); !errors.Is(err, claim.ErrCorrupt) {
 		t.Errorf("a sealed stream read without keys = %v, want ErrCorrupt", err)
