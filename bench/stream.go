@@ -29,139 +29,205 @@ routes:
     match: "POST /stream"
 %s`
 
+// streamOptions are bench stream's flags.
+type streamOptions struct {
+	n, events, size, rounds int
+	gap                     time.Duration
+	out, profile            string
+}
+
 // streamBench (go run ./bench stream) measures a streamed answer (server-
 // sent events, one flush per event) through idemproxy against the plain
 // ReverseProxy and the upstream itself, one client at a time: time to the
 // first event and to the end, and CPU per event of the proxy.
 func streamBench(args []string) error {
 	fs := flag.NewFlagSet("stream", flag.ContinueOnError)
-	n := fs.Int("n", 200, "streams per target, one at a time")
-	events := fs.Int("events", 20, "events per stream")
-	gap := fs.Duration("gap", 5*time.Millisecond, "the upstream's pause between events")
-	size := fs.Int("size", 200, "bytes per event")
-	out := fs.String("out", "", "also write the markdown results to this file")
-	rounds := fs.Int("rounds", 5, "turns the targets take, each with its share of -n")
-	profile := fs.String("cpuprofile", "", "also write a CPU profile of idemproxy's measured streams to this file")
+	var o streamOptions
+	fs.IntVar(&o.n, "n", 200, "streams per target, one at a time")
+	fs.IntVar(&o.events, "events", 20, "events per stream")
+	fs.DurationVar(&o.gap, "gap", 5*time.Millisecond, "the upstream's pause between events")
+	fs.IntVar(&o.size, "size", 200, "bytes per event")
+	fs.StringVar(&o.out, "out", "", "also write the markdown results to this file")
+	fs.IntVar(&o.rounds, "rounds", 5, "turns the targets take, each with its share of -n")
+	fs.StringVar(&o.profile, "cpuprofile", "", "also write a CPU profile of idemproxy's measured streams to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	o.rounds = max(o.rounds, 1)
 	dir, err := os.MkdirTemp("", "idemproxy-bench-stream-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	self, err := os.Executable()
+	rig, err := startStreamRig(dir, o)
+	defer rig.stop()
 	if err != nil {
 		return err
+	}
+	rows, ratios, err := rig.rounds(o)
+	if err != nil {
+		return err
+	}
+	idemRow := &rows[2]
+	for _, key := range idemRow.keys { // after the end: replays
+		f, l, err := oneStream("http://"+rig.targets[2].addr+"/stream", key)
+		if err != nil {
+			return err
+		}
+		idemRow.attachFirst, idemRow.attachEnd = append(idemRow.attachFirst, f), append(idemRow.attachEnd, l)
+	}
+	report := streamReport(o, rig.rtt, rows, ratios)
+	fmt.Print(report)
+	if o.out != "" {
+		return os.WriteFile(o.out, []byte(report), 0o644)
+	}
+	return nil
+}
+
+// streamTarget is one of the targets: its process (nil: the upstream
+// itself, whose CPU is not measured) and address.
+type streamTarget struct {
+	name string
+	p    *proc
+	addr string
+}
+
+// streamRig is Redis, the streaming upstream, ReverseProxy and idemproxy,
+// started for bench stream.
+type streamRig struct {
+	procs     []*proc
+	targets   []streamTarget
+	rtt       time.Duration // Redis' round trip, p50
+	pprofAddr string
+}
+
+func (r *streamRig) stop() {
+	for _, p := range slices.Backward(r.procs) {
+		p.stop()
+	}
+}
+
+// startStreamRig starts the rig in dir; the caller stops it, also on
+// an error.
+func startStreamRig(dir string, o streamOptions) (*streamRig, error) {
+	r := &streamRig{}
+	start := func(name, addr, bin string, args ...string) (*proc, error) {
+		p, err := startProc(name, addr, bin, args...)
+		if err == nil {
+			r.procs = append(r.procs, p)
+		}
+		return p, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return r, err
 	}
 	bin, err := buildIdemproxy(dir)
 	if err != nil {
-		return err
+		return r, err
 	}
 	redisPort := freePort()
 	redisAddr := fmt.Sprintf("127.0.0.1:%d", redisPort)
-	redisProc, err := startProc("redis", redisAddr, "redis-server", "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
-	if err != nil {
-		return err
+	if _, err := start("redis", redisAddr, "redis-server", "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir); err != nil {
+		return r, err
 	}
-	defer redisProc.stop()
-	rttP50, _ := redisRTT(redisAddr)
+	r.rtt, _ = redisRTT(redisAddr)
 	upAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
-	up, err := startProc("upstream", upAddr, self, "upstream", "-listen", upAddr,
-		"-stream-events", strconv.Itoa(*events), "-stream-gap", gap.String(), "-stream-size", strconv.Itoa(*size))
-	if err != nil {
-		return err
+	if _, err := start("upstream", upAddr, self, "upstream", "-listen", upAddr,
+		"-stream-events", strconv.Itoa(o.events), "-stream-gap", o.gap.String(), "-stream-size", strconv.Itoa(o.size)); err != nil {
+		return r, err
 	}
-	defer up.stop()
 	rpAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
-	rp, err := startProc("reverseproxy", rpAddr, self, "reverseproxy", "-listen", rpAddr, "-upstream", "http://"+upAddr)
+	rp, err := start("reverseproxy", rpAddr, self, "reverseproxy", "-listen", rpAddr, "-upstream", "http://"+upAddr)
 	if err != nil {
-		return err
+		return r, err
 	}
-	defer rp.stop()
 	port, admin := freePort(), freePort()
 	cfg := filepath.Join(dir, "idemproxy.yaml")
-	pprofAddr, pprofCfg := "", ""
-	if *profile != "" {
-		pprofAddr = fmt.Sprintf("127.0.0.1:%d", freePort())
-		pprofCfg = fmt.Sprintf("admin_pprof_listen: %q\n", pprofAddr)
+	pprofCfg := ""
+	if o.profile != "" {
+		r.pprofAddr = fmt.Sprintf("127.0.0.1:%d", freePort())
+		pprofCfg = fmt.Sprintf("admin_pprof_listen: %q\n", r.pprofAddr)
 	}
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, streamConfig, port, admin, "http://"+upAddr, redisAddr, pprofCfg), 0o644); err != nil {
-		return err
+		return r, err
 	}
 	idem, err := startIdemproxy(bin, cfg, port, admin, nil)
 	if err != nil {
-		return err
+		return r, err
 	}
-	defer idem.stop()
-
-	type row struct {
-		name                   string
-		first, last            []time.Duration
-		cpu                    float64 // of the proxy, seconds, summed over the rounds
-		events                 int
-		attachFirst, attachEnd []time.Duration
-		keys                   []string
-	}
-	// measure runs count streams through r's target, adding to r.
-	measure := func(r *row, p *proc, addr string, count int) error {
-		cpu0 := 0.0
-		if p != nil {
-			cpu0 = p.cpuPrecise()
-		}
-		for range count {
-			key := fmt.Sprintf("%s-%d", strings.Fields(r.name)[0], time.Now().UnixNano())
-			first, last, err := oneStream("http://"+addr+"/stream", key)
-			if err != nil {
-				return fmt.Errorf("%s: %w", r.name, err)
-			}
-			r.first, r.last, r.keys = append(r.first, first), append(r.last, last), append(r.keys, key)
-		}
-		if p != nil {
-			r.cpu += p.cpuPrecise() - cpu0
-		}
-		r.events += count * *events
-		return nil
-	}
-	targets := []struct {
-		name string
-		p    *proc
-		addr string
-	}{
+	r.procs = append(r.procs, idem)
+	r.targets = []streamTarget{
 		{"upstream direct", nil, upAddr},
 		{"ReverseProxy", rp, rpAddr},
 		{"idemproxy (stream: auto, record_format 4)", idem, idem.addr},
 	}
-	for _, t := range targets { // warm-up
-		if err := measure(&row{name: t.name}, t.p, t.addr, max(*n/10, 5)); err != nil {
-			return err
+	return r, nil
+}
+
+// streamRow is what one target measured, over the rounds.
+type streamRow struct {
+	name                   string
+	first, last            []time.Duration
+	cpu                    float64 // of the proxy, seconds, summed over the rounds
+	events                 int
+	attachFirst, attachEnd []time.Duration
+	keys                   []string
+}
+
+// measure runs count streams of events through t, adding to r.
+func (r *streamRow) measure(t streamTarget, count, events int) error {
+	cpu0 := 0.0
+	if t.p != nil {
+		cpu0 = t.p.cpuPrecise()
+	}
+	for range count {
+		key := fmt.Sprintf("%s-%d", strings.Fields(t.name)[0], time.Now().UnixNano())
+		first, last, err := oneStream("http://"+t.addr+"/stream", key)
+		if err != nil {
+			return fmt.Errorf("%s: %w", t.name, err)
+		}
+		r.first, r.last, r.keys = append(r.first, first), append(r.last, last), append(r.keys, key)
+	}
+	if t.p != nil {
+		r.cpu += t.p.cpuPrecise() - cpu0
+	}
+	r.events += count * events
+	return nil
+}
+
+// rounds warms each target up, then has them take turns, o.rounds times,
+// so that the machine's drift (other tenants, frequency) falls on each
+// alike: a row per target, and each round's ratio of idemproxy's CPU per
+// event to ReverseProxy's.
+func (r *streamRig) rounds(o streamOptions) ([]streamRow, []float64, error) {
+	for _, t := range r.targets {
+		if err := (&streamRow{}).measure(t, max(o.n/10, 5), o.events); err != nil {
+			return nil, nil, err
 		}
 	}
 	var profiled chan error
-	if pprofAddr != "" {
-		perStream := time.Duration(*events)**gap + 3*time.Millisecond
-		seconds := int((time.Duration(len(targets)**n) * perStream).Seconds()) + 1
+	if r.pprofAddr != "" {
+		perStream := time.Duration(o.events)*o.gap + 3*time.Millisecond
+		seconds := int((time.Duration(len(r.targets)*o.n) * perStream).Seconds()) + 1
 		profiled = make(chan error, 1)
-		go func() { profiled <- fetchProfile(pprofAddr, seconds, *profile) }()
+		go func() { profiled <- fetchProfile(r.pprofAddr, seconds, o.profile) }()
 	}
-	// The targets take turns, *rounds times, so that the machine's drift
-	// (other tenants, frequency) falls on each alike; each round's ratio
-	// of CPU per event is reported too.
-	rows := make([]row, len(targets))
-	var ratios []float64
+	rows := make([]streamRow, len(r.targets))
 	for i := range rows {
-		rows[i].name = targets[i].name
+		rows[i].name = r.targets[i].name
 	}
-	for round := range *rounds {
-		count := *n / *rounds
-		if round < *n%*rounds {
+	var ratios []float64
+	for round := range o.rounds {
+		count := o.n / o.rounds
+		if round < o.n%o.rounds {
 			count++
 		}
 		var cpu [3]float64
-		for i, t := range targets {
+		for i, t := range r.targets {
 			before := rows[i].cpu
-			if err := measure(&rows[i], t.p, t.addr, count); err != nil {
-				return err
+			if err := rows[i].measure(t, count, o.events); err != nil {
+				return nil, nil, err
 			}
 			cpu[i] = rows[i].cpu - before
 		}
@@ -171,20 +237,17 @@ func streamBench(args []string) error {
 	}
 	if profiled != nil {
 		if err := <-profiled; err != nil {
-			return err
+			return nil, nil, err
 		}
 	}
-	idemRow := &rows[2]
-	for _, key := range idemRow.keys { // after the end: replays
-		f, l, err := oneStream("http://"+idem.addr+"/stream", key)
-		if err != nil {
-			return err
-		}
-		idemRow.attachFirst, idemRow.attachEnd = append(idemRow.attachFirst, f), append(idemRow.attachEnd, l)
-	}
+	return rows, ratios, nil
+}
+
+// streamReport is bench stream's markdown.
+func streamReport(o streamOptions, rtt time.Duration, rows []streamRow, ratios []float64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Streams of %d events of %d bytes, %s apart (one flush each), %d per target in %d rounds, one client at a time; Redis round trip p50 %s. %s\n\n",
-		*events, *size, *gap, *n, *rounds, rttP50.Round(time.Microsecond), machine())
+		o.events, o.size, o.gap, o.n, o.rounds, rtt.Round(time.Microsecond), machine())
 	b.WriteString("| target | first event p50 | p90 | last byte p50 | p90 | proxy CPU per event (the stream's connection and claim included) |\n|---|---|---|---|---|---|\n")
 	base := rows[1]
 	for _, r := range rows {
@@ -207,11 +270,7 @@ func streamBench(args []string) error {
 		fmt.Fprintf(&b, "CPU per event, idemproxy over ReverseProxy, by round (%d rounds, the targets taking turns): median %.2f×, from %.2f× to %.2f×.\n",
 			len(ratios), ratios[len(ratios)/2], ratios[0], ratios[len(ratios)-1])
 	}
-	fmt.Print(b.String())
-	if *out != "" {
-		return os.WriteFile(*out, []byte(b.String()), 0o644)
-	}
-	return nil
+	return b.String()
 }
 
 // streamClient opens a connection per stream, as an EventSource does: a
