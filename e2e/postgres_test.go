@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"os"
@@ -8,8 +9,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
@@ -197,5 +201,69 @@ func TestStoreCopyFromRedis(t *testing.T) {
 		if n := up.Executions(key); n != 1 {
 			t.Errorf("%s executed %d times, want 1", key, n)
 		}
+	}
+}
+
+// TestPostgresMaxConnsThroughTheBinary: store.postgres.max_conns bounds
+// the connections a running sidecar opens to PostgreSQL, the pool's and
+// the one it listens for wake-ups on, under a burst of first attempts
+// that would take more. The same burst with a larger bound opens more,
+// so the bound is what held them.
+func TestPostgresMaxConnsThroughTheBinary(t *testing.T) {
+	pg := pgtest.Start(t)
+	up := binarytest.NewRecorder(t)
+	up.Delay = 200 * time.Millisecond
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	backends := func() int {
+		var n int
+		if err := conn.QueryRow(ctx, `select count(*) from pg_stat_activity
+			where backend_type = 'client backend' and pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	peak := func(maxConns int) int {
+		sc := startBinary(t, pgConfig(up.URL, pg.URL, fmt.Sprintf("    max_conns: %d\n", maxConns)))
+		defer func() {
+			sc.Kill()
+			poll.Until(t, "the killed sidecar's connections closed", func() bool { return backends() == 0 })
+		}()
+		var most atomic.Int64
+		stop := make(chan struct{})
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			for {
+				most.Store(max(most.Load(), int64(backends())))
+				select {
+				case <-stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+		}()
+		var wg sync.WaitGroup
+		for i := range 24 {
+			wg.Go(func() {
+				if st, body := post(t, sc.Client+"/payments", fmt.Sprintf("conns-%d-%d", maxConns, i), `{}`); st != http.StatusCreated {
+					t.Errorf("max_conns %d, key %d: %d %s", maxConns, i, st, body)
+				}
+			})
+		}
+		wg.Wait()
+		close(stop)
+		<-watched
+		return int(most.Load())
+	}
+	if got := peak(2); got > 3 {
+		t.Errorf("max_conns: 2: the sidecar held %d connections at once, want at most 3 (the pool's 2 and the listener)", got)
+	}
+	if got := peak(12); got <= 3 {
+		t.Errorf("max_conns: 12: the same burst held %d connections at most; it must take more than 3 for the bound of 2 to mean anything", got)
 	}
 }
