@@ -2,6 +2,7 @@ package claim
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -148,6 +149,34 @@ func (c *Clocks) Confirm(rec *Record, res Result, sent time.Time) bool {
 	}
 	c.Distrust()
 	return false
+}
+
+// Begin readies rec as a claim of lease about to be written: marked
+// (MarkClaimed) only while this clock is known to be close to the
+// store's (Markable). It returns the time the claim is sent, for
+// Confirmed.
+func (c *Clocks) Begin(rec *Record, lease time.Duration) (sent time.Time) {
+	rec.Mark, rec.Lease = MarkClaimed, lease
+	if !c.Markable(c.Now()) {
+		rec.Mark = MarkNone
+	}
+	return c.Now()
+}
+
+// Confirmed returns res, the claim of rec just made (sent at sent), once
+// it may be forwarded: as it is when Confirm says so; otherwise after
+// renew renewed it, marked MarkRenewed, which no reader frees. Both
+// backends end their Claim with it.
+func (c *Clocks) Confirmed(ctx context.Context, rec *Record, res Result, sent time.Time, renew func(context.Context) error) (Result, error) {
+	if c.Confirm(rec, res, sent) {
+		return res, nil
+	}
+	if err := renew(ctx); err != nil {
+		return Result{}, fmt.Errorf("claim: %w", err)
+	}
+	rec.Mark = MarkRenewed
+	res.Renewed = true
+	return res, nil
 }
 
 // LeaseLeft is what is left of rec's lease when its key has ttl left: all

@@ -16,11 +16,7 @@ import (
 // claim may be forwarded is decided from that round trip
 // (claim.Clocks.Confirm).
 func (s *Store) Claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error) {
-	rec.Mark, rec.Lease = claim.MarkClaimed, lease
-	if !s.clocks.Markable(s.clocks.Now()) {
-		rec.Mark = claim.MarkNone // this clock is not known to be close to the database's
-	}
-	sent := s.clocks.Now()
+	sent := s.clocks.Begin(rec, lease)
 	if s.full.Load() {
 		return s.claimWhenFull(ctx, key, rec)
 	}
@@ -28,15 +24,7 @@ func (s *Store) Claim(ctx context.Context, key string, rec *claim.Record, lease 
 	if err != nil || !res.Claimed {
 		return res, err
 	}
-	if s.clocks.Confirm(rec, res, sent) {
-		return res, nil
-	}
-	if err := s.Renew(ctx, key, rec, lease); err != nil {
-		return claim.Result{}, fmt.Errorf("claim: %w", err)
-	}
-	rec.Mark = claim.MarkRenewed
-	res.Renewed = true
-	return res, nil
+	return s.clocks.Confirmed(ctx, rec, res, sent, func(ctx context.Context) error { return s.Renew(ctx, key, rec, lease) })
 }
 
 // PlantUnconfirmed writes rec's claim as one whose reply never reached its

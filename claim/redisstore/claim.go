@@ -26,12 +26,8 @@ import (
 // caller claims again, with a new token). With a quota the count (INCR,
 // PEXPIRE NX) rides in the same pipeline.
 func (s *Store) Claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error) {
-	rec.Mark, rec.Lease = claim.MarkClaimed, lease
-	if !s.clocks.Markable(s.clocks.Now()) {
-		rec.Mark = claim.MarkNone // this clock is not known to be close to Redis' (clock.go)
-	}
+	sent := s.clocks.Begin(rec, lease)
 	before := s.sendState()
-	sent := s.clocks.Now()
 	res, err := s.claimAny(ctx, key, rec, lease, q)
 	if err != nil && errors.Is(err, claim.ErrUnavailable) {
 		err = s.notSent(before, err)
@@ -39,7 +35,7 @@ func (s *Store) Claim(ctx context.Context, key string, rec *claim.Record, lease 
 	if err != nil || !res.Claimed {
 		return res, err
 	}
-	return s.confirm(ctx, key, rec, lease, res, sent)
+	return s.clocks.Confirmed(ctx, rec, res, sent, func(ctx context.Context) error { return s.Renew(ctx, key, rec, lease) })
 }
 
 // PlantUnconfirmed writes rec's claim as one whose reply never reached its
@@ -53,20 +49,6 @@ func (s *Store) PlantUnconfirmed(ctx context.Context, key string, rec *claim.Rec
 		err = fmt.Errorf("plant: the key is taken: %w", claim.ErrLeaseLost)
 	}
 	return err
-}
-
-// confirm renews a claim just made that a reader could take for never
-// forwarded (claim.Clocks.Confirm), before it is returned.
-func (s *Store) confirm(ctx context.Context, key string, rec *claim.Record, lease time.Duration, res claim.Result, sent time.Time) (claim.Result, error) {
-	if s.clocks.Confirm(rec, res, sent) {
-		return res, nil
-	}
-	if err := s.Renew(ctx, key, rec, lease); err != nil {
-		return claim.Result{}, fmt.Errorf("claim: %w", err)
-	}
-	rec.Mark = claim.MarkRenewed
-	res.Renewed = true
-	return res, nil
 }
 
 // claimAny is Claim on whichever path fits.
