@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +22,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/jackc/pgx/v5"
 )
 
 func TestMain(m *testing.M) {
@@ -55,13 +57,54 @@ func payConfig(upstream, redis, extra string) string {
 // extra going after its store section (store keys at two spaces, then
 // top-level sections), as payConfig's.
 func eachStore(t *testing.T, f func(t *testing.T, config func(upstream, extra string) string)) {
+	eachStoreValues(t, func(t *testing.T, config func(upstream, extra string) string, _ storeValues) { f(t, config) })
+}
+
+// storeValues reads every value the store holds, by key, as it holds it.
+type storeValues func(t *testing.T) map[string][]byte
+
+// eachStoreValues is eachStore, with a reader of what the store holds.
+func eachStoreValues(t *testing.T, f func(t *testing.T, config func(upstream, extra string) string, values storeValues)) {
 	t.Run("redis", func(t *testing.T) {
 		srv := redistest.Start(t)
-		f(t, func(upstream, extra string) string { return payConfig(upstream, srv.Addr, extra) })
+		f(t, func(upstream, extra string) string { return payConfig(upstream, srv.Addr, extra) }, func(t *testing.T) map[string][]byte {
+			ctx := context.Background()
+			out := map[string][]byte{}
+			for _, k := range srv.Client().Keys(ctx, "*").Val() {
+				if v, err := srv.Client().Get(ctx, k).Bytes(); err == nil { // strings only: no counter holds an answer
+					out[k] = v
+				}
+			}
+			return out
+		})
 	})
 	t.Run("postgres", func(t *testing.T) {
 		pg := pgtest.Start(t)
-		f(t, func(upstream, extra string) string { return pgConfig(upstream, pg.URL, extra) })
+		f(t, func(upstream, extra string) string { return pgConfig(upstream, pg.URL, extra) }, func(t *testing.T) map[string][]byte {
+			ctx := context.Background()
+			conn, err := pgx.Connect(ctx, pg.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			rows, err := conn.Query(ctx, "select key, value from idemproxy.records")
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := map[string][]byte{}
+			for rows.Next() {
+				var k string
+				var v []byte
+				if err := rows.Scan(&k, &v); err != nil {
+					t.Fatal(err)
+				}
+				out[k] = v
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			return out
+		})
 	})
 }
 
