@@ -27,12 +27,13 @@ store:
 routes:
   - name: chat
     match: "POST /stream"
+    stream_flush_interval: %s
 %s`
 
 // streamOptions are bench stream's flags.
 type streamOptions struct {
 	n, events, size, rounds int
-	gap                     time.Duration
+	gap, flush              time.Duration
 	out, profile            string
 }
 
@@ -47,6 +48,7 @@ func streamBench(args []string) error {
 	fs.IntVar(&o.events, "events", 20, "events per stream")
 	fs.DurationVar(&o.gap, "gap", 5*time.Millisecond, "the upstream's pause between events")
 	fs.IntVar(&o.size, "size", 200, "bytes per event")
+	fs.DurationVar(&o.flush, "flush", 0, "idemproxy's routes[].stream_flush_interval")
 	fs.StringVar(&o.out, "out", "", "also write the markdown results to this file")
 	fs.IntVar(&o.rounds, "rounds", 5, "turns the targets take, each with its share of -n")
 	fs.StringVar(&o.profile, "cpuprofile", "", "also write a CPU profile of idemproxy's measured streams to this file")
@@ -149,7 +151,7 @@ func startStreamRig(dir string, o streamOptions) (*streamRig, error) {
 		r.pprofAddr = fmt.Sprintf("127.0.0.1:%d", freePort())
 		pprofCfg = fmt.Sprintf("admin_pprof_listen: %q\n", r.pprofAddr)
 	}
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, streamConfig, port, admin, "http://"+upAddr, redisAddr, pprofCfg), 0o644); err != nil {
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, streamConfig, port, admin, "http://"+upAddr, redisAddr, o.flush, pprofCfg), 0o644); err != nil {
 		return r, err
 	}
 	idem, err := startIdemproxy(bin, cfg, port, admin, nil)
@@ -246,8 +248,8 @@ func (r *streamRig) rounds(o streamOptions) ([]streamRow, []float64, error) {
 // streamReport is bench stream's markdown.
 func streamReport(o streamOptions, rtt time.Duration, rows []streamRow, ratios []float64) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Streams of %d events of %d bytes, %s apart (one flush each), %d per target in %d rounds, one client at a time; Redis round trip p50 %s. %s\n\n",
-		o.events, o.size, o.gap, o.n, o.rounds, rtt.Round(time.Microsecond), machine())
+	fmt.Fprintf(&b, "Streams of %d events of %d bytes, %s apart (one flush each), %d per target in %d rounds, one client at a time; idemproxy's stream_flush_interval %s; Redis round trip p50 %s. %s\n\n",
+		o.events, o.size, o.gap, o.n, o.rounds, o.flush, rtt.Round(time.Microsecond), machine())
 	b.WriteString("| target | first event p50 | p90 | last byte p50 | p90 | proxy CPU per event (the stream's connection and claim included) |\n|---|---|---|---|---|---|\n")
 	base := rows[1]
 	for _, r := range rows {

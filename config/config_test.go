@@ -20,6 +20,7 @@ func TestInvalidFixtures(t *testing.T) {
 		"bad_clients": {
 			`defaults.problem_body: renders invalid JSON for application/json on a sample problem: {"error": {"type": "key-reused", "message": a "quoted" detail with a \ backslash}}`,
 			`defaults.in_progress_status: must be 409, 429 or 503, got 418`,
+			`defaults.stream_flush_interval: must be between 0s (each read stored and sent at once) and 1s, got 2s`,
 			`defaults.key_json_pointer: "request_id" is not a JSON Pointer: it must start with /`,
 			`routes[0].problem_body: template: problem_body:1: unclosed action`,
 			`routes[1].problem_content_type: goes with problem_body, which is empty`,

@@ -125,6 +125,12 @@ type Settings struct {
 	// first sent within it of the retention's edge or of the epoch's
 	// start still executes.
 	FirstSentSkew time.Duration `yaml:"first_sent_skew"`
+	// StreamFlushInterval, when positive, stores and sends a streamed
+	// answer (routes[].stream) at most once per interval: the first event
+	// after a quiet interval at once, those that follow it closely
+	// together at the interval's end. Zero stores and sends each read at
+	// once.
+	StreamFlushInterval time.Duration `yaml:"stream_flush_interval"`
 	// KeyJSONPointer, when set, takes the key from this member of a JSON
 	// body (a string, or an integer in decimal) when the key header is
 	// absent; a request that has both must agree. It makes the route read
@@ -229,6 +235,9 @@ func (s *Settings) validate(path string, add func(path, format string, args ...a
 	}
 	if s.FirstSentSkew < 0 || s.FirstSentSkew > time.Hour {
 		add(path+"first_sent_skew", "must be between 0s and 1h, got %s", s.FirstSentSkew)
+	}
+	if s.StreamFlushInterval < 0 || s.StreamFlushInterval > time.Second {
+		add(path+"stream_flush_interval", "must be between 0s (each read stored and sent at once) and 1s, got %s", s.StreamFlushInterval)
 	}
 	if s.MaxInFlightPrincipalShare <= 0 || s.MaxInFlightPrincipalShare > 1 {
 		add(path+"max_in_flight_principal_share", "must be more than 0%% and at most 100%%, got %g%%", s.MaxInFlightPrincipalShare*100)

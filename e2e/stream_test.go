@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -233,4 +234,79 @@ func sealedStreamThroughTheBinary(t *testing.T, config func(upstream, extra stri
 	if n := up.calls.Load(); n != 1 {
 		t.Fatalf("upstream executed %d times, want 1", n)
 	}
+}
+
+// TestStreamFlushIntervalThroughTheBinary: defaults.stream_flush_interval,
+// obeyed by the running binary, on both stores. At 300ms, a stream's
+// first event reaches its client at once (well within the interval), and
+// 30 events sent 5 ms apart are stored and sent in a few appends
+// (idemproxy_stream_chunks_total) instead of about one each, as they are
+// at 0s; the client and a retry get every event, in order, once.
+func TestStreamFlushIntervalThroughTheBinary(t *testing.T) {
+	t.Parallel()
+	eachStore(t, func(t *testing.T, config func(upstream, extra string) string) {
+		for _, tc := range []struct {
+			interval    string
+			most, least float64 // appends
+			firstAtOnce bool
+		}{{"300ms", 8, 1, true}, {"0s", 1000, 20, true}} {
+			up := newStreamUpstream(t)
+			sc := startBinary(t, config(up.URL, "  record_format: 4\ndefaults:\n  lease: 2s\n  stream_flush_interval: "+tc.interval+"\n"))
+			key := "flush-" + tc.interval
+			resp, r := openStream(t, sc.Client, key)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s: %d", tc.interval, resp.StatusCode)
+			}
+			sent := time.Now()
+			up.steps <- "first"
+			if got := readEvent(t, r); got != "data: first\n\n" {
+				t.Fatalf("%s: first event %q", tc.interval, got)
+			}
+			if waited := time.Since(sent); waited >= 300*time.Millisecond {
+				t.Errorf("%s: the first event after a quiet interval took %s, want it at once", tc.interval, waited)
+			}
+			want := "data: first\n\n"
+			go func() {
+				for i := range 30 {
+					up.steps <- strconv.Itoa(i)
+					time.Sleep(5 * time.Millisecond)
+				}
+				close(up.steps)
+			}()
+			for i := range 30 {
+				want += "data: " + strconv.Itoa(i) + "\n\n"
+			}
+			rest, err := io.ReadAll(r)
+			if err != nil || "data: first\n\n"+string(rest) != want {
+				t.Fatalf("%s: the client got %q, %v; want every event once", tc.interval, rest, err)
+			}
+			if _, body := post(t, sc.Client+"/payments", key, `{"prompt":"hi"}`); body != want {
+				t.Errorf("%s: the retry got %q, want the whole stream", tc.interval, body)
+			}
+			chunks := metricValue(t, scrape(t, sc.Admin), `idemproxy_stream_chunks_total{route="pay"}`)
+			t.Logf("%s: %v appends for 31 events", tc.interval, chunks)
+			if chunks < tc.least || chunks > tc.most {
+				t.Errorf("%s: %v appends for 31 events, want %v to %v", tc.interval, chunks, tc.least, tc.most)
+			}
+			if n := up.calls.Load(); n != 1 {
+				t.Errorf("%s: upstream executed %d times, want 1", tc.interval, n)
+			}
+		}
+	})
+}
+
+// metricValue is the value of the series named exactly series (name and
+// labels) in the metrics text m; -1 when absent.
+func metricValue(t *testing.T, m, series string) float64 {
+	t.Helper()
+	for line := range strings.SplitSeq(m, "\n") {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			v, err := strconv.ParseFloat(rest, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return v
+		}
+	}
+	return -1
 }

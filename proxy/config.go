@@ -174,6 +174,10 @@ type Route struct {
 	// Stream relays a streamed answer (stream.go) as it arrives, stored
 	// chunk by chunk, when Config.Streams allows; false buffers it whole.
 	Stream bool
+	// StreamFlushInterval, when positive, stores (and hands on) at most
+	// one part of a stream per interval (coalesce.go); zero stores and
+	// sends each read at once.
+	StreamFlushInterval time.Duration
 	// KeyJSONPointer, when set, takes the key from this member of a JSON
 	// body when the key header is absent (a string, or an integer in
 	// decimal); the route then reads bodies before the key.

@@ -74,7 +74,10 @@ type streamPump struct {
 	o     *owner
 	body  io.ReadCloser // the upstream's
 	start time.Time
-	buf   []byte // the read buffer, the pumping goroutine's
+	buf   []byte // the read buffer, the pumping goroutine's (no coalescer)
+	// coalesce, on a route with a stream_flush_interval, reads the
+	// upstream and gives the pump at most one part per interval.
+	coalesce *coalescer
 
 	// storeMu serializes what is written to the store: appends, renewals
 	// and the end, and the fields below.
@@ -147,9 +150,14 @@ func (o *owner) startStream(resp *http.Response) bool {
 	}
 	o.settle(func() verdict { return verdict{outcome: outcomeStored, detail: "streamed"} })
 	p := &streamPump{o: o, body: resp.Body, at: at, start: x.start, lastWrite: time.Now(),
-		buf: make([]byte, streamReadBuf), done: make(chan struct{}), rc: http.NewResponseController(x.w)}
+		done: make(chan struct{}), rc: http.NewResponseController(x.w)}
 	p.cond = sync.NewCond(&p.mu)
-	p.hold(streamReadBuf)
+	if s.StreamFlushInterval > 0 {
+		p.coalesce = newCoalescer(resp.Body, s.StreamFlushInterval, p.hold, p.release)
+	} else {
+		p.buf = make([]byte, streamReadBuf)
+		p.hold(streamReadBuf)
+	}
 	o.stream = p
 	resp.Body = p
 	p.storeMu.Lock()
@@ -182,20 +190,26 @@ func (p *streamPump) release(n int) {
 // owner's client; at the upstream's end, or when a chunk cannot be
 // stored, it records how the stream ended. The caller set p.pumping.
 func (p *streamPump) pump() {
-	n, err := p.body.Read(p.buf)
-	chunk := slices.Clone(p.buf[:n]) // the store may hold it past a timed-out send
+	var chunk []byte
+	var err error
+	if p.coalesce != nil {
+		chunk, err = p.coalesce.next() // counted in the budget already
+	} else {
+		var n int
+		n, err = p.body.Read(p.buf)
+		chunk = slices.Clone(p.buf[:n]) // the store may hold it past a timed-out send
+		p.hold(n)
+	}
 	p.storeMu.Lock()
 	defer p.storeMu.Unlock()
 	if p.ended { // once the stream ended, what is read is dropped
+		p.release(len(chunk))
 		return
 	}
-	if n > 0 {
-		p.hold(n)
-		if !p.append(chunk) {
-			p.release(n) // never sent
-			p.end(claim.StreamAborted, errStreamAborted)
-			return
-		}
+	if len(chunk) > 0 && !p.append(chunk) {
+		p.release(len(chunk)) // never sent
+		p.end(claim.StreamAborted, errStreamAborted)
+		return
 	}
 	switch {
 	case err == io.EOF:
@@ -361,6 +375,9 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 	}
 	x.h.metrics.streamEnds.WithLabelValues(x.rt.name, end).Inc()
 	_ = p.body.Close()
+	if p.coalesce != nil {
+		p.coalesce.stop()
+	}
 	p.mu.Lock()
 	p.outDone, p.outErr = true, clientErr
 	p.takeover.Stop()
@@ -376,7 +393,9 @@ func (p *streamPump) finishLocked() {
 		return
 	}
 	p.closed = true
-	p.release(streamReadBuf)
+	if p.buf != nil {
+		p.release(streamReadBuf)
+	}
 	close(p.done)
 }
 

@@ -43,13 +43,21 @@ func (s *sse) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func streamEnv(t *testing.T, maxBody int64) (*env, *sse) {
+// streamFlushes are the routes' stream_flush_interval the pump's tests
+// run under: each read stored at once, and at most one part per 50ms
+// (coalesce.go).
+var streamFlushes = []time.Duration{0, 50 * time.Millisecond}
+
+func streamEnv(t *testing.T, maxBody int64, flush ...time.Duration) (*env, *sse) {
 	up := &sse{steps: make(chan string)}
 	e := newEnv(t, up.serve, func(c *setup) {
 		c.Streams = true
 		c.Routes[0].Stream = true
 		if maxBody > 0 {
 			c.Routes[0].MaxResponseBody = maxBody
+		}
+		if len(flush) > 0 {
+			c.Routes[0].StreamFlushInterval = flush[0]
 		}
 	})
 	return e, up
@@ -139,53 +147,62 @@ func TestStreamRelayedAttachedReplayed(t *testing.T) {
 // client, and every retry, get the same prefix and the same abnormal end;
 // nothing executes again.
 func TestStreamBrokenOffReplayedAsItEnded(t *testing.T) {
-	e, up := streamEnv(t, 0)
-	first := e.open(t, "s2")
-	a := bufio.NewReader(first.Body)
-	up.steps <- "1"
-	event(t, a)
-	up.steps <- ""
-	if rest, err := io.ReadAll(a); err == nil {
-		t.Fatalf("first client's stream ended normally (%q) after the upstream broke off", rest)
-	}
-	retry := e.open(t, "s2")
-	if retry.StatusCode != http.StatusOK || retry.Header.Get("Idempotent-Replayed") != "true" {
-		t.Fatalf("retry: %d %v", retry.StatusCode, retry.Header)
-	}
-	body, err := io.ReadAll(retry.Body)
-	if err == nil || string(body) != "data: 1\n\n" {
-		t.Fatalf("retry of a broken stream = %q, %v; want the same prefix and an abnormal end", body, err)
-	}
-	if n := e.ledger.total(); n != 1 {
-		t.Fatalf("upstream executions = %d, want 1", n)
-	}
-	if n := e.counter("idemproxy_stream_ends_total", map[string]string{"route": "pay", "end": "aborted"}); n != 1 {
-		t.Errorf("idemproxy_stream_ends_total{end=aborted} = %v, want 1", n)
+	for _, flush := range streamFlushes {
+		t.Run("stream_flush_interval "+flush.String(), func(t *testing.T) {
+			e, up := streamEnv(t, 0, flush)
+			first := e.open(t, "s2")
+			a := bufio.NewReader(first.Body)
+			up.steps <- "1"
+			event(t, a)
+			up.steps <- ""
+			if rest, err := io.ReadAll(a); err == nil {
+				t.Fatalf("first client's stream ended normally (%q) after the upstream broke off", rest)
+			}
+			retry := e.open(t, "s2")
+			if retry.StatusCode != http.StatusOK || retry.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("retry: %d %v", retry.StatusCode, retry.Header)
+			}
+			body, err := io.ReadAll(retry.Body)
+			if err == nil || string(body) != "data: 1\n\n" {
+				t.Fatalf("retry of a broken stream = %q, %v; want the same prefix and an abnormal end", body, err)
+			}
+			if n := e.ledger.total(); n != 1 {
+				t.Fatalf("upstream executions = %d, want 1", n)
+			}
+			if n := e.counter("idemproxy_stream_ends_total", map[string]string{"route": "pay", "end": "aborted"}); n != 1 {
+				t.Errorf("idemproxy_stream_ends_total{end=aborted} = %v, want 1", n)
+			}
+			poll.Until(t, "the stream's buffers are given back", func() bool { return e.h.BufferedBytes() == 0 })
+		})
 	}
 }
 
 // Past max_response_body the first client's stream goes on, and a retry
 // gets 409 response-not-replayable, as for a buffered answer too large.
 func TestStreamPastMaxResponseBody(t *testing.T) {
-	e, up := streamEnv(t, 2048)
-	first := e.open(t, "s3")
-	a := bufio.NewReader(first.Body)
-	big := strings.Repeat("x", 1500)
-	for i := range 3 {
-		up.steps <- big
-		if got := event(t, a); got != "data: "+big+"\n\n" {
-			t.Fatalf("event %d cut short", i)
-		}
-	}
-	close(up.steps)
-	if _, err := io.ReadAll(a); err != nil {
-		t.Fatalf("the first client's stream past max_response_body: %v; want it to go on and end normally", err)
-	}
-	poll.Until(t, "the record says not replayable", func() bool {
-		return e.do(req{user: "alice", key: "s3", body: `{"prompt":"hi"}`}).status == http.StatusConflict
-	})
-	if n := e.ledger.total(); n != 1 {
-		t.Fatalf("upstream executions = %d, want 1", n)
+	for _, flush := range streamFlushes {
+		t.Run("stream_flush_interval "+flush.String(), func(t *testing.T) {
+			e, up := streamEnv(t, 2048, flush)
+			first := e.open(t, "s3")
+			a := bufio.NewReader(first.Body)
+			big := strings.Repeat("x", 1500)
+			for i := range 3 {
+				up.steps <- big
+				if got := event(t, a); got != "data: "+big+"\n\n" {
+					t.Fatalf("event %d cut short", i)
+				}
+			}
+			close(up.steps)
+			if _, err := io.ReadAll(a); err != nil {
+				t.Fatalf("the first client's stream past max_response_body: %v; want it to go on and end normally", err)
+			}
+			poll.Until(t, "the record says not replayable", func() bool {
+				return e.do(req{user: "alice", key: "s3", body: `{"prompt":"hi"}`}).status == http.StatusConflict
+			})
+			if n := e.ledger.total(); n != 1 {
+				t.Fatalf("upstream executions = %d, want 1", n)
+			}
+		})
 	}
 }
 
@@ -280,6 +297,12 @@ func TestStreamBrokenOffOverHTTP2(t *testing.T) {
 // renewals stopped, the lease ran out, and every reader got a truncated
 // stream with an abnormal end.
 func TestStalledClientNeverCutsTheStream(t *testing.T) {
+	for _, flush := range streamFlushes {
+		t.Run("stream_flush_interval "+flush.String(), func(t *testing.T) { stalledClient(t, flush) })
+	}
+}
+
+func stalledClient(t *testing.T, flush time.Duration) {
 	const lines, lineLen = 8192, 1024
 	line := strings.Repeat("x", lineLen-1) + "\n"
 	finished := make(chan struct{})
@@ -301,6 +324,7 @@ func TestStalledClientNeverCutsTheStream(t *testing.T) {
 		c.Routes[0].Lease = time.Second
 		c.Routes[0].MaxResponseBody = 16 << 20
 		c.MaxBufferedBytes, c.PrincipalShare = 64<<20, 64<<20
+		c.Routes[0].StreamFlushInterval = flush
 	})
 	first := e.open(t, "stalled") // its body is not read for now
 	select {
