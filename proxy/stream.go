@@ -105,7 +105,7 @@ type streamPump struct {
 	// waits for it (a slow client never holds the upstream back, nor the
 	// renewals).
 	storedTo, lagFrom int
-	lagging           bool
+	lagging, lagged   bool        // lagged: it ever lagged
 	takeover          *time.Timer // runs background
 	done              chan struct{}
 	// rc is the owner's client's connection, whose write deadline each
@@ -331,7 +331,10 @@ func (p *streamPump) hand(chunk []byte, from, to int) {
 	case from >= 0 && (p.lagging || len(p.out)+len(chunk) > streamPending):
 		if !p.lagging {
 			p.lagging, p.lagFrom = true, from
-			p.o.x.h.metrics.streamLagging.WithLabelValues(p.o.x.rt.name).Inc()
+			if !p.lagged { // a client, counted once however often it falls behind
+				p.lagged = true
+				p.o.x.h.metrics.streamLagging.WithLabelValues(p.o.x.rt.name).Inc()
+			}
 		}
 		p.release(len(chunk)) // the client reads it from the store
 	default:
