@@ -27,7 +27,7 @@ import (
 // TestCompressionThroughTheBinary (issue 35): with store.record_format: 3
 // the running binary stores completed records in the compact layout, and
 // with store.compression: zstd a JSON answer's body compressed (smaller,
-// flagged, in Redis), and replays the answer byte for byte, headers
+// flagged, in the store: Redis and PostgreSQL alike), and replays the answer byte for byte, headers
 // included; with the default record_format 1 it writes neither (-check
 // warns), so v0.4.0 replicas can still read every record.
 func TestCompressionThroughTheBinary(t *testing.T) {
@@ -54,34 +54,35 @@ func TestCompressionThroughTheBinary(t *testing.T) {
 		compact     bool
 	}{{3, "zstd", true, true}, {3, "none", false, true}, {1, "zstd", false, false}} {
 		t.Run(fmt.Sprintf("record_format %d compression %s", tc.format, tc.compression), func(t *testing.T) {
-			srv := redistest.Start(t)
-			sc := startBinary(t, payConfig(upstream.URL, srv.Addr, fmt.Sprintf("  record_format: %d\n  compression: %s\n", tc.format, tc.compression)))
-			first, b := postAnswer(t, sc.Client+"/payments", "k", `{}`)
-			if first.StatusCode != http.StatusCreated || b != body.String() {
-				t.Fatalf("first attempt: %d, body equal %t", first.StatusCode, b == body.String())
-			}
-			key := redisstore.New(srv.Client(), "idem:").Codec().Key("alice", proxy.KeyScope("pay", false), "k")
-			raw, err := srv.Client().Get(context.Background(), key).Bytes()
-			if err != nil {
-				t.Fatal(err)
-			}
-			rec, err := claim.Decode(raw)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if rec.BodyCompressed != tc.compressed || tc.compressed && len(raw) > body.Len()/2 || rec.Compact != tc.compact {
-				t.Errorf("stored: compressed %t, compact %t, %d bytes for a %d-byte answer; want compressed %t, compact %t",
-					rec.BodyCompressed, rec.Compact, len(raw), body.Len(), tc.compressed, tc.compact)
-			}
-			replay, b := postAnswer(t, sc.Client+"/payments", "k", `{}`)
-			if replay.StatusCode != http.StatusCreated || b != body.String() {
-				t.Errorf("the replay: %d, body equal %t", replay.StatusCode, b == body.String())
-			}
-			for _, h := range []string{"Content-Type", "Content-Length", "Date", "X-Request-Id"} {
-				if got, want := replay.Header.Values(h), first.Header.Values(h); !slices.Equal(got, want) {
-					t.Errorf("replayed %s: %q, first answer's %q", h, got, want)
+			eachStoreValues(t, func(t *testing.T, config func(upstream, extra string) string, values storeValues) {
+				sc := startBinary(t, config(upstream.URL, fmt.Sprintf("  record_format: %d\n  compression: %s\n", tc.format, tc.compression)))
+				first, b := postAnswer(t, sc.Client+"/payments", "k", `{}`)
+				if first.StatusCode != http.StatusCreated || b != body.String() {
+					t.Fatalf("first attempt: %d, body equal %t", first.StatusCode, b == body.String())
 				}
-			}
+				key := claim.NewCodec("idem:").Key("alice", proxy.KeyScope("pay", false), "k")
+				raw, ok := values(t)[key]
+				if !ok {
+					t.Fatalf("no record under %s", key)
+				}
+				rec, err := claim.Decode(raw)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rec.BodyCompressed != tc.compressed || tc.compressed && len(raw) > body.Len()/2 || rec.Compact != tc.compact {
+					t.Errorf("stored: compressed %t, compact %t, %d bytes for a %d-byte answer; want compressed %t, compact %t",
+						rec.BodyCompressed, rec.Compact, len(raw), body.Len(), tc.compressed, tc.compact)
+				}
+				replay, b := postAnswer(t, sc.Client+"/payments", "k", `{}`)
+				if replay.StatusCode != http.StatusCreated || b != body.String() {
+					t.Errorf("the replay: %d, body equal %t", replay.StatusCode, b == body.String())
+				}
+				for _, h := range []string{"Content-Type", "Content-Length", "Date", "X-Request-Id"} {
+					if got, want := replay.Header.Values(h), first.Header.Values(h); !slices.Equal(got, want) {
+						t.Errorf("replayed %s: %q, first answer's %q", h, got, want)
+					}
+				}
+			})
 		})
 	}
 }
