@@ -27,9 +27,9 @@ import (
 // TestCompressionThroughTheBinary (issue 35): with store.record_format: 3
 // the running binary stores completed records in the compact layout, and
 // with store.compression: zstd a JSON answer's body compressed (smaller,
-// flagged, in the store: Redis and PostgreSQL alike), and replays the answer byte for byte, headers
-// included; with the default record_format 1 it writes neither (-check
-// warns), so v0.4.0 replicas can still read every record.
+// flagged), on Redis and on PostgreSQL alike, and replays the answer byte
+// for byte, headers included; with the default record_format 1 it writes
+// neither (-check warns), so v0.4.0 replicas can still read every record.
 func TestCompressionThroughTheBinary(t *testing.T) {
 	var body bytes.Buffer
 	body.WriteString(`{"object":"list","data":[`)
