@@ -106,34 +106,40 @@ func TestSealedRecordsKeyTheirFingerprints(t *testing.T) {
 		keyed  bool
 	}{{3, true}, {1, false}} {
 		t.Run(fmt.Sprintf("record_format %d", tc.format), func(t *testing.T) {
-			srv := redistest.Start(t)
-			sc := startBinary(t, payConfig(up.URL, srv.Addr, fmt.Sprintf("  record_format: %d\n  encryption:\n    key_files: [%q]\n", tc.format, file)))
-			key := fmt.Sprintf("sealed-%d", tc.format)
-			first, b := postAnswer(t, sc.Client+"/payments", key, `{"amount":1}`)
-			if first.StatusCode != http.StatusCreated {
-				t.Fatalf("first attempt: %d %s", first.StatusCode, b)
-			}
-			opt, err := claim.WithSealing([][]byte{seal}, true, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			st := redisstore.New(srv.Client(), "idem:", opt)
-			rec, _, err := st.Get(context.Background(), st.Codec().Key("alice", proxy.KeyScope("pay", false), key))
-			if err != nil || rec == nil {
-				t.Fatalf("the record, under the key derived as before: %v %v", rec, err)
-			}
-			if rec.KeyedFingerprint != tc.keyed {
-				t.Errorf("stored fingerprint keyed: %t, want %t", rec.KeyedFingerprint, tc.keyed)
-			}
-			if replay, rb := postAnswer(t, sc.Client+"/payments", key, `{"amount":1}`); replay.StatusCode != http.StatusCreated || rb != b {
-				t.Errorf("the retry: %d %s, want the first answer replayed", replay.StatusCode, rb)
-			}
-			if other, ob := postAnswer(t, sc.Client+"/payments", key, `{"amount":2}`); other.StatusCode != http.StatusUnprocessableEntity {
-				t.Errorf("the key with another body: %d %s, want 422", other.StatusCode, ob)
-			}
-			if n := up.Executions(key); n != 1 {
-				t.Errorf("executed %d times, want 1", n)
-			}
+			eachStoreValues(t, func(t *testing.T, config func(upstream, extra string) string, values storeValues) {
+				sc := startBinary(t, config(up.URL, fmt.Sprintf("  record_format: %d\n  encryption:\n    key_files: [%q]\n", tc.format, file)))
+				key := fmt.Sprintf("sealed-%d-%s", tc.format, strings.ReplaceAll(t.Name(), "/", "-"))
+				first, b := postAnswer(t, sc.Client+"/payments", key, `{"amount":1}`)
+				if first.StatusCode != http.StatusCreated {
+					t.Fatalf("first attempt: %d %s", first.StatusCode, b)
+				}
+				opt, err := claim.WithSealing([][]byte{seal}, true, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				codec := claim.NewCodec("idem:", opt)
+				storeKey := codec.Key("alice", proxy.KeyScope("pay", false), key)
+				raw, ok := values(t)[storeKey]
+				if !ok {
+					t.Fatalf("no record under the key derived as before, %s", storeKey)
+				}
+				rec, err := codec.Open(storeKey, raw)
+				if err != nil || rec == nil {
+					t.Fatalf("the record, opened: %v %v", rec, err)
+				}
+				if rec.KeyedFingerprint != tc.keyed {
+					t.Errorf("stored fingerprint keyed: %t, want %t", rec.KeyedFingerprint, tc.keyed)
+				}
+				if replay, rb := postAnswer(t, sc.Client+"/payments", key, `{"amount":1}`); replay.StatusCode != http.StatusCreated || rb != b {
+					t.Errorf("the retry: %d %s, want the first answer replayed", replay.StatusCode, rb)
+				}
+				if other, ob := postAnswer(t, sc.Client+"/payments", key, `{"amount":2}`); other.StatusCode != http.StatusUnprocessableEntity {
+					t.Errorf("the key with another body: %d %s, want 422", other.StatusCode, ob)
+				}
+				if n := up.Executions(key); n != 1 {
+					t.Errorf("executed %d times, want 1", n)
+				}
+			})
 		})
 	}
 }
