@@ -14,10 +14,12 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -309,4 +311,48 @@ func metricValue(t *testing.T, m, series string) float64 {
 		}
 	}
 	return -1
+}
+
+// TestStreamFlushIntervalReloads: stream_flush_interval changed in the
+// file and reloaded (SIGHUP) applies to the streams that start after:
+// the same 31-event stream takes about one append per event at 0s, and
+// a few after the reload to 300ms.
+func TestStreamFlushIntervalReloads(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		for i := range 31 {
+			fmt.Fprintf(w, "data: %d\n\n", i)
+			http.NewResponseController(w).Flush()
+			time.Sleep(5 * time.Millisecond)
+		}
+	}))
+	defer up.Close()
+	sc := startBinary(t, payConfig(up.URL, srv.Addr, "  record_format: 4\ndefaults:\n  stream_flush_interval: 0s\n"))
+	appends := func(key string) float64 {
+		t.Helper()
+		before := max(metricValue(t, scrape(t, sc.Admin), `idemproxy_stream_chunks_total{route="pay"}`), 0)
+		resp, r := openStream(t, sc.Client, key)
+		body, err := io.ReadAll(r)
+		if resp.StatusCode != http.StatusOK || err != nil || !strings.HasSuffix(string(body), "data: 30\n\n") {
+			t.Fatalf("%s: %d, %d bytes, %v; want the whole stream", key, resp.StatusCode, len(body), err)
+		}
+		return metricValue(t, scrape(t, sc.Admin), `idemproxy_stream_chunks_total{route="pay"}`) - before
+	}
+	if n := appends("before"); n < 20 {
+		t.Fatalf("at 0s: %v appends for 31 events, want about one each", n)
+	}
+	if err := os.WriteFile(sc.ConfigPath, []byte(strings.Replace(readFile(t, sc.ConfigPath), "stream_flush_interval: 0s", "stream_flush_interval: 300ms", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, "the reload", func() bool { return strings.Contains(sc.Logs(), "config reloaded") })
+	if n := appends("after"); n > 8 {
+		t.Errorf("after the reload to 300ms: %v appends for 31 events, want a few", n)
+	}
 }
