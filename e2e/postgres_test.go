@@ -267,3 +267,46 @@ func TestPostgresMaxConnsThroughTheBinary(t *testing.T) {
 		t.Errorf("max_conns: 12: the same burst held %d connections at most; it must take more than 3 for the bound of 2 to mean anything", got)
 	}
 }
+
+// TestPostgresOutageQueuesNoCleanups: first attempts while PostgreSQL is
+// down cannot get a connection, so their claims provably wrote nothing:
+// each is answered 503 and leaves nothing to clean up. Before, the
+// PostgreSQL store could not say so, and each queued a background
+// cleanup, retried for its lease (idemproxy_unconfirmed_claims_total
+// counted all 5 once PostgreSQL was back).
+func TestPostgresOutageQueuesNoCleanups(t *testing.T) {
+	pg := pgtest.Start(t)
+	up := binarytest.NewRecorder(t)
+	sc := startBinary(t, pgConfig(up.URL, pg.URL, "defaults:\n  lease: 1s\n"))
+	if st, body := post(t, sc.Client+"/payments", "before", `{}`); st != http.StatusCreated {
+		t.Fatalf("before the outage: %d %s", st, body)
+	}
+	pg.Stop()
+	for i := range 5 {
+		if st, body := post(t, sc.Client+"/payments", fmt.Sprint("down-", i), `{}`); st != http.StatusServiceUnavailable {
+			t.Fatalf("while PostgreSQL is down: %d %s, want 503", st, body)
+		}
+	}
+	pg.Restart()
+	poll.Until(t, "a claim again", func() bool {
+		st, _ := post(t, sc.Client+"/payments", "after", `{}`)
+		return st == http.StatusCreated
+	})
+	time.Sleep(3 * time.Second) // three leases: a cleanup queued would have run, and been counted
+	// The first claim after the stop may meet the connection the pool
+	// held when PostgreSQL went away: sent or not, nobody can tell, so
+	// it is cleaned up. The others dialled, and could not.
+	m := scrape(t, sc.Admin)
+	cleaned := 0.0
+	for _, result := range []string{"released", "not_found", "gave_up", "cleared_on_retry"} {
+		cleaned += max(metricValue(t, m, `idemproxy_unconfirmed_claims_total{result="`+result+`"}`), 0)
+	}
+	if cleaned > 1 {
+		t.Errorf("%v of 5 claims that could get no connection were cleaned up as unconfirmed, want at most the first:\n%s", cleaned, grepLines(m, "idemproxy_unconfirmed_claims_total"))
+	}
+	for i := range 5 {
+		if n := up.Executions(fmt.Sprint("down-", i)); n != 0 {
+			t.Errorf("down-%d executed %d times while PostgreSQL was down", i, n)
+		}
+	}
+}

@@ -3,10 +3,12 @@ package pgstore
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Claim takes key for rec's owner with a lease, or returns the record that
@@ -21,10 +23,23 @@ func (s *Store) Claim(ctx context.Context, key string, rec *claim.Record, lease 
 		return s.claimWhenFull(ctx, key, rec)
 	}
 	res, err := s.claim(ctx, key, rec, lease, q)
+	if err != nil && notSent(err) {
+		err = fmt.Errorf("%w: %w", claim.ErrNotSent, err)
+	}
 	if err != nil || !res.Claimed {
 		return res, err
 	}
 	return s.clocks.Confirmed(ctx, rec, res, sent, func(ctx context.Context) error { return s.Renew(ctx, key, rec, lease) })
+}
+
+// notSent reports whether err provably left nothing at the server, so
+// the claim wrote nothing and needs no cleanup (claim.ErrNotSent): no
+// connection could be made (the statement needs one), or pgconn says the
+// failure came before anything was sent. A failure on a connection the
+// statement had may have been written, and is not.
+func notSent(err error) bool {
+	var connect *pgconn.ConnectError
+	return errors.As(err, &connect) || pgconn.SafeToRetry(err)
 }
 
 // PlantUnconfirmed writes rec's claim as one whose reply never reached its

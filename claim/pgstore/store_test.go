@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -164,5 +165,36 @@ func TestKeysCrossMidnight(t *testing.T) {
 	}
 	if res, err := s.Claim(ctx, running, contract.NewRecord(t), time.Minute, claim.Quota{}); err != nil || res.Claimed || res.Existing == nil || res.Existing.State != claim.InProgress {
 		t.Errorf("the claimed key after midnight: %+v %v, want the claim in progress", res, err)
+	}
+}
+
+// TestClaimNotSentWhileDown: while PostgreSQL refuses connections, a
+// claim that could get none provably wrote nothing (claim.ErrNotSent), so
+// its owner queues no cleanup for it. Before, pgstore never said so, and
+// every claim during an outage queued a cleanup retried for a lease.
+func TestClaimNotSentWhileDown(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, srv.URL+"&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pgstore.Migrate(ctx, pool, "idemproxy"); err != nil {
+		t.Fatal(err)
+	}
+	s := pgstore.New(pool, "idemproxy", "idem:")
+	t.Cleanup(s.Close)
+	key := s.Codec().Key("alice", "route", "up")
+	if res, err := s.Claim(ctx, key, contract.NewRecord(t), time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim while up: %+v, %v", res, err)
+	}
+	srv.Stop()
+	pool.Reset() // the idle connections are gone with the server: a claim must dial
+	for i := range 3 {
+		_, err := s.Claim(ctx, s.Codec().Key("alice", "route", fmt.Sprint("down-", i)), contract.NewRecord(t), time.Minute, claim.Quota{})
+		if !errors.Is(err, claim.ErrUnavailable) || !errors.Is(err, claim.ErrNotSent) {
+			t.Fatalf("claim %d while PostgreSQL refuses connections: %v; want ErrUnavailable and ErrNotSent", i, err)
+		}
 	}
 }
