@@ -16,12 +16,14 @@ import (
 // goroutine itself (streamPump.pump).
 //
 // A coalescer reads the upstream on a goroutine of its own, at the
-// upstream's pace (up to streamPending ahead of what was taken), so that
+// upstream's pace (up to ahead bytes beyond what was taken), so that
 // the pumping goroutine may wait for the interval's end while the events
 // that arrive meanwhile are read.
 type coalescer struct {
 	body  io.Reader
 	every time.Duration
+	buf   int // its read buffer's size
+	ahead int // the most it holds read and not taken
 	hold  func(int) // counts what it reads in the buffer budget
 	free  func(int) // gives back what nobody took
 
@@ -35,8 +37,8 @@ type coalescer struct {
 	exited  chan struct{}
 }
 
-func newCoalescer(body io.Reader, every time.Duration, hold, free func(int)) *coalescer {
-	c := &coalescer{body: body, every: every, hold: hold, free: free, exited: make(chan struct{})}
+func newCoalescer(body io.Reader, every time.Duration, buf, ahead int, hold, free func(int)) *coalescer {
+	c := &coalescer{body: body, every: every, buf: buf, ahead: ahead, hold: hold, free: free, exited: make(chan struct{})}
 	c.cond = sync.NewCond(&c.mu)
 	go c.read()
 	return c
@@ -45,13 +47,13 @@ func newCoalescer(body io.Reader, every time.Duration, hold, free func(int)) *co
 // read reads the body into pending until it ends or the stream stops.
 func (c *coalescer) read() {
 	defer close(c.exited)
-	c.hold(streamReadBuf)
-	defer c.free(streamReadBuf)
-	buf := make([]byte, streamReadBuf)
+	c.hold(c.buf)
+	defer c.free(c.buf)
+	buf := make([]byte, c.buf)
 	for {
 		n, err := c.body.Read(buf)
 		c.mu.Lock()
-		for len(c.pending) >= streamPending && !c.stopped {
+		for len(c.pending) >= c.ahead && !c.stopped {
 			c.cond.Wait()
 		}
 		if c.stopped { // once the stream ended, what is read is dropped

@@ -153,7 +153,7 @@ func (o *owner) startStream(resp *http.Response) bool {
 		done: make(chan struct{}), rc: http.NewResponseController(x.w)}
 	p.cond = sync.NewCond(&p.mu)
 	if s.StreamFlushInterval > 0 {
-		p.coalesce = newCoalescer(resp.Body, s.StreamFlushInterval, p.hold, p.release)
+		p.coalesce = newCoalescer(resp.Body, s.StreamFlushInterval, streamReadBuf, streamPending, p.hold, p.release)
 	} else {
 		p.buf = make([]byte, streamReadBuf)
 		p.hold(streamReadBuf)
