@@ -22,8 +22,8 @@ import (
 type coalescer struct {
 	body  io.Reader
 	every time.Duration
-	buf   int // its read buffer's size
-	ahead int // the most it holds read and not taken
+	buf   int       // its read buffer's size
+	ahead int       // the most it holds read and not taken
 	hold  func(int) // counts what it reads in the buffer budget
 	free  func(int) // gives back what nobody took
 
