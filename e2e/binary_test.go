@@ -22,7 +22,6 @@ import (
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/jackc/pgx/v5"
 )
 
 func TestMain(m *testing.M) {
@@ -82,12 +81,7 @@ func eachStoreValues(t *testing.T, f func(t *testing.T, config func(upstream, ex
 		pg := pgtest.Start(t)
 		f(t, func(upstream, extra string) string { return pgConfig(upstream, pg.URL, extra) }, func(t *testing.T) map[string][]byte {
 			ctx := context.Background()
-			conn, err := pgx.Connect(ctx, pg.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close(ctx)
-			rows, err := conn.Query(ctx, "select key, value from idemproxy.records")
+			rows, err := pg.Conn(t).Query(ctx, "select key, value from idemproxy.records")
 			if err != nil {
 				t.Fatal(err)
 			}

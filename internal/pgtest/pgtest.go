@@ -332,17 +332,24 @@ func (s *Server) Standby(tb testing.TB) *Server {
 	return st
 }
 
+// Conn is a connection to s, closed when the test ends.
+func (s *Server) Conn(tb testing.TB) *pgx.Conn {
+	tb.Helper()
+	conn, err := pgx.Connect(context.Background(), s.URL)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
 // Sync makes every commit on s wait until the standby named standby
 // flushed it (synchronous_standby_names), and returns once it streams
 // synchronously.
 func (s *Server) Sync(tb testing.TB) {
 	tb.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, s.URL)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := s.Conn(tb)
 	if _, err := conn.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = 'standby'"); err != nil {
 		tb.Fatal(err)
 	}
@@ -364,11 +371,7 @@ func (s *Server) Sync(tb testing.TB) {
 func (s *Server) Promote(tb testing.TB) {
 	tb.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, s.URL)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := s.Conn(tb)
 	var ok bool
 	if err := conn.QueryRow(ctx, "SELECT pg_promote(true, 30)").Scan(&ok); err != nil || !ok {
 		tb.Fatalf("pg_promote: %v, %v", ok, err)
