@@ -220,9 +220,14 @@ func (p *streamPump) pump() {
 	}
 }
 
-// pumped is the pumping goroutine's return (p.mu held): the next may
-// pump, and once the stream ended nobody will.
-func (p *streamPump) pumped() {
+// pumpTurn pumps once as the one pumping goroutine (p.mu held, released
+// meanwhile); then the next may pump, and once the stream ended nobody
+// will.
+func (p *streamPump) pumpTurn() {
+	p.pumping = true
+	p.mu.Unlock()
+	p.pump()
+	p.mu.Lock()
 	p.pumping = false
 	p.cond.Broadcast()
 	p.finishLocked()
@@ -234,11 +239,7 @@ func (p *streamPump) background() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for !p.outDone && !p.pumping && !p.reading {
-		p.pumping = true
-		p.mu.Unlock()
-		p.pump()
-		p.mu.Lock()
-		p.pumped()
+		p.pumpTurn()
 	}
 }
 
@@ -436,11 +437,7 @@ func (p *streamPump) Read(b []byte) (int, error) {
 			_ = p.rc.SetWriteDeadline(time.Time{}) // the connection may serve another request
 			return 0, p.outErr
 		case !p.pumping:
-			p.pumping = true
-			p.mu.Unlock()
-			p.pump()
-			p.mu.Lock()
-			p.pumped()
+			p.pumpTurn()
 		default:
 			p.cond.Wait()
 		}
