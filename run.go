@@ -106,8 +106,8 @@ Usage:
   idemproxy keys get|delete|reconcile ...  look up, clear or reconcile one idempotency key on a running sidecar (idemproxy keys -h)
   idemproxy size ...                       the Redis memory (or, --store postgres, the disk and WAL) a traffic profile needs (idemproxy size -h)
   idemproxy store migrate [-config f]      install or update store.postgres' schema and exit
-  idemproxy store copy -from-redis old.yaml [-config f]
-                                           copy a Redis fleet's settled records into store.postgres
+  idemproxy store copy -from-redis old.yaml [-config f] [-wait D]
+                                           carry a drained Redis fleet's records into store.postgres
 
 Flags:
 `

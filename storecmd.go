@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/claim/pgstore"
 	"github.com/idemproxy/idemproxy/claim/redisstore"
 	"github.com/idemproxy/idemproxy/config"
@@ -18,16 +20,17 @@ import (
 // runStore is idemproxy store: what an operator does to the store itself.
 // migrate installs or updates the PostgreSQL schema (store.postgres) and
 // exits: for a deployment that runs with create_schema: false and
-// migrates as a step of its own. copy -from-redis moves a Redis fleet's
-// settled records into it: the copy step of a switch (docs/production.md).
+// migrates as a step of its own. copy -from-redis carries a Redis fleet's
+// records into it: the copy step of a switch (docs/production.md).
 func runStore(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "migrate" && args[0] != "copy" {
-		return errors.New("idemproxy store: the subcommands are migrate (install or update the PostgreSQL schema of store.postgres) and copy -from-redis OLD.yaml (the settled records of a Redis fleet into store.postgres)")
+		return errors.New("idemproxy store: the subcommands are migrate (install or update the PostgreSQL schema of store.postgres) and copy -from-redis OLD.yaml [-wait D] (every record of a drained Redis fleet into store.postgres)")
 	}
 	fs := flag.NewFlagSet("idemproxy store "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "config.yaml", "path of the YAML config file (store.postgres)")
 	from := fs.String("from-redis", "", "copy: the config of the Redis fleet to copy from (its store.redis and store.key_prefix)")
+	wait := fs.Duration("wait", 0, "copy: how long to wait for claims whose lease still runs (the drain not over) before refusing")
 	if help, err := parseFlags(fs, args[1:], "store takes -config, and copy -from-redis"); help || err != nil {
 		return err
 	}
@@ -59,7 +62,7 @@ func runStore(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *from == "" {
 		return errors.New("idemproxy store copy: -from-redis names the Redis fleet's config")
 	}
-	return copyFromRedis(ctx, *from, cfg, pool, stdout)
+	return copyFromRedis(ctx, *from, cfg, sec, pool, *wait, stdout)
 }
 
 // openPool is a pool of at most max connections on store.postgres, with
@@ -80,13 +83,15 @@ func openPool(ctx context.Context, pg config.Postgres, sec *secrets, max int32) 
 	return pool, nil
 }
 
-// copyFromRedis copies the settled records of the Redis fleet configured
-// in from into the PostgreSQL store of cfg, with what is left of their
-// retention, keeping any live record the PostgreSQL store holds already.
-// Both configs must derive keys alike: the same store.key_prefix (the
-// record's key is copied as it is), and the same key secret and sealing
-// keys (a sealed record opens only under its own key).
-func copyFromRedis(ctx context.Context, from string, cfg *config.Config, pool *pgxpool.Pool, stdout io.Writer) error {
+// copyFromRedis carries every record of the Redis fleet configured in
+// from into the PostgreSQL store of cfg, with what is left of its key's
+// life, keeping any live record the PostgreSQL store holds already:
+// settled records as they are, orphans and streams whose owner died as a
+// retry of the old store would have found them (claim.CarryValue). It
+// writes nothing until both configs derive the same key for the same
+// request, every record opens under cfg's keys, and no claim's lease
+// still runs (the drain is over; wait says how long to wait for that).
+func copyFromRedis(ctx context.Context, from string, cfg *config.Config, sec *secrets, pool *pgxpool.Pool, wait time.Duration, stdout io.Writer) error {
 	old, err := config.Load(from)
 	if err != nil {
 		return configError(from, err)
@@ -94,12 +99,13 @@ func copyFromRedis(ctx context.Context, from string, cfg *config.Config, pool *p
 	if len(old.Store.Redis.Addrs) == 0 {
 		return fmt.Errorf("%s: store.redis.addrs is empty: nothing to copy from (the embedded store lives in its process)", from)
 	}
-	if old.Store.KeyPrefix != cfg.Store.KeyPrefix {
-		return fmt.Errorf("store.key_prefix differs (%q in %s, %q in the PostgreSQL config): a copied record would live under a key no sidecar derives", old.Store.KeyPrefix, from, cfg.Store.KeyPrefix)
-	}
 	osec, err := readSecrets(old)
 	if err != nil {
 		return configError(from, err)
+	}
+	dstCodec := claim.NewCodec(cfg.Store.KeyPrefix, sec.store...)
+	if err := sameKeys(claim.NewCodec(old.Store.KeyPrefix, osec.store...), dstCodec); err != nil {
+		return fmt.Errorf("store copy: %s and the PostgreSQL config %w: nothing was copied", from, err)
 	}
 	client, err := redisstore.NewClient(clientOptions(osec.redis))
 	if err != nil {
@@ -108,18 +114,98 @@ func copyFromRedis(ctx context.Context, from string, cfg *config.Config, pool *p
 	defer client.Close()
 	src := redisstore.New(client, old.Store.KeyPrefix)
 	defer src.Close()
+	if err := drained(ctx, src, dstCodec, wait, stdout); err != nil {
+		return err
+	}
 	dst := pgstore.New(pool, cfg.Store.Postgres.Schema, cfg.Store.KeyPrefix)
 	defer dst.Close()
-	var copied, kept int
-	err = src.Settled(ctx, func(key string, value []byte, ttl time.Duration) error {
-		wrote, err := dst.Import(ctx, key, value, ttl)
+	counts := map[claim.Carry]int{}
+	var kept int
+	var live []string
+	err = src.Records(ctx, func(key string, value []byte, ttl time.Duration, nowMS int64) error {
+		how, out := claim.CarryValue(value, ttl, nowMS)
+		switch how {
+		case claim.CarryForeign:
+			return nil
+		case claim.CarryLive:
+			live = append(live, key) // claimed after the check: the drain was not over
+			return nil
+		}
+		wrote, err := dst.Import(ctx, key, out, ttl)
 		if wrote {
-			copied++
+			counts[how]++
 		} else if err == nil {
 			kept++
 		}
 		return err
 	})
-	fmt.Fprintf(stdout, "store copy: %d settled records copied from Redis with what is left of their retention, %d kept (PostgreSQL held the key already)\n", copied, kept)
+	fmt.Fprintf(stdout, "store copy: %d records copied from Redis with what is left of their retention (%d settled, %d orphaned claims a retry settles as outcome-unknown or reconciles, %d streams whose owner died, as aborted), %d kept (PostgreSQL held the key already)\n",
+		counts[claim.CarrySettled]+counts[claim.CarryOrphan]+counts[claim.CarryAbortedStream], counts[claim.CarrySettled], counts[claim.CarryOrphan], counts[claim.CarryAbortedStream], kept)
+	if err == nil && len(live) > 0 {
+		err = liveError(live, "were claimed while the copy ran (the old fleet still serves?): they were not copied; drain it and copy again")
+	}
 	return err
+}
+
+// sameKeys proves that two codecs derive the same store key for the same
+// request: the same store.key_prefix and the same key secret (or sealing
+// keys, when they derive the keys).
+func sameKeys(a, b *claim.Codec) error {
+	if a.Prefix() != b.Prefix() {
+		return fmt.Errorf("have different store.key_prefix values (%q, %q): a copied record would live under a key no sidecar derives", a.Prefix(), b.Prefix())
+	}
+	const principal, scope, key = "idemproxy store copy", "route:check", "known-key"
+	if a.Key(principal, scope, key) != b.Key(principal, scope, key) {
+		return errors.New("derive different keys for the same request (store.key_secret_file, or store.encryption.key_files when there is no key secret, differ): every copied record would be unseen and its retry would execute again")
+	}
+	return nil
+}
+
+// drained waits up to wait for the Redis store to hold no claim whose
+// lease still runs, and checks that every record opens under the
+// PostgreSQL config's keys; it lists the keys that are not ready.
+func drained(ctx context.Context, src *redisstore.Store, dst *claim.Codec, wait time.Duration, stdout io.Writer) error {
+	deadline := time.Now().Add(wait)
+	for {
+		var live, unreadable []string
+		err := src.Records(ctx, func(key string, value []byte, ttl time.Duration, nowMS int64) error {
+			switch how, out := claim.CarryValue(value, ttl, nowMS); how {
+			case claim.CarryLive:
+				live = append(live, key)
+			case claim.CarrySettled, claim.CarryOrphan:
+				if value[1] != byte(claim.Streamed) {
+					if _, err := dst.Open(key, out); err != nil {
+						unreadable = append(unreadable, key)
+					}
+				}
+			}
+			return nil
+		})
+		switch {
+		case err != nil:
+			return fmt.Errorf("store copy: read Redis: %w", err)
+		case len(unreadable) > 0:
+			return liveError(unreadable, "do not open under the PostgreSQL config's store.encryption.key_files: nothing was copied")
+		case len(live) == 0:
+			return nil
+		case time.Now().After(deadline):
+			return liveError(live, "are claims whose lease still runs (the drain is not over): nothing was copied; let them settle, or pass -wait")
+		}
+		fmt.Fprintf(stdout, "store copy: waiting for %d claims whose lease still runs\n", len(live))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// liveError names up to ten of keys, and how many there are.
+func liveError(keys []string, what string) error {
+	shown := keys[:min(len(keys), 10)]
+	more := ""
+	if len(keys) > len(shown) {
+		more = fmt.Sprintf(" and %d more", len(keys)-len(shown))
+	}
+	return fmt.Errorf("store copy: %d keys (%s%s) %s", len(keys), strings.Join(shown, ", "), more, what)
 }

@@ -226,32 +226,34 @@ func (s *Store) unavailable(op string, err error) error {
 	return claim.Unavailable(op, err)
 }
 
-// Settled calls f with every settled record under the store's prefix (a
-// completed one, or a stream that ended), its raw value and what is left
-// of its retention: what idemproxy store copy moves to another store.
-// Claims in progress, markers and quota counters are not records to copy.
-// A scan: for that command only, never on a request's path.
-func (s *Store) Settled(ctx context.Context, f func(key string, value []byte, ttl time.Duration) error) error {
+// Records calls f with every record under the store's prefix: its key,
+// its raw value, what is left of its key's life and Redis' clock (Unix
+// ms), all read in one MULTI: what idemproxy store copy carries to another
+// store (claim.CarryValue says how). Markers and quota counters are not
+// records. A scan: for that command only, never on a request's path.
+func (s *Store) Records(ctx context.Context, f func(key string, value []byte, ttl time.Duration, nowMS int64) error) error {
 	scan := func(ctx context.Context, c *redis.Client) error {
 		iter := c.Scan(ctx, 0, s.prefix+"*", 1000).Iterator()
 		for iter.Next(ctx) {
 			key := iter.Val()
-			rest := key[len(s.prefix):]
-			if len(rest) != 64 { // markers (epoch, since:), quota counters (q:)
+			if len(key)-len(s.prefix) != 64 { // markers (epoch, since:), quota counters (q:)
 				continue
 			}
-			v, err := c.Get(ctx, key).Bytes()
-			if err != nil {
+			var get *redis.StringCmd
+			var pttl *redis.DurationCmd
+			var now *redis.TimeCmd
+			_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+				get, pttl, now = p.Get(ctx, key), p.PTTL(ctx, key), p.Time(ctx)
+				return nil
+			})
+			v, gerr := get.Bytes()
+			if gerr == redis.Nil || pttl.Val() <= 0 {
 				continue // gone between the scan and the read
 			}
-			ttl, err := c.PTTL(ctx, key).Result()
-			if err != nil || ttl <= 0 {
-				continue
+			if err != nil {
+				return fmt.Errorf("read %s: %w", key, err)
 			}
-			if !settledValue(v) {
-				continue
-			}
-			if err := f(key, v, ttl); err != nil {
+			if err := f(key, v, pttl.Val(), now.Val().UnixMilli()); err != nil {
 				return err
 			}
 		}
@@ -264,19 +266,4 @@ func (s *Store) Settled(ctx context.Context, f func(key string, value []byte, tt
 		return scan(ctx, c)
 	}
 	return fmt.Errorf("claim: store copy: unsupported client %T", s.client)
-}
-
-// settledValue reports whether v is a settled record of ours: completed
-// (state 2), or a stream (3) whose end byte says it ended.
-func settledValue(v []byte) bool {
-	if len(v) < 2 || v[0] != 1 {
-		return false
-	}
-	switch v[1] {
-	case 2:
-		return true
-	case 3:
-		return len(v) > 69 && v[69] != 0
-	}
-	return false
 }
