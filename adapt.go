@@ -192,7 +192,11 @@ func storeOptions(cfg *config.Config, sec *secrets, m *metrics, log *slog.Logger
 		if e.Lost {
 			// Anomaly lines stay synchronous (the chaos checker reads them).
 			lost.Inc()
-			log.Error("the store lost its data: the epoch marker is gone; a new epoch began, and requests first sent before it are refused 412 record-lost instead of executed again",
+			reason := e.Reason
+			if reason == "" {
+				reason = "the epoch marker is gone"
+			}
+			log.Error("the store lost its data: "+reason+"; a new epoch began, and requests first sent before it are refused 412 record-lost instead of executed again",
 				"master", e.Master, "epoch_start", e.Start.UTC())
 		}
 	}))

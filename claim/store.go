@@ -169,6 +169,10 @@ type Epoch struct {
 	// Lost is set when this look found the marker gone on a master whose
 	// epoch this process had seen before: the store lost its data.
 	Lost bool
+	// Reason, when the store itself began the epoch after a loss it
+	// detected (PostgreSQL: another system identifier, a timeline after
+	// asynchronous replication), says what it saw; empty otherwise.
+	Reason string
 }
 
 // MasterHealth is what one look at one Redis master found.

@@ -110,11 +110,13 @@ func TestPostgresConfigRefused(t *testing.T) {
 	})
 }
 
-// TestPostgresFailoverLosesNothing (issue 56): a primary with a
+// TestPostgresFailoverLosesNothing (issue 56; issue 62): a primary with a
 // synchronous standby, the sidecar's URL naming both with
 // target_session_attrs=read-write. Every answer the sidecar gave was
 // committed on both; the primary is killed with -9 and the standby
-// promoted: every key replays its first answer, none executes again.
+// promoted: every key replays its first answer, none executes again, and
+// the new timeline is no loss: a request first sent before the failover
+// and never answered executes (no 412), nothing is counted lost.
 func TestPostgresFailoverLosesNothing(t *testing.T) {
 	primary := pgtest.Start(t)
 	standby := primary.Standby(t)
@@ -131,6 +133,8 @@ func TestPostgresFailoverLosesNothing(t *testing.T) {
 		}
 		answers[key] = body
 	}
+	sent := time.Now()
+	time.Sleep(1500 * time.Millisecond) // the store watcher has looked at the epoch on the primary
 	primary.Kill()
 	standby.Promote(t)
 	for key, want := range answers {
@@ -148,6 +152,13 @@ func TestPostgresFailoverLosesNothing(t *testing.T) {
 		if n := up.Executions(key); n != 1 {
 			t.Errorf("%s executed %d times, want 1", key, n)
 		}
+	}
+	if st, body := postFirstSent(t, sc.Client+"/payments", "fo-first-sent", sent); st != http.StatusCreated {
+		t.Errorf("a request first sent before a synchronous failover: %d %s, want 201 (nothing was lost)", st, body)
+	}
+	time.Sleep(1500 * time.Millisecond) // the store watcher looks again
+	if lost := dataLost(t, sc.Admin); lost != 0 {
+		t.Errorf("idemproxy_store_data_lost_total is %v after a synchronous failover, want 0", lost)
 	}
 }
 

@@ -39,7 +39,16 @@ func (s *Store) Claim(ctx context.Context, key string, rec *claim.Record, lease 
 // statement had may have been written, and is not.
 func notSent(err error) bool {
 	var connect *pgconn.ConnectError
-	return errors.As(err, &connect) || pgconn.SafeToRetry(err)
+	return errors.As(err, &connect) || pgconn.SafeToRetry(err) || refusedWhole(err)
+}
+
+// refusedWhole reports whether the server refused err's statement as a
+// whole, so that it wrote nothing and the connection is of no more use:
+// the server is read-only (SQLSTATE 25006: a demoted primary, a standby
+// the pool reached after a failover) or shutting down (57P01).
+func refusedWhole(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "25006" || pe.Code == "57P01")
 }
 
 // PlantUnconfirmed writes rec's claim as one whose reply never reached its

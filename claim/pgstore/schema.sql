@@ -385,6 +385,62 @@ BEGIN
   RETURN cur;
 END $$;
 
+-- The store's epoch, with the server it lives on (issue 62). nm is the
+-- epoch marker, as idem_marker reads it (v: its value when created); srv
+-- the marker of the server the epoch was last seen on: its system
+-- identifier, its timeline and whether commits then waited for a
+-- synchronous standby; a row of records under the same name, which never
+-- expires, stands for the records themselves. Another system identifier
+-- (a restore into another cluster), another timeline when the last look
+-- saw no synchronous standby (a failover to an asynchronous standby, a
+-- point-in-time restore), or the records' row gone (a TRUNCATE, one table
+-- restored) means acknowledged records may be gone: the epoch marker is
+-- replaced with lost (a new epoch, after a loss) and why says so. A
+-- timeline change after synchronous replication loses nothing and only
+-- moves srv along. Before srv exists (a new store, an upgrade from a
+-- release without it) nothing is taken for a loss.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_epoch(nm text, v text, srv text, lost text, OUT epoch text, OUT why text)
+LANGUAGE plpgsql AS $$
+DECLARE
+  sys text; tl text; sync bool; cur text; parts text[]; kept bool;
+BEGIN
+  SELECT c.system_identifier::text INTO sys FROM pg_control_system() c;
+  tl := substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8);
+  sync := current_setting('synchronous_standby_names') <> ''
+    AND current_setting('synchronous_commit') IN ('on', 'remote_write', 'remote_apply');
+  PERFORM pg_advisory_xact_lock(hashtext(srv));
+  SELECT m.value INTO cur FROM {{schema}}.markers m WHERE m.name = srv;
+  kept := EXISTS (SELECT 1 FROM {{schema}}.records r WHERE r.key = srv);
+  IF cur IS NOT NULL THEN
+    parts := string_to_array(cur, ':');
+    IF parts[1] <> sys THEN
+      why := 'the database''s system identifier changed from ' || parts[1] || ' to ' || sys || ' (a restore into another cluster)';
+    ELSIF parts[2] <> tl AND parts[3] <> 'sync' THEN
+      why := 'the database''s timeline changed from ' || parts[2] || ' to ' || tl || ' while no synchronous standby was configured (a failover to an asynchronous standby, or a point-in-time restore)';
+    ELSIF NOT kept THEN
+      why := 'the records table lost its marker row (a TRUNCATE, or the table restored on its own)';
+    END IF;
+  END IF;
+  IF why IS NOT NULL THEN
+    INSERT INTO {{schema}}.markers (name, value) VALUES (nm, lost)
+    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value;
+  END IF;
+  parts := ARRAY[cur, sys || ':' || tl || ':' || CASE WHEN sync THEN 'sync' ELSE 'async' END];
+  IF parts[1] IS DISTINCT FROM parts[2] THEN
+    INSERT INTO {{schema}}.markers (name, value) VALUES (srv, parts[2])
+    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value;
+  END IF;
+  IF NOT kept THEN
+    INSERT INTO {{schema}}.records (key, value, expires_ms) VALUES (srv, convert_to('epoch', 'UTF8'), 9223372036854775807)
+    ON CONFLICT (key) DO NOTHING;
+  END IF;
+  SELECT m.value INTO epoch FROM {{schema}}.markers m WHERE m.name = nm;
+  IF NOT FOUND THEN
+    INSERT INTO {{schema}}.markers (name, value) VALUES (nm, v) ON CONFLICT (name) DO NOTHING;
+    SELECT m.value INTO epoch FROM {{schema}}.markers m WHERE m.name = nm;
+  END IF;
+END $$;
+
 -- Deletes up to lim expired rows, oldest first, by the index on
 -- expires_ms: expiry never scans the table. Returns how many.
 CREATE OR REPLACE FUNCTION {{schema}}.idem_expire(lim int) RETURNS int

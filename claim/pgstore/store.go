@@ -54,6 +54,7 @@ type Store struct {
 	epochMu   sync.Mutex
 	epochSeen string
 	epochAt   claim.Epoch
+	onEpoch   func(claim.Epoch)
 	spanAttrs []attribute.KeyValue
 	// calls are the statements of the schema's functions (call), and
 	// readQuery read's.
@@ -81,6 +82,7 @@ func New(pool *pgxpool.Pool, schema, prefix string, opts ...claim.Option) *Store
 	node := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
 	s := &Store{pool: pool, codec: codec, schema: pgx.Identifier{schema}.Sanitize(), schemaName: schema, node: node}
 	s.clocks = claim.NewClocks(o.Now, s.checkClocks)
+	s.onEpoch = o.OnEpoch
 	s.readQuery = "SELECT r.cur, r.pttl, " + s.fn("idem_now") + "() FROM " + s.fn("idem_read") + "($1) r"
 	s.watch = newListener(pool)
 	s.spanAttrs = []attribute.KeyValue{semconv.DBSystemNamePostgreSQL, semconv.DBNamespace(cfg.Database)}
@@ -129,6 +131,11 @@ func (s *Store) fn(name string) string { return s.schema + "." + name }
 // into dst.
 func (s *Store) row(ctx context.Context, op, fn string, args []any, dst ...any) error {
 	if err := s.pool.QueryRow(ctx, s.call(fn, len(args)), args...).Scan(dst...); err != nil {
+		if refusedWhole(err) {
+			// Every connection to that server is as useless: the pool
+			// dials again (a multi-host URL finds the new primary).
+			s.pool.Reset()
+		}
 		return claim.Unavailable(op, err)
 	}
 	return nil
@@ -210,19 +217,27 @@ func (s *Store) Since(ctx context.Context, name string, now time.Time) (time.Tim
 	return time.UnixMilli(ms), nil
 }
 
-// CheckEpochs reads the store's epoch marker, creating it when missing;
-// one that this process saw and is gone means the data was lost (a
-// restore from an old backup, a truncation): the new epoch begins after a
-// loss.
+// CheckEpochs reads the store's epoch marker, creating it when missing,
+// with the server it lives on (idem_epoch): one that this process saw and
+// is gone means the data was lost (a truncation, a restore of the
+// markers), and so does a server that changed under it in a way that can
+// lose acknowledged writes (another system identifier; another timeline
+// after asynchronous replication, as a failover to an asynchronous standby
+// or a point-in-time restore make; the records' own marker row gone): the
+// new epoch begins after a loss. The store's epoch observer hears of every
+// look.
 func (s *Store) CheckEpochs(ctx context.Context) ([]claim.Epoch, error) {
 	s.epochMu.Lock()
 	defer s.epochMu.Unlock()
-	mark := strconv.FormatInt(s.clocks.Now().UnixMicro(), 10)
+	now := strconv.FormatInt(s.clocks.Now().UnixMicro(), 10)
+	mark := now
 	if s.epochSeen != "" {
 		mark += ":lost"
 	}
 	var v string
-	if err := s.row(ctx, "epoch", "idem_marker", []any{s.codec.Prefix() + "epoch", mark}, &v); err != nil {
+	var why *string
+	prefix := s.codec.Prefix()
+	if err := s.row(ctx, "epoch", "idem_epoch", []any{prefix + "epoch", mark, prefix + "epoch:server", now + ":lost"}, &v, &why); err != nil {
 		return nil, err
 	}
 	e := claim.Epoch{Master: s.node, AfterLoss: strings.HasSuffix(v, ":lost")}
@@ -231,8 +246,14 @@ func (s *Store) CheckEpochs(ctx context.Context) ([]claim.Epoch, error) {
 		return nil, fmt.Errorf("claim: epoch marker %q: %w", v, err)
 	}
 	e.Start = time.UnixMicro(us)
-	e.Lost = s.epochSeen != "" && s.epochSeen != v
+	e.Lost = s.epochSeen != "" && s.epochSeen != v || why != nil
+	if why != nil {
+		e.Reason = *why
+	}
 	s.epochSeen, s.epochAt = v, e
+	if s.onEpoch != nil {
+		s.onEpoch(e)
+	}
 	return []claim.Epoch{e}, nil
 }
 

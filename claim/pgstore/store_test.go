@@ -198,3 +198,44 @@ func TestClaimNotSentWhileDown(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimRefusedByAReadOnlyServer (issue 62): a claim refused because
+// the server is read-only (SQLSTATE 25006: a demoted primary, or a standby
+// the pool reached after a failover) wrote nothing: it is
+// claim.ErrNotSent, and the pool drops its connections, so that the next
+// claim dials again and succeeds once the server takes writes.
+func TestClaimRefusedByAReadOnlyServer(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pgstore.Migrate(ctx, pool, "idemproxy"); err != nil {
+		t.Fatal(err)
+	}
+	s := pgstore.New(pool, "idemproxy", "idem:")
+	t.Cleanup(s.Close)
+	admin := srv.Conn(t)
+	readOnly := func(on bool) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, fmt.Sprintf("ALTER DATABASE postgres SET default_transaction_read_only = %v", on)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res, err := s.Claim(ctx, s.Codec().Key("alice", "route", "before"), contract.NewRecord(t), time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	readOnly(true)
+	pool.Reset() // the setting applies to new sessions
+	_, err = s.Claim(ctx, s.Codec().Key("alice", "route", "read-only"), contract.NewRecord(t), time.Minute, claim.Quota{})
+	if !errors.Is(err, claim.ErrUnavailable) || !errors.Is(err, claim.ErrNotSent) {
+		t.Fatalf("claim on a read-only server: %v; want ErrUnavailable and ErrNotSent", err)
+	}
+	readOnly(false)
+	// No Reset here: the store dropped the read-only sessions itself.
+	if res, err := s.Claim(ctx, s.Codec().Key("alice", "route", "read-only"), contract.NewRecord(t), time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim once the server takes writes again: %+v, %v; want claimed (its read-only connection dropped)", res, err)
+	}
+}
