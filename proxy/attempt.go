@@ -372,7 +372,9 @@ func (a *attempt) wait(until time.Time) (*claim.Record, time.Duration, error) {
 		case <-ctx.Done():
 			return nil, 0, ctx.Err()
 		case <-watch.C():
+			a.h.metrics.wakeupNotify.Inc()
 		case <-timer.C:
+			a.h.metrics.wakeupPoll.Inc()
 		}
 		var rec *claim.Record
 		var ttl time.Duration

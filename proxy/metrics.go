@@ -80,6 +80,11 @@ type Metrics struct {
 	// streamChunks, streamAttached and streamFirstByte are the streamed
 	// answers' (stream.go), by route.
 	streamChunks, streamAttached *prometheus.CounterVec
+	// wakeups counts how waiters (concurrent: wait, stream followers)
+	// were woken to look at their key: notify or poll.
+	wakeups      *prometheus.CounterVec
+	wakeupNotify prometheus.Counter
+	wakeupPoll   prometheus.Counter
 	// streamLagging counts owners' clients that fell behind a stream and
 	// read the rest of it back from the store; streamEnds how streams
 	// ended.
@@ -165,6 +170,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "idemproxy_stream_chunks_total",
 			Help: "Chunks of streamed answers (routes[].stream) stored before their client got them, by route.",
 		}, []string{"route"}),
+		wakeups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_store_wakeups_total",
+			Help: "Times a waiter (concurrent: wait, a stream's follower) looked at its key, by how it was woken: notify (the store said the key changed: Redis keyspace events, PostgreSQL LISTEN/NOTIFY) or poll (its safety-net timer). Polls alone mean wake-ups are not arriving (PostgreSQL: LISTEN behind a transaction pooler; set store.postgres.listen_url).",
+		}, []string{"how"}),
 		streamAttached: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_stream_attached_total",
 			Help: "Retries that attached to a streamed answer still running and followed it live, by route.",
@@ -236,6 +245,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range unconfirmedResults {
 		m.unconfirmed.WithLabelValues(r)
 	}
+	m.wakeupNotify, m.wakeupPoll = m.wakeups.WithLabelValues("notify"), m.wakeups.WithLabelValues("poll")
 	for c := 1; c <= 5; c++ {
 		m.passThroughClass[c] = m.passThrough.WithLabelValues(strconv.Itoa(c) + "xx")
 	}
@@ -249,7 +259,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			})
 		}
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
-			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.webhooks, m.reconciled, m.streamChunks, m.streamAttached, m.streamLagging, m.streamEnds, m.streamFirstByte, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
+			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.webhooks, m.reconciled, m.streamChunks, m.streamAttached, m.wakeups, m.streamLagging, m.streamEnds, m.streamFirstByte, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
 				func(h *Handler) float64 { return h.owners.count() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",

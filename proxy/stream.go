@@ -628,7 +628,7 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64,
 	defer watch.Stop()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	failures, counted := 0, false
+	failures, counted, looked := 0, false, false
 	cut := time.NewTimer(time.Until(deadline))
 	defer cut.Stop()
 	for {
@@ -639,8 +639,13 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64,
 			x.log().Warn("stream follower cut: the stream ran past upstream.timeout + late_answer_window", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
 			return claim.StreamAborted
 		case <-watch.C():
+			x.h.metrics.wakeupNotify.Inc()
 		case <-timer.C:
+			if looked {
+				x.h.metrics.wakeupPoll.Inc()
+			}
 		}
+		looked = true
 		part, err := x.readStream(ctx, at)
 		if err != nil {
 			if ctx.Err() != nil {

@@ -74,7 +74,6 @@ CREATE OR REPLACE FUNCTION {{schema}}.idem_del(k text) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
   DELETE FROM {{schema}}.records WHERE key = k;
-  PERFORM pg_notify('idemproxy', k);
 END $$;
 
 -- The claim: k taken for v for ttl ms if absent, or the record there.
@@ -187,13 +186,11 @@ BEGIN
   SELECT g.cur, g.present INTO cur, present FROM {{schema}}.idem_get(k, now_ms) g;
   IF cur IS NULL THEN
     IF NOT {{schema}}.idem_put(k, v, ttl, now_ms, present) THEN RETURN -1; END IF;
-    PERFORM pg_notify('idemproxy', k);
     RETURN 2;
   END IF;
   IF NOT {{schema}}.idem_ours(cur, tok) THEN RETURN -1; END IF;
   IF {{schema}}.idem_state(cur) = 2 THEN RETURN 3; END IF;
   PERFORM {{schema}}.idem_put(k, v, ttl, now_ms, true);
-  PERFORM pg_notify('idemproxy', k);
   RETURN 1;
 END $$;
 
@@ -224,7 +221,6 @@ BEGIN
   IF exp - now_ms > tail THEN RETURN -3; END IF;
   IF exp_seen > 0 AND abs(exp - exp_seen) > slack THEN RETURN -3; END IF;
   PERFORM {{schema}}.idem_put(k, v, ttl, now_ms, true);
-  PERFORM pg_notify('idemproxy', k);
   RETURN 1;
 END $$;
 
@@ -300,7 +296,6 @@ BEGIN
   END IF;
   v := overlay(head PLACING int8send(now_ms + lease) FROM 60 FOR 8);
   IF NOT {{schema}}.idem_put(k, v, ttl, now_ms, present) THEN RETURN -1; END IF;
-  PERFORM pg_notify('idemproxy', k);
   RETURN how;
 END $$;
 
@@ -320,7 +315,6 @@ BEGIN
   IF get_byte(cur, 69) <> 0 THEN res := -2; RETURN; END IF;
   IF {{schema}}.idem_rd8(cur, 60) < now_ms THEN
     UPDATE {{schema}}.records SET value = set_byte(value, 69, 2) WHERE key = k;
-    PERFORM pg_notify('idemproxy', k);
     res := -3; RETURN;
   END IF;
   n := length(cur);
@@ -328,7 +322,6 @@ BEGIN
   cur := overlay(cur || chunk PLACING int8send(now_ms + lease) FROM 60 FOR 8);
   UPDATE {{schema}}.records SET value = cur WHERE key = k;
   n := length(cur);
-  IF length(chunk) > 0 THEN PERFORM pg_notify('idemproxy', k); END IF;
   res := 1;
 END $$;
 
@@ -349,13 +342,11 @@ BEGIN
   IF at >= 0 AND length(cur) <> at THEN res := -5; n := length(cur); RETURN; END IF;
   IF e = 1 AND {{schema}}.idem_rd8(cur, 60) < now_ms THEN
     UPDATE {{schema}}.records SET value = set_byte(value, 69, 2) WHERE key = k;
-    PERFORM pg_notify('idemproxy', k);
     res := -2; RETURN;
   END IF;
   IF e = 1 AND last IS NOT NULL AND length(last) > 0 THEN cur := cur || last; END IF;
   cur := overlay(set_byte(cur, 69, e) PLACING int8send(now_ms) FROM 60 FOR 8);
   UPDATE {{schema}}.records SET value = cur WHERE key = k;
-  PERFORM pg_notify('idemproxy', k);
   res := 1;
 END $$;
 

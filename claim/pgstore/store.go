@@ -60,6 +60,10 @@ type Store struct {
 	// readQuery read's.
 	calls     sync.Map
 	readQuery string
+	// described holds the statements' descriptions (notify.go), by SQL.
+	described sync.Map
+	// notifyFailures counts the wake-ups that could not be sent.
+	notifyFailures atomic.Int64
 }
 
 var _ claim.Backend = (*Store)(nil)
@@ -273,7 +277,7 @@ func (s *Store) EpochStart(ctx context.Context, key string) (time.Time, error) {
 // Forget deletes key's record while it is in state (the key API).
 func (s *Store) Forget(ctx context.Context, key string, state claim.State) error {
 	var n int
-	if err := s.row(ctx, "forget", "idem_forget", []any{key, int(state)}, &n); err != nil {
+	if err := s.rowNotify(ctx, "forget", "idem_forget", key, []any{key, int(state)}, &n); err != nil {
 		return err
 	}
 	if n < 0 {

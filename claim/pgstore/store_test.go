@@ -239,3 +239,95 @@ func TestClaimRefusedByAReadOnlyServer(t *testing.T) {
 		t.Fatalf("claim once the server takes writes again: %+v, %v; want claimed (its read-only connection dropped)", res, err)
 	}
 }
+
+// TestWritesNeverWaitOnWakeUps (issue 62): a wake-up that cannot be sent
+// fails no write. The sidecar's role may not call pg_notify here (the
+// cheapest way to make every notification fail; a full notification
+// queue, which any session of the cluster can cause, fails them the same
+// way): completions, releases, orphans settled and stream writes are
+// still stored, the failed wake-ups are counted, and a waiter still wakes
+// (by its poll). v0.7.0 notified inside each writing function's
+// transaction, and every one of these writes failed.
+func TestWritesNeverWaitOnWakeUps(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	admin := srv.Conn(t)
+	setup, err := pgxpool.New(ctx, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgstore.Migrate(ctx, setup, "idemproxy"); err != nil {
+		t.Fatal(err)
+	}
+	setup.Close()
+	for _, q := range []string{
+		"CREATE ROLE runtime LOGIN",
+		"GRANT USAGE ON SCHEMA idemproxy TO runtime",
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA idemproxy TO runtime",
+		"REVOKE EXECUTE ON FUNCTION pg_catalog.pg_notify(text, text) FROM PUBLIC",
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = "runtime"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s := pgstore.New(pool, "idemproxy", "idem:")
+	t.Cleanup(s.Close)
+
+	key := s.Codec().Key("alice", "route", "completed")
+	rec := contract.NewRecord(t)
+	if _, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	watch := s.Watch(ctx, key)
+	defer watch.Stop()
+	if how, err := s.Complete(ctx, key, contract.Completed(rec, `{"id":1}`), time.Hour); err != nil || how != claim.Stored {
+		t.Fatalf("complete while no wake-up can be sent: %v, %v; want stored", how, err)
+	}
+	got, _, err := s.Get(ctx, key)
+	if err != nil || got == nil || got.State != claim.Completed {
+		t.Fatalf("after the completion: %+v, %v; want the completed record", got, err)
+	}
+
+	freed := s.Codec().Key("alice", "route", "released")
+	rec2 := contract.NewRecord(t)
+	if _, err := s.Claim(ctx, freed, rec2, time.Minute, claim.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, freed, rec2.Token); err != nil {
+		t.Fatalf("release while no wake-up can be sent: %v", err)
+	}
+	if got, _, err := s.Get(ctx, freed); err != nil || got != nil {
+		t.Fatalf("after the release: %+v, %v; want the key free", got, err)
+	}
+
+	streamed := s.Codec().Key("alice", "route", "streamed")
+	rec3 := contract.NewRecord(t)
+	if _, err := s.Claim(ctx, streamed, rec3, time.Minute, claim.Quota{}); err != nil {
+		t.Fatal(err)
+	}
+	head := *rec3
+	head.State, head.Status = claim.Streamed, 200
+	at, err := s.StreamStart(ctx, streamed, &head, time.Hour, time.Minute)
+	if err != nil {
+		t.Fatalf("stream start while no wake-up can be sent: %v", err)
+	}
+	if at, err = s.StreamAppend(ctx, streamed, rec3.Token, at, []byte("data: 1\n\n"), time.Minute); err != nil {
+		t.Fatalf("stream append while no wake-up can be sent: %v", err)
+	}
+	if err := s.StreamFinish(ctx, streamed, rec3.Token, claim.StreamEnded, at); err != nil {
+		t.Fatalf("stream end while no wake-up can be sent: %v", err)
+	}
+	if n := s.NotifyFailures(); n < 5 {
+		t.Errorf("%d failed wake-ups counted, want one per write (5)", n)
+	}
+}

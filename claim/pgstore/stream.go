@@ -13,7 +13,7 @@ import (
 func (s *Store) StreamStart(ctx context.Context, key string, rec *claim.Record, retention, lease time.Duration) (int, error) {
 	value := s.codec.StreamHead(key, rec)
 	var n int
-	if err := s.row(ctx, "stream start", "idem_stream_start", []any{key, rec.Token[:], value, retention.Milliseconds(), lease.Milliseconds()}, &n); err != nil {
+	if err := s.rowNotify(ctx, "stream start", "idem_stream_start", key, []any{key, rec.Token[:], value, retention.Milliseconds(), lease.Milliseconds()}, &n); err != nil {
 		return 0, err
 	}
 	if n < 1 {
@@ -31,7 +31,12 @@ func (s *Store) StreamAppend(ctx context.Context, key string, token claim.Token,
 	}
 	var res int
 	var n *int64
-	if err := s.row(ctx, "stream append", "idem_stream_append", []any{key, token[:], at, data, lease.Milliseconds()}, &res, &n); err != nil {
+	args := []any{key, token[:], at, data, lease.Milliseconds()}
+	write := s.rowNotify
+	if len(data) == 0 { // a renewal: nothing for a reader to read
+		write = func(ctx context.Context, op, fn, _ string, args []any, dst ...any) error { return s.row(ctx, op, fn, args, dst...) }
+	}
+	if err := write(ctx, "stream append", "idem_stream_append", key, args, &res, &n); err != nil {
 		return 0, err
 	}
 	switch {
@@ -52,7 +57,7 @@ func (s *Store) StreamFinish(ctx context.Context, key string, token claim.Token,
 	last := s.codec.EndFrame(key, token, end, at)
 	var res int
 	var n *int64
-	if err := s.row(ctx, "stream end", "idem_stream_end", []any{key, token[:], int(end), at, last}, &res, &n); err != nil {
+	if err := s.rowNotify(ctx, "stream end", "idem_stream_end", key, []any{key, token[:], int(end), at, last}, &res, &n); err != nil {
 		return err
 	}
 	switch {

@@ -1,0 +1,151 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// Wake-ups never decide a write. A NOTIFY inside the writing function's
+// transaction would make its COMMIT depend on the cluster's notification
+// queue, which any session of any database fills (a listener idle in a
+// transaction, or on purpose): a full queue fails the COMMIT, and the
+// write with it. So no function of the schema notifies; an operation that
+// settles, frees or appends to a key runs its function and then
+// pg_notify as two statements of one pipeline with a Sync between them:
+// the write commits alone, in its own implicit transaction, and the
+// wake-up rides the same round trip, best effort. A notify that fails is
+// counted (NotifyFailures) and changes nothing else: waiters keep their
+// poll.
+
+// notifySQL is the wake-up: channel idemproxy, the key as its payload.
+const notifySQL = "SELECT pg_catalog.pg_notify('idemproxy', $1)"
+
+// rowNotify runs one of the schema's functions with args, as row does,
+// scanning its one row into dst, and then wakes key's waiters (above).
+func (s *Store) rowNotify(ctx context.Context, op, fn, key string, args []any, dst ...any) error {
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return claim.Unavailable(op, err)
+	}
+	err = s.pipeline(ctx, c, s.call(fn, len(args)), args, key, dst)
+	c.Release() // a connection left busy or broken is destroyed by the pool
+	if err != nil {
+		if refusedWhole(err) {
+			s.pool.Reset()
+		}
+		return claim.Unavailable(op, err)
+	}
+	return nil
+}
+
+// pipeline sends the statement and the wake-up in one round trip, each
+// followed by its Sync, and reads both answers.
+func (s *Store) pipeline(ctx context.Context, c *pgxpool.Conn, sql string, args []any, key string, dst []any) error {
+	sd, err := s.describe(ctx, c.Conn().PgConn(), sql)
+	if err != nil {
+		return err
+	}
+	m := c.Conn().TypeMap()
+	params := make([][]byte, len(args))
+	for i, a := range args {
+		if params[i], err = m.Encode(sd.ParamOIDs[i], pgtype.BinaryFormatCode, a, nil); err != nil {
+			return fmt.Errorf("encode argument %d: %w", i+1, err)
+		}
+	}
+	binary := []int16{pgtype.BinaryFormatCode}
+	p := c.Conn().PgConn().StartPipeline(ctx)
+	p.SendQueryParams(sql, params, sd.ParamOIDs, binary, binary)
+	p.SendPipelineSync()
+	p.SendQueryParams(notifySQL, [][]byte{[]byte(key)}, []uint32{pgtype.TextOID}, nil, nil)
+	p.SendPipelineSync()
+	if err := p.Flush(); err != nil {
+		p.Close()
+		return err
+	}
+	writeErr := readRow(p, m, dst)
+	if _, err := p.GetResults(); err != nil && writeErr == nil { // the write's Sync
+		writeErr = err
+	}
+	notifyErr := readRow(p, m, nil)
+	if _, err := p.GetResults(); err != nil && notifyErr == nil { // the wake-up's Sync
+		notifyErr = err
+	}
+	closeErr := p.Close()
+	if writeErr == nil && closeErr != nil && notifyErr == nil {
+		// The write's answer was read whole before this: it stands.
+		notifyErr = closeErr
+	}
+	if notifyErr != nil {
+		s.notifyFailures.Add(1)
+	}
+	return writeErr
+}
+
+// readRow reads the next result of p: one row, scanned into dst (nothing
+// when dst is nil).
+func readRow(p *pgconn.Pipeline, m *pgtype.Map, dst []any) error {
+	res, err := p.GetResults()
+	if err != nil {
+		return err
+	}
+	rr, ok := res.(*pgconn.ResultReader)
+	if !ok {
+		return fmt.Errorf("pipeline: unexpected result %T", res)
+	}
+	rows := 0
+	var scanErr error
+	for rr.NextRow() {
+		rows++
+		if dst == nil || scanErr != nil {
+			continue
+		}
+		fds, vals := rr.FieldDescriptions(), rr.Values()
+		if len(vals) != len(dst) {
+			scanErr = fmt.Errorf("pipeline: %d columns, %d destinations", len(vals), len(dst))
+			continue
+		}
+		for i := range vals {
+			if err := m.Scan(fds[i].DataTypeOID, fds[i].Format, vals[i], dst[i]); err != nil {
+				scanErr = fmt.Errorf("scan column %d: %w", i+1, err)
+				break
+			}
+		}
+	}
+	if _, err := rr.Close(); err != nil {
+		return err
+	}
+	if scanErr != nil {
+		return scanErr
+	}
+	if dst != nil && rows != 1 {
+		return errors.New("pipeline: no row")
+	}
+	return nil
+}
+
+// describe is sql's parameter and result types, asked once per store
+// (the unnamed statement: nothing stays prepared on the server, so any
+// pooler may route the next statement elsewhere).
+func (s *Store) describe(ctx context.Context, pc *pgconn.PgConn, sql string) (*pgconn.StatementDescription, error) {
+	if sd, ok := s.described.Load(sql); ok {
+		return sd.(*pgconn.StatementDescription), nil
+	}
+	sd, err := pc.Prepare(ctx, "", sql, nil)
+	if err != nil {
+		return nil, err
+	}
+	s.described.Store(sql, sd)
+	return sd, nil
+}
+
+// NotifyFailures is how many wake-ups could not be sent since the store
+// opened (the write before each stood): a full notification queue, or a
+// connection lost after the write's answer.
+func (s *Store) NotifyFailures() int64 { return s.notifyFailures.Load() }
