@@ -8,7 +8,8 @@
 // judges leases and fences on the database's clock inside it, as the Redis
 // store's scripts do on Redis' (it mirrors them one for one). Record bytes
 // are claim.Codec's, the same as in Redis. Waiters are woken by NOTIFY on
-// one LISTEN connection per store.
+// one LISTEN connection per store; the NOTIFY follows the write in the
+// same round trip but never in its transaction (notify.go).
 //
 // It is not a library: its exported names serve the idemproxy binary and
 // the repository's tests, and change between releases without notice.

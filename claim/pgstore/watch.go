@@ -10,8 +10,8 @@ import (
 	"github.com/idemproxy/idemproxy/claim"
 )
 
-// Waking waiters: every function that settles or frees a key NOTIFYs
-// channel idemproxy with the key; one connection per store LISTENs, from
+// Waking waiters: every operation that settles or frees a key NOTIFYs
+// channel idemproxy with the key once its write committed (notify.go); one connection per store LISTENs, from
 // the first Watch until Close, and wakes the key's waiters. Every time it
 // (re)starts listening it wakes them all, so that they look at their key
 // once the channel is live: a notification sent while it was down is
