@@ -148,6 +148,7 @@ var consumers = map[string]struct{ file, reads string }{
 	"store.postgres.schema":              {"server.go", "pg.Schema"},
 	"store.postgres.create_schema":       {"server.go", "pg.CreateSchema"},
 	"store.postgres.max_conns":           {"server.go", "pg.MaxConns"},
+	"store.postgres.listen_url":          {"server.go", "pg.ListenURL"},
 	"store.redis.master_name":            {"adapt.go", "r.MasterName"},
 	"store.redis.username":               {"adapt.go", "r.Username"},
 	"store.redis.password":               {"adapt.go", "r.Password"},

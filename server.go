@@ -210,6 +210,17 @@ func (s *server) openPostgres(ctx context.Context, sec *secrets) error {
 	if pg.CreateSchema {
 		store.MigrateOnPreload()
 	}
+	if pg.ListenURL != "" {
+		lcfg, err := connConfig(pg.ListenURL, sec)
+		if err != nil {
+			return fmt.Errorf("store.postgres.listen_url: %w", err)
+		}
+		store.ListenWith(lcfg)
+	}
+	store.OnDeafListener(func() {
+		s.log.Warn("PostgreSQL wake-ups do not arrive: this sidecar's LISTEN did not hear its own NOTIFY within 5s; waiters (concurrent: wait, stream followers) wake by their poll only. Behind a transaction pooler (PgBouncer pool_mode = transaction, RDS Proxy) set store.postgres.listen_url to a URL straight to the database",
+			"listen_url_set", pg.ListenURL != "")
+	})
 	s.store = store
 	s.closers = append(s.closers, s.store.Close)
 	s.metrics.evictionSafe.Set(1) // PostgreSQL never evicts a row

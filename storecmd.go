@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -75,12 +76,31 @@ func openPool(ctx context.Context, pg config.Postgres, sec *secrets, max int32) 
 	if sec.postgresPassword != "" {
 		pcfg.ConnConfig.Password = sec.postgresPassword
 	}
+	// Behind a transaction pooler (PgBouncer, RDS Proxy) the next
+	// statement may run on another server connection: nothing may stay
+	// prepared by name. Statement descriptions are cached per connection
+	// instead, and every statement is parsed unnamed, in the same round
+	// trip (docs/benchmarks.md has its cost).
+	pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	pcfg.MaxConns = max
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("store.postgres.url: %w", err)
 	}
 	return pool, nil
+}
+
+// connConfig is a connection's config for a URL of store.postgres, with
+// the password file's password.
+func connConfig(url string, sec *secrets) (*pgx.ConnConfig, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	if sec.postgresPassword != "" {
+		cfg.Password = sec.postgresPassword
+	}
+	return cfg, nil
 }
 
 // copyFromRedis carries every record of the Redis fleet configured in

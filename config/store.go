@@ -100,6 +100,10 @@ type Postgres struct {
 	// PasswordFile, when set, holds the password (a mounted Secret), read
 	// at start, surrounding whitespace removed.
 	PasswordFile string `yaml:"password_file"`
+	// ListenURL is the LISTEN connection's own URL, straight to the
+	// database past any transaction pooler (a LISTEN needs a session of
+	// its own); empty: URL. Same rules as URL, the same password.
+	ListenURL string `yaml:"listen_url"`
 	// Schema holds idemproxy's tables and functions.
 	Schema string `yaml:"schema"`
 	// CreateSchema installs or updates the schema at start (idemproxy
@@ -180,17 +184,17 @@ func (c *Config) validatePostgres(add problemf) {
 		if pg.PasswordFile != "" {
 			add("store.postgres.password_file", "is only used with store.postgres.url")
 		}
+		if pg.ListenURL != "" {
+			add("store.postgres.listen_url", "is only used with store.postgres.url")
+		}
 		return
 	}
 	if len(c.Store.Redis.Addrs) > 0 {
 		add("store.postgres.url", "set either store.redis.addrs or store.postgres.url, not both: one fleet uses one store (docs/production.md, switching stores)")
 	}
-	if u, err := url.Parse(pg.URL); err == nil && u.User != nil {
-		if _, ok := u.User.Password(); ok {
-			add("store.postgres.url", "holds a password: put it in a file named by store.postgres.password_file, and leave it out of the URL")
-		}
-	} else if strings.Contains(strings.ToLower(pg.URL), "password=") {
-		add("store.postgres.url", "holds a password: put it in a file named by store.postgres.password_file, and leave it out of the URL")
+	checkPostgresURL(add, "store.postgres.url", pg.URL)
+	if pg.ListenURL != "" {
+		checkPostgresURL(add, "store.postgres.listen_url", pg.ListenURL)
 	}
 	if !validIdentifier(pg.Schema) {
 		add("store.postgres.schema", "must be a plain SQL name (letters, digits, _; not starting with a digit), got %q", pg.Schema)
@@ -200,6 +204,28 @@ func (c *Config) validatePostgres(add problemf) {
 	}
 	if c.Store.WaitReplicas > 0 {
 		add("store.wait_replicas", "is Redis' WAIT: with store.postgres, a synchronous standby (synchronous_standby_names) does it in the database")
+	}
+}
+
+// checkPostgresURL refuses a connection string that holds a password
+// anywhere (the URL's userinfo, a password parameter in its query or in a
+// key=value string), without echoing it.
+func checkPostgresURL(add problemf, path, raw string) {
+	const msg = "holds a password: put it in a file named by store.postgres.password_file, and leave it out of the URL"
+	if u, err := url.Parse(raw); err == nil && u.Scheme != "" {
+		if u.User != nil {
+			if _, ok := u.User.Password(); ok {
+				add(path, msg)
+				return
+			}
+		}
+		if _, ok := u.Query()["password"]; ok {
+			add(path, msg)
+			return
+		}
+	}
+	if strings.Contains(strings.ToLower(raw), "password=") {
+		add(path, msg)
 	}
 }
 

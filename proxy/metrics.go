@@ -234,21 +234,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Protected requests the upstream may have acted on without an answer, by route and handling (keep, release, fail, or orphan: an owner vanished and a later attempt settled its claim).",
 		}, []string{"route", "handling"}),
 	}
-	// Series that exist from the start make rate() and absent-based alerts
-	// work before the first error.
-	for _, s := range storeOps {
-		m.storeErrors.WithLabelValues(s)
-	}
-	for _, r := range []string{"ok", "lost", "error"} {
-		m.renewals.WithLabelValues(r)
-	}
-	for _, r := range unconfirmedResults {
-		m.unconfirmed.WithLabelValues(r)
-	}
-	m.wakeupNotify, m.wakeupPoll = m.wakeups.WithLabelValues("notify"), m.wakeups.WithLabelValues("poll")
-	for c := 1; c <= 5; c++ {
-		m.passThroughClass[c] = m.passThrough.WithLabelValues(strconv.Itoa(c) + "xx")
-	}
+	m.initSeries()
 	if reg != nil {
 		gauge := func(name, help string, read func(h *Handler) float64) prometheus.Collector {
 			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
@@ -272,6 +258,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 				func(h *Handler) float64 { return float64(h.unconfirmed.count()) }))
 	}
 	return m
+}
+
+// initSeries creates the series that do not depend on routes at zero:
+// series that exist from the start make rate() and absent-based alerts
+// work before the first error.
+func (m *Metrics) initSeries() {
+	for _, s := range storeOps {
+		m.storeErrors.WithLabelValues(s)
+	}
+	for _, r := range []string{"ok", "lost", "error"} {
+		m.renewals.WithLabelValues(r)
+	}
+	for _, r := range unconfirmedResults {
+		m.unconfirmed.WithLabelValues(r)
+	}
+	m.wakeupNotify, m.wakeupPoll = m.wakeups.WithLabelValues("notify"), m.wakeups.WithLabelValues("poll")
+	for c := 1; c <= 5; c++ {
+		m.passThroughClass[c] = m.passThrough.WithLabelValues(strconv.Itoa(c) + "xx")
+	}
 }
 
 // initRoutes creates every route's outcome series at zero.

@@ -162,7 +162,13 @@ func (s *Store) Preload(ctx context.Context) error {
 		}
 	}
 	var now int64
-	return s.row(ctx, "preload", "idem_now", nil, &now)
+	if err := s.row(ctx, "preload", "idem_now", nil, &now); err != nil {
+		return err
+	}
+	if s.watch.onDeaf != nil {
+		s.watch.start() // listen now, so that a LISTEN that hears nothing is told at start
+	}
+	return nil
 }
 
 // SetFull sets whether new claims are refused (ErrFull).

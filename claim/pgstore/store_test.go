@@ -331,3 +331,48 @@ func TestWritesNeverWaitOnWakeUps(t *testing.T) {
 		t.Errorf("%d failed wake-ups counted, want one per write (5)", n)
 	}
 }
+
+// TestContractThroughPgBouncer (issue 62): the whole contract suite
+// through a real PgBouncer in transaction mode (the pooler most fleets put
+// in front of PostgreSQL), on a pool that prepares nothing by name (the
+// sidecar's: statement descriptions cached, statements unnamed), the
+// LISTEN connection straight to the database (store.postgres.listen_url).
+// v0.7.0's named prepared statements failed here ("prepared statement
+// stmtcache_... already exists").
+func TestContractThroughPgBouncer(t *testing.T) {
+	srv := pgtest.Start(t)
+	b := srv.Bouncer(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(b.URL + "&pool_max_conns=64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := pgstore.Migrate(ctx, pool, "idemproxy"); err != nil {
+		t.Fatal(err)
+	}
+	direct, err := pgx.ParseConfig(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	contract.Run(t, bounced{deployment: deployment{pool: pool, schema: "idemproxy"}, listen: direct})
+}
+
+// bounced is a deployment behind a pooler, its stores listening on a
+// connection of their own.
+type bounced struct {
+	deployment
+	listen *pgx.ConnConfig
+}
+
+func (d bounced) Open(t *testing.T, prefix string, opts ...claim.Option) claim.Backend {
+	s := pgstore.New(d.pool, d.schema, prefix, opts...)
+	s.ListenWith(d.listen)
+	t.Cleanup(s.Close)
+	return s
+}

@@ -34,7 +34,9 @@ func (s *Store) StreamAppend(ctx context.Context, key string, token claim.Token,
 	args := []any{key, token[:], at, data, lease.Milliseconds()}
 	write := s.rowNotify
 	if len(data) == 0 { // a renewal: nothing for a reader to read
-		write = func(ctx context.Context, op, fn, _ string, args []any, dst ...any) error { return s.row(ctx, op, fn, args, dst...) }
+		write = func(ctx context.Context, op, fn, _ string, args []any, dst ...any) error {
+			return s.row(ctx, op, fn, args, dst...)
+		}
 	}
 	if err := write(ctx, "stream append", "idem_stream_append", key, args, &res, &n); err != nil {
 		return 0, err

@@ -2,9 +2,13 @@ package pgstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -21,6 +25,15 @@ import (
 // listener is a store's LISTEN connection and its waiters.
 type listener struct {
 	pool *pgxpool.Pool
+	// dial, when set, makes the LISTEN connection (store.postgres.
+	// listen_url): straight to the database, past a transaction pooler,
+	// on which a LISTEN on a pooled connection never hears a NOTIFY.
+	dial *pgx.ConnConfig
+	// onDeaf is called, once per listener, when the listener's own probe
+	// NOTIFY has not come back probeWait after it listened.
+	onDeaf func()
+	// probed is set once a probe came back; deafTold once onDeaf ran.
+	probed, deafTold atomic.Bool
 
 	mu      sync.Mutex
 	waiters map[string]map[*keyWatch]struct{}
@@ -76,15 +89,28 @@ func (s *Store) Watch(_ context.Context, key string) claim.Watch {
 		l.waiters[key] = set
 	}
 	set[w] = struct{}{}
-	switch {
-	case l.live:
+	if l.live {
 		w.wake()
-	case l.cancel == nil && !l.closed:
+	} else {
+		l.startLocked()
+	}
+	return w
+}
+
+// start begins listening, unless the listener runs or was closed.
+func (l *listener) start() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.startLocked()
+}
+
+// startLocked is start, l.mu held.
+func (l *listener) startLocked() {
+	if l.cancel == nil && !l.closed {
 		ctx, cancel := context.WithCancel(context.Background())
 		l.cancel = cancel
 		go l.run(ctx)
 	}
-	return w
 }
 
 // run listens until ctx ends, reconnecting after a failure.
@@ -101,18 +127,65 @@ func (l *listener) run(ctx context.Context) {
 	}
 }
 
+// probeWait is how long a listener waits for its own probe NOTIFY before
+// it says it hears nothing.
+const probeWait = 5 * time.Second
+
+// connect is the LISTEN connection: its own (dial), or one of the pool's;
+// done gives it back.
+func (l *listener) connect(ctx context.Context) (conn *pgx.Conn, done func(), err error) {
+	if l.dial != nil {
+		c, err := pgx.ConnectConfig(ctx, l.dial)
+		if err != nil {
+			return nil, nil, err
+		}
+		return c, func() { c.Close(context.Background()) }, nil
+	}
+	pc, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pc.Conn(), func() {
+		pc.Conn().Close(context.Background()) // never back to the pool listening
+		pc.Release()
+	}, nil
+}
+
+// probe sends the listener a NOTIFY of its own through the pool (as every
+// wake-up is sent) and, should it not come back within probeWait, tells
+// onDeaf once: the LISTEN sits behind a transaction pooler, or the
+// channel is not the pool's database's.
+func (l *listener) probe(ctx context.Context, payload string) {
+	if l.probed.Load() || l.onDeaf == nil {
+		return
+	}
+	if _, err := l.pool.Exec(ctx, notifySQL, payload); err != nil {
+		return // the store is down: the next listen probes again
+	}
+	time.AfterFunc(probeWait, func() {
+		if ctx.Err() == nil && !l.probed.Load() && l.deafTold.CompareAndSwap(false, true) {
+			l.onDeaf()
+		}
+	})
+}
+
 // listen holds one connection listening, waking waiters, until it fails
 // or ctx ends.
 func (l *listener) listen(ctx context.Context) {
-	conn, err := l.pool.Acquire(ctx)
+	conn, done, err := l.connect(ctx)
 	if err != nil {
 		return
 	}
-	defer conn.Release()
+	defer done()
 	if _, err := conn.Exec(ctx, "LISTEN idemproxy"); err != nil {
-		conn.Conn().Close(context.Background()) // not back to the pool half-listening
 		return
 	}
+	var nonce [8]byte
+	rand.Read(nonce[:])
+	payload := "probe:" + hex.EncodeToString(nonce[:])
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go l.probe(lctx, payload)
 	l.mu.Lock()
 	l.live = true
 	for _, set := range l.waiters {
@@ -122,10 +195,13 @@ func (l *listener) listen(ctx context.Context) {
 	}
 	l.mu.Unlock()
 	for {
-		n, err := conn.Conn().WaitForNotification(ctx)
+		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			conn.Conn().Close(context.Background())
 			return
+		}
+		if n.Payload == payload {
+			l.probed.Store(true)
+			continue
 		}
 		l.mu.Lock()
 		for w := range l.waiters[n.Payload] {
@@ -134,6 +210,17 @@ func (l *listener) listen(ctx context.Context) {
 		l.mu.Unlock()
 	}
 }
+
+// ListenWith has the store LISTEN for wake-ups on a connection of its own
+// made with cfg (store.postgres.listen_url) instead of one of the pool's.
+// Call it before the first Watch.
+func (s *Store) ListenWith(cfg *pgx.ConnConfig) { s.watch.dial = cfg }
+
+// OnDeafListener has deaf called once when the store's LISTEN connection
+// does not hear its own probe NOTIFY within 5 s of listening: wake-ups
+// then never arrive, and waiters wake by their poll. Call it before the
+// first Watch.
+func (s *Store) OnDeafListener(deaf func()) { s.watch.onDeaf = deaf }
 
 // close stops listening.
 func (l *listener) close() {

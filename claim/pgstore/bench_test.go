@@ -1,0 +1,62 @@
+package pgstore_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/contract"
+	"github.com/idemproxy/idemproxy/claim/pgstore"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
+)
+
+// BenchmarkFirstAttempt is a claim and its completion on one server, by
+// the statement mode of the pool: cache_statement (pgx's default: named
+// prepared statements, which no transaction pooler lets through) against
+// cache_describe (the sidecar's since issue 62: descriptions cached, every
+// statement parsed unnamed in the same round trip). docs/benchmarks.md has
+// the figures.
+func BenchmarkFirstAttempt(b *testing.B) {
+	var keys atomic.Int64
+	srv := pgtest.Start(b)
+	ctx := context.Background()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe} {
+		b.Run(mode.String(), func(b *testing.B) {
+			cfg, err := pgxpool.ParseConfig(srv.URL)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cfg.ConnConfig.DefaultQueryExecMode = mode
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer pool.Close()
+			if err := pgstore.Migrate(ctx, pool, "idemproxy"); err != nil {
+				b.Fatal(err)
+			}
+			s := pgstore.New(pool, "idemproxy", "idem:")
+			defer s.Close()
+			rec := contract.NewRecord(&testing.T{})
+			done := contract.Completed(rec, `{"id":1}`)
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					key := s.Codec().Key(mode.String(), "route", fmt.Sprint(keys.Add(1)))
+					if _, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := s.Complete(ctx, key, done, time.Hour); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		})
+	}
+}
