@@ -24,6 +24,9 @@ type metrics struct {
 	// storeUp is 1 per master that answered the store watcher's last
 	// look, 0 per master that did not.
 	storeUp *prometheus.GaugeVec
+	// clockOffset is each node's clock minus this process', from the
+	// store watcher's last reading of it.
+	clockOffset *prometheus.GaugeVec
 	// upstreamUp is the app's health (apphealth.go), registered only with
 	// upstream.health_path.
 	upstreamUp prometheus.Gauge
@@ -77,6 +80,11 @@ func newMetrics(waitReplicas bool) *metrics {
 	build.WithLabelValues(v, rev, gov).Set(1)
 	m.reg.MustRegister(build)
 	m.reg.MustRegister(m.dataLost)
+	m.clockOffset = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_store_clock_offset_seconds",
+		Help: "The store's clock minus this sidecar's, per node (a Redis master, the PostgreSQL server), as the store watcher's round trip measures it every second (to within half that round trip). Beyond 0.5 s either way a claim is written unmarked (a retry cannot free it as never forwarded) and reconcile cannot free an absent key: the 409s' detail then names the offset. IdemproxyStoreClockOffset pages above 0.4 s.",
+	}, []string{"node"})
+	m.reg.MustRegister(m.clockOffset)
 	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.storeKeys, m.storeBytes, m.size, m.expired, m.cleanupLag, m.oldestClaim, m.batchOps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -98,6 +98,7 @@ func (h *storeHealth) watch(ctx context.Context, store claim.Backend, limit floa
 		up := h.up()
 		setStoreSize(m.storeKeys, m.storeBytes, known, masters)
 		setCleanup(m, masters)
+		setClockOffsets(m.clockOffset, known, masters)
 		setStoreUp(m.storeUp, known, masters)
 		switch {
 		case !up && wasUp:
@@ -130,6 +131,28 @@ func (h *storeHealth) watch(ctx context.Context, store claim.Backend, limit floa
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// setClockOffsets sets each master's clock offset from its last look (the
+// store's clock minus this process'); a master whose clock was not read
+// this time keeps its last value, one no longer listed (known holds the
+// masters of the look before) loses its series.
+func setClockOffsets(g *prometheus.GaugeVec, known map[string]bool, masters []claim.MasterHealth) {
+	listed := map[string]bool{}
+	for _, mh := range masters {
+		listed[mh.Master] = true
+		if mh.Clock != nil {
+			g.WithLabelValues(mh.Master).Set(-mh.Clock.Offset().Seconds())
+		}
+	}
+	if len(masters) == 1 && masters[0].Master == "" {
+		return // the deployment could not even list its masters
+	}
+	for name := range known {
+		if !listed[name] {
+			g.DeleteLabelValues(name)
 		}
 	}
 }

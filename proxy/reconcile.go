@@ -377,6 +377,9 @@ func (a *attempt) freeAbsent(existing, taker *claim.Record, since time.Time) (re
 	case errors.As(err, &early):
 		a.reconciled(lookupTooEarly, existing, "")
 		a.putBackUnknown(existing, taker, since)
+		if early.Skew != 0 {
+			return a.clocksApart(early), true, ""
+		}
 		return a.tooEarly(early.Left), true, ""
 	case errors.Is(err, claim.ErrLeaseLost):
 		return nil, true, ""
@@ -503,6 +506,15 @@ func (a *attempt) putBackUnknown(first, taker *claim.Record, since time.Time) *c
 // the first attempt may still be running in the app.
 func (a *attempt) tooEarly(left time.Duration) *reply {
 	return a.inProgress("the upstream has no record of this key yet, and its first attempt may still be running; retry after the time in Retry-After", max(left, time.Second))
+}
+
+// clocksApart is the in-progress answer when an absent key could not be
+// freed because the store's clock and this sidecar's differ by more than
+// the freeing allows: the detail names the offset, so that a client (and
+// whoever reads its logs) knows the wait is a clock's, not the upstream's.
+func (a *attempt) clocksApart(e *claim.TooEarlyError) *reply {
+	return a.inProgress(fmt.Sprintf("the upstream has no record of this key, but the idempotency store's clock is %.1f s off this sidecar's (more than the %.1f s a key may be freed with): the key cannot be freed until the clocks agree again; retry after the time in Retry-After",
+		e.Skew.Seconds(), claim.MaxClockOffset.Seconds()), max(e.Left, time.Second))
 }
 
 // ReconcileKey is the key API's reconcile-now: on route, it asks the
