@@ -208,7 +208,7 @@ func (s *server) openPostgres(ctx context.Context, sec *secrets) error {
 	s.closers = append(s.closers, pool.Close)
 	store := pgstore.New(pool, pg.Schema, s.cfg.Store.KeyPrefix, storeOptions(s.cfg, sec, s.metrics, s.log)...)
 	if pg.CreateSchema {
-		store.MigrateOnPreload()
+		store.MigrateOnPreload(serviceVersion())
 	}
 	if pg.ListenURL != "" {
 		lcfg, err := connConfig(pg.ListenURL, sec)

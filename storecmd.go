@@ -32,7 +32,8 @@ func runStore(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	path := fs.String("config", "config.yaml", "path of the YAML config file (store.postgres)")
 	from := fs.String("from-redis", "", "copy: the config of the Redis fleet to copy from (its store.redis and store.key_prefix)")
 	wait := fs.Duration("wait", 0, "copy: how long to wait for claims whose lease still runs (the drain not over) before refusing")
-	if help, err := parseFlags(fs, args[1:], "store takes -config, and copy -from-redis"); help || err != nil {
+	grant := fs.String("grant", "", "migrate: the runtime role to grant what the sidecars need (USAGE on the schema, its tables' rows, EXECUTE on this version's functions)")
+	if help, err := parseFlags(fs, args[1:], "store takes -config, migrate -grant, and copy -from-redis and -wait"); help || err != nil {
 		return err
 	}
 	cfg, err := config.Load(*path)
@@ -53,11 +54,23 @@ func runStore(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer pool.Close()
 	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := pgstore.Migrate(mctx, pool, cfg.Store.Postgres.Schema); err != nil {
+	schema := cfg.Store.Postgres.Schema
+	in, err := pgstore.Install(mctx, pool, schema, serviceVersion())
+	if err != nil {
 		return err
 	}
 	if args[0] == "migrate" {
-		fmt.Fprintf(stdout, "store.postgres: schema %q installed (tables, index, functions)\n", cfg.Store.Postgres.Schema)
+		left := "no other version"
+		if len(in.Left) > 0 {
+			left = "version " + strings.Join(in.Left, ", ") + " (their functions serve pods of other releases during a rollout; drop them once none runs)"
+		}
+		fmt.Fprintf(stdout, "store.postgres: schema %q installed: tables, indexes and version %d of the functions (idem_v%d_*); left in place: %s\n", schema, in.Version, in.Version, left)
+		if *grant != "" {
+			if err := pgstore.Grant(mctx, pool, schema, *grant); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "store.postgres: role %q may use schema %q (USAGE, its tables' rows, EXECUTE on version %d's functions) and owns nothing in it\n", *grant, schema, in.Version)
+		}
 		return nil
 	}
 	if *from == "" {

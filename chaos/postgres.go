@@ -54,7 +54,7 @@ func countInProgressPostgres(url string) (stuck, orphans int, err error) {
 		return 0, 0, err
 	}
 	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, "SELECT key, value, expires_ms - idemproxy.idem_now() FROM idemproxy.records WHERE expires_ms > idemproxy.idem_now() AND key NOT LIKE 'idem:epoch%' AND key NOT LIKE 'idem:since:%'")
+	rows, err := conn.Query(ctx, "SELECT key, value, expires_ms - floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint FROM idemproxy.records WHERE expires_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AND key NOT LIKE 'idem:epoch%' AND key NOT LIKE 'idem:since:%'")
 	if err != nil {
 		return 0, 0, err
 	}

@@ -80,6 +80,8 @@ func TestPostgresConfigRefused(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct{ name, store, want string }{
 		{"password in the URL", "  postgres:\n    url: \"postgres://u:secret@127.0.0.1:5432/db\"\n", "store.postgres.url: holds a password: put it in a file named by store.postgres.password_file"},
+		{"password in the URL's query", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db?sslmode=disable&password=secret\"\n", "store.postgres.url: holds a password: put it in a file named by store.postgres.password_file"},
+		{"password in listen_url", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    listen_url: \"postgres://u:secret@127.0.0.1:5432/db\"\n", "store.postgres.listen_url: holds a password"},
 		{"both stores", "  redis:\n    addrs: [\"127.0.0.1:6379\"]\n  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n", "set either store.redis.addrs or store.postgres.url, not both"},
 		{"schema", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    schema: \"a;b\"\n", "store.postgres.schema: must be a plain SQL name"},
 		{"password file missing", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    password_file: \"/nonexistent/pg-password\"\n", "store.postgres.password_file: open /nonexistent/pg-password"},
@@ -92,6 +94,9 @@ func TestPostgresConfigRefused(t *testing.T) {
 			out, err := exec.Command(bin, "-config", path, "-check").CombinedOutput()
 			if err == nil || !strings.Contains(string(out), tc.want) || strings.Contains(string(out), "panic") {
 				t.Errorf("-check: %v\n%s\nwant exit 1 naming %q", err, out, tc.want)
+			}
+			if strings.Contains(string(out), "secret") {
+				t.Errorf("-check echoed the password:\n%s", out)
 			}
 		})
 	}

@@ -9,7 +9,20 @@
 -- version is never overwritten or deleted. A row whose expires_ms has
 -- passed is absent: every function treats it so at once; expiry only
 -- reclaims its space later (idem_expire, by the index on expires_ms).
+--
+-- Versions (issue 62): every function is named for the schema version of
+-- the release that installs it (idem_ below stands for idem_v{{version}}_,
+-- Migrate's rewrite): two releases of a rolling upgrade each call their
+-- own, side by side over the same tables, and a pod that installs its
+-- release's functions never touches another release's (v0.7.0's, version
+-- 1, are the unversioned idem_*). A release that changes a function's
+-- body bumps the version. Tables change only by adding. Every function
+-- runs with a fixed search_path and is not executable by PUBLIC: the
+-- runtime role gets EXECUTE (store migrate -grant). The whole script is
+-- one transaction, serialized by an advisory lock, so that pods starting
+-- together on an empty database do not race.
 
+SELECT pg_advisory_xact_lock(hashtext('idemproxy migrate'));
 CREATE SCHEMA IF NOT EXISTS {{schema}};
 
 CREATE TABLE IF NOT EXISTS {{schema}}.records (
@@ -459,4 +472,25 @@ BEGIN
   SELECT now_ms - min({{schema}}.idem_rd8(value, 52)) INTO oldest_claim_ms FROM {{schema}}.records
     WHERE substring(value FROM 2 FOR 1) = '\x01'::bytea AND expires_ms > now_ms AND length(value) >= 59;
   SELECT greatest(c.reltuples, 0)::bigint INTO est_rows FROM pg_class c WHERE c.oid = '{{schema}}.records'::regclass;
+END $$;
+
+-- The schema versions installed: what store migrate reports.
+CREATE TABLE IF NOT EXISTS {{schema}}.versions (
+  version      int PRIMARY KEY,
+  release      text NOT NULL,
+  installed_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO {{schema}}.versions (version, release) VALUES ({{version}}, '{{release}}')
+ON CONFLICT (version) DO UPDATE SET release = EXCLUDED.release, installed_at = now();
+
+-- This version's functions: a fixed search_path (every name in them is
+-- qualified, or pg_catalog's), and EXECUTE for the roles granted it only.
+DO $$
+DECLARE f regprocedure;
+BEGIN
+  FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+    WHERE p.pronamespace = '{{schema}}'::regnamespace AND p.proname LIKE 'idem\_v{{version}}\_%' LOOP
+    EXECUTE format('ALTER FUNCTION %s SET search_path = pg_catalog, pg_temp', f);
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+  END LOOP;
 END $$;

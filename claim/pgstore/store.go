@@ -18,6 +18,7 @@ package pgstore
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -27,6 +28,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -49,8 +51,10 @@ type Store struct {
 	// full refuses new claims (SetFull).
 	full  atomic.Bool
 	watch *listener
-	// migrate installs the schema on Preload (MigrateOnPreload).
+	// migrate installs the schema on Preload (MigrateOnPreload), as
+	// release.
 	migrate bool
+	release string
 	// epochs: the marker this process last saw (CheckEpochs).
 	epochMu   sync.Mutex
 	epochSeen string
@@ -69,15 +73,97 @@ type Store struct {
 
 var _ claim.Backend = (*Store)(nil)
 
-// Migrate installs the schema (tables, index, functions) under schema;
-// running it again changes nothing.
+// SchemaVersion is the version of the schema's functions this package
+// calls (schema.sql: idem_v2_*); v0.7.0's unversioned functions are
+// version 1.
+const SchemaVersion = 2
+
+// fnPrefix is the name prefix of this version's functions.
+var fnPrefix = "idem_v" + strconv.Itoa(SchemaVersion) + "_"
+
+// ErrForeignSchema means the schema exists and another role owns it: that
+// role could replace idemproxy's functions under the sidecars (and run its
+// own code as their role), so nothing is installed there.
+var ErrForeignSchema = errors.New("pgstore: the schema is owned by another role")
+
+// Installed is what Install did: the version it installed, and the
+// other versions' functions it left in place (for pods of other releases
+// still running during a rollout).
+type Installed struct {
+	Version int
+	// Left names the other versions found, e.g. "1 (v0.7.0)".
+	Left []string
+}
+
+// Migrate installs the schema (tables, indexes, this version's
+// functions) under schema; running it again changes nothing.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	sql := strings.ReplaceAll(schemaSQL, "{{schema}}", pgx.Identifier{schema}.Sanitize())
+	_, err := Install(ctx, pool, schema, "")
+	return err
+}
+
+// Install is Migrate, recording release (the binary's version) as the
+// installer of this schema version, and reporting the versions it left.
+// It refuses a schema another role owns (ErrForeignSchema, naming it).
+func Install(ctx context.Context, pool *pgxpool.Pool, schema, release string) (Installed, error) {
+	var owner, me string
+	err := pool.QueryRow(ctx, "SELECT pg_catalog.pg_get_userbyid(n.nspowner)::text, current_user::text FROM pg_catalog.pg_namespace n WHERE n.nspname = $1", schema).Scan(&owner, &me)
+	switch {
+	case err == nil && owner != me:
+		return Installed{}, fmt.Errorf("%w: schema %q belongs to role %q, not to %q (who runs this): idemproxy installs its functions only into a schema its own role owns (docs/production.md, roles)", ErrForeignSchema, schema, owner, me)
+	case err != nil && !errors.Is(err, pgx.ErrNoRows):
+		return Installed{}, fmt.Errorf("pgstore: migrate schema %q: %w", schema, err)
+	}
+	if release == "" {
+		release = "unknown"
+	}
+	quoted := pgx.Identifier{schema}.Sanitize()
+	sql := strings.ReplaceAll(schemaSQL, "{{schema}}.idem_", quoted+"."+fnPrefix)
+	sql = strings.NewReplacer("{{schema}}", quoted, "{{version}}", strconv.Itoa(SchemaVersion), "{{release}}", strings.ReplaceAll(release, "'", "")).Replace(sql)
 	if _, err := pool.Exec(ctx, sql); err != nil {
-		return fmt.Errorf("pgstore: migrate schema %q: %w", schema, err)
+		return Installed{}, fmt.Errorf("pgstore: migrate schema %q: %w", schema, err)
+	}
+	in := Installed{Version: SchemaVersion}
+	rows, err := pool.Query(ctx, "SELECT version, release FROM "+quoted+".versions WHERE version <> $1 ORDER BY version", SchemaVersion)
+	if err != nil {
+		return in, fmt.Errorf("pgstore: read schema versions: %w", err)
+	}
+	for rows.Next() {
+		var v int
+		var rel string
+		if err := rows.Scan(&v, &rel); err != nil {
+			return in, err
+		}
+		in.Left = append(in.Left, fmt.Sprintf("%d (%s)", v, rel))
+	}
+	if err := rows.Err(); err != nil {
+		return in, err
+	}
+	var v1 bool
+	if err := pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc WHERE pronamespace = $1::regnamespace AND proname = 'idem_claim')", quoted).Scan(&v1); err == nil && v1 {
+		in.Left = append([]string{"1 (v0.7.0's unversioned idem_* functions)"}, in.Left...)
+	}
+	return in, nil
+}
+
+// Grant gives role what a runtime role needs on schema and no more: USAGE
+// on the schema, reading and writing its tables, EXECUTE on this
+// version's functions. It owns nothing and can replace nothing.
+func Grant(ctx context.Context, pool *pgxpool.Pool, schema, role string) error {
+	quoted, r := pgx.Identifier{schema}.Sanitize(), pgx.Identifier{role}.Sanitize()
+	sql := "GRANT USAGE ON SCHEMA " + quoted + " TO " + r + ";\n" +
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + quoted + ".records, " + quoted + ".counters, " + quoted + ".markers TO " + r + ";\n" +
+		"GRANT SELECT ON " + quoted + ".versions TO " + r + ";\n" +
+		"DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p WHERE p.pronamespace = '" + strings.ReplaceAll(quoted, "'", "''") + "'::regnamespace AND p.proname LIKE '" + strings.ReplaceAll(fnPrefix, "_", "\\_") + "%' LOOP " +
+		"EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, " + quoteLiteral(r) + "); END LOOP; END $$;"
+	if _, err := pool.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("pgstore: grant %s on schema %q: %w", role, schema, err)
 	}
 	return nil
 }
+
+// quoteLiteral is s as an SQL string literal.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // New returns a Store on pool, its records in schema (installed by
 // Migrate), every key under prefix.
@@ -129,8 +215,11 @@ type callKey struct {
 	n  int
 }
 
-// fn is the schema-qualified name of one of the schema's functions.
-func (s *Store) fn(name string) string { return s.schema + "." + name }
+// fn is the schema-qualified name of one of the schema's functions, by
+// its name in schema.sql (idem_claim: this version's idem_v2_claim).
+func (s *Store) fn(name string) string {
+	return s.schema + "." + fnPrefix + strings.TrimPrefix(name, "idem_")
+}
 
 // row runs one of the schema's functions with args and scans its result
 // into dst.
@@ -150,19 +239,23 @@ func (s *Store) row(ctx context.Context, op, fn string, args []any, dst ...any) 
 func (s *Store) Close() { s.watch.close() }
 
 // MigrateOnPreload makes Preload install or update the schema first
-// (store.postgres.create_schema).
-func (s *Store) MigrateOnPreload() { s.migrate = true }
+// (store.postgres.create_schema), recording release as its installer.
+func (s *Store) MigrateOnPreload(release string) { s.migrate, s.release = true, release }
 
 // Preload installs the schema when MigrateOnPreload said so, and checks
 // that it is there.
 func (s *Store) Preload(ctx context.Context) error {
 	if s.migrate {
-		if err := Migrate(ctx, s.pool, s.schemaName); err != nil {
+		if _, err := Install(ctx, s.pool, s.schemaName, s.release); err != nil {
 			return claim.Unavailable("migrate", err)
 		}
 	}
 	var now int64
 	if err := s.row(ctx, "preload", "idem_now", nil, &now); err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "3F000") { // undefined_function, invalid_schema_name
+			return fmt.Errorf("%w: schema %q lacks version %d of idemproxy's functions (%s*): run idemproxy store migrate of this release with the role that owns the schema, or set store.postgres.create_schema: true where this role owns it", err, s.schemaName, SchemaVersion, fnPrefix)
+		}
 		return err
 	}
 	if s.watch.onDeaf != nil {

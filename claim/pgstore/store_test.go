@@ -259,11 +259,14 @@ func TestWritesNeverWaitOnWakeUps(t *testing.T) {
 	if err := pgstore.Migrate(ctx, setup, "idemproxy"); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := admin.Exec(ctx, "CREATE ROLE runtime LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgstore.Grant(ctx, setup, "idemproxy", "runtime"); err != nil {
+		t.Fatal(err)
+	}
 	setup.Close()
 	for _, q := range []string{
-		"CREATE ROLE runtime LOGIN",
-		"GRANT USAGE ON SCHEMA idemproxy TO runtime",
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA idemproxy TO runtime",
 		"REVOKE EXECUTE ON FUNCTION pg_catalog.pg_notify(text, text) FROM PUBLIC",
 	} {
 		if _, err := admin.Exec(ctx, q); err != nil {

@@ -1,0 +1,86 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/internal/binarytest"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/poll"
+)
+
+// TestPostgresLeastPrivilege (issue 62): the two roles docs/production.md
+// gives. An owner role migrates (idemproxy store migrate -grant app) and a
+// runtime role that owns nothing runs the sidecar (create_schema: false):
+// it serves, replays, and can replace nothing. The functions run with a
+// fixed search_path and PUBLIC may not execute them. A schema another role
+// owns is refused, naming that role, by store migrate and by a sidecar
+// with create_schema: true. v0.7.0 installed into any schema and left its
+// functions executable by PUBLIC.
+func TestPostgresLeastPrivilege(t *testing.T) {
+	t.Parallel()
+	pg := pgtest.Start(t)
+	ctx := context.Background()
+	admin := pg.Conn(t)
+	for _, q := range []string{
+		"CREATE ROLE owner LOGIN", "GRANT CREATE ON DATABASE postgres TO owner",
+		"CREATE ROLE app LOGIN",
+		"CREATE ROLE mallory LOGIN", "CREATE SCHEMA theirs AUTHORIZATION mallory",
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	up := binarytest.NewRecorder(t)
+	as := func(role, extra string) string {
+		return pgConfig(up.URL, fmt.Sprintf("postgres://%s@%s/postgres?sslmode=disable", role, pg.Addr), extra)
+	}
+	dir := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	bin := binarytest.TestBinary(t)
+
+	out, err := exec.Command(bin, "store", "migrate", "-config", write("owner.yaml", as("owner", "")), "-grant", "app").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "version 2 of the functions") || !strings.Contains(string(out), `role "app" may use schema "idemproxy"`) {
+		t.Fatalf("store migrate -grant app as the owner: %v\n%s", err, out)
+	}
+	out, err = exec.Command(bin, "store", "migrate", "-config", write("theirs.yaml", as("owner", "    schema: theirs\n"))).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `schema "theirs" belongs to role "mallory"`) {
+		t.Errorf("store migrate into a schema mallory owns: %v\n%s\nwant exit 1 naming mallory", err, out)
+	}
+
+	sc := startBinary(t, as("app", "    create_schema: false\n"))
+	st, first := post(t, sc.Client+"/payments", "least-1", `{}`)
+	if st != http.StatusCreated {
+		t.Fatalf("first attempt as the runtime role: %d %s", st, first)
+	}
+	if resp, again := postAnswer(t, sc.Client+"/payments", "least-1", `{}`); resp.StatusCode != http.StatusCreated || again != first || resp.Header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("retry as the runtime role: %d %s, want the first answer replayed", resp.StatusCode, again)
+	}
+	var owned, public, unpinned int
+	if err := admin.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM pg_class WHERE relowner = 'app'::regrole) + (SELECT count(*) FROM pg_proc WHERE proowner = 'app'::regrole) + (SELECT count(*) FROM pg_namespace WHERE nspowner = 'app'::regrole),
+		(SELECT count(*) FROM pg_proc WHERE pronamespace = 'idemproxy'::regnamespace AND proname LIKE 'idem\_v2\_%' AND has_function_privilege('mallory', oid, 'EXECUTE')),
+		(SELECT count(*) FROM pg_proc WHERE pronamespace = 'idemproxy'::regnamespace AND proname LIKE 'idem\_v2\_%' AND NOT coalesce(proconfig, '{}') @> ARRAY['search_path=pg_catalog, pg_temp'])`).Scan(&owned, &public, &unpinned); err != nil {
+		t.Fatal(err)
+	}
+	if owned != 0 || public != 0 || unpinned != 0 {
+		t.Errorf("the runtime role owns %d objects, another role may execute %d functions, %d functions have no fixed search_path; want 0, 0, 0", owned, public, unpinned)
+	}
+
+	wrong := startBinary(t, as("app", ""))
+	poll.Until(t, "the sidecar that may not install says why", func() bool {
+		return strings.Contains(wrong.Logs(), `belongs to role \"owner\"`) || strings.Contains(wrong.Logs(), `belongs to role "owner"`)
+	})
+}
