@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/binarytest"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
@@ -122,16 +123,25 @@ func TestMixedFleet(t *testing.T) {
 		store      string   // under store:, both versions
 		newEnv     []string // the new version's environment only
 		oldSkipped bool
+		postgres   bool // on the PostgreSQL store (both create_schema: true), the previous pod restarted mid-way
 	}{
 		{name: "defaults"},
 		{name: "sealed with a key secret", store: fmt.Sprintf("  encryption:\n    key_files: [%q]\n  key_secret_file: %q\n", keyFile, secretFile)},
 		{name: "tracing on the new version only", newEnv: []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + collector.URL, "OTEL_BSP_SCHEDULE_DELAY=100"}},
+		{name: "postgres", postgres: true},
 	} {
 		t.Run(fs.name, func(t *testing.T) {
-			srv := redistest.Start(t)
 			upstream := binarytest.NewRecorder(t)
 			upstream.Delay = 20 * time.Millisecond // long enough for a concurrent retry to find the claim
-			yaml := fmt.Sprintf("upstream:\n  url: %q\nstore:\n  redis:\n    addrs: [%q]\n%sroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream.URL, srv.Addr, fs.store)
+			var yaml string
+			var pg *pgtest.Server
+			if fs.postgres {
+				pg = pgtest.Start(t)
+				yaml = fmt.Sprintf("upstream:\n  url: %q\nstore:\n  postgres:\n    url: %q\n%sroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream.URL, pg.URL, fs.store)
+			} else {
+				srv := redistest.Start(t)
+				yaml = fmt.Sprintf("upstream:\n  url: %q\nstore:\n  redis:\n    addrs: [%q]\n%sroutes:\n  - name: pay\n    match: \"POST /payments\"\n", upstream.URL, srv.Addr, fs.store)
+			}
 			old := start(t, "previous", oldBin, yaml)
 			cur := start(t, "current", curBin, yaml, fs.newEnv...)
 			check := func(where string, a answer) {
@@ -158,6 +168,28 @@ func TestMixedFleet(t *testing.T) {
 							t.Errorf("%s retry on %s: %d %q replayed=%t, want %d %q replayed", k, s.name, retry.status, retry.body, retry.replayed, first.status, first.body)
 						}
 					}
+				}
+			}
+			if fs.postgres {
+				// A previous pod restarted during the rollout reinstalls its
+				// own functions (create_schema: true): the current pods'
+				// must stay as they were.
+				bodies := func() string {
+					var sum string
+					if err := pg.Conn(t).QueryRow(t.Context(), `SELECT coalesce(md5(string_agg(prosrc, '|' ORDER BY oid::regprocedure::text)), '') FROM pg_proc WHERE proname LIKE 'idem\_v2\_%'`).Scan(&sum); err != nil {
+						t.Fatal(err)
+					}
+					return sum
+				}
+				before := bodies()
+				if before == "" {
+					t.Fatal("the current pod installed no versioned functions")
+				}
+				if err := old.Restart(binarytest.Options{}); err != nil {
+					t.Fatal(err)
+				}
+				if after := bodies(); after != before {
+					t.Errorf("the previous pod's restart changed the current pods' functions")
 				}
 			}
 			for i := range 10 {
