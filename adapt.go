@@ -268,5 +268,5 @@ func webhookOf(w config.Webhook, secrets [][]byte) *proxy.Webhook {
 	if w.Provider == "" {
 		return nil
 	}
-	return &proxy.Webhook{Provider: w.Provider, Secrets: slices.Clone(secrets), Tolerance: w.Tolerance}
+	return &proxy.Webhook{Provider: w.Provider, Secrets: slices.Clone(secrets), Tolerance: w.Tolerance, Events: slices.Clone(w.Events)}
 }

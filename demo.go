@@ -83,7 +83,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		{Name: "create-order", Match: "POST /orders", Settings: wait},
 		{Name: "generate", Match: "POST /v1/chat/completions", Settings: cfg.Defaults, Stream: config.StreamAuto},
 		{Name: "payment-events", Match: "POST /webhooks/payments", Settings: cfg.Defaults,
-			Webhook: config.Webhook{Provider: config.WebhookGitHub, Tolerance: config.DefaultWebhookTolerance, SecretFiles: []string{secretFile}}},
+			Webhook: config.Webhook{Provider: config.WebhookGitHub, Tolerance: config.DefaultWebhookTolerance, SecretFiles: []string{secretFile}, Events: []string{"push"}}},
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -223,6 +223,7 @@ func (s *demoShow) webhook(id, body, secret string) (demoResult, error) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-GitHub-Delivery", id)
+	req.Header.Set("X-GitHub-Event", "push")
 	req.Header.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(m.Sum(nil)))
 	return send(req)
 }

@@ -133,6 +133,8 @@ func TestInvalidFixtures(t *testing.T) {
 			`routes[0].webhook.tolerance: must be between 1s and 1h (a signed timestamp further off is refused: replay protection), got 2h0m0s`,
 			`routes[1].webhook.provider: must be one of stripe, github, shopify, standard, got "paypal"`,
 			`routes[2].webhook.provider: must be set with secret_files: stripe, github, shopify or standard`,
+			`routes[3].webhook.events[1]: "Push" is not a github event name as github writes it (^[a-z_]+$)`,
+			`routes[4].webhook.events: applies to github and shopify, whose event is not signed; stripe signs what keys its deliveries`,
 		},
 		"bad_reconcile": {
 			`routes[0].reconcile.url: must carry {key}, or every key would get the same answer: "/payments/by-key"`,

@@ -95,6 +95,9 @@ func (c *Config) webhookWarnings() []string {
 		if !r.set["quota.new_keys"] && c.Defaults.Quota.NewKeys > 0 {
 			w = append(w, fmt.Sprintf("routes[%d].quota.new_keys: not set, so defaults.quota.new_keys (%d) does not apply to this webhook route (%s): every delivery is the provider's, and a busy provider would be refused 429 too-many-keys past %d events a window; set it on the route to bound the provider's new keys", i, c.Defaults.Quota.NewKeys, r.Name, c.Defaults.Quota.NewKeys))
 		}
+		if WebhookEventGrammar[r.Webhook.Provider] != nil && len(r.Webhook.Events) == 0 {
+			w = append(w, fmt.Sprintf("routes[%d].webhook.events: not set, so this %s route (%s) accepts every well-formed event: the event is not signed, and a captured delivery can be resent once under each event name; list the events the app handles", i, r.Webhook.Provider, r.Name))
+		}
 		if r.set["scope"] && r.Settings.Scope == ScopePrincipal {
 			w = append(w, fmt.Sprintf("routes[%d].scope: principal is not applied to a webhook route (%s): its deliveries are always scoped by route; records v0.5.0 stored under the shared scope are still read for one retention", i, r.Name))
 		}

@@ -1,6 +1,10 @@
 package config
 
-import "time"
+import (
+	"fmt"
+	"regexp"
+	"time"
+)
 
 // Webhook providers (routes[].webhook.provider).
 const (
@@ -26,6 +30,18 @@ type Webhook struct {
 	// Tolerance is how far a signed timestamp (stripe, standard) may be
 	// from now.
 	Tolerance time.Duration `yaml:"tolerance"`
+	// Events are the GitHub events or Shopify topics the route accepts
+	// (github, shopify: their event is not signed, so a captured body
+	// executes at most once per event accepted); a delivery naming another
+	// gets 400 event-not-accepted. Empty: every well-formed event.
+	Events []string `yaml:"events"`
+}
+
+// WebhookEventGrammar is the form of an event name, by provider: GitHub's
+// X-GitHub-Event, Shopify's topic, as the providers write them.
+var WebhookEventGrammar = map[string]*regexp.Regexp{
+	WebhookGitHub:  regexp.MustCompile(`^[a-z_]+$`),
+	WebhookShopify: regexp.MustCompile(`^[a-z_]+/[a-z_]+$`),
 }
 
 func (w Webhook) validate(path string, add problemf) {
@@ -38,6 +54,15 @@ func (w Webhook) validate(path string, add problemf) {
 	oneOf(path+"provider", w.Provider, add, WebhookProviders...)
 	if len(w.SecretFiles) == 0 {
 		add(path+"secret_files", "must name at least one file holding the provider's signing secret")
+	}
+	grammar := WebhookEventGrammar[w.Provider]
+	if len(w.Events) > 0 && grammar == nil {
+		add(path+"events", "applies to github and shopify, whose event is not signed; %s signs what keys its deliveries", w.Provider)
+	}
+	for i, e := range w.Events {
+		if grammar != nil && !grammar.MatchString(e) {
+			add(fmt.Sprintf("%sevents[%d]", path, i), "%q is not a %s event name as %s writes it (%s)", e, w.Provider, w.Provider, grammar.String())
+		}
 	}
 	if w.Tolerance <= 0 || w.Tolerance > time.Hour {
 		add(path+"tolerance", "must be between 1s and 1h (a signed timestamp further off is refused: replay protection), got %s", w.Tolerance)

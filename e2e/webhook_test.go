@@ -52,7 +52,7 @@ var signers = map[string]signer{
 		return http.Header{"X-Hub-Signature-256": {"sha256=" + hmacHex(secret, body)}, "X-Github-Delivery": {id}, "X-Github-Event": {"push"}}
 	},
 	"shopify": func(secret, id, body string, _ time.Time) http.Header {
-		return http.Header{"X-Shopify-Hmac-Sha256": {hmacB64([]byte(secret), body)}, "X-Shopify-Webhook-Id": {id}}
+		return http.Header{"X-Shopify-Hmac-Sha256": {hmacB64([]byte(secret), body)}, "X-Shopify-Webhook-Id": {id}, "X-Shopify-Topic": {"orders/create"}, "X-Shopify-Shop-Domain": {"shop-1.myshopify.com"}}
 	},
 	"standard": func(secret, id, body string, at time.Time) http.Header {
 		key, _ := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
@@ -67,7 +67,7 @@ var signers = map[string]signer{
 		return http.Header{"Svix-Id": {id}, "Svix-Timestamp": {t}, "Svix-Signature": {"v1," + hmacB64(key, id+"."+t+"."+body)}}
 	},
 	"shopify-bare": func(secret, id, body string, _ time.Time) http.Header {
-		return http.Header{"Shopify-Hmac-Sha256": {hmacB64([]byte(secret), body)}, "Shopify-Webhook-Id": {id}}
+		return http.Header{"Shopify-Hmac-Sha256": {hmacB64([]byte(secret), body)}, "Shopify-Webhook-Id": {id}, "Shopify-Topic": {"orders/create"}, "Shopify-Shop-Domain": {"shop-1.myshopify.com"}}
 	},
 }
 
@@ -202,7 +202,7 @@ func TestWebhooksThroughTheBinary(t *testing.T) {
 			case "github":
 				want = bodyKey(body("evt_1"))
 			case "shopify", "shopify-bare":
-				want = eventKey(body("evt_1"), "", "") // no topic or shop sent
+				want = eventKey(body("evt_1"), "orders/create", "shop-1.myshopify.com")
 			}
 			if got := keys["/webhooks/"+p+" evt_1"]; got != want {
 				t.Errorf("the upstream got Idempotency-Key %q, want %q", got, want)
@@ -456,5 +456,117 @@ routes:
 	// A trusted peer (loopback) asserting a provider's principal.
 	if resp, b := postAnswerAs(t, sc.Client+"/payments", "webhook:stripe", "k-1", `{}`); resp.StatusCode != http.StatusBadRequest || !strings.Contains(b, "identity-invalid") {
 		t.Errorf("X-Forwarded-User: webhook:stripe: %d %s, want 400 identity-invalid", resp.StatusCode, b)
+	}
+}
+
+// TestCapturedDeliveryExecutesOncePerEvent (issue 63, security): GitHub's
+// and Shopify's event headers are not signed, and a captured delivery
+// resent under another spelling of them (letter case, an invented event,
+// none, two, both header names, the shop domain's case) executed once per
+// variant (13 of 13 on v0.7.0). Through the binary: each header must appear
+// once, in the provider's form (400 event-malformed), and be one of the
+// route's webhook.events (400 event-not-accepted), all after the
+// signature and before any claim: a captured body executes at most once
+// per listed event. The same topic under Shopify's other header name is
+// the same delivery (replayed). A route without events draws a -check
+// warning.
+func TestCapturedDeliveryExecutesOncePerEvent(t *testing.T) {
+	t.Parallel()
+	up := binarytest.NewRecorder(t)
+	dir := t.TempDir()
+	gh, shp := filepath.Join(dir, "gh"), filepath.Join(dir, "shp")
+	for f, s := range map[string]string{gh: "gh-secret-0123", shp: "shp-secret-0123"} {
+		if err := os.WriteFile(f, []byte(s), 0o400); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := fmt.Sprintf(`upstream:
+  url: %q
+routes:
+  - name: github-events
+    match: "POST /webhooks/github"
+    webhook: {provider: github, secret_files: [%q], events: [push, issues]}
+  - name: shopify-events
+    match: "POST /webhooks/shopify"
+    webhook: {provider: shopify, secret_files: [%q], events: [orders/create]}
+`, up.URL, gh, shp)
+	sc := startBinary(t, cfg)
+	const body = `{"id":"captured","amount":4200}`
+	deliver := func(path string, h http.Header) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, sc.Client+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header = h
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	github := func(events ...string) http.Header {
+		h := http.Header{"X-Hub-Signature-256": {"sha256=" + hmacHex("gh-secret-0123", body)}, "X-Github-Delivery": {fmt.Sprint("d-", time.Now().UnixNano())}}
+		if events != nil {
+			h["X-Github-Event"] = events
+		}
+		return h
+	}
+	shopify := func(extra map[string][]string) http.Header {
+		h := http.Header{"X-Shopify-Hmac-Sha256": {hmacB64([]byte("shp-secret-0123"), body)}, "X-Shopify-Webhook-Id": {fmt.Sprint("w-", time.Now().UnixNano())}}
+		for k, v := range extra {
+			if v == nil {
+				delete(h, k)
+				continue
+			}
+			h[k] = v
+		}
+		return h
+	}
+	topic, shop := "X-Shopify-Topic", "X-Shopify-Shop-Domain"
+	for _, tc := range []struct {
+		name, path string
+		h          http.Header
+		want       int
+		problem    string
+	}{
+		{"github push", "/webhooks/github", github("push"), http.StatusCreated, ""},
+		{"github push again", "/webhooks/github", github("push"), http.StatusCreated, ""},
+		{"github issues (listed)", "/webhooks/github", github("issues"), http.StatusCreated, ""},
+		{"github Push", "/webhooks/github", github("Push"), http.StatusBadRequest, "event-malformed"},
+		{"github PUSH", "/webhooks/github", github("PUSH"), http.StatusBadRequest, "event-malformed"},
+		{"github push-hook", "/webhooks/github", github("push-hook"), http.StatusBadRequest, "event-malformed"},
+		{"github invented", "/webhooks/github", github("invented_event"), http.StatusBadRequest, "event-not-accepted"},
+		{"github no event", "/webhooks/github", github(), http.StatusBadRequest, "event-malformed"},
+		{"github two events", "/webhooks/github", github("push", "push"), http.StatusBadRequest, "event-malformed"},
+		{"github push and issues", "/webhooks/github", github("push", "issues"), http.StatusBadRequest, "event-malformed"},
+		{"shopify orders/create", "/webhooks/shopify", shopify(map[string][]string{topic: {"orders/create"}, shop: {"shop-1.myshopify.com"}}), http.StatusCreated, ""},
+		{"shopify, the other header names", "/webhooks/shopify", shopify(map[string][]string{"Shopify-Topic": {"orders/create"}, "Shopify-Shop-Domain": {"shop-1.myshopify.com"}}), http.StatusCreated, ""},
+		{"shopify, both header names", "/webhooks/shopify", shopify(map[string][]string{topic: {"orders/create"}, "Shopify-Topic": {"orders/create"}, shop: {"shop-1.myshopify.com"}}), http.StatusBadRequest, "event-malformed"},
+		{"shopify, the shop's case", "/webhooks/shopify", shopify(map[string][]string{topic: {"orders/create"}, shop: {"Shop-1.myshopify.com"}}), http.StatusBadRequest, "event-malformed"},
+		{"shopify, the topic's case", "/webhooks/shopify", shopify(map[string][]string{topic: {"Orders/Create"}, shop: {"shop-1.myshopify.com"}}), http.StatusBadRequest, "event-malformed"},
+		{"shopify, another topic", "/webhooks/shopify", shopify(map[string][]string{topic: {"orders/paid"}, shop: {"shop-1.myshopify.com"}}), http.StatusBadRequest, "event-not-accepted"},
+		{"shopify, no shop", "/webhooks/shopify", shopify(map[string][]string{topic: {"orders/create"}}), http.StatusBadRequest, "event-malformed"},
+		{"shopify, no topic", "/webhooks/shopify", shopify(map[string][]string{shop: {"shop-1.myshopify.com"}}), http.StatusBadRequest, "event-malformed"},
+	} {
+		st, b := deliver(tc.path, tc.h)
+		if st != tc.want || !strings.Contains(b, tc.problem) {
+			t.Errorf("%s: %d %s, want %d %s", tc.name, st, b, tc.want, tc.problem)
+		}
+	}
+	if n := up.Total(); n != 3 {
+		t.Errorf("the captured body executed %d times, want 3: once per listed GitHub event (push, issues), once for Shopify's orders/create", n)
+	}
+
+	// -check warns for a GitHub or Shopify route that lists no events.
+	path := filepath.Join(dir, "open.yaml")
+	if err := os.WriteFile(path, []byte(strings.ReplaceAll(cfg, ", events: [push, issues]", "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(binarytest.TestBinary(t), "-config", path, "-check").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "routes[0].webhook.events: not set") {
+		t.Errorf("-check of a GitHub route without events: %v\n%s\nwant a warning naming routes[0].webhook.events", err, out)
 	}
 }

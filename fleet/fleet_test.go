@@ -293,6 +293,7 @@ routes:
 		case "github":
 			req.Header.Set("X-Hub-Signature-256", "sha256="+hmacHex(ghSecret, body))
 			req.Header.Set("X-GitHub-Delivery", id)
+			req.Header.Set("X-GitHub-Event", "push") // GitHub always names the event
 		case "stripe":
 			ts := fmt.Sprint(time.Now().Unix())
 			req.Header.Set("Stripe-Signature", "t="+ts+",v1="+hmacHex(stripeSecret, ts+"."+body))

@@ -60,6 +60,8 @@ var (
 	probAuthorizerUnavailable = declare("authorizer-unavailable", http.StatusServiceUnavailable, "The replay authorizer is unavailable")
 	probUpgradeRefused        = declare("upgrade-refused", http.StatusBadRequest, "Protocol upgrade refused")
 	probSignatureInvalid      = declare("signature-invalid", http.StatusUnauthorized, "Webhook signature missing, wrong or outside the tolerance")
+	probEventMalformed        = declare("event-malformed", http.StatusBadRequest, "Webhook event header missing, repeated or malformed")
+	probEventNotAccepted      = declare("event-not-accepted", http.StatusBadRequest, "Webhook event not accepted by this route")
 	probFirstSentInvalid      = declare("first-sent-invalid", http.StatusBadRequest, "Malformed first-sent time")
 	probKeyExpired            = declare("key-expired", http.StatusPreconditionFailed, "The request was first sent longer ago than its record is kept")
 	probRecordLost            = declare("record-lost", http.StatusPreconditionFailed, "The request was first sent before the store lost its records")

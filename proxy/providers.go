@@ -6,9 +6,11 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -38,6 +40,10 @@ type provider struct {
 	// unsignedID, for a provider whose delivery id is not signed (and so
 	// is not the key), reads it: the key v0.5.0 used, still forwarded.
 	unsignedID func(h http.Header) string
+	// event, for a provider keyed by the body's digest, reads what the
+	// delivery is about (its event first), each header present once and
+	// in the provider's grammar; errEventMalformed otherwise.
+	event func(h http.Header) ([]string, error)
 }
 
 // signed is what a delivery's headers say about its signature, read
@@ -97,11 +103,15 @@ var providers = map[string]provider{
 			if err != nil {
 				return signed{}, errSigWrong
 			}
-			return signed{sigs: [][]byte{sig}, event: []string{h.Get("X-GitHub-Event")}}, nil
+			return signed{sigs: [][]byte{sig}}, nil
 		},
 		sign:       bodyMAC,
 		key:        eventSum,
 		unsignedID: func(h http.Header) string { return h.Get("X-GitHub-Delivery") },
+		event: func(h http.Header) ([]string, error) {
+			ev, err := once(h, githubEvent, "X-GitHub-Event")
+			return []string{ev}, err
+		},
 	},
 	// X-Shopify-Hmac-Sha256: <base64 HMAC-SHA256(body)>, or the names
 	// without X-, which Shopify's current library sends; the delivery id
@@ -116,11 +126,12 @@ var providers = map[string]provider{
 			if err != nil {
 				return signed{}, errSigWrong
 			}
-			return signed{sigs: [][]byte{sig}, event: shopifyEvent(h)}, nil
+			return signed{sigs: [][]byte{sig}}, nil
 		},
 		sign:       bodyMAC,
 		key:        eventSum,
 		unsignedID: func(h http.Header) string { return header(h, "X-Shopify-Webhook-Id", "Shopify-Webhook-Id") },
+		event:      shopifyEvent,
 	},
 	// webhook-signature: v1,<base64 HMAC-SHA256(id.timestamp.body)>
 	// [ v1,...], keyed by the base64 secret after "whsec_"; Svix, the
@@ -194,9 +205,46 @@ func mac(key []byte, parts ...[]byte) []byte {
 }
 
 // shopifyEvent is what a Shopify delivery is about: its topic and its
-// shop's domain, under either header spelling.
-func shopifyEvent(h http.Header) []string {
-	return []string{header(h, "X-Shopify-Topic", "Shopify-Topic"), header(h, "X-Shopify-Shop-Domain", "Shopify-Shop-Domain")}
+// shop's domain, each once under either header spelling.
+func shopifyEvent(h http.Header) ([]string, error) {
+	topic, err := once(h, shopifyTopic, "X-Shopify-Topic", "Shopify-Topic")
+	if err != nil {
+		return nil, err
+	}
+	shop, err := once(h, shopifyShop, "X-Shopify-Shop-Domain", "Shopify-Shop-Domain")
+	if err != nil {
+		return nil, err
+	}
+	return []string{topic, shop}, nil
+}
+
+// The grammars of unsigned event headers, as the providers write them:
+// another spelling of the same event is refused, never a new key.
+var (
+	githubEvent  = regexp.MustCompile(`^[a-z_]+$`)
+	shopifyTopic = regexp.MustCompile(`^[a-z_]+/[a-z_]+$`)
+	shopifyShop  = regexp.MustCompile(`^[a-z0-9][a-z0-9-]*\.myshopify\.com$`)
+)
+
+// errEventMalformed means an unsigned event header is missing, repeated,
+// or not in its provider's grammar.
+var errEventMalformed = errors.New("event header malformed")
+
+// once is the one value h carries under names (the spellings of one
+// header), in grammar: missing, repeated (under one name or several) or
+// another form is errEventMalformed.
+func once(h http.Header, grammar *regexp.Regexp, names ...string) (string, error) {
+	var vals []string
+	for _, n := range names {
+		vals = append(vals, h.Values(n)...)
+	}
+	switch {
+	case len(vals) != 1:
+		return "", fmt.Errorf("%w: %s must appear once, it appears %d times", errEventMalformed, names[0], len(vals))
+	case len(vals[0]) > 128 || !grammar.MatchString(vals[0]):
+		return "", fmt.Errorf("%w: %s %.64q is not in the provider's form (%s)", errEventMalformed, names[0], vals[0], grammar.String())
+	}
+	return vals[0], nil
 }
 
 // header is the first of names that h carries ("" when none).

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,6 +45,10 @@ type Webhook struct {
 	// Tolerance bounds how far a signed timestamp (stripe, standard) may
 	// be from now; zero: 5 minutes.
 	Tolerance time.Duration
+	// Events, for a provider whose event is not signed (github,
+	// shopify), are the events the route accepts; nil: every well-formed
+	// one.
+	Events []string
 }
 
 // Results of a delivery, the values of idemproxy_webhook_deliveries_total's
@@ -57,9 +62,10 @@ const (
 )
 
 var (
-	errSigMissing = errors.New("no signature header")
-	errSigWrong   = errors.New("no signature matches any of the route's secrets")
-	errSigStale   = errors.New("the signed timestamp is outside the route's tolerance")
+	errEventNotAccepted = errors.New("event not accepted")
+	errSigMissing       = errors.New("no signature header")
+	errSigWrong         = errors.New("no signature matches any of the route's secrets")
+	errSigStale         = errors.New("the signed timestamp is outside the route's tolerance")
 )
 
 // webhookPrincipals prefixes the principals of webhook routes: the
@@ -110,6 +116,27 @@ func (wh *Webhook) verify(d signed, body []byte) error {
 		}
 	}
 	return errSigWrong
+}
+
+// event reads what an unsigned-event provider's delivery is about (its
+// event, and Shopify's shop), bounded: each header once, as the provider
+// writes it (no case folding: another spelling is another key, so it is
+// refused), and the event among the route's Events when they are set. A
+// captured body then executes at most once per event the route accepts.
+// Nil for a provider that signs what keys its deliveries.
+func (wh *Webhook) event(h http.Header) ([]string, error) {
+	read := providers[wh.Provider].event
+	if read == nil {
+		return nil, nil
+	}
+	ev, err := read(h)
+	if err != nil {
+		return nil, err
+	}
+	if len(wh.Events) > 0 && !slices.Contains(wh.Events, ev[0]) {
+		return nil, fmt.Errorf("%w: %q is not among the events this route accepts (%s)", errEventNotAccepted, ev[0], strings.Join(wh.Events, ", "))
+	}
+	return ev, nil
 }
 
 // key is the delivery's idempotency key, taken from what the provider
@@ -182,6 +209,13 @@ func (x *exchange) admitDelivery() (admitted, *reply) {
 	}
 	if rep := x.holdAs(wh.principal()); rep != nil {
 		return admitted{}, rep
+	}
+	if d.event, err = wh.event(x.r.Header); err != nil {
+		x.webhookResult = webhookRefused
+		if errors.Is(err, errEventNotAccepted) {
+			return admitted{}, refuse(outcomeRejected, probEventNotAccepted.with(err.Error()+"; nothing was claimed or forwarded"))
+		}
+		return admitted{}, refuse(outcomeRejected, probEventMalformed.with(err.Error()+"; nothing was claimed or forwarded"))
 	}
 	key, err := wh.key(d, body)
 	switch {
