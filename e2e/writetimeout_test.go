@@ -97,3 +97,65 @@ func readFile(t *testing.T, path string) string {
 	}
 	return string(b)
 }
+
+// TestWriteTimeoutCutsSmallReplays (issue 63, low): the bound holds for
+// every answer written from the store, not only those over 64 KiB. A
+// client that pipelines 64 retries of a 64 KiB answer on one connection
+// and reads nothing fills the sockets' buffers; the replay the sidecar is
+// writing then waits, and is cut once client.write_timeout (1s) passes. A
+// client that reads gets every answer. v0.7.0 wrote answers up to 64 KiB
+// in one write without a deadline: its idle clients held their handler
+// and answer until they read.
+func TestWriteTimeoutCutsSmallReplays(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	const size = 64 << 10
+	answer := strings.Repeat("y", size)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, answer)
+	}))
+	defer upstream.Close()
+	sc := startBinary(t, payConfig(upstream.URL, srv.Addr, "client:\n  write_timeout: 1s\n"))
+	if resp, body := postAnswer(t, sc.Client+"/payments", "small", `{}`); resp.StatusCode != http.StatusCreated || len(body) != size {
+		t.Fatalf("first attempt: %d, %d bytes", resp.StatusCode, len(body))
+	}
+	const pipelined = 64
+	// retries sends pipelined retries on one connection, takes nothing
+	// for wait, then reads: how many whole replays came.
+	retries := func(wait time.Duration) (int, error) {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(sc.Client, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		go func() {
+			for range pipelined {
+				if _, err := fmt.Fprintf(conn, "POST /payments HTTP/1.1\r\nHost: x\r\nX-Forwarded-User: alice\r\nIdempotency-Key: small\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"); err != nil {
+					return
+				}
+			}
+		}()
+		time.Sleep(wait)
+		conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		br := bufio.NewReader(conn)
+		for whole := 0; whole < pipelined; whole++ {
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				return whole, err
+			}
+			n, err := io.Copy(io.Discard, resp.Body)
+			if err != nil || resp.StatusCode != http.StatusCreated || n != size {
+				return whole, fmt.Errorf("replay %d: %d, %d bytes, %v", whole, resp.StatusCode, n, err)
+			}
+		}
+		return pipelined, nil
+	}
+	if n, err := retries(0); n != pipelined || err != nil {
+		t.Fatalf("a client that reads got %d of %d replays (%v): want all", n, pipelined, err)
+	}
+	if n, err := retries(3 * time.Second); n >= pipelined || err == nil {
+		t.Errorf("a client that read nothing for 3s, client.write_timeout 1s: got %d of %d replays (%v), want it cut", n, pipelined, err)
+	}
+}

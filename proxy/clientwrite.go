@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"net/http"
 	"time"
 )
@@ -20,6 +21,8 @@ const writeChunk = 64 << 10
 // writeAnswer writes b to the client through rc (x.w's) in parts, each
 // within client.write_timeout, counting b in the buffer budget meanwhile.
 // It returns the write's error (the client gone, or cut).
+// The last part is flushed under its deadline too: what the server's
+// buffer still held would otherwise go out after the deadline is lifted.
 func (x *exchange) writeAnswer(rc *http.ResponseController, b []byte) error {
 	if len(b) == 0 {
 		return nil
@@ -27,15 +30,27 @@ func (x *exchange) writeAnswer(rc *http.ResponseController, b []byte) error {
 	x.h.buffers.force(x.principal, len(b))
 	defer x.h.buffers.give(x.principal, len(b))
 	timeout := time.Duration(x.h.writeTimeout.Load())
-	defer rc.SetWriteDeadline(time.Time{}) // unsupported writers: nothing to undo
-	for len(b) > 0 {
+	// A writer without deadlines (a test's recorder) says so once.
+	deadlines := rc.SetWriteDeadline(time.Now().Add(timeout)) == nil
+	if deadlines {
+		defer rc.SetWriteDeadline(time.Time{})
+	}
+	var err error
+	for first := true; len(b) > 0 && err == nil; first = false {
 		n := min(len(b), writeChunk)
-		_ = rc.SetWriteDeadline(time.Now().Add(timeout))
-		if _, err := x.w.Write(b[:n]); err != nil {
-			x.detail = "the client took nothing of the answer for client.write_timeout: cut"
-			return err
+		if deadlines && !first {
+			_ = rc.SetWriteDeadline(time.Now().Add(timeout))
 		}
+		_, err = x.w.Write(b[:n])
 		b = b[n:]
 	}
-	return nil
+	if err == nil {
+		if err = rc.Flush(); errors.Is(err, http.ErrNotSupported) {
+			err = nil
+		}
+	}
+	if err != nil {
+		x.detail = "the client took nothing of the answer for client.write_timeout: cut"
+	}
+	return err
 }
