@@ -20,6 +20,9 @@ func TestAfterEvent(t *testing.T) {
 		{"id: 1\ndata: a\n", "1", 0, false},
 		{"id: 1\ndata: a\n\n", "9", 0, false},
 		{": comment\nid: 7\n\n", "7", len(": comment\nid: 7\n\n"), true},
+		// A repeated id (issue 63): after its first occurrence, so that the
+		// client gets the events between again: at least once, never a skip.
+		{"id: 1\ndata: a\n\nid: 2\ndata: b\n\nid: 1\ndata: c\n\n", "1", len("id: 1\ndata: a\n\n"), true},
 	} {
 		got, ok := afterEvent([]byte(tc.stream), tc.id)
 		if got != tc.want || ok != tc.ok {
