@@ -197,6 +197,7 @@ func (a *attempt) fromExisting(res claim.Result, rec *claim.Record, waitUntil ti
 			return nil, true // released or lapsed: claim it ourselves
 		}
 	}
+	a.noteOrphan(existing, rec, ttl)
 	if rep := a.ownerAlive(existing, rec, ttl); rep != nil {
 		return rep, false
 	}

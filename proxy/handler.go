@@ -129,6 +129,9 @@ type Handler struct {
 	// liveness is what this sidecar saw of claims in progress, to judge
 	// their owners gone on its own clock (liveness.go).
 	liveness *liveness
+	// orphans is when this sidecar first saw each key whose outcome is
+	// unknown on a reconcile route, on its own clock (liveness.go).
+	orphans *orphans
 	// relied are the headers no request may nominate as hop-by-hop: the
 	// forwarding headers and the identity header (a route adds its key).
 	relied nameSet
@@ -196,6 +199,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		problems:        cfg.Problems,
 		streams:         cfg.Streams,
 		liveness:        newLiveness(),
+		orphans:         newOrphans(),
 	}
 	h.unconfirmed = unconfirmed{h: h, now: time.Now}
 	h.SetWriteTimeout(cfg.WriteTimeout)

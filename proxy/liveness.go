@@ -112,3 +112,59 @@ func (l *liveness) remember(key string, s sighting) {
 	}
 	l.seen[key] = s
 }
+
+// orphans remembers, on this sidecar's monotonic clock, when it first saw
+// each key left by a first attempt whose outcome is unknown (an orphaned
+// claim, or a stored outcome-unknown) on a reconcile route: "absent" frees
+// such a key only once this sidecar has itself seen it so for
+// absent_after. The wall clocks (the claimer's, this sidecar's, the
+// store's) can all step together, when the store and this sidecar share a
+// host or a time source; this clock cannot, so no step of any shared
+// clock frees a key early. The cost: an absent verdict waits up to
+// absent_after after the first retry this sidecar sees.
+type orphans struct {
+	// now is this process's clock; time.Now (with its monotonic reading).
+	now func() time.Time
+	mu  sync.Mutex
+	// first is guarded by mu: when each key was first seen orphaned.
+	first map[string]time.Time
+}
+
+func newOrphans() *orphans {
+	return &orphans{now: time.Now, first: make(map[string]time.Time)}
+}
+
+// see notes that key was seen orphaned now, unless it was before.
+func (o *orphans) see(key string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.first[key]; ok {
+		return
+	}
+	if len(o.first) >= maxSightings {
+		for k := range o.first { // an arbitrary one: its key waits again
+			delete(o.first, k)
+			break
+		}
+	}
+	o.first[key] = o.now()
+}
+
+// left is how much longer than now key must have been seen orphaned for
+// it to have been so for age; age itself when it was never seen.
+func (o *orphans) left(key string, age time.Duration) time.Duration {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	first, ok := o.first[key]
+	if !ok {
+		return age
+	}
+	return age - o.now().Sub(first)
+}
+
+// forget drops key: it was freed or settled with the upstream's answer.
+func (o *orphans) forget(key string) {
+	o.mu.Lock()
+	delete(o.first, key)
+	o.mu.Unlock()
+}

@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -153,5 +156,57 @@ func TestStreamWithUpstreamUnknownSinceIsNeverTakenOver(t *testing.T) {
 	}
 	if n := up.posts.Load(); n != 1 {
 		t.Errorf("upstream executed %d times, want 1", n)
+	}
+}
+
+// TestAbsentWaitsOnTheJudgesOwnClock (issue 63, never twice round 4): the
+// owner dies, then the store's clock and the retrying sidecar's clock step
+// forward together (the store on the sidecar's node, or one NTP source
+// for both): the orphan's claim looks an hour old on both wall clocks and
+// on the store's, and the lookup truthfully says absent (the first
+// attempt may still run in the app). The sidecar believes "absent" only
+// once it has itself seen the key orphaned for absent_after (and a lease)
+// on its monotonic clock: until then 409, then the retry executes.
+// v0.7.0 executed it at once (2 of 2 on Redis, 1 of 1 on PostgreSQL).
+func TestAbsentWaitsOnTheJudgesOwnClock(t *testing.T) {
+	up := &reflecting{next: func(w http.ResponseWriter) { w.WriteHeader(http.StatusCreated) }, lookupAbsent: true}
+	e := newEnv(t, up.serve, func(c *setup) {
+		reconciling(c)
+		c.Routes[0].Reconcile.AbsentAfter = 2 * time.Second
+	})
+	fp := e.probeFingerprint()
+	ctx := context.Background()
+	key := e.store.Codec().Key("alice", proxy.KeyScope("pay", false), "k")
+	// The orphan, as both clocks see it after an hour's step: claimed an
+	// hour ago, its lease an hour over (its TTL an hour into its tail).
+	const step, tail = time.Hour, 24 * time.Hour
+	orphan := &claim.Record{State: claim.InProgress, Created: time.Now().Add(-step), Fingerprint: fp, Tail: tail, RequestID: "dead"}
+	orphan.Token[0] = 9
+	if res, err := e.store.Claim(ctx, key, orphan, time.Second, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("plant the orphan: %+v %v", res, err)
+	}
+	if err := e.rdb.PExpire(ctx, key, tail-step).Err(); err != nil {
+		t.Fatal(err)
+	}
+	seen := time.Now()
+	if r := e.do(req{user: "alice", key: "k", body: `{}`}); r.status != http.StatusConflict {
+		t.Fatalf("first retry: %d %s, want 409 (the owner not yet seen gone for a lease)", r.status, r.body)
+	}
+	var r resp
+	poll.Until(t, "the retry is answered other than 409", func() bool {
+		r = e.do(req{user: "alice", key: "k", body: `{}`})
+		if r.status == http.StatusConflict {
+			time.Sleep(100 * time.Millisecond)
+		}
+		return r.status != http.StatusConflict
+	})
+	if waited := time.Since(seen); waited < 3*time.Second {
+		t.Errorf("the key was freed %s after this sidecar first saw it orphaned, before absent_after + a lease (3s) of its own clock", waited)
+	}
+	if r.status != http.StatusCreated {
+		t.Errorf("the retry once absent_after passed on the judge's clock: %d %s, want it executed", r.status, r.body)
+	}
+	if n := up.posts.Load(); n != 2 {
+		t.Errorf("upstream executed %d times, want 2 (the probe, then the retry once)", n)
 	}
 }

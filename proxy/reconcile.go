@@ -274,6 +274,19 @@ func storedUnknown(rec *claim.Record) (since time.Time, ok bool) {
 	return since, true
 }
 
+// noteOrphan notes, on this sidecar's own clock, a key whose first
+// attempt's outcome is unknown (an orphaned claim, or a stored
+// outcome-unknown) on a reconcile route, the first time this sidecar sees
+// it so: freeAbsent counts absent_after from then too (orphans).
+func (a *attempt) noteOrphan(existing, rec *claim.Record, ttl time.Duration) {
+	if a.rt.settings.Reconcile == nil || !a.h.codec.SameRequest(existing, rec.Fingerprint) {
+		return
+	}
+	if _, unknown := storedUnknown(existing); unknown || existing.State == claim.InProgress && existing.Orphaned(ttl) {
+		a.h.orphans.see(a.hashedKey)
+	}
+}
+
 // reconcileExisting takes the key over from existing (an orphan, or a
 // stored outcome-unknown record) and asks the upstream what happened:
 // found stores and answers the upstream's answer; absent, once the first
@@ -354,15 +367,17 @@ func (a *attempt) taker(rec *claim.Record) *claim.Record {
 
 // freeAbsent frees the key taker holds after an absent answer, once the
 // first attempt is absent_after (plus a lease) old on the claimer's clock
-// against this one and on the store's (FreeAbsent): one stepped clock
-// alone never frees a key. done says the reply is decided (nil: the key
+// against this one and on the store's (FreeAbsent), and this sidecar has
+// itself seen the key orphaned that long on its monotonic clock
+// (orphans): no stepped clock, nor one clock shared by the store and this
+// sidecar, frees a key early. done says the reply is decided (nil: the key
 // is free, or changed: claim again); otherwise why the key could not be
 // freed, and it stays outcome-unknown.
 func (a *attempt) freeAbsent(existing, taker *claim.Record, since time.Time) (rep *reply, done bool, why string) {
 	s := &a.rt.settings
 	after := s.Reconcile.AbsentAfter + absentMargin(s)
 	var err error
-	if left := time.Until(existing.Created.Add(after)); left > 0 {
+	if left := max(time.Until(existing.Created.Add(after)), a.h.orphans.left(a.hashedKey, after)); left > 0 {
 		err = &claim.TooEarlyError{Left: left}
 	} else {
 		err = a.detached("free_absent", func(ctx context.Context) error {
@@ -372,6 +387,7 @@ func (a *attempt) freeAbsent(existing, taker *claim.Record, since time.Time) (re
 	var early *claim.TooEarlyError
 	switch {
 	case err == nil:
+		a.h.orphans.forget(a.hashedKey)
 		a.reconciled(lookupAbsent, existing, "")
 		return nil, true, ""
 	case errors.As(err, &early):
@@ -398,6 +414,7 @@ func (a *attempt) storeFound(existing, taker *claim.Record, ans lookupAnswer) (r
 	})
 	switch {
 	case err == nil:
+		a.h.orphans.forget(a.hashedKey)
 		a.reconciled(lookupFound, existing, "")
 		return replayOf(found, outcomeReconciled), true, ""
 	case errors.Is(err, claim.ErrLeaseLost):
