@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/claim"
 )
 
 // Outcomes of a protected request, the values of the outcome label of
@@ -273,9 +275,33 @@ func (m *Metrics) initSeries() {
 	for _, r := range unconfirmedResults {
 		m.unconfirmed.WithLabelValues(r)
 	}
+	for _, r := range []string{claim.ReasonCorrupt, claim.ReasonTampered, claim.ReasonUnknownKey, claim.ReasonUnsealed, claim.ReasonNoKeys, claim.ReasonTooLarge} {
+		m.recordErrors.WithLabelValues(r)
+	}
 	m.wakeupNotify, m.wakeupPoll = m.wakeups.WithLabelValues("notify"), m.wakeups.WithLabelValues("poll")
 	for c := 1; c <= 5; c++ {
 		m.passThroughClass[c] = m.passThrough.WithLabelValues(strconv.Itoa(c) + "xx")
+	}
+}
+
+// initRoute creates at zero the series a route's settings can move, so
+// that an alert's increase() sees the first event after a start (a
+// counter born at its first increment starts from that value).
+func (m *Metrics) initRoute(name string, s *Route) {
+	m.unknownOutcomes.WithLabelValues(name, s.Unknown.String())
+	m.unknownOutcomes.WithLabelValues(name, unknownOrphan)
+	if s.Stream {
+		m.streamChunks.WithLabelValues(name)
+		m.streamAttached.WithLabelValues(name)
+		m.streamLagging.WithLabelValues(name)
+		for _, end := range []string{"ended", "aborted", "too_large"} {
+			m.streamEnds.WithLabelValues(name, end)
+		}
+	}
+	if s.Webhook != nil {
+		for _, r := range []string{webhookExecuted, webhookReplayed, webhookInProgress, webhookSigInvalid, webhookRefused} {
+			m.webhooks.WithLabelValues(name, r)
+		}
 	}
 }
 
@@ -300,6 +326,7 @@ func (m *Metrics) initRoutes(rt *router) {
 		for _, r := range []string{refusedKeyExpired, refusedRecordLost} {
 			m.firstSentRefused.WithLabelValues(name, r)
 		}
+		m.initRoute(name, &rt.byName[name].settings)
 		for _, r := range []string{refusedCap, refusedShare, refusedReserved} {
 			m.lateRefused.WithLabelValues(name, r)
 			m.overloaded.WithLabelValues(name, r)
