@@ -24,6 +24,9 @@ type metrics struct {
 	// storeUp is 1 per master that answered the store watcher's last
 	// look, 0 per master that did not.
 	storeUp *prometheus.GaugeVec
+	// schemaReady is 1 once the store's scripts or schema are in place
+	// (Preload succeeded), 0 while not.
+	schemaReady prometheus.Gauge
 	// clockOffset is each node's clock minus this process', from the
 	// store watcher's last reading of it.
 	clockOffset *prometheus.GaugeVec
@@ -85,6 +88,11 @@ func newMetrics(waitReplicas bool) *metrics {
 		Help: "The store's clock minus this sidecar's, per node (a Redis master, the PostgreSQL server), as the store watcher's round trip measures it every second (to within half that round trip). Beyond 0.5 s either way a claim is written unmarked (a retry cannot free it as never forwarded) and reconcile cannot free an absent key: the 409s' detail then names the offset. IdemproxyStoreClockOffset pages above 0.4 s.",
 	}, []string{"node"})
 	m.reg.MustRegister(m.clockOffset)
+	m.schemaReady = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_store_schema_ready",
+		Help: "1 once the store's scripts (Redis) or schema (PostgreSQL: installed with create_schema, or found at this release's version) are in place, 0 while not: the store is unreachable, the role may not install the schema, or it was never migrated. The log says why, once.",
+	})
+	m.reg.MustRegister(m.schemaReady)
 	m.reg.MustRegister(m.waitShort, m.evictionSafe, m.reloads, m.reloadOK, m.memoryUsed, m.storeFull, m.storeUp, m.storeKeys, m.storeBytes, m.size, m.expired, m.cleanupLag, m.oldestClaim, m.batchOps,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -135,6 +135,10 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 	if !s.embedded {
 		go watchEviction(wctx, s.store, s.log, s.metrics.evictionSafe)
 	}
+	s.health.kind = "Redis"
+	if cfg.Store.Postgres.URL != "" {
+		s.health.kind = "PostgreSQL"
+	}
 	go s.health.watch(wctx, s.store, cfg.Store.ClaimMemoryLimit, s.log, s.metrics)
 	go s.app.watch(wctx)
 	if path != "" {
@@ -192,7 +196,7 @@ func (s *server) openStore(ctx context.Context, sec *secrets) error {
 	}
 	s.store = rs
 	s.closers = append(s.closers, s.store.Close)
-	preload(ctx, s.store, s.log)
+	preload(ctx, s.store, s.log, s.metrics.schemaReady)
 	return nil
 }
 
@@ -224,7 +228,7 @@ func (s *server) openPostgres(ctx context.Context, sec *secrets) error {
 	s.store = store
 	s.closers = append(s.closers, s.store.Close)
 	s.metrics.evictionSafe.Set(1) // PostgreSQL never evicts a row
-	preload(ctx, s.store, s.log)
+	preload(ctx, s.store, s.log, s.metrics.schemaReady)
 	return nil
 }
 

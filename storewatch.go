@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"slices"
 	"sync"
 	"time"
@@ -12,35 +13,62 @@ import (
 	"github.com/idemproxy/idemproxy/claim"
 )
 
-// preload loads the scripts. A failure does not stop the start: Redis may
-// come up later; until then protected routes answer per store_unavailable
-// and idemproxy_store_up says so.
-func preload(ctx context.Context, store claim.Backend, logger *slog.Logger) {
+// preload loads the scripts, or installs and checks the schema. A failure
+// does not stop the start: the store may come up later; until then
+// protected routes answer per store_unavailable, idemproxy_store_up and
+// idemproxy_store_schema_ready say so, and the error is logged once, in
+// one line.
+func preload(ctx context.Context, store claim.Backend, logger *slog.Logger, ready prometheus.Gauge) {
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	if err := store.Preload(pctx); err != nil {
-		logger.Warn("store not reachable at start: serving; protected routes answer per store_unavailable until it is", "err", err)
-		go preloadLater(ctx, store, logger)
+		ready.Set(0)
+		logger.Warn("store not ready at start (unreachable, or its scripts or schema cannot be installed or are missing): serving; protected routes answer per store_unavailable until it is; retried with backoff",
+			"err", oneLine(err))
+		go preloadLater(ctx, store, logger, ready)
+		return
 	}
+	ready.Set(1)
 }
 
-// preloadLater runs Preload again every 2 s until it succeeds (the
-// store's scripts or schema are then in place) or ctx ends.
-func preloadLater(ctx context.Context, store claim.Backend, logger *slog.Logger) {
+// preloadLater runs Preload again, 2 s after the last try and doubling up
+// to a minute, until it succeeds (the store's scripts or schema are then
+// in place) or ctx ends. An error other than the one logged before is
+// logged once.
+func preloadLater(ctx context.Context, store claim.Backend, logger *slog.Logger, ready prometheus.Gauge) {
+	wait, last := 2*time.Second, ""
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(2 * time.Second):
+		case <-time.After(wait):
 		}
+		wait = min(2*wait, time.Minute)
 		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		err := store.Preload(pctx)
 		cancel()
 		if err == nil {
-			logger.Info("store reachable: preloaded")
+			ready.Set(1)
+			logger.Info("store ready: preloaded")
 			return
 		}
+		if msg := oneLine(err); msg != last {
+			if last != "" {
+				logger.Warn("store still not ready", "err", msg, "next_try_in", wait.String())
+			}
+			last = msg
+		}
 	}
+}
+
+// oneLine is err's message on one line, at most 1,000 bytes: a driver's
+// error never floods the log.
+func oneLine(err error) string {
+	msg := strings.Join(strings.Fields(err.Error()), " ")
+	if len(msg) > 1000 {
+		msg = msg[:1000] + "…"
+	}
+	return msg
 }
 
 // healthCheckInterval is how often the store watcher looks at every
@@ -51,6 +79,9 @@ const healthCheckInterval = time.Second
 // It feeds idemproxy_store_up, /readyz?verbose and, with
 // admin.readiness_requires_store, readiness.
 type storeHealth struct {
+	// kind names the store in what the watcher logs ("Redis",
+	// "PostgreSQL"): on-call reads the store it has.
+	kind string
 	// mu guards masters and checked.
 	mu      sync.Mutex
 	masters []claim.MasterHealth
@@ -102,10 +133,10 @@ func (h *storeHealth) watch(ctx context.Context, store claim.Backend, limit floa
 		setStoreUp(m.storeUp, known, masters)
 		switch {
 		case !up && wasUp:
-			logger.Error("STORE DOWN: Redis does not answer; protected routes answer per store_unavailable (fail_closed: 503 store-unavailable, nothing forwarded); pass-through traffic is served",
-				"masters", describe(masters))
+			logger.Error("STORE DOWN: "+h.kind+" does not answer, or refuses idemproxy's statements (see masters for its error); protected routes answer per store_unavailable (fail_closed: 503 store-unavailable, nothing forwarded); pass-through traffic is served",
+				"store", h.kind, "masters", describe(masters))
 		case up && !wasUp:
-			logger.Warn("store up again: protected routes are protected again", "masters", describe(masters))
+			logger.Warn("store up again: protected routes are protected again", "store", h.kind, "masters", describe(masters))
 		}
 		wasUp = up
 		if up {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/internal/binarytest"
@@ -82,5 +83,60 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 	wrong := startBinary(t, as("app", ""))
 	poll.Until(t, "the sidecar that may not install says why", func() bool {
 		return strings.Contains(wrong.Logs(), `belongs to role \"owner\"`) || strings.Contains(wrong.Logs(), `belongs to role "owner"`)
+	})
+}
+
+// TestPostgresSchemaAtStart (issue 64): four sidecars starting together
+// on an empty database (create_schema: true) install the schema once
+// between them (an advisory lock serializes the installs): each is ready
+// (idemproxy_store_schema_ready 1) and serves. A sidecar that may not
+// install it (create_schema: false) on a database without it says so in
+// one line naming store migrate, shows schema_ready 0, and serves once
+// an operator migrates (it retries with backoff).
+func TestPostgresSchemaAtStart(t *testing.T) {
+	t.Parallel()
+	up := binarytest.NewRecorder(t)
+	t.Run("four at once", func(t *testing.T) {
+		pg := pgtest.Start(t)
+		cfg := pgConfig(up.URL, pg.URL, "")
+		scs := make([]*sidecar, 4)
+		var wg sync.WaitGroup
+		for i := range scs {
+			wg.Go(func() { scs[i] = startBinary(t, cfg) })
+		}
+		wg.Wait()
+		for i, sc := range scs {
+			poll.Until(t, fmt.Sprintf("sidecar %d ready", i), func() bool { return metric(t, sc.Admin, "idemproxy_store_schema_ready 1") })
+			if st, body := post(t, sc.Client+"/payments", fmt.Sprintf("four-%d", i), `{}`); st != http.StatusCreated {
+				t.Errorf("sidecar %d: %d %s", i, st, body)
+			}
+			if strings.Contains(sc.Logs(), "store not ready") {
+				t.Errorf("sidecar %d could not install the schema:\n%s", i, sc.Logs())
+			}
+		}
+	})
+	t.Run("not migrated", func(t *testing.T) {
+		pg := pgtest.Start(t)
+		path := filepath.Join(t.TempDir(), "pg.yaml")
+		if err := os.WriteFile(path, []byte(pgConfig(up.URL, pg.URL, "")), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		sc := startBinary(t, pgConfig(up.URL, pg.URL, "    create_schema: false\n"))
+		poll.Until(t, "the sidecar says the schema is missing", func() bool { return strings.Contains(sc.Logs(), "run idemproxy store migrate") })
+		if !metric(t, sc.Admin, "idemproxy_store_schema_ready 0") {
+			t.Errorf("schema_ready is not 0 before the migration:\n%s", grepLines(scrape(t, sc.Admin), "schema_ready"))
+		}
+		for _, line := range strings.Split(sc.Logs(), "\n") {
+			if strings.Contains(line, "CREATE TABLE") || strings.Contains(line, "CREATE OR REPLACE") {
+				t.Fatalf("a log line carries the schema's text: %.200s", line)
+			}
+		}
+		if out, err := exec.Command(binarytest.TestBinary(t), "store", "migrate", "-config", path).CombinedOutput(); err != nil {
+			t.Fatalf("store migrate: %v\n%s", err, out)
+		}
+		poll.Until(t, "the sidecar finds the schema", func() bool { return metric(t, sc.Admin, "idemproxy_store_schema_ready 1") })
+		if st, body := post(t, sc.Client+"/payments", "migrated-1", `{}`); st != http.StatusCreated {
+			t.Errorf("after the migration: %d %s", st, body)
+		}
 	})
 }
