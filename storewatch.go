@@ -3,8 +3,8 @@ package main
 import (
 	"context"
 	"log/slog"
-	"strings"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
