@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -151,4 +152,30 @@ func (m *metrics) storeGauges() {
 		Help:    "Store operations coalesced into each pipeline sent to Redis (store.pipeline); 1 when nothing waited to go with it.",
 		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 	})
+}
+
+// poolStats exposes the PostgreSQL store's connection pool, read from
+// stat at each scrape: its connections by state, and how often and how
+// long an operation waited for one (a pool too small for the load, or a
+// database that holds its connections).
+func (m *metrics) poolStats(stat func() *pgxpool.Stat) {
+	conns := func(state string, read func(*pgxpool.Stat) int32) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "idemproxy_store_pool_connections",
+			Help:        "The PostgreSQL store's pooled connections by state: acquired (running an operation) or idle; their sum is at most store.postgres.max_conns (the LISTEN connection is not counted).",
+			ConstLabels: prometheus.Labels{"state": state},
+		}, func() float64 { return float64(read(stat())) })
+	}
+	m.reg.MustRegister(
+		conns("acquired", (*pgxpool.Stat).AcquiredConns),
+		conns("idle", (*pgxpool.Stat).IdleConns),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_store_pool_acquire_waits_total",
+			Help: "Operations that found no idle connection in the PostgreSQL store's pool and waited for one (or for a new one to be dialed); alert IdemproxyStorePoolWaiting.",
+		}, func() float64 { return float64(stat().EmptyAcquireCount()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_store_pool_acquire_wait_seconds_total",
+			Help: "Time operations spent acquiring a connection from the PostgreSQL store's pool, all together (divide its rate by the waits' for the mean wait).",
+		}, func() float64 { return stat().AcquireDuration().Seconds() }),
+	)
 }

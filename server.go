@@ -210,6 +210,7 @@ func (s *server) openPostgres(ctx context.Context, sec *secrets) error {
 		return err
 	}
 	s.closers = append(s.closers, pool.Close)
+	s.metrics.poolStats(pool.Stat)
 	store := pgstore.New(pool, pg.Schema, s.cfg.Store.KeyPrefix, storeOptions(s.cfg, sec, s.metrics, s.log)...)
 	if pg.CreateSchema {
 		store.MigrateOnPreload(serviceVersion())

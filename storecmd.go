@@ -95,6 +95,7 @@ func openPool(ctx context.Context, pg config.Postgres, sec *secrets, max int32) 
 	// instead, and every statement is parsed unnamed, in the same round
 	// trip (docs/benchmarks.md has its cost).
 	pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	nameConnection(pcfg.ConnConfig)
 	pcfg.MaxConns = max
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
@@ -113,7 +114,17 @@ func connConfig(url string, sec *secrets) (*pgx.ConnConfig, error) {
 	if sec.postgresPassword != "" {
 		cfg.Password = sec.postgresPassword
 	}
+	nameConnection(cfg)
 	return cfg, nil
+}
+
+// nameConnection sets application_name to idemproxy/<version>, so that
+// pg_stat_activity and the server's logs say whose connection it is,
+// unless the URL names it.
+func nameConnection(cfg *pgx.ConnConfig) {
+	if cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = "idemproxy/" + serviceVersion()
+	}
 }
 
 // copyFromRedis carries every record of the Redis fleet configured in

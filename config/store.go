@@ -1,10 +1,15 @@
 package config
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Store configures the store: Redis (the default, or the embedded store
@@ -212,6 +217,20 @@ func (c *Config) validatePostgres(add problemf) {
 // key=value string), without echoing it.
 func checkPostgresURL(add problemf, path, raw string) {
 	const msg = "holds a password: put it in a file named by store.postgres.password_file, and leave it out of the URL"
+	defer func() {
+		// As the driver parses it at start: an sslmode typo, a bad port or
+		// scheme fails here, not in the pod. (Files the URL names, such as
+		// sslrootcert, are read at start.)
+		_, err := pgconn.ParseConfigWithOptions(raw, pgconn.ParseConfigOptions{GetSSLPassword: func(context.Context) string { return "" }})
+		var pathErr *fs.PathError
+		switch {
+		case err == nil, errors.As(err, &pathErr): // a file: read at start, and by -check unless -skip-files
+		case strings.Contains(raw, "://") && !strings.HasPrefix(raw, "postgres://") && !strings.HasPrefix(raw, "postgresql://"):
+			add(path, "the driver takes postgres:// or postgresql:// URLs (or key=value settings), not %q", raw[:strings.Index(raw, "://")+3])
+		default:
+			add(path, "the driver cannot use it: %s", driverError(err))
+		}
+	}()
 	if u, err := url.Parse(raw); err == nil && u.Scheme != "" {
 		if u.User != nil {
 			if _, ok := u.User.Password(); ok {
@@ -227,6 +246,20 @@ func checkPostgresURL(add problemf, path, raw string) {
 	if strings.Contains(strings.ToLower(raw), "password=") {
 		add(path, msg)
 	}
+}
+
+// driverError is what the driver says of a URL, without the URL it
+// quotes (never echo a connection string).
+func driverError(err error) string {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) && pe.Unwrap() != nil {
+		return pe.Unwrap().Error()
+	}
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		return msg[i+2:]
+	}
+	return msg
 }
 
 // validIdentifier reports whether s is a plain SQL name.

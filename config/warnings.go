@@ -1,11 +1,15 @@
 package config
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Warnings are settings that are valid but dangerous enough to say so at
@@ -29,6 +33,7 @@ func (c *Config) Warnings() []string {
 		w = append(w, "store.record_format: 1: fingerprints are stored as plain SHA-256, which someone who reads Redis can check guessed request bodies against; set 2 (keyed with store.key_secret_file) once every replica runs v0.4.0 or later (CHANGELOG.md)")
 	}
 	w = append(w, c.streamWarnings()...)
+	w = append(w, c.postgresWarnings()...)
 	if c.Tracing.TrustIncoming == TraceTrustAll {
 		w = append(w, "tracing.trust_incoming: all: any client's traceparent parents idemproxy's spans and can force them sampled (and exported); trusted_peers keeps that to the proxies in identity.trusted_proxies")
 	}
@@ -151,4 +156,47 @@ func reaches(prefixes []netip.Prefix, p netip.Prefix) bool {
 		}
 	}
 	return false
+}
+
+// postgresWarnings: a PostgreSQL URL whose sslmode lets the driver fall
+// back to plaintext (disable, allow, prefer: the driver's default) off
+// loopback, where the records (answers, fingerprints) and the password
+// cross a network.
+func (c *Config) postgresWarnings() []string {
+	var w []string
+	for _, k := range []struct{ path, raw string }{{"store.postgres.url", c.Store.Postgres.URL}, {"store.postgres.listen_url", c.Store.Postgres.ListenURL}} {
+		if k.raw == "" {
+			continue
+		}
+		cfg, err := pgconn.ParseConfigWithOptions(k.raw, pgconn.ParseConfigOptions{GetSSLPassword: func(context.Context) string { return "" }})
+		if err != nil {
+			continue // an error of its own
+		}
+		hosts := []string{cfg.Host}
+		for _, fb := range cfg.Fallbacks {
+			hosts = append(hosts, fb.Host)
+		}
+		plain := cfg.TLSConfig == nil
+		for _, fb := range cfg.Fallbacks {
+			plain = plain || fb.TLSConfig == nil
+		}
+		if plain && !allLoopback(hosts) {
+			w = append(w, fmt.Sprintf("%s: its sslmode lets the connection be plaintext (disable, allow, or prefer, the driver's default when unset) to a host off loopback: records and the password cross the network in clear; set sslmode=verify-full (and sslrootcert)", k.path))
+		}
+	}
+	return w
+}
+
+// allLoopback reports whether every host is this machine: a loopback
+// address, localhost, or a Unix socket directory.
+func allLoopback(hosts []string) bool {
+	for _, h := range hosts {
+		if strings.HasPrefix(h, "/") || h == "localhost" {
+			continue
+		}
+		if ip := net.ParseIP(h); ip == nil || !ip.IsLoopback() {
+			return false
+		}
+	}
+	return true
 }

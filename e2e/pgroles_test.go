@@ -140,3 +140,36 @@ func TestPostgresSchemaAtStart(t *testing.T) {
 		}
 	})
 }
+
+// TestPostgresConnectionsShowThemselves (issue 64): the sidecar's
+// connections say whose they are in pg_stat_activity (application_name
+// idemproxy/<version>), its pool is on /metrics (connections by state,
+// acquire waits and their time), and -check warns when the URL lets the
+// connection fall back to plaintext off loopback (pgx's default sslmode
+// is prefer).
+func TestPostgresConnectionsShowThemselves(t *testing.T) {
+	t.Parallel()
+	pg := pgtest.Start(t)
+	up := binarytest.NewRecorder(t)
+	sc := startBinary(t, pgConfig(up.URL, pg.URL, ""))
+	if st, body := post(t, sc.Client+"/payments", "named-1", `{}`); st != http.StatusCreated {
+		t.Fatalf("%d %s", st, body)
+	}
+	var named int
+	if err := pg.Conn(t).QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'idemproxy/v%'").Scan(&named); err != nil || named == 0 {
+		t.Errorf("%d connections named idemproxy/<version> in pg_stat_activity (%v), want the sidecar's", named, err)
+	}
+	for _, family := range []string{`idemproxy_store_pool_connections{state="acquired"}`, `idemproxy_store_pool_connections{state="idle"}`, "idemproxy_store_pool_acquire_waits_total", "idemproxy_store_pool_acquire_wait_seconds_total"} {
+		if !metric(t, sc.Admin, family) {
+			t.Errorf("/metrics lacks %s", family)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "remote.yaml")
+	if err := os.WriteFile(path, []byte(pgConfig(up.URL, "postgres://idemproxy@db.internal:5432/app", "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(binarytest.TestBinary(t), "-config", path, "-check").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "store.postgres.url: its sslmode lets the connection be plaintext") {
+		t.Errorf("-check of a URL without sslmode off loopback: %v\n%s\nwant a warning naming sslmode", err, out)
+	}
+}

@@ -81,6 +81,9 @@ func TestPostgresConfigRefused(t *testing.T) {
 	for _, tc := range []struct{ name, store, want string }{
 		{"password in the URL", "  postgres:\n    url: \"postgres://u:secret@127.0.0.1:5432/db\"\n", "store.postgres.url: holds a password: put it in a file named by store.postgres.password_file"},
 		{"password in the URL's query", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db?sslmode=disable&password=secret\"\n", "store.postgres.url: holds a password: put it in a file named by store.postgres.password_file"},
+		{"sslmode typo", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db?sslmode=requre\"\n", "store.postgres.url: the driver cannot use it: sslmode is invalid"},
+		{"bad port", "  postgres:\n    url: \"postgres://u@127.0.0.1:99999/db\"\n", "store.postgres.url: the driver cannot use it: invalid port"},
+		{"bad scheme", "  postgres:\n    url: \"postgresx://u@127.0.0.1:5432/db\"\n", "store.postgres.url: the driver takes postgres:// or postgresql:// URLs"},
 		{"password in listen_url", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    listen_url: \"postgres://u:secret@127.0.0.1:5432/db\"\n", "store.postgres.listen_url: holds a password"},
 		{"both stores", "  redis:\n    addrs: [\"127.0.0.1:6379\"]\n  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n", "set either store.redis.addrs or store.postgres.url, not both"},
 		{"schema", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    schema: \"a;b\"\n", "store.postgres.schema: must be a plain SQL name"},
