@@ -297,9 +297,20 @@ func TestReloadRejectedThenReverted(t *testing.T) {
 	}
 	logs := &syncbuf.Buffer{}
 	_, admin := startFromFileLogging(t, path, slog.New(slog.NewJSONHandler(logs, nil)))
-	if err := os.WriteFile(path, []byte(good+"bogus_key: 1\n"), 0o600); err != nil {
-		t.Fatal(err)
+	// Replaced whole, as a ConfigMap update does: a write in place can be
+	// seen half done (empty) on a loaded machine, a second rejection of
+	// another content.
+	replace := func(content string) {
+		t.Helper()
+		tmp := filepath.Join(dir, ".config.yaml.tmp")
+		if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
 	}
+	replace(good + "bogus_key: 1\n")
 	poll.Until(t, "the bad config is rejected", func() bool {
 		return metric(t, admin, "idemproxy_config_last_reload_successful 0")
 	})
@@ -317,9 +328,7 @@ func TestReloadRejectedThenReverted(t *testing.T) {
 	if !metric(t, admin, `idemproxy_config_reloads_total{result="error"} 1`) {
 		t.Errorf("rejections counted:\n%s", grepMetric(scrape(t, admin), "idemproxy_config_reloads_total"))
 	}
-	if err := os.WriteFile(path, []byte(good), 0o600); err != nil { // reverted: the running config
-		t.Fatal(err)
-	}
+	replace(good) // reverted: the running config
 	poll.Until(t, "the gauge is back to 1", func() bool {
 		return metric(t, admin, "idemproxy_config_last_reload_successful 1")
 	})
