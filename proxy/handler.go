@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"cmp"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -238,7 +240,7 @@ func (h *Handler) connect(transport http.RoundTripper) {
 	// write of the rest cost pass-through 40% of its throughput
 	// (docs/benchmarks.md, "Tuning done").
 	base := httputil.ReverseProxy{
-		ErrorLog:   slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+		ErrorLog:   slog.NewLogLogger(dropping{h.log.Handler(), errStreamAborted.Error()}, slog.LevelWarn),
 		BufferPool: newBufferPool(),
 	}
 	h.authClient = &http.Client{
@@ -371,4 +373,21 @@ func newRequestID(rand io.Reader) string {
 	var b [16]byte
 	_, _ = io.ReadFull(rand, b[:]) // crypto/rand does not fail
 	return hex.EncodeToString(b[:])
+}
+
+// dropping is a log handler that drops the records whose message holds
+// drop: ReverseProxy's own line for a stream idemproxy broke off, which
+// says nothing of the request; the pump logs it with its route, key and
+// request id.
+type dropping struct {
+	slog.Handler
+	drop string
+}
+
+// Handle drops r when its message holds d.drop.
+func (d dropping) Handle(ctx context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, d.drop) {
+		return nil
+	}
+	return d.Handler.Handle(ctx, r)
 }

@@ -61,6 +61,10 @@ const (
 // errStreamAborted ends a stream abnormally for its own client.
 var errStreamAborted = errors.New("the stream broke off; what was stored is kept and replayed with the same abnormal end")
 
+// detailStreamed is a streamed answer's request-line detail while it
+// runs, and once it ended normally.
+const detailStreamed = "streamed"
+
 // streamPump relays one streamed answer for its owner. One goroutine at a
 // time pumps (reads the upstream, stores what it read, hands it on): the
 // owner's client's own, inside Read, while it keeps up, so an event costs
@@ -148,7 +152,7 @@ func (o *owner) startStream(resp *http.Response) bool {
 		})
 		return true
 	}
-	o.settle(func() verdict { return verdict{outcome: outcomeStored, detail: "streamed"} })
+	o.settle(func() verdict { return verdict{outcome: outcomeStored, detail: detailStreamed} })
 	p := &streamPump{o: o, body: resp.Body, at: at, start: x.start, lastWrite: time.Now(),
 		done: make(chan struct{}), rc: http.NewResponseController(x.w)}
 	p.cond = sync.NewCond(&p.mu)
@@ -367,8 +371,17 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 		}
 		x.h.metrics.storedBytes.Observe(float64(p.stored))
 	}
-	if clientErr != io.EOF && x.detail == "" {
-		x.detail = "the stream ended abnormally"
+	if clientErr != io.EOF {
+		// The request line says why (it said "streamed" since the head was
+		// stored), and so does one warning, joinable with it.
+		if x.detail == "" || x.detail == detailStreamed {
+			x.detail = "the stream ended abnormally"
+			if x.unknown != "" {
+				x.detail = x.unknown
+			}
+		}
+		x.log().Warn("stream broke off: every reader gets the stored prefix and an abnormal end; nothing executes again",
+			"route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "cause", x.detail, "stored_bytes", p.stored)
 	}
 	end := "ended"
 	switch {

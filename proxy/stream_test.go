@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -655,5 +656,42 @@ func TestStreamLongerThanItsRouteStoresIsUnreadable(t *testing.T) {
 	}
 	if n := e.ledger.total(); n != 1 { // the probe
 		t.Fatalf("upstream executions = %d, want 1 (the probe)", n)
+	}
+}
+
+// TestBrokenStreamSaysWhy (issue 64): a stream the upstream broke off
+// says so where on-call looks: its request line's detail names the cause
+// (v0.7.0 said "streamed", as for a clean end), and one warning carries
+// the route, the hashed key and the request id to join it with;
+// ReverseProxy's own line, which carried none of them, is not written.
+func TestBrokenStreamSaysWhy(t *testing.T) {
+	e, up := streamEnv(t, 0)
+	first := e.open(t, "why-1")
+	a := bufio.NewReader(first.Body)
+	up.steps <- "1"
+	event(t, a)
+	up.steps <- ""
+	io.ReadAll(a)
+	e.quiesce()
+	var request, warning map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(e.logs.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line is not JSON: %q", l)
+		}
+		switch msg, _ := m["msg"].(string); {
+		case msg == "request":
+			request = m
+		case strings.HasPrefix(msg, "stream broke off"):
+			warning = m
+		case strings.Contains(msg, "ReverseProxy read error"):
+			t.Errorf("ReverseProxy's line without the request's fields: %v", m)
+		}
+	}
+	if d, _ := request["detail"].(string); !strings.Contains(d, "broke off") {
+		t.Errorf("the request line's detail = %q, want the cause (the stream broke off)", d)
+	}
+	if warning == nil || warning["request_id"] != request["request_id"] || warning["route"] != "pay" || warning["key"] != request["key"] {
+		t.Errorf("the broke-off warning %v does not join the request line %v (request_id, route, key)", warning, request)
 	}
 }
