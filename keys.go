@@ -25,7 +25,10 @@ import (
 // the raw key or principal (the caller sent them), and the stored body
 // only when asked for.
 type keyInfo struct {
-	// RedisKey is the hashed key, as the logs name it.
+	// StoreKey is the hashed key, as the logs name it, in either store.
+	StoreKey string `json:"store_key"`
+	// RedisKey is StoreKey under its old name, kept for one release
+	// (v0.8.0) for scripts that read it; removed in v0.9.0.
 	RedisKey    string     `json:"redis_key"`
 	State       string     `json:"state"` // absent, in_progress, completed, streamed
 	Created     *time.Time `json:"created,omitempty"`
@@ -177,7 +180,7 @@ func (c *keyCall) get(ctx context.Context) {
 		c.fail(http.StatusServiceUnavailable, err.Error(), err.Error())
 		return
 	}
-	info := keyInfo{RedisKey: c.redisKey, State: "absent"}
+	info := keyInfo{StoreKey: c.redisKey, RedisKey: c.redisKey, State: "absent"}
 	if rec != nil {
 		info.State, info.Status, info.RequestID = rec.State.String(), rec.Status, rec.RequestID
 		info.Fingerprint = hex.EncodeToString(rec.Fingerprint[:])
@@ -217,7 +220,8 @@ func (c *keyCall) get(ctx context.Context) {
 // reconcileAnswer is what POST action=reconcile answers: what the lookup
 // said and what a retry gets now.
 type reconcileAnswer struct {
-	RedisKey string `json:"redis_key"`
+	StoreKey string `json:"store_key"`
+	RedisKey string `json:"redis_key"` // StoreKey's old name, for one release
 	Result   string `json:"result"`
 	Status   int    `json:"status,omitempty"`
 	Body     string `json:"body,omitempty"`
@@ -237,7 +241,7 @@ func (c *keyCall) reconcile(ctx context.Context, route, principal, key string) {
 	}
 	c.result = "reconcile: " + result
 	c.w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(c.w).Encode(reconcileAnswer{RedisKey: c.redisKey, Result: result, Status: status, Body: string(body)})
+	_ = json.NewEncoder(c.w).Encode(reconcileAnswer{StoreKey: c.redisKey, RedisKey: c.redisKey, Result: result, Status: status, Body: string(body)})
 }
 
 // delete forgets the key's record in the state asked for: a live claim

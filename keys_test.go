@@ -82,6 +82,9 @@ func TestKeysAPI(t *testing.T) {
 		t.Errorf("idemproxy keys get -route paY: %v, printed %q; want an error naming the route", err, cliOut.String())
 	}
 	status, body := call(http.MethodGet, q, token)
+	if !strings.Contains(body, `"store_key":"idem:`) || !strings.Contains(body, `"redis_key":"idem:`) {
+		t.Errorf("the key API names the hashed key store_key (and redis_key for one release): %s", body)
+	}
 	if status != http.StatusOK || !strings.Contains(body, `"state":"completed"`) || !strings.Contains(body, `"status":201`) || strings.Contains(body, "charged") {
 		t.Fatalf("GET: %d %s, want completed 201 without the body", status, body)
 	}
