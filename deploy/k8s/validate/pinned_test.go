@@ -1,0 +1,93 @@
+package validate
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"helm.sh/helm/v3/pkg/strvals"
+
+	"github.com/idemproxy/idemproxy/internal/binarytest"
+)
+
+// TestChartRunsWhatItRenders (issue 64): every ci/*-values.yaml, the
+// PostgreSQL one included, renders a config that the binary of the image
+// the chart pins (its appVersion, the latest release, built from this
+// clone's history) accepts with -check. v0.7.0's chart pinned v0.6.0,
+// whose -check refused the store.postgres it rendered (create_schema: an
+// unknown key): the pod crash-looped.
+func TestChartRunsWhatItRenders(t *testing.T) {
+	r := binarytest.PreviousT(t)
+	if app := chartAppVersion(t); app != r.Version {
+		t.Fatalf("the chart pins %s, PREVIOUS_RELEASE is %s: build the pinned one", app, r.Version)
+	}
+	bin, err := r.Build(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(chartDir, "ci", "*-values.yaml"))
+	if len(files) == 0 {
+		t.Fatal("no ci/*-values.yaml")
+	}
+	sawPostgres := false
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			b := renderChart(t, f)
+			cm := get[*corev1.ConfigMap](t, b, "ConfigMap/payments-idemproxy-config")
+			text := cm.Data["config.yaml"]
+			sawPostgres = sawPostgres || strings.Contains(text, "postgres:")
+			path := filepath.Join(t.TempDir(), "config.yaml")
+			if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command(bin, "-config", path, "-check", "-skip-files").CombinedOutput(); err != nil {
+				t.Errorf("%s -check refuses what the chart renders with %s: %v\n%s\n--- config.yaml\n%s", r.Version, filepath.Base(f), err, out, text)
+			}
+		})
+	}
+	if !sawPostgres {
+		t.Error("no ci values file renders store.postgres")
+	}
+}
+
+// TestChartOnPostgres (issue 64): a failover URL's comma survives --set
+// when escaped as the chart's README writes it, and NOTES.txt speaks of
+// the store the chart renders: PostgreSQL, its schema and its password
+// Secret, never Redis.
+func TestChartOnPostgres(t *testing.T) {
+	const url = `postgres://idemproxy@db-1:5432,db-2:5432/app?target_session_attrs=read-write&sslmode=verify-full`
+	vals := map[string]any{}
+	if err := strvals.ParseInto(`postgres.url=`+strings.Replace(url, ",", `\,`, 1), vals); err != nil {
+		t.Fatal(err)
+	}
+	if got := vals["postgres"].(map[string]any)["url"]; got != url {
+		t.Errorf("--set postgres.url with the README's escaping gives %q, want %q", got, url)
+	}
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := chartutil.ReadValuesFile(filepath.Join(chartDir, "ci", "postgres-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rv, err := chartutil.ToRenderValues(chrt, file.AsMap(), chartutil.ReleaseOptions{Name: "payments", Namespace: "payments", IsInstall: true}, chartutil.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := engine.Render(chrt, rv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notes := out["idemproxy/templates/NOTES.txt"]
+	if !strings.Contains(notes, "The store is PostgreSQL") || strings.Contains(notes, "Redis") {
+		t.Errorf("NOTES.txt on the PostgreSQL store:\n%s", notes)
+	}
+}
