@@ -127,8 +127,8 @@ func TestHelmChart(t *testing.T) {
 			b := renderChart(t, vf)
 			cm := get[*corev1.ConfigMap](t, b, "ConfigMap/payments-idemproxy-config")
 			cfg := loadRendered(t, cm)
-			if len(cfg.Store.Redis.Addrs) == 0 {
-				t.Error("the rendered config has no Redis address: it would run on the embedded store")
+			if len(cfg.Store.Redis.Addrs) == 0 && cfg.Store.Postgres.URL == "" {
+				t.Error("the rendered config has neither a Redis address nor a PostgreSQL URL: it would run on the embedded store")
 			}
 			for _, kind := range []string{"Service/payments-idemproxy", "Service/payments-idemproxy-metrics"} {
 				if _, ok := b[kind]; !ok {
