@@ -95,6 +95,7 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 // an operator migrates (it retries with backoff).
 func TestPostgresSchemaAtStart(t *testing.T) {
 	t.Parallel()
+	binarytest.TestBinary(t) // skips here, not in the goroutines below, where it cannot
 	up := binarytest.NewRecorder(t)
 	t.Run("four at once", func(t *testing.T) {
 		pg := pgtest.Start(t)
