@@ -117,7 +117,7 @@ func (m *metrics) storeGauges() {
 	})
 	m.dataLost = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idemproxy_store_data_lost_total",
-		Help: "Times this process found a Redis master's epoch marker gone after it had seen it: the store lost its data (a restart without persistence, a flush); a new epoch began, and requests first sent before it are refused 412 record-lost.",
+		Help: "Times this process found the store lost its data: a Redis master's (or the PostgreSQL store's) epoch marker gone after it had seen it (a restart without persistence, a flush, a truncation), or on PostgreSQL a server that can have lost acknowledged writes (another system identifier; a new timeline after asynchronous replication); a new epoch began, and requests first sent before it are refused 412 record-lost.",
 	}, []string{"master"})
 	m.storeUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "idemproxy_store_up",
