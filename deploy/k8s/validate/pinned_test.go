@@ -91,3 +91,41 @@ func TestChartOnPostgres(t *testing.T) {
 		t.Errorf("NOTES.txt on the PostgreSQL store:\n%s", notes)
 	}
 }
+
+// TestChartRefusesWhatItsImageCannotRun (issue 64): keys a later release
+// added are refused when the chart renders, naming the release that
+// reads them, while the chart runs an older image (its appVersion, or
+// image.tag); with image.tag at that release they render.
+func TestChartRefusesWhatItsImageCannotRun(t *testing.T) {
+	chrt, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	render := func(values string) (map[string]string, error) {
+		t.Helper()
+		vals, err := chartutil.ReadValues([]byte(values))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rv, err := chartutil.ToRenderValues(chrt, vals.AsMap(), chartutil.ReleaseOptions{Name: "payments", Namespace: "payments", IsInstall: true}, chartutil.DefaultCapabilities)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return engine.Render(chrt, rv)
+	}
+	const listen = "postgres:\n  url: postgres://idemproxy@db:5432/app\n  listenUrl: postgres://idemproxy@db-direct:5432/app\n"
+	const events = "config:\n  routes:\n    - name: gh\n      match: \"POST /webhooks/github\"\n      webhook: {provider: github, secret_files: [/s], events: [push]}\n"
+	for name, values := range map[string]string{"postgres.listenUrl": listen, "webhook.events": events} {
+		if _, err := render(values); err == nil || !strings.Contains(err.Error(), "needs idemproxy v0.8.0 or later") || !strings.Contains(err.Error(), chartAppVersion(t)) {
+			t.Errorf("%s with the chart's image %s: %v, want it refused naming v0.8.0", name, chartAppVersion(t), err)
+		}
+		files, err := render(values + "image:\n  tag: v0.8.0\n")
+		if err != nil {
+			t.Errorf("%s with image.tag v0.8.0: %v", name, err)
+			continue
+		}
+		if cfg := files["idemproxy/templates/configmap.yaml"]; !strings.Contains(cfg, "listen_url") && !strings.Contains(cfg, "events") {
+			t.Errorf("%s with image.tag v0.8.0 rendered no such key:\n%s", name, cfg)
+		}
+	}
+}

@@ -83,11 +83,18 @@ Redis deployment and the mounted key files filled in.
 */}}
 {{- define "idemproxy.config" -}}
 {{- $v := .Values -}}
-{{- if and (kindIs "map" .Values.idemproxy) (hasKey .Values.idemproxy "config") -}}{{- $v = .Values.idemproxy -}}{{- end -}}
+{{- $appVersion := .Chart.AppVersion -}}
+{{- if and (kindIs "map" .Values.idemproxy) (hasKey .Values.idemproxy "config") -}}
+{{- $v = .Values.idemproxy -}}
+{{- with .Subcharts -}}{{- with index . "idemproxy" -}}{{- $appVersion = .Chart.AppVersion -}}{{- end -}}{{- end -}}
+{{- end -}}
 {{- $cfg := deepCopy $v.config -}}
 {{- $store := get $cfg "store" | default dict -}}
 {{- if $v.postgres.url -}}
 {{- $pg := dict "url" $v.postgres.url "schema" $v.postgres.schema "create_schema" $v.postgres.createSchema "max_conns" (int $v.postgres.maxConns) -}}
+{{- if $v.postgres.listenUrl -}}
+{{- $_ := set $pg "listen_url" $v.postgres.listenUrl -}}
+{{- end -}}
 {{- if $v.postgres.existingSecret -}}
 {{- $_ := set $pg "password_file" "/var/run/secrets/idemproxy-postgres/password" -}}
 {{- end -}}
@@ -127,6 +134,7 @@ Redis deployment and the mounted key files filled in.
 {{- fail "store.record_format 2 keys fingerprints with a key secret: set encryption.existingSecret and encryption.keySecretKey, or another format (1, or 3 and 4, which need no key secret)" -}}
 {{- end -}}
 {{- $_ := set $cfg "store" $store -}}
+{{- include "idemproxy.needsRelease" (dict "cfg" $cfg "tag" ($v.image.tag | default $appVersion)) -}}
 {{- if $v.adminToken.existingSecret -}}
 {{- $_ := set $cfg "admin" (dict "token_file" "/var/run/secrets/idemproxy-admin/token") -}}
 {{- end -}}
@@ -347,3 +355,25 @@ and the NetworkPolicy follow the config, whatever it says.
 {{- define "idemproxy.adminPort" -}}
 {{- regexReplaceAll "^.*:" ((.config | default dict).admin_listen | default ":9090" | toString) "" -}}
 {{- end }}
+
+{{/*
+idemproxy.needsRelease refuses, at template time, a config that the image
+the chart runs (tag) cannot run: keys added by a later release would make
+its -check refuse the config and the pod crash-loop. A tag that is not a
+release (a digest, a branch) is not checked.
+*/}}
+{{- define "idemproxy.needsRelease" -}}
+{{- $tag := .tag | toString -}}
+{{- if regexMatch "^v?[0-9]+\\.[0-9]+\\.[0-9]+$" $tag -}}
+{{- $older := semverCompare "<0.8.0-0" (trimPrefix "v" $tag) -}}
+{{- $pg := get (get .cfg "store" | default dict) "postgres" | default dict -}}
+{{- if and $older (hasKey $pg "listen_url") -}}
+{{- fail (printf "store.postgres.listen_url (postgres.listenUrl) needs idemproxy v0.8.0 or later; the chart runs image.tag %s: set image.tag to v0.8.0 or later, or leave it out" $tag) -}}
+{{- end -}}
+{{- range $i, $r := (get .cfg "routes" | default list) -}}
+{{- if and $older (kindIs "map" $r) (kindIs "map" (get $r "webhook")) (hasKey (get $r "webhook") "events") -}}
+{{- fail (printf "config.routes[%d].webhook.events needs idemproxy v0.8.0 or later; the chart runs image.tag %s: set image.tag to v0.8.0 or later, or leave it out" $i $tag) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
