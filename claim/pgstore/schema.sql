@@ -408,8 +408,15 @@ LANGUAGE plpgsql AS $$
 DECLARE
   sys text; tl text; sync bool; cur text; parts text[]; kept bool;
 BEGIN
-  SELECT c.system_identifier::text INTO sys FROM pg_control_system() c;
-  tl := substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8);
+  -- A managed service may keep these from the role: the server is then
+  -- "unknown", and only the markers' own rows tell a loss.
+  sys := 'unknown'; tl := 'unknown';
+  IF has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE') THEN
+    SELECT c.system_identifier::text INTO sys FROM pg_control_system() c;
+  END IF;
+  IF has_function_privilege('pg_catalog.pg_walfile_name(pg_lsn)', 'EXECUTE') AND has_function_privilege('pg_catalog.pg_current_wal_lsn()', 'EXECUTE') THEN
+    tl := substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8);
+  END IF;
   sync := current_setting('synchronous_standby_names') <> ''
     AND current_setting('synchronous_commit') IN ('on', 'remote_write', 'remote_apply');
   PERFORM pg_advisory_xact_lock(hashtext(srv));
@@ -417,9 +424,9 @@ BEGIN
   kept := EXISTS (SELECT 1 FROM {{schema}}.records r WHERE r.key = srv);
   IF cur IS NOT NULL THEN
     parts := string_to_array(cur, ':');
-    IF parts[1] <> sys THEN
+    IF parts[1] <> sys AND parts[1] <> 'unknown' AND sys <> 'unknown' THEN
       why := 'the database''s system identifier changed from ' || parts[1] || ' to ' || sys || ' (a restore into another cluster)';
-    ELSIF parts[2] <> tl AND parts[3] <> 'sync' THEN
+    ELSIF parts[2] <> tl AND parts[2] <> 'unknown' AND tl <> 'unknown' AND parts[3] <> 'sync' THEN
       why := 'the database''s timeline changed from ' || parts[2] || ' to ' || tl || ' while no synchronous standby was configured (a failover to an asynchronous standby, or a point-in-time restore)';
     ELSIF NOT kept THEN
       why := 'the records table lost its marker row (a TRUNCATE, or the table restored on its own)';
