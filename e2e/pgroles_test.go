@@ -43,13 +43,7 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 		return pgConfig(up.URL, fmt.Sprintf("postgres://%s@%s/postgres?sslmode=disable", role, pg.Addr), extra)
 	}
 	dir := t.TempDir()
-	write := func(name, body string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := func(name, body string) string { return writeIn(t, dir, name, body) }
 	bin := binarytest.TestBinary(t)
 
 	out, err := exec.Command(bin, "store", "migrate", "-config", write("owner.yaml", as("owner", "")), "-grant", "app").CombinedOutput()

@@ -43,13 +43,7 @@ func TestStoreCopyCarriesOrphans(t *testing.T) {
 	}))
 	defer upstream.Close()
 	dir := t.TempDir()
-	write := func(name, body string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := func(name, body string) string { return writeIn(t, dir, name, body) }
 	defaults := "defaults:\n  lease: 2s\n  unknown_outcome: fail\n"
 	oldCfg := write("redis.yaml", payConfig(upstream.URL, rdb.Addr, defaults))
 	newCfg := write("postgres.yaml", pgConfig(upstream.URL, pg.URL, defaults))
@@ -107,4 +101,14 @@ func TestStoreCopyCarriesOrphans(t *testing.T) {
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("the upstream executed %d times across the switch, want 1", n)
 	}
+}
+
+// writeIn writes body to the file name in dir (0600) and returns its path.
+func writeIn(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
