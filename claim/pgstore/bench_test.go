@@ -22,7 +22,14 @@ import (
 // cache_describe (the sidecar's since issue 62: descriptions cached, every
 // statement parsed unnamed in the same round trip). docs/benchmarks.md has
 // the figures.
-func BenchmarkFirstAttempt(b *testing.B) {
+func BenchmarkFirstAttempt(b *testing.B) { benchModes(b, false) }
+
+// BenchmarkReplay is a claim that finds its key's settled record, by the
+// pool's statement mode as BenchmarkFirstAttempt's.
+func BenchmarkReplay(b *testing.B) { benchModes(b, true) }
+
+// benchModes runs first attempts (or replays) under each statement mode.
+func benchModes(b *testing.B, replay bool) {
 	var keys atomic.Int64
 	srv := pgtest.Start(b)
 	ctx := context.Background()
@@ -45,9 +52,23 @@ func BenchmarkFirstAttempt(b *testing.B) {
 			defer s.Close()
 			rec := contract.NewRecord(&testing.T{})
 			done := contract.Completed(rec, `{"id":1}`)
+			settled := s.Codec().Key(mode.String(), "route", fmt.Sprint("settled-", keys.Add(1)))
+			if _, err := s.Claim(ctx, settled, rec, time.Minute, claim.Quota{}); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.Complete(ctx, settled, done, time.Hour); err != nil {
+				b.Fatal(err)
+			}
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
+				again := contract.NewRecord(&testing.T{})
 				for pb.Next() {
+					if replay {
+						if res, err := s.Claim(ctx, settled, again, time.Minute, claim.Quota{}); err != nil || res.Existing == nil {
+							b.Fatal(res, err)
+						}
+						continue
+					}
 					key := s.Codec().Key(mode.String(), "route", fmt.Sprint(keys.Add(1)))
 					if _, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil {
 						b.Fatal(err)
