@@ -211,6 +211,12 @@ func (f *floor) complete(resp *http.Response) error {
 	if !ok {
 		return nil
 	}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		// A stream's floor (issue 65): each read of the answer stored
+		// before it is sent, one APPEND per read, nothing else.
+		resp.Body = &appending{ReadCloser: resp.Body, ctx: resp.Request.Context(), rdb: f.rdb, key: kt[0] + ":stream"}
+		return nil
+	}
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if err != nil {
@@ -221,6 +227,25 @@ func (f *floor) complete(resp *http.Response) error {
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(body))
 	return nil
+}
+
+// appending is a streamed answer's body in the floor: every read is
+// appended to the key's value before ReverseProxy writes it on.
+type appending struct {
+	io.ReadCloser
+	ctx context.Context
+	rdb *redis.Client
+	key string
+}
+
+func (a *appending) Read(p []byte) (int, error) {
+	n, err := a.ReadCloser.Read(p)
+	if n > 0 {
+		if serr := a.rdb.Append(a.ctx, a.key, string(p[:n])).Err(); serr != nil {
+			return 0, serr
+		}
+	}
+	return n, err
 }
 
 type bufferPool struct{ pool sync.Pool }

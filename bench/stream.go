@@ -78,7 +78,7 @@ func streamBench(args []string) error {
 		}
 		idemRow.attachFirst, idemRow.attachEnd = append(idemRow.attachFirst, f), append(idemRow.attachEnd, l)
 	}
-	report := streamReport(o, rig.rtt, rows, ratios)
+	report := streamReport(o, rig.rtt, rows, ratios, rig.floorRatios)
 	fmt.Print(report)
 	if o.out != "" {
 		return os.WriteFile(o.out, []byte(report), 0o644)
@@ -97,10 +97,13 @@ type streamTarget struct {
 // streamRig is Redis, the streaming upstream, ReverseProxy and idemproxy,
 // started for bench stream.
 type streamRig struct {
-	procs     []*proc
-	targets   []streamTarget
-	rtt       time.Duration // Redis' round trip, p50
-	pprofAddr string
+	procs   []*proc
+	targets []streamTarget
+	// floorRatios are each round's idemproxy CPU per event over the
+	// floor's (rounds).
+	floorRatios []float64
+	rtt         time.Duration // Redis' round trip, p50
+	pprofAddr   string
 }
 
 func (r *streamRig) stop() {
@@ -159,10 +162,16 @@ func startStreamRig(dir string, o streamOptions) (*streamRig, error) {
 		return r, err
 	}
 	r.procs = append(r.procs, idem)
+	floorAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
+	fl, err := start("floor", floorAddr, self, "reverseproxy", "-listen", floorAddr, "-upstream", "http://"+upAddr, "-redis", redisAddr)
+	if err != nil {
+		return r, err
+	}
 	r.targets = []streamTarget{
 		{"upstream direct", nil, upAddr},
 		{"ReverseProxy", rp, rpAddr},
 		{"idemproxy (stream: auto, record_format 4)", idem, idem.addr},
+		{"floor (ReverseProxy, a SET NX claim, one APPEND per read)", fl, floorAddr},
 	}
 	return r, nil
 }
@@ -225,7 +234,7 @@ func (r *streamRig) rounds(o streamOptions) ([]streamRow, []float64, error) {
 		if round < o.n%o.rounds {
 			count++
 		}
-		var cpu [3]float64
+		var cpu [4]float64
 		for i, t := range r.targets {
 			before := rows[i].cpu
 			if err := rows[i].measure(t, count, o.events); err != nil {
@@ -235,6 +244,9 @@ func (r *streamRig) rounds(o streamOptions) ([]streamRow, []float64, error) {
 		}
 		if cpu[1] > 0 {
 			ratios = append(ratios, cpu[2]/cpu[1])
+		}
+		if cpu[3] > 0 {
+			r.floorRatios = append(r.floorRatios, cpu[2]/cpu[3])
 		}
 	}
 	if profiled != nil {
@@ -246,7 +258,7 @@ func (r *streamRig) rounds(o streamOptions) ([]streamRow, []float64, error) {
 }
 
 // streamReport is bench stream's markdown.
-func streamReport(o streamOptions, rtt time.Duration, rows []streamRow, ratios []float64) string {
+func streamReport(o streamOptions, rtt time.Duration, rows []streamRow, ratios, floorRatios []float64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Streams of %d events of %d bytes, %s apart (one flush each), %d per target in %d rounds, one client at a time; idemproxy's stream_flush_interval %s; Redis round trip p50 %s. %s\n\n",
 		o.events, o.size, o.gap, o.n, o.rounds, o.flush, rtt.Round(time.Microsecond), machine())
@@ -271,6 +283,15 @@ func streamReport(o streamOptions, rtt time.Duration, rows []streamRow, ratios [
 		slices.Sort(ratios)
 		fmt.Fprintf(&b, "CPU per event, idemproxy over ReverseProxy, by round (%d rounds, the targets taking turns): median %.2f×, from %.2f× to %.2f×.\n",
 			len(ratios), ratios[len(ratios)/2], ratios[0], ratios[len(ratios)-1])
+	}
+	if fl := rows[3]; fl.cpu > 0 && rows[2].cpu > 0 {
+		whole := rows[2].cpu / float64(rows[2].events) / (fl.cpu / float64(fl.events))
+		fmt.Fprintf(&b, "CPU per event, idemproxy over its floor (stored before sent costs one store round trip per read: ReverseProxy, a SET NX claim and one APPEND per read): %.2f× over the whole run", whole)
+		if len(floorRatios) > 0 {
+			slices.Sort(floorRatios)
+			fmt.Fprintf(&b, ", median round %.2f× (from %.2f× to %.2f×)", floorRatios[len(floorRatios)/2], floorRatios[0], floorRatios[len(floorRatios)-1])
+		}
+		b.WriteString("; the target is 1.2× (issue 65).\n")
 	}
 	return b.String()
 }
