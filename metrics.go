@@ -162,7 +162,7 @@ func (m *metrics) poolStats(stat func() *pgxpool.Stat) {
 	conns := func(state string, read func(*pgxpool.Stat) int32) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "idemproxy_store_pool_connections",
-			Help:        "The PostgreSQL store's pooled connections by state: acquired (running an operation) or idle; their sum is at most store.postgres.max_conns (the LISTEN connection is not counted).",
+			Help:        "The PostgreSQL store's pooled connections by state: acquired (running an operation) or idle; their sum is at most store.postgres.max_conns, plus the LISTEN connection (always acquired) when store.postgres.listen_url is unset.",
 			ConstLabels: prometheus.Labels{"state": state},
 		}, func() float64 { return float64(read(stat())) })
 	}

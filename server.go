@@ -205,7 +205,14 @@ func (s *server) openStore(ctx context.Context, sec *secrets) error {
 // again in the background until the database answers).
 func (s *server) openPostgres(ctx context.Context, sec *secrets) error {
 	pg := s.cfg.Store.Postgres
-	pool, err := openPool(ctx, pg, sec, int32(pg.MaxConns))
+	// Without listen_url the LISTEN connection is one of the pool's, held
+	// from the start: the pool gets one more, so that max_conns are left
+	// for the operations (docs/configuration.md).
+	size := int32(pg.MaxConns)
+	if pg.ListenURL == "" {
+		size++
+	}
+	pool, err := openPool(ctx, pg, sec, size)
 	if err != nil {
 		return err
 	}
