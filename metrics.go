@@ -137,7 +137,7 @@ func (m *metrics) storeGauges() {
 	}, []string{"master"})
 	m.expired = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "idemproxy_store_expired_records",
-		Help: "PostgreSQL store: expired records not deleted yet (reads ignore them; the store watcher deletes up to 5,000 a second by the expiry index), counted up to a million.",
+		Help: "PostgreSQL store: expired records not deleted yet (reads ignore them; the store watcher deletes up to 5,000 a second by the expiry index), counted up to 10,000 (beyond, the cleanup lags: idemproxy_store_cleanup_lag_seconds says how far; counting a backlog of a million cost each pod 60-70 ms of the database a second).",
 	}, []string{"master"})
 	m.cleanupLag = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "idemproxy_store_cleanup_lag_seconds",

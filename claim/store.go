@@ -203,7 +203,7 @@ type MasterHealth struct {
 
 // Cleanup is what a store that deletes expired records itself reports.
 type Cleanup struct {
-	// Expired counts expired records not deleted yet (up to a million),
+	// Expired counts expired records not deleted yet (up to 10,000),
 	// and Lag is how long ago the oldest of them expired.
 	Expired int64
 	Lag     time.Duration

@@ -467,14 +467,14 @@ BEGIN
 END $$;
 
 -- What the store watcher reports every second, by the indexes alone:
--- the expired rows not deleted yet (up to a million), how long ago the
+-- the expired rows not deleted yet (up to 10,000), how long ago the
 -- oldest expired (ms), the oldest claim in progress's age (ms, from its
 -- Created time at bytes 52..59), and the table's estimated rows.
 CREATE OR REPLACE FUNCTION {{schema}}.idem_cleanup(OUT now_ms bigint, OUT expired bigint, OUT lag_ms bigint, OUT oldest_claim_ms bigint, OUT est_rows bigint)
 LANGUAGE plpgsql AS $$
 BEGIN
   now_ms := {{schema}}.idem_now();
-  SELECT count(*) INTO expired FROM (SELECT 1 FROM {{schema}}.records WHERE expires_ms <= now_ms LIMIT 1000000) e;
+  SELECT count(*) INTO expired FROM (SELECT 1 FROM {{schema}}.records WHERE expires_ms <= now_ms LIMIT 10000) e;
   SELECT now_ms - min(expires_ms) INTO lag_ms FROM {{schema}}.records WHERE expires_ms <= now_ms;
   SELECT now_ms - min({{schema}}.idem_rd8(value, 52)) INTO oldest_claim_ms FROM {{schema}}.records
     WHERE substring(value FROM 2 FOR 1) = '\x01'::bytea AND expires_ms > now_ms AND length(value) >= 59;
