@@ -100,7 +100,7 @@ func readFile(t *testing.T, path string) string {
 
 // TestWriteTimeoutCutsSmallReplays (issue 63, low): the bound holds for
 // every answer written from the store, not only those over 64 KiB. A
-// client that pipelines 64 retries of a 64 KiB answer on one connection
+// client that pipelines 128 retries of a 64 KiB answer on one connection
 // and reads nothing fills the sockets' buffers; the replay the sidecar is
 // writing then waits, and is cut once client.write_timeout (1s) passes. A
 // client that reads gets every answer. v0.7.0 wrote answers up to 64 KiB
@@ -121,11 +121,22 @@ func TestWriteTimeoutCutsSmallReplays(t *testing.T) {
 	if resp, body := postAnswer(t, sc.Client+"/payments", "small", `{}`); resp.StatusCode != http.StatusCreated || len(body) != size {
 		t.Fatalf("first attempt: %d, %d bytes", resp.StatusCode, len(body))
 	}
-	const pipelined = 64
+	// 128 answers are 8 MiB: more than the sockets' buffers hold, the
+	// client's receive buffer kept small (no autotuning) and the
+	// sidecar's send buffer at most 4 MiB (net.ipv4.tcp_wmem), so the
+	// sidecar's write of one of them waits for the client.
+	const pipelined = 128
+	small := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 64<<10) }); err != nil {
+			return err
+		}
+		return serr
+	}}
 	// retries sends pipelined retries on one connection, takes nothing
 	// for wait, then reads: how many whole replays came.
 	retries := func(wait time.Duration) (int, error) {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(sc.Client, "http://"))
+		conn, err := small.Dial("tcp", strings.TrimPrefix(sc.Client, "http://"))
 		if err != nil {
 			t.Fatal(err)
 		}
