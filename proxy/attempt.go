@@ -197,11 +197,16 @@ func (a *attempt) fromExisting(res claim.Result, rec *claim.Record, waitUntil ti
 			return nil, true // released or lapsed: claim it ourselves
 		}
 	}
-	a.noteOrphan(existing, rec, ttl)
+	since, reconcile := a.reconcilable(existing, rec, ttl)
+	if reconcile {
+		// Seen orphaned on this sidecar's own clock from now on: freeAbsent
+		// counts absent_after from then too (orphans).
+		a.h.orphans.see(a.hashedKey)
+	}
 	if rep := a.ownerAlive(existing, rec, ttl); rep != nil {
 		return rep, false
 	}
-	if since, ok := a.reconcilable(existing, rec, ttl); ok && settle {
+	if reconcile && settle {
 		rep := a.reconcileExisting(existing, rec, since)
 		return rep, rep == nil // nil: freed, or changed under us
 	}

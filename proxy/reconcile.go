@@ -274,19 +274,6 @@ func storedUnknown(rec *claim.Record) (since time.Time, ok bool) {
 	return since, true
 }
 
-// noteOrphan notes, on this sidecar's own clock, a key whose first
-// attempt's outcome is unknown (an orphaned claim, or a stored
-// outcome-unknown) on a reconcile route, the first time this sidecar sees
-// it so: freeAbsent counts absent_after from then too (orphans).
-func (a *attempt) noteOrphan(existing, rec *claim.Record, ttl time.Duration) {
-	if a.rt.settings.Reconcile == nil || !a.h.codec.SameRequest(existing, rec.Fingerprint) {
-		return
-	}
-	if _, unknown := storedUnknown(existing); unknown || existing.State == claim.InProgress && existing.Orphaned(ttl) {
-		a.h.orphans.see(a.hashedKey)
-	}
-}
-
 // reconcileExisting takes the key over from existing (an orphan, or a
 // stored outcome-unknown record) and asks the upstream what happened:
 // found stores and answers the upstream's answer; absent, once the first
