@@ -37,10 +37,7 @@ func (s *Store) rowNotify(ctx context.Context, op, fn, key string, args []any, d
 	err = s.pipeline(ctx, c, s.call(fn, len(args)), args, key, dst)
 	c.Release() // a connection left busy or broken is destroyed by the pool
 	if err != nil {
-		if refusedWhole(err) {
-			s.pool.Reset()
-		}
-		return claim.Unavailable(op, err)
+		return s.unavailable(op, err)
 	}
 	return nil
 }

@@ -225,14 +225,20 @@ func (s *Store) fn(name string) string {
 // into dst.
 func (s *Store) row(ctx context.Context, op, fn string, args []any, dst ...any) error {
 	if err := s.pool.QueryRow(ctx, s.call(fn, len(args)), args...).Scan(dst...); err != nil {
-		if refusedWhole(err) {
-			// Every connection to that server is as useless: the pool
-			// dials again (a multi-host URL finds the new primary).
-			s.pool.Reset()
-		}
-		return claim.Unavailable(op, err)
+		return s.unavailable(op, err)
 	}
 	return nil
+}
+
+// unavailable is op's failure err as claim.Unavailable; a server that
+// refused the statement whole (refusedWhole) has every connection to it
+// as useless, so the pool dials again (a multi-host URL finds the new
+// primary).
+func (s *Store) unavailable(op string, err error) error {
+	if refusedWhole(err) {
+		s.pool.Reset()
+	}
+	return claim.Unavailable(op, err)
 }
 
 // Close stops the store's LISTEN connection; the pool stays open.

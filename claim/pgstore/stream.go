@@ -32,13 +32,13 @@ func (s *Store) StreamAppend(ctx context.Context, key string, token claim.Token,
 	var res int
 	var n *int64
 	args := []any{key, token[:], at, data, lease.Milliseconds()}
-	write := s.rowNotify
-	if len(data) == 0 { // a renewal: nothing for a reader to read
-		write = func(ctx context.Context, op, fn, _ string, args []any, dst ...any) error {
-			return s.row(ctx, op, fn, args, dst...)
-		}
+	var err error
+	if len(data) == 0 { // a renewal: nothing for a reader to read, no wake-up
+		err = s.row(ctx, "stream append", "idem_stream_append", args, &res, &n)
+	} else {
+		err = s.rowNotify(ctx, "stream append", "idem_stream_append", key, args, &res, &n)
 	}
-	if err := write(ctx, "stream append", "idem_stream_append", key, args, &res, &n); err != nil {
+	if err != nil {
 		return 0, err
 	}
 	switch {
