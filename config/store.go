@@ -214,38 +214,45 @@ func (c *Config) validatePostgres(add problemf) {
 
 // checkPostgresURL refuses a connection string that holds a password
 // anywhere (the URL's userinfo, a password parameter in its query or in a
-// key=value string), without echoing it.
+// key=value string), without echoing it, and one the driver cannot use as
+// it parses it at start: an sslmode typo, a bad port or scheme fails
+// here, not in the pod. (Files it names, such as sslrootcert, are read at
+// start, and by -check unless -skip-files.)
 func checkPostgresURL(add problemf, path, raw string) {
-	const msg = "holds a password: put it in a file named by store.postgres.password_file, and leave it out of the URL"
-	defer func() {
-		// As the driver parses it at start: an sslmode typo, a bad port or
-		// scheme fails here, not in the pod. (Files the URL names, such as
-		// sslrootcert, are read at start.)
-		_, err := pgconn.ParseConfigWithOptions(raw, pgconn.ParseConfigOptions{GetSSLPassword: func(context.Context) string { return "" }})
-		var pathErr *fs.PathError
-		switch {
-		case err == nil, errors.As(err, &pathErr): // a file: read at start, and by -check unless -skip-files
-		case strings.Contains(raw, "://") && !strings.HasPrefix(raw, "postgres://") && !strings.HasPrefix(raw, "postgresql://"):
-			add(path, "the driver takes postgres:// or postgresql:// URLs (or key=value settings), not %q", raw[:strings.Index(raw, "://")+3])
-		default:
-			add(path, "the driver cannot use it: %s", driverError(err))
-		}
-	}()
+	if holdsPassword(raw) {
+		add(path, "holds a password: put it in a file named by store.postgres.password_file, and leave it out of the URL")
+	}
+	_, err := parsePostgres(raw)
+	var pathErr *fs.PathError
+	switch {
+	case err == nil, errors.As(err, &pathErr):
+	case strings.Contains(raw, "://") && !strings.HasPrefix(raw, "postgres://") && !strings.HasPrefix(raw, "postgresql://"):
+		add(path, "the driver takes postgres:// or postgresql:// URLs (or key=value settings), not %q", raw[:strings.Index(raw, "://")+3])
+	default:
+		add(path, "the driver cannot use it: %s", driverError(err))
+	}
+}
+
+// holdsPassword reports whether a connection string carries a password:
+// in a URL's userinfo or query, or as a key=value setting.
+func holdsPassword(raw string) bool {
 	if u, err := url.Parse(raw); err == nil && u.Scheme != "" {
 		if u.User != nil {
 			if _, ok := u.User.Password(); ok {
-				add(path, msg)
-				return
+				return true
 			}
 		}
-		if _, ok := u.Query()["password"]; ok {
-			add(path, msg)
-			return
+		if u.Query().Has("password") {
+			return true
 		}
 	}
-	if strings.Contains(strings.ToLower(raw), "password=") {
-		add(path, msg)
-	}
+	return strings.Contains(strings.ToLower(raw), "password=")
+}
+
+// parsePostgres parses a connection string as the driver does at start
+// (never asking for a key file's password).
+func parsePostgres(raw string) (*pgconn.Config, error) {
+	return pgconn.ParseConfigWithOptions(raw, pgconn.ParseConfigOptions{GetSSLPassword: func(context.Context) string { return "" }})
 }
 
 // driverError is what the driver says of a URL, without the URL it

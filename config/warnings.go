@@ -1,15 +1,12 @@
 package config
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"slices"
 	"strings"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Warnings are settings that are valid but dangerous enough to say so at
@@ -168,7 +165,7 @@ func (c *Config) postgresWarnings() []string {
 		if k.raw == "" {
 			continue
 		}
-		cfg, err := pgconn.ParseConfigWithOptions(k.raw, pgconn.ParseConfigOptions{GetSSLPassword: func(context.Context) string { return "" }})
+		cfg, err := parsePostgres(k.raw)
 		if err != nil {
 			continue // an error of its own
 		}
