@@ -380,10 +380,7 @@ func (a *attempt) freeAbsent(existing, taker *claim.Record, since time.Time) (re
 	case errors.As(err, &early):
 		a.reconciled(lookupTooEarly, existing, "")
 		a.putBackUnknown(existing, taker, since)
-		if early.Skew != 0 {
-			return a.clocksApart(early), true, ""
-		}
-		return a.tooEarly(early.Left), true, ""
+		return a.tooEarly(early), true, ""
 	case errors.Is(err, claim.ErrLeaseLost):
 		return nil, true, ""
 	}
@@ -447,7 +444,7 @@ func (x *exchange) ownerReconciles(o *owner, timeout bool) *reply {
 			return v
 		})
 		x.reconciled(lookupTooEarly, o.rec, "")
-		return x.tooEarly(rc.AbsentAfter + absentMargin(s) - time.Since(o.rec.Created))
+		return x.tooEarly(&claim.TooEarlyError{Left: rc.AbsentAfter + absentMargin(s) - time.Since(o.rec.Created)})
 	}
 	x.reconciled(lookupUnresolved, o.rec, ans.why)
 	return nil
@@ -506,19 +503,18 @@ func (a *attempt) putBackUnknown(first, taker *claim.Record, since time.Time) *c
 	return rec
 }
 
-// tooEarly answers a retry whose lookup said absent before absent_after:
-// the first attempt may still be running in the app.
-func (a *attempt) tooEarly(left time.Duration) *reply {
-	return a.inProgress("the upstream has no record of this key yet, and its first attempt may still be running; retry after the time in Retry-After", max(left, time.Second))
-}
-
-// clocksApart is the in-progress answer when an absent key could not be
-// freed because the store's clock and this sidecar's differ by more than
-// the freeing allows: the detail names the offset, so that a client (and
-// whoever reads its logs) knows the wait is a clock's, not the upstream's.
-func (a *attempt) clocksApart(e *claim.TooEarlyError) *reply {
-	return a.inProgress(fmt.Sprintf("the upstream has no record of this key, but the idempotency store's clock is %.1f s off this sidecar's (more than the %.1f s a key may be freed with): the key cannot be freed until the clocks agree again; retry after the time in Retry-After",
-		e.Skew.Seconds(), claim.MaxClockOffset.Seconds()), max(e.Left, time.Second))
+// tooEarly answers a retry whose lookup said absent before the key may be
+// freed: the first attempt may still be running in the app, or (Skew set)
+// the store's clock and this sidecar's differ by more than the freeing
+// allows, and the detail names the offset, so that a client (and whoever
+// reads its logs) knows the wait is a clock's, not the upstream's.
+func (a *attempt) tooEarly(e *claim.TooEarlyError) *reply {
+	detail := "the upstream has no record of this key yet, and its first attempt may still be running; retry after the time in Retry-After"
+	if e.Skew != 0 {
+		detail = fmt.Sprintf("the upstream has no record of this key, but the idempotency store's clock is %.1f s off this sidecar's (more than the %.1f s a key may be freed with): the key cannot be freed until the clocks agree again; retry after the time in Retry-After",
+			e.Skew.Seconds(), claim.MaxClockOffset.Seconds())
+	}
+	return a.inProgress(detail, max(e.Left, time.Second))
 }
 
 // ReconcileKey is the key API's reconcile-now: on route, it asks the
