@@ -187,6 +187,9 @@ func streamReadLimit(cfg *config.Config) int {
 func storeOptions(cfg *config.Config, sec *secrets, m *metrics, log *slog.Logger) []claim.Option {
 	st := cfg.Store
 	opts := append(slices.Clone(sec.store), claim.WithStreamReadLimit(streamReadLimit(cfg)))
+	if wallClock != nil {
+		opts = append(opts, claim.WithClock(wallClock))
+	}
 	opts = append(opts, claim.WithEpochObserver(func(e claim.Epoch) {
 		lost := m.dataLost.WithLabelValues(e.Master) // exists at 0 from the first look, so that increase() sees the first loss
 		if e.Lost {

@@ -162,3 +162,12 @@ func TestCLIParagraphCoversUsage(t *testing.T) {
 		t.Error("the paragraph's keys delete does not list -state streamed")
 	}
 }
+
+// TestReleaseBuildHasNoClockSeam: only the chaos harness's build
+// (-tags chaosclock) steps the sidecar's wall clock; a release build
+// reads time.Now.
+func TestReleaseBuildHasNoClockSeam(t *testing.T) {
+	if wallClock != nil {
+		t.Fatal("wallClock is set in a build without -tags chaosclock")
+	}
+}

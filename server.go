@@ -153,7 +153,7 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 // proxyOptions are the handler's collaborators: the logger, the metrics
 // and, when tracing is on, the tracer (its shutdown among the closers).
 func (s *server) proxyOptions(ctx context.Context) (proxy.Options, error) {
-	opts := proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg)}
+	opts := proxy.Options{Logger: s.log, Metrics: proxy.NewMetrics(s.metrics.reg), Clock: wallClock}
 	tp, shutdownTracing, err := startTracing(ctx, s.cfg.Tracing, s.log)
 	if err != nil {
 		return opts, err

@@ -65,6 +65,14 @@ const (
 	// runs): every claim looks orphaned on Redis' clock, and no live owner
 	// may lose its claim to a retry for it.
 	faultRedisClockLeap = "redis-clock-leap"
+	// faultOwnerKilledLeap is the double fault of issue 63 (-reconcile
+	// runs): while the upstream commits late (modeCommitLate), a sidecar
+	// other than 0 is killed with requests in flight, then the clock
+	// Redis and sidecar 0 share leaps forward as faultRedisClockLeap's:
+	// both wall clocks agree that absent_after has passed while the
+	// lookup truthfully says absent, and only sidecar 0's monotonic
+	// clock holds the key until the late commit shows.
+	faultOwnerKilledLeap = "owner-killed-shared-clock-leap"
 	// The PostgreSQL store's (-store postgres): kill -9 of the
 	// postmaster and a restart from the WAL, and the whole server stopped
 	// (SIGSTOP) for 1.2-3 s. Neither loses what it acknowledged, so

@@ -10,9 +10,11 @@
 // late replies on one sidecar's link, upstream hangs, resets and 503s,
 // FLUSHALL, and in the default run steps of Redis' realtime clock by
 // 0.5-3 s forward or back through a clock shim in the Redis process,
-// internal/clockshim; with -reconcile also leaps forward by more than
-// absent_after plus two leases, and back), then checks the recorded
-// history.
+// internal/clockshim, a clock sidecar 0 shares (a build with -tags
+// chaosclock reads the shim's offset); with -reconcile also leaps forward
+// by more than absent_after plus two leases, and back, once right after
+// another sidecar was killed while the upstream commits late), then
+// checks the recorded history.
 //
 //	go run ./chaos -short            # ~1 minute, what CI runs
 //	go run ./chaos -short -mixed     # sidecar 0 runs the previous release
@@ -145,7 +147,9 @@ func run() error {
 
 func harness(o options, dir string) error {
 	bin := filepath.Join(dir, "idemproxy")
-	if err := binarytest.Build("", binarytest.Package, bin); err != nil {
+	// Sidecar 0 reads the clock shim's offset (chaosclock.go): the
+	// others, without CLOCKSHIM_FILE, run the release's code.
+	if err := binarytest.Build("", binarytest.Package, bin, "chaosclock"); err != nil {
 		return err
 	}
 	bins := []string{bin}
@@ -199,7 +203,7 @@ func harness(o options, dir string) error {
 // workload and the fault schedule every store shares. where names the
 // store in the load line; inProgress counts its claims left in progress.
 func drive(o options, dir string, bins, versions []string, links []*faultlink.Link, inj *injector, where string, inProgress func() (int, int, error)) error {
-	led := &ledger{hangFor: 3 * time.Second, failRate: 0.02, transientRate: 0.02}
+	led := &ledger{hangFor: 3 * time.Second, commitAfter: 4500 * time.Millisecond, failRate: 0.02, transientRate: 0.02}
 	upLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -208,7 +212,11 @@ func drive(o options, dir string, bins, versions []string, links []*faultlink.Li
 	go up.Serve(upLn)
 	defer up.Close()
 
-	scs, err := startSidecars(o, dir, bins, versions, "http://"+upLn.Addr().String(), links)
+	var shared []string // sidecar 0's environment: the store's clock
+	if inj.clock != nil {
+		shared = inj.clock.SharedEnv()
+	}
+	scs, err := startSidecars(o, dir, bins, versions, "http://"+upLn.Addr().String(), links, shared)
 	for _, sc := range scs {
 		defer sc.kill()
 	}
@@ -257,15 +265,19 @@ func buildPrevious(dir string) (bin, version string, err error) {
 }
 
 // startSidecars starts o.sidecars sidecars in front of upstream, sidecar i
-// on bins[i] (the last for the rest) and on Redis through links[i]. It
-// returns those it started, even on error, for the caller to kill.
-func startSidecars(o options, dir string, bins, versions []string, upstream string, links []*faultlink.Link) ([]*sidecar, error) {
+// on bins[i] (the last for the rest) and on Redis through links[i],
+// sidecar 0 with shared in its environment. It returns those it started,
+// even on error, for the caller to kill.
+func startSidecars(o options, dir string, bins, versions []string, upstream string, links []*faultlink.Link, shared []string) ([]*sidecar, error) {
 	var scs []*sidecar
 	for i := range o.sidecars {
 		p1, _ := loopback.FreePort()
 		p2, _ := loopback.FreePort()
 		v := min(i, len(bins)-1)
 		sc := &sidecar{id: i, version: versions[v], port: p1, adminPort: p2, logDir: dir}
+		if i == 0 {
+			sc.env = shared
+		}
 		config, err := sc.writeConfig(dir, upstream, links[i].Addr(), o.strict, o.reconcile, o.stream, o.postgres)
 		if err != nil {
 			return scs, err
@@ -385,11 +397,13 @@ type injector struct {
 	links    []*faultlink.Link // links[i] is sidecar i's link to Redis
 	ledger   *ledger
 	sidecars []*sidecar
-	// clock, when set, steps Redis' clock (faultRedisClockStep); offset
-	// is where it stands, within 3 s of the true time.
+	// clock, when set, steps the store's clock and sidecar 0's
+	// (faultRedisClockStep); offset is where it stands, within 3 s of the
+	// true time.
 	clock  *clockshim.Clock
 	offset time.Duration
-	// leaps adds faultRedisClockLeap (-reconcile).
+	// leaps adds faultRedisClockLeap and faultOwnerKilledLeap
+	// (-reconcile).
 	leaps bool
 
 	mu     sync.Mutex // guards faults
@@ -432,8 +446,8 @@ func (in *injector) run(ctx context.Context, every time.Duration) {
 		kinds = append(kinds, faultRedisClockStep, faultRedisClockStep)
 		first = append([]string{faultRedisClockStep}, first...)
 		if in.leaps {
-			kinds = append(kinds, faultRedisClockLeap, faultRedisClockLeap)
-			first = append([]string{faultRedisClockLeap}, first...)
+			kinds = append(kinds, faultRedisClockLeap, faultRedisClockLeap, faultOwnerKilledLeap)
+			first = append([]string{faultOwnerKilledLeap, faultRedisClockLeap}, first...)
 		}
 	}
 	for {
@@ -494,17 +508,9 @@ func (in *injector) inject(kind string) {
 			fmt.Fprintln(os.Stderr, "step redis' clock:", err)
 		}
 	case faultRedisClockLeap:
-		// Forward by more than absent_after (5s) plus two leases (2s):
-		// a Redis host that booted with a slow clock and was corrected,
-		// a failover to a replica ahead. Then back, as NTP would.
-		leap := 10*time.Second + rand.N(3*time.Second)
-		if err := in.clock.Set(in.offset + leap); err != nil {
-			fmt.Fprintln(os.Stderr, "step redis' clock:", err)
-		}
-		time.Sleep(2*time.Second + rand.N(2*time.Second))
-		if err := in.clock.Set(in.offset); err != nil {
-			fmt.Fprintln(os.Stderr, "step redis' clock back:", err)
-		}
+		in.leap(2*time.Second + rand.N(2*time.Second))
+	case faultOwnerKilledLeap:
+		f.Target = in.ownerKilledLeap()
 	case faultRedisPause:
 		c := redis.NewClient(&redis.Options{Addr: in.redis.addr(), DisableIdentity: true})
 		c.Do(context.Background(), "CLIENT", "PAUSE", 1500, "ALL")
@@ -590,6 +596,44 @@ func (in *injector) inject(kind string) {
 	}
 	f.End = time.Now()
 	in.record(f)
+}
+
+// leap steps the shared clock forward by more than absent_after (5s)
+// plus two leases (2s), for hold: a host that booted with a slow clock
+// and was corrected, a failover to a replica ahead. Then back, as NTP
+// would.
+func (in *injector) leap(hold time.Duration) {
+	leap := 10*time.Second + rand.N(3*time.Second)
+	if err := in.clock.Set(in.offset + leap); err != nil {
+		fmt.Fprintln(os.Stderr, "step the store's clock:", err)
+	}
+	time.Sleep(hold)
+	if err := in.clock.Set(in.offset); err != nil {
+		fmt.Fprintln(os.Stderr, "step the store's clock back:", err)
+	}
+}
+
+// ownerKilledLeap is faultOwnerKilledLeap: for a second the upstream
+// commits late (commitAfter after a request arrives), a sidecar other
+// than 0 is killed with such requests in flight, and the clock of the
+// store and sidecar 0 leaps (leap) until every late commit has landed,
+// while their retries come to sidecar 0 (once it has seen their keys'
+// owner gone for a lease) and ask the upstream, which has not committed
+// yet. It returns the sidecar killed, recorded as a kill of its own too.
+func (in *injector) ownerKilledLeap() int {
+	in.ledger.mode.Store(modeCommitLate)
+	time.Sleep(time.Second)
+	in.ledger.mode.Store(modeNormal)
+	sc := in.sidecars[1+rand.IntN(len(in.sidecars)-1)]
+	kill := fault{Kind: faultKillSidecar, Target: sc.id, Start: time.Now()}
+	sc.kill()
+	in.leap(in.ledger.commitAfter)
+	if err := sc.start(); err != nil {
+		fmt.Fprintln(os.Stderr, "restart sidecar:", err)
+	}
+	kill.End = time.Now()
+	in.record(kill)
+	return sc.id
 }
 
 // stallRedis stops Redis itself (SIGSTOP): claims written to it are not

@@ -104,6 +104,9 @@ type sidecar struct {
 	adminPort  int
 	logDir     string
 	incarnated int
+	// env is added to its environment: sidecar 0's shares the store's
+	// clock (clockshim's SharedEnv).
+	env []string
 }
 
 func (s *sidecar) url() string { return s.Client }
@@ -119,7 +122,7 @@ func (s *sidecar) start() error {
 	if err != nil {
 		return err
 	}
-	if err := s.Run(binarytest.Options{Live: true, Stderr: logf}); err != nil {
+	if err := s.Run(binarytest.Options{Live: true, Stderr: logf, Env: s.env}); err != nil {
 		return fmt.Errorf("sidecar %d: %w", s.id, err)
 	}
 	return nil

@@ -21,9 +21,13 @@ const (
 	modeHang         // acts, then answers after the sidecar's upstream timeout
 	modeReset        // acts, then drops the connection without answering
 	mode503          // does nothing and answers 503
+	// modeCommitLate acts only after commitAfter, past the sidecar's
+	// upstream timeout (a transaction that commits late): until then a
+	// lookup truthfully finds nothing.
+	modeCommitLate
 )
 
-var modeNames = []string{"normal", "slow", "hang", "reset", "503"}
+var modeNames = []string{"normal", "slow", "hang", "reset", "503", "commit-late"}
 
 // execution is one time the upstream acted.
 type execution struct {
@@ -49,6 +53,10 @@ type ledger struct {
 	// hangFor is how long modeHang sleeps: beyond the sidecar's upstream
 	// timeout, so the sidecar sees no answer.
 	hangFor time.Duration
+	// commitAfter is how long modeCommitLate waits before it acts: beyond
+	// the upstream timeout plus late_answer_window (4 s), within
+	// absent_after (5 s), the most a route's absent_after allows.
+	commitAfter time.Duration
 	// failRate is the share of normal requests answered 500 after acting,
 	// and transientRate the share answered 503 without acting.
 	failRate, transientRate float64
@@ -76,6 +84,9 @@ func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, `{"error":"busy, nothing done"}`, http.StatusServiceUnavailable)
 		return
+	}
+	if mode == modeCommitLate {
+		time.Sleep(l.commitAfter)
 	}
 	sum := sha256.Sum256(body)
 	ex := execution{

@@ -36,10 +36,12 @@ type attempt struct {
 	// claimSetAt is when this attempt's claim ran on the store's clock, as
 	// the claim's own round trip read it; zero when not read.
 	claimSetAt time.Time
-	// forwardBy is when the current claim stops being one its owner may
-	// act on (claim.ConfirmWindow after it was sent): nothing is forwarded
-	// after it.
-	forwardBy time.Time
+	// claimedAt is when the current claim was sent, on this process'
+	// monotonic clock (its record's Created is the same moment on the wall
+	// clock, for other processes); forwardBy is when the claim stops being
+	// one its owner may act on (claim.ConfirmWindow after it was sent):
+	// nothing is forwarded after it.
+	claimedAt, forwardBy time.Time
 	// reconcileResult is the last reconcile lookup's result; empty when
 	// none was made.
 	reconcileResult string
@@ -97,7 +99,7 @@ func (a *attempt) newClaim(fp claim.Fingerprint) *claim.Record {
 	rec := &claim.Record{
 		State:       claim.InProgress,
 		Fingerprint: fp,
-		Created:     time.Now(),
+		Created:     a.h.now(),
 		RequestID:   a.requestID,
 		Trace:       a.trace,
 		// A request that says when it was first sent learns of a store
@@ -262,7 +264,7 @@ func (a *attempt) shed(rec *claim.Record, refused string) *reply {
 // nothing, when the key changed first.
 func (a *attempt) settleOrphan(orphan *claim.Record) *reply {
 	a.linkTo(orphan)
-	rec := a.h.outcomeUnknownRecord(orphan, claim.Token{}, time.Now(), true, a.rt.settings.Problems, false, time.Time{})
+	rec := a.h.outcomeUnknownRecord(orphan, claim.Token{}, a.h.now(), true, a.rt.settings.Problems, false, time.Time{})
 	_, _ = io.ReadFull(a.h.rand, rec.Token[:])
 	err := a.detached("complete", func(ctx context.Context) error {
 		return a.h.store.SettleOrphan(ctx, a.hashedKey, orphan, rec, a.rt.settings.Retention)
@@ -280,14 +282,14 @@ func (a *attempt) settleOrphan(orphan *claim.Record) *reply {
 
 // claim runs the one-round-trip claim-or-read, timed. The record's
 // Created time is now, and the claim must be confirmed within
-// claim.ConfirmWindow of it: an owner forwards only then (forwardBy), so a
-// claim whose SET runs later can be told never forwarded by the next
-// attempt. A claim whose reply did not come may still land: it is cleaned
-// up in the background.
+// claim.ConfirmWindow of it: an owner forwards only then (forwardBy, on
+// the monotonic clock), so a claim whose SET runs later can be told never
+// forwarded by the next attempt. A claim whose reply did not come may
+// still land: it is cleaned up in the background.
 func (a *attempt) claim(rec *claim.Record) (claim.Result, error) {
 	s := &a.rt.settings
-	rec.Created = time.Now()
-	a.forwardBy = rec.Created.Add(claim.ConfirmWindow(s.Lease))
+	a.claimedAt, rec.Created = time.Now(), a.h.now()
+	a.forwardBy = a.claimedAt.Add(claim.ConfirmWindow(s.Lease))
 	var q claim.Quota
 	if s.QuotaNewKeys > 0 {
 		q = claim.Quota{Key: a.h.codec.QuotaKey(a.principal, a.rt.scope), Limit: s.QuotaNewKeys, Window: s.QuotaWindow}
@@ -303,7 +305,7 @@ func (a *attempt) claim(rec *claim.Record) (claim.Result, error) {
 		return err
 	})
 	if err != nil && mayHaveWritten(err) {
-		a.h.unconfirmed.add(a.rt.name, a.hashedKey, rec.Token, rec.Created.Add(s.Lease+rec.Tail), claim.StillSending(err))
+		a.h.unconfirmed.add(a.rt.name, a.hashedKey, rec.Token, a.claimedAt.Add(s.Lease+rec.Tail), claim.StillSending(err))
 	}
 	return res, err
 }

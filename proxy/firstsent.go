@@ -103,7 +103,7 @@ func (a *attempt) refuseUnrecorded(rec *claim.Record) *reply {
 	s := &a.rt.settings
 	reason := ""
 	switch {
-	case time.Since(a.firstSent) > s.Retention+s.FirstSentSkew:
+	case a.h.now().Sub(a.firstSent) > s.Retention+s.FirstSentSkew:
 		reason = refusedKeyExpired
 	default:
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), time.Second)
@@ -149,7 +149,7 @@ func (x *exchange) readFirstSent(key string) *reply {
 		return nil
 	}
 	t, ok, err := firstSent(s, x.r.Header, key)
-	if err == nil && ok && t.After(time.Now().Add(x.rt.settings.FirstSentSkew)) {
+	if err == nil && ok && t.After(x.h.now().Add(x.rt.settings.FirstSentSkew)) {
 		// A date in the future (year 9999) would switch the check off for
 		// this request: refused, like a malformed one.
 		err = errors.New("the first-sent time " + t.UTC().Format(time.RFC3339) + " is in the future (more than first_sent_skew ahead of this sidecar's clock)")

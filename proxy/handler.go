@@ -81,6 +81,13 @@ type Options struct {
 	// Version is the instrumentation scope version of the spans: the
 	// build's version. Empty leaves it unset.
 	Version string
+	// Clock, when set, is this process' wall clock: the times it writes
+	// for other processes to read (a claim's Created, a record's
+	// Completed) and compares with theirs. Its own deadlines run on
+	// time.Now's monotonic clock, whatever Clock says, as a real clock's
+	// step leaves them. Nil: time.Now. The chaos harness's build
+	// (-tags chaosclock) steps it together with the store's.
+	Clock func() time.Time
 }
 
 // defaultWaitSafetyPoll is how often, at least, a waiting retry looks at
@@ -134,6 +141,9 @@ type Handler struct {
 	// orphans is when this sidecar first saw each key whose outcome is
 	// unknown on a reconcile route, on its own clock (liveness.go).
 	orphans *orphans
+	// now is Options.Clock: this process' wall clock, for the times
+	// other processes read or wrote.
+	now func() time.Time
 	// relied are the headers no request may nominate as hop-by-hop: the
 	// forwarding headers and the identity header (a route adds its key).
 	relied nameSet
@@ -202,6 +212,10 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		streams:         cfg.Streams,
 		liveness:        newLiveness(),
 		orphans:         newOrphans(),
+		now:             opts.Clock,
+	}
+	if h.now == nil {
+		h.now = time.Now
 	}
 	h.unconfirmed = unconfirmed{h: h, now: time.Now}
 	h.SetWriteTimeout(cfg.WriteTimeout)

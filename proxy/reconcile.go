@@ -287,7 +287,7 @@ func (a *attempt) reconcileExisting(existing, rec *claim.Record, since time.Time
 	rc := s.Reconcile
 	a.linkTo(existing)
 	if existing.State == claim.Completed {
-		if left := rc.Timeout - time.Since(existing.Completed); left > 0 {
+		if left := rc.Timeout - a.h.now().Sub(existing.Completed); left > 0 {
 			// Asked a moment ago: lookups of one key are spaced, at most
 			// one per timeout. The key is being reconciled: in progress.
 			a.reconcileResult = "spaced: asked within reconcile.timeout"
@@ -342,7 +342,7 @@ func (a *attempt) reconcileExisting(existing, rec *claim.Record, since time.Time
 // vanishes leaves an orphan to ask about.
 func (a *attempt) taker(rec *claim.Record) *claim.Record {
 	taker := *rec
-	taker.State, taker.Created, taker.RequestID = claim.InProgress, time.Now(), a.requestID
+	taker.State, taker.Created, taker.RequestID = claim.InProgress, a.h.now(), a.requestID
 	taker.Completed, taker.Status, taker.Header, taker.Body = time.Time{}, 0, nil, nil
 	taker.BodyOmitted, taker.BodyCompressed, taker.Compact = false, false, false
 	taker.Mark, taker.Lease, taker.ReadEpoch = claim.MarkNone, 0, false
@@ -364,7 +364,7 @@ func (a *attempt) freeAbsent(existing, taker *claim.Record, since time.Time) (re
 	s := &a.rt.settings
 	after := s.Reconcile.AbsentAfter + absentMargin(s)
 	var err error
-	if left := max(time.Until(existing.Created.Add(after)), a.h.orphans.left(a.hashedKey, after)); left > 0 {
+	if left := max(existing.Created.Add(after).Sub(a.h.now()), a.h.orphans.left(a.hashedKey, after)); left > 0 {
 		err = &claim.TooEarlyError{Left: left}
 	} else {
 		err = a.detached("free_absent", func(ctx context.Context) error {
@@ -437,14 +437,14 @@ func (x *exchange) ownerReconciles(o *owner, timeout bool) *reply {
 			x.reconciled(lookupTooEarly, o.rec, "")
 			return nil // keep holds the claim one lease, release frees it: as without reconcile
 		}
-		unknown := x.h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout, s.Problems, true, x.claimSetAt)
+		unknown := x.h.outcomeUnknownRecord(o.rec, o.rec.Token, x.h.now(), timeout, s.Problems, true, x.claimSetAt)
 		o.settle(func() verdict {
 			v := o.complete(unknown)
 			v.detail = x.unknown + "; the reconcile lookup said absent before absent_after: outcome-unknown stored, a retry asks again"
 			return v
 		})
 		x.reconciled(lookupTooEarly, o.rec, "")
-		return x.tooEarly(&claim.TooEarlyError{Left: rc.AbsentAfter + absentMargin(s) - time.Since(o.rec.Created)})
+		return x.tooEarly(&claim.TooEarlyError{Left: rc.AbsentAfter + absentMargin(s) - time.Since(x.claimedAt)})
 	}
 	x.reconciled(lookupUnresolved, o.rec, ans.why)
 	return nil
@@ -468,7 +468,7 @@ func (a *attempt) reconciled(result string, first *claim.Record, why string) {
 func (a *attempt) foundRecord(first, writer *claim.Record, ans lookupAnswer) *claim.Record {
 	header := ans.header
 	header.Set(reconciledHeader, "true")
-	rec := settledRecord(first, writer.Token, claim.Completed, ans.status, header, time.Now())
+	rec := settledRecord(first, writer.Token, claim.Completed, ans.status, header, a.h.now())
 	rec.Body = ans.body
 	return rec
 }
@@ -484,14 +484,14 @@ func (a *attempt) putBackUnknown(first, taker *claim.Record, since time.Time) *c
 	var rec *claim.Record
 	if first.State == claim.Completed {
 		again := *first
-		again.Token, again.Completed = taker.Token, time.Now() // Completed spaces the next lookup
+		again.Token, again.Completed = taker.Token, a.h.now() // Completed spaces the next lookup
 		// since as TakeOver judged it: a record stored without one (0)
 		// keeps the time of its first lookup from now on.
 		again.Header = first.Header.Clone()
 		again.Header.Set(unknownSinceHeader, strconv.FormatInt(since.UnixMilli(), 10))
 		rec = &again
 	} else {
-		rec = a.h.outcomeUnknownRecord(first, taker.Token, time.Now(), true, s.Problems, true, since)
+		rec = a.h.outcomeUnknownRecord(first, taker.Token, a.h.now(), true, s.Problems, true, since)
 	}
 	if err := a.detached("complete", func(ctx context.Context) error {
 		_, err := a.h.store.Complete(ctx, a.hashedKey, rec, s.Retention)

@@ -148,7 +148,7 @@ func (o *owner) storeAnswer(resp *http.Response) error {
 		// unknown_outcome.
 		return fmt.Errorf("read upstream response body: %w", err)
 	}
-	rec := settledRecord(o.rec, o.rec.Token, claim.Completed, resp.StatusCode, storedHeader(x.rt, resp.Header), time.Now())
+	rec := settledRecord(o.rec, o.rec.Token, claim.Completed, resp.StatusCode, storedHeader(x.rt, resp.Header), x.h.now())
 	if x.rt.settings.AdvertiseRetention {
 		resp.Header.Set(retentionHeader, retentionSeconds(x.rt.settings.Retention))
 	}
@@ -263,7 +263,7 @@ func (o *owner) failed(r *http.Request, err error) *reply {
 	}
 	switch policy {
 	case Fail:
-		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, time.Now(), timeout, x.rt.settings.Problems, reconcile, x.claimSetAt)
+		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, h.now(), timeout, x.rt.settings.Problems, reconcile, x.claimSetAt)
 		o.settle(func() verdict {
 			v := o.complete(rec)
 			if v.outcome == outcomeStored {

@@ -624,8 +624,12 @@ const streamClientGone claim.StreamEnd = 255
 func (a *attempt) followDeadline(rec *claim.Record) time.Time {
 	budget := a.h.upstreamTimeout + a.h.lateWindow
 	deadline := a.start.Add(budget)
-	if !rec.Created.IsZero() && rec.Created.Add(budget).Before(deadline) {
-		deadline = rec.Created.Add(budget)
+	if !rec.Created.IsZero() {
+		// The owner's start is on its wall clock: what is left of its
+		// budget by this one's, counted from now on the monotonic clock.
+		if owners := time.Now().Add(rec.Created.Add(budget).Sub(a.h.now())); owners.Before(deadline) {
+			deadline = owners
+		}
 	}
 	return deadline
 }

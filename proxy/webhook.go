@@ -193,7 +193,7 @@ func (x *exchange) admitDelivery() (admitted, *reply) {
 	// peer's: unsigned bodies must not fill the provider's share, which
 	// every real delivery needs.
 	x.principal = x.sendingPeer()
-	d, err := wh.headers(x.r.Header, time.Now())
+	d, err := wh.headers(x.r.Header, x.h.now())
 	if err != nil {
 		// Close after answering: otherwise net/http reads the unread
 		// body before writing the answer.
@@ -336,7 +336,7 @@ func (k *keyChange) reading(a *attempt, marker string) bool {
 		if since = k.since.Load(); since == 0 {
 			var t time.Time
 			err := a.detached("get", func(ctx context.Context) (err error) {
-				t, err = a.h.store.Since(ctx, marker, time.Now())
+				t, err = a.h.store.Since(ctx, marker, a.h.now())
 				return err
 			})
 			if err != nil {
@@ -346,7 +346,7 @@ func (k *keyChange) reading(a *attempt, marker string) bool {
 			k.since.Store(since)
 		}
 	}
-	return time.Now().Before(time.Unix(0, since).Add(a.rt.settings.Retention))
+	return a.h.now().Before(time.Unix(0, since).Add(a.rt.settings.Retention))
 }
 
 // webhookOutcome is a delivery's result label, from its outcome.

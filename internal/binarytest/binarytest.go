@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -43,9 +44,14 @@ var (
 )
 
 // Build builds the binary from pkg's source in dir (Package from any
-// directory of this module, "." in another tree) into out.
-func Build(dir, pkg, out string) error {
-	cmd := exec.Command("go", "build", "-o", out, pkg)
+// directory of this module, "." in another tree) into out, with the
+// build tags given (the chaos harness's chaosclock).
+func Build(dir, pkg, out string, tags ...string) error {
+	args := []string{"build", "-o", out}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	cmd := exec.Command("go", append(args, pkg)...)
 	cmd.Dir = dir
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build %s in %s: %v\n%s", pkg, dir, err, b)

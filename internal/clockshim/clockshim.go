@@ -56,6 +56,14 @@ func (c *Clock) Env() []string {
 	return []string{"LD_PRELOAD=" + c.lib, "CLOCKSHIM_FILE=" + c.file}
 }
 
+// SharedEnv is what a Go process built with -tags chaosclock (the
+// sidecar, chaosclock.go) must be started with to share the clock of the
+// processes started with Env: Go reads the time without the C library,
+// so it reads the offset file itself.
+func (c *Clock) SharedEnv() []string {
+	return []string{"CLOCKSHIM_FILE=" + c.file}
+}
+
 // Set moves the clock of every process started with Env to the real time
 // plus offset, at once (a forward step for a positive offset, back for a
 // negative one).
