@@ -115,8 +115,8 @@ func run() error {
 	case "redis":
 	case "postgres":
 		o.postgres = true
-		if o.mixed || o.reconcile || !o.strict {
-			return errors.New("-store postgres runs this tree with unknown_outcome: fail: not with -mixed, -reconcile or -keep")
+		if o.mixed || !o.strict {
+			return errors.New("-store postgres runs this tree with unknown_outcome: fail: not with -mixed or -keep")
 		}
 	default:
 		return fmt.Errorf("-store: redis or postgres, got %q", *store)
@@ -331,6 +331,9 @@ func judge(o options, dir string, inProgress func() (stuck, orphans int, err err
 	}
 	if o.reconcile {
 		mode = "-reconcile (unknown_outcome: fail, every route reconciling against the ledger; late_answer_window 2s, absent_after 5s)"
+		if o.postgres {
+			mode += ", -store postgres"
+		}
 	}
 	text := fmt.Sprintf("Run: %d operations in %s (%.0f/s, %d workers, %d sidecars, a fault every ~%s), %s.\n\n%s\n",
 		ops, elapsed.Round(time.Second), o.rate, o.workers, o.sidecars, o.faultEvery, mode, rep.markdown())

@@ -41,7 +41,7 @@ func harnessPostgres(o options, dir string, bins, versions []string) error {
 		}
 		defer links[i].Close()
 	}
-	inj := &injector{pg: pg, links: links, clock: clock}
+	inj := &injector{pg: pg, links: links, clock: clock, leaps: o.reconcile}
 	return drive(o, dir, bins, versions, links, inj, " on PostgreSQL", func() (int, int, error) { return countInProgressPostgres(pg.URL) })
 }
 
