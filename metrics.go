@@ -149,7 +149,7 @@ func (m *metrics) storeGauges() {
 	}, []string{"master"})
 	m.batchOps = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "idemproxy_store_pipeline_operations",
-		Help:    "Store operations coalesced into each pipeline sent to Redis (store.pipeline); 1 when nothing waited to go with it.",
+		Help:    "Store operations coalesced into each pipeline sent to Redis, or each batch PostgreSQL commits together (store.pipeline); 1 when nothing waited to go with it.",
 		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 	})
 }

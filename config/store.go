@@ -32,8 +32,9 @@ type Store struct {
 	// KeyPrefix is prepended to every Redis key.
 	KeyPrefix string `yaml:"key_prefix"`
 	// Pipeline coalesces concurrent store operations into pipelines
-	// (group commit); false sends each on its own. No effect with
-	// WaitReplicas, whose WAIT would hold up a whole batch.
+	// (group commit; on PostgreSQL, a batch commits together); false
+	// sends each on its own. No effect with WaitReplicas, whose WAIT
+	// would hold up a whole batch.
 	Pipeline bool `yaml:"pipeline"`
 	// WaitReplicas, when positive, makes every claim and completion wait
 	// for that many replicas to acknowledge it (Redis WAIT), up to

@@ -79,7 +79,7 @@ func (s *Store) claim(ctx context.Context, key string, rec *claim.Record, lease 
 		ttl     = (lease + rec.Tail).Milliseconds()
 		qwindow = q.Window.Milliseconds()
 	)
-	if err := s.row(ctx, "claim", "idem_claim", []any{key, value, ttl, limit, qkey, q.Limit, qwindow}, &kind, &cur, &pttl, &nowMS, &length); err != nil {
+	if err := s.do(ctx, "claim", "idem_claim", key, false, []any{key, value, ttl, limit, qkey, q.Limit, qwindow}, &kind, &cur, &pttl, &nowMS, &length); err != nil {
 		return claim.Result{}, err
 	}
 	now := time.UnixMilli(nowMS)

@@ -119,13 +119,20 @@ func readRow(p *pgconn.Pipeline, m *pgtype.Map, dst []any) error {
 		return err
 	}
 	if scanErr != nil {
-		return scanErr
+		return &scanError{scanErr}
 	}
 	if dst != nil && rows != 1 {
-		return errors.New("pipeline: no row")
+		return &scanError{errors.New("pipeline: no row")}
 	}
 	return nil
 }
+
+// scanError is an answer the server gave that could not be read: the
+// statement ran.
+type scanError struct{ err error }
+
+func (e *scanError) Error() string { return e.err.Error() }
+func (e *scanError) Unwrap() error { return e.err }
 
 // describe is sql's parameter and result types, asked once per store
 // (the unnamed statement: nothing stays prepared on the server, so any

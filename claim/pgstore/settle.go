@@ -12,7 +12,7 @@ import (
 // when the key is gone or another owner's, nil when already completed.
 func (s *Store) Renew(ctx context.Context, key string, rec *claim.Record, lease time.Duration) error {
 	var n int
-	if err := s.row(ctx, "renew", "idem_renew", []any{key, rec.Token[:], (lease + rec.Tail).Milliseconds()}, &n); err != nil {
+	if err := s.do(ctx, "renew", "idem_renew", key, false, []any{key, rec.Token[:], (lease + rec.Tail).Milliseconds()}, &n); err != nil {
 		return err
 	}
 	if n == 1 || n == -2 {
@@ -26,7 +26,7 @@ func (s *Store) Renew(ctx context.Context, key string, rec *claim.Record, lease 
 // key.
 func (s *Store) Complete(ctx context.Context, key string, rec *claim.Record, retention time.Duration) (claim.Completion, error) {
 	var n int
-	if err := s.rowNotify(ctx, "complete", "idem_complete", key, []any{key, rec.Token[:], s.codec.Encode(key, rec), retention.Milliseconds()}, &n); err != nil {
+	if err := s.do(ctx, "complete", "idem_complete", key, true, []any{key, rec.Token[:], s.codec.Encode(key, rec), retention.Milliseconds()}, &n); err != nil {
 		return 0, err
 	}
 	switch n {
@@ -43,7 +43,7 @@ func (s *Store) Complete(ctx context.Context, key string, rec *claim.Record, ret
 func (s *Store) SettleOrphan(ctx context.Context, key string, orphan, rec *claim.Record, retention time.Duration) error {
 	var n int
 	args := []any{key, orphan.Token[:], s.codec.Encode(key, rec), retention.Milliseconds(), orphan.Tail.Milliseconds(), expiryMS(orphan), claim.ExpiryJitter.Milliseconds()}
-	if err := s.rowNotify(ctx, "settle orphan", "idem_orphan", key, args, &n); err != nil {
+	if err := s.do(ctx, "settle orphan", "idem_orphan", key, true, args, &n); err != nil {
 		return err
 	}
 	if n != 1 {
@@ -55,7 +55,7 @@ func (s *Store) SettleOrphan(ctx context.Context, key string, orphan, rec *claim
 // Release deletes the owner's claim while it is in progress.
 func (s *Store) Release(ctx context.Context, key string, token claim.Token) error {
 	var n int
-	if err := s.rowNotify(ctx, "release", "idem_release", key, []any{key, token[:]}, &n); err != nil {
+	if err := s.do(ctx, "release", "idem_release", key, true, []any{key, token[:]}, &n); err != nil {
 		return err
 	}
 	if n < 0 {
@@ -68,7 +68,7 @@ func (s *Store) Release(ctx context.Context, key string, token claim.Token) erro
 // was.
 func (s *Store) ReleaseUnconfirmed(ctx context.Context, key string, token claim.Token) (bool, error) {
 	var n int
-	if err := s.rowNotify(ctx, "release", "idem_release", key, []any{key, token[:]}, &n); err != nil {
+	if err := s.do(ctx, "release", "idem_release", key, true, []any{key, token[:]}, &n); err != nil {
 		return false, err
 	}
 	return n == 1, nil
@@ -78,7 +78,7 @@ func (s *Store) ReleaseUnconfirmed(ctx context.Context, key string, token claim.
 // its token, state and status slot.
 func (s *Store) ReleaseUnforwarded(ctx context.Context, key string, ghost *claim.Record) error {
 	var n int
-	if err := s.rowNotify(ctx, "release", "idem_release_unforwarded", key, []any{key, ghost.Token[:], slot(ghost)}, &n); err != nil {
+	if err := s.do(ctx, "release", "idem_release_unforwarded", key, true, []any{key, ghost.Token[:], slot(ghost)}, &n); err != nil {
 		return err
 	}
 	if n < 0 {
@@ -98,7 +98,7 @@ func (s *Store) TakeOver(ctx context.Context, key string, old, rec *claim.Record
 	var res int
 	var got, nowMS *int64
 	args := []any{key, old.Token[:], s.codec.Encode(key, rec), (lease + rec.Tail).Milliseconds(), old.Tail.Milliseconds(), sinceMS, expiryMS(old), claim.ExpiryJitter.Milliseconds()}
-	if err := s.row(ctx, "take over", "idem_take_over", args, &res, &got, &nowMS); err != nil {
+	if err := s.do(ctx, "take over", "idem_take_over", key, false, args, &res, &got, &nowMS); err != nil {
 		return time.Time{}, err
 	}
 	if res != 1 || got == nil {
@@ -114,7 +114,7 @@ func (s *Store) FreeAbsent(ctx context.Context, key string, token claim.Token, s
 	var res int
 	var n *int64
 	args := []any{key, token[:], since.UnixMilli(), after.Milliseconds(), s.clocks.Now().UnixMilli(), claim.MaxClockOffset.Milliseconds()}
-	if err := s.rowNotify(ctx, "free absent", "idem_free_absent", key, args, &res, &n); err != nil {
+	if err := s.do(ctx, "free absent", "idem_free_absent", key, true, args, &res, &n); err != nil {
 		return err
 	}
 	switch {

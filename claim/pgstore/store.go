@@ -69,6 +69,9 @@ type Store struct {
 	described sync.Map
 	// notifyFailures counts the wake-ups that could not be sent.
 	notifyFailures atomic.Int64
+	// batch groups concurrent operations (batch.go); nil sends each
+	// alone (WithPipeline(false)).
+	batch *batcher
 }
 
 var _ claim.Backend = (*Store)(nil)
@@ -176,6 +179,9 @@ func New(pool *pgxpool.Pool, schema, prefix string, opts ...claim.Option) *Store
 	s.onEpoch = o.OnEpoch
 	s.readQuery = "SELECT r.cur, r.pttl, " + s.fn("idem_now") + "() FROM " + s.fn("idem_read") + "($1) r"
 	s.watch = newListener(pool)
+	if o.Pipeline {
+		s.batch = newBatcher(s, min(maxInFlight, max(1, int(pool.Config().MaxConns))), o.OnBatch)
+	}
 	s.spanAttrs = []attribute.KeyValue{semconv.DBSystemNamePostgreSQL, semconv.DBNamespace(cfg.Database)}
 	if cfg.Host != "" {
 		s.spanAttrs = append(s.spanAttrs, semconv.ServerAddress(cfg.Host), semconv.ServerPort(int(cfg.Port)))
@@ -228,6 +234,22 @@ func (s *Store) row(ctx context.Context, op, fn string, args []any, dst ...any) 
 		return s.unavailable(op, err)
 	}
 	return nil
+}
+
+// do runs one operation on key, a call of fn with args scanned into dst,
+// waking key's waiters after it when wake: in a batch with others
+// (batch.go), or alone when coalescing is off.
+func (s *Store) do(ctx context.Context, name, fn, key string, wake bool, args []any, dst ...any) error {
+	o := &op{ctx: ctx, name: name, fn: fn, key: key, wake: wake, args: args, dst: dst}
+	if s.batch == nil {
+		return s.alone(ctx, o)
+	}
+	for _, a := range args {
+		if b, ok := a.([]byte); ok {
+			o.size += len(b)
+		}
+	}
+	return s.batch.do(o)
 }
 
 // unavailable is op's failure err as claim.Unavailable; a server that
@@ -383,7 +405,7 @@ func (s *Store) EpochStart(ctx context.Context, key string) (time.Time, error) {
 // Forget deletes key's record while it is in state (the key API).
 func (s *Store) Forget(ctx context.Context, key string, state claim.State) error {
 	var n int
-	if err := s.rowNotify(ctx, "forget", "idem_forget", key, []any{key, int(state)}, &n); err != nil {
+	if err := s.do(ctx, "forget", "idem_forget", key, true, []any{key, int(state)}, &n); err != nil {
 		return err
 	}
 	if n < 0 {

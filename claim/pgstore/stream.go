@@ -13,7 +13,7 @@ import (
 func (s *Store) StreamStart(ctx context.Context, key string, rec *claim.Record, retention, lease time.Duration) (int, error) {
 	value := s.codec.StreamHead(key, rec)
 	var n int
-	if err := s.rowNotify(ctx, "stream start", "idem_stream_start", key, []any{key, rec.Token[:], value, retention.Milliseconds(), lease.Milliseconds()}, &n); err != nil {
+	if err := s.do(ctx, "stream start", "idem_stream_start", key, true, []any{key, rec.Token[:], value, retention.Milliseconds(), lease.Milliseconds()}, &n); err != nil {
 		return 0, err
 	}
 	if n < 1 {
@@ -34,9 +34,9 @@ func (s *Store) StreamAppend(ctx context.Context, key string, token claim.Token,
 	args := []any{key, token[:], at, data, lease.Milliseconds()}
 	var err error
 	if len(data) == 0 { // a renewal: nothing for a reader to read, no wake-up
-		err = s.row(ctx, "stream append", "idem_stream_append", args, &res, &n)
+		err = s.do(ctx, "stream append", "idem_stream_append", key, false, args, &res, &n)
 	} else {
-		err = s.rowNotify(ctx, "stream append", "idem_stream_append", key, args, &res, &n)
+		err = s.do(ctx, "stream append", "idem_stream_append", key, true, args, &res, &n)
 	}
 	if err != nil {
 		return 0, err
@@ -59,7 +59,7 @@ func (s *Store) StreamFinish(ctx context.Context, key string, token claim.Token,
 	last := s.codec.EndFrame(key, token, end, at)
 	var res int
 	var n *int64
-	if err := s.rowNotify(ctx, "stream end", "idem_stream_end", key, []any{key, token[:], int(end), at, last}, &res, &n); err != nil {
+	if err := s.do(ctx, "stream end", "idem_stream_end", key, true, []any{key, token[:], int(end), at, last}, &res, &n); err != nil {
 		return err
 	}
 	switch {
@@ -79,7 +79,7 @@ func (s *Store) StreamRead(ctx context.Context, key string, from, max int) (clai
 	return s.codec.ReadStream(key, from, max, func(from, max int) (claim.StreamPart, string, []byte, error) {
 		var head, data []byte
 		var n, nowMS int64
-		if err := s.row(ctx, "stream read", "idem_stream_read", []any{key, from, max}, &head, &n, &data, &nowMS); err != nil {
+		if err := s.do(ctx, "stream read", "idem_stream_read", key, false, []any{key, from, max}, &head, &n, &data, &nowMS); err != nil {
 			return claim.StreamPart{}, "", nil, err
 		}
 		end, ok := claim.StreamState(string(head), nowMS)

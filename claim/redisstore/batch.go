@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"time"
 
@@ -36,14 +35,18 @@ const (
 
 type batcher struct {
 	client redis.UniversalClient
-
-	mu       sync.Mutex
-	queue    []*pending
-	inFlight int
+	queue  claim.Queue[*pending]
 
 	// onBatch, when set, is told the size of every batch sent (tests,
 	// metrics).
 	onBatch func(ops int)
+}
+
+// newBatcher is client's batcher; onBatch may be nil.
+func newBatcher(client redis.UniversalClient, onBatch func(ops int)) *batcher {
+	b := &batcher{client: client, onBatch: onBatch}
+	b.queue = claim.Queue[*pending]{Max: maxInFlight, MaxOps: maxBatchOps, MaxBytes: maxBatchBytes, Size: func(p *pending) int { return p.size }}
+	return b
 }
 
 // pending is one operation: its commands go out together, in order, in one
@@ -65,33 +68,27 @@ func (b *batcher) do(ctx context.Context, size int, cmds ...redis.Cmder) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	b.mu.Lock()
-	if b.inFlight < maxInFlight {
-		b.inFlight++
-		b.mu.Unlock()
-		p := &pending{ctx: ctx, cmds: cmds}
-		b.run([]*pending{p})
-		return nil
-	}
 	p := pendingPool.Get().(*pending)
 	p.ctx, p.cmds, p.size = ctx, cmds, size
-	b.queue = append(b.queue, p)
-	b.mu.Unlock()
+	if b.queue.Admit(p) {
+		done := p.done
+		p.done = nil // run signals no one: this caller waits for it to return
+		b.run([]*pending{p})
+		p.ctx, p.cmds, p.done = nil, nil, done
+		pendingPool.Put(p)
+		return nil
+	}
 	select {
 	case <-p.done:
 		p.ctx, p.cmds = nil, nil
 		pendingPool.Put(p)
 		return nil
 	case <-ctx.Done():
-		b.mu.Lock()
-		if i := slices.Index(b.queue, p); i >= 0 {
-			b.queue = slices.Delete(b.queue, i, i+1)
-			b.mu.Unlock()
+		if b.queue.Withdraw(p) {
 			p.ctx, p.cmds = nil, nil
 			pendingPool.Put(p)
 			return ctx.Err()
 		}
-		b.mu.Unlock()
 		// Already sent: the batch will signal p.done when go-redis is done
 		// with it, resends included; p is not reused, so that signal
 		// reaches only whoever waits on the error's channel.
@@ -108,28 +105,9 @@ func (b *batcher) run(batch []*pending) {
 			p.done <- struct{}{}
 		}
 	}
-	b.mu.Lock()
-	if len(b.queue) == 0 {
-		b.inFlight--
-		b.mu.Unlock()
-		return
+	if next := b.queue.Next(); next != nil {
+		go b.run(next)
 	}
-	next := b.takeLocked()
-	b.mu.Unlock()
-	go b.run(next)
-}
-
-// takeLocked takes the next batch off the queue, bounded in operations and
-// bytes (one operation larger than the bound goes alone).
-func (b *batcher) takeLocked() []*pending {
-	n, size := 0, 0
-	for n < len(b.queue) && n < maxBatchOps && (n == 0 || size+b.queue[n].size <= maxBatchBytes) {
-		size += b.queue[n].size
-		n++
-	}
-	batch := slices.Clone(b.queue[:n])
-	b.queue = slices.Delete(b.queue, 0, n)
-	return batch
 }
 
 // send runs every command of batch in one pipeline (or one command alone).

@@ -27,33 +27,31 @@ type held struct {
 
 func hold(t *testing.T, client redis.UniversalClient) *held {
 	h := &held{sizes: make(chan int, 100)}
-	h.b = &batcher{client: client, onBatch: func(n int) { h.sizes <- n }}
-	h.b.inFlight = maxInFlight
+	h.b = newBatcher(client, func(n int) { h.sizes <- n })
+	for range maxInFlight {
+		h.b.queue.Admit(nil) // a batch out that never comes back
+	}
 	return h
 }
 
 // queue starts op in a goroutine and waits until it is queued.
 func (h *held) queue(t *testing.T, ctx context.Context, cmds ...redis.Cmder) chan error {
 	t.Helper()
-	h.b.mu.Lock()
-	n := len(h.b.queue)
-	h.b.mu.Unlock()
+	_, n := h.b.queue.Counts()
 	done := make(chan error, 1)
 	go func() { done <- h.b.do(ctx, 10, cmds...) }()
 	poll.Until(t, "the operation is queued", func() bool {
-		h.b.mu.Lock()
-		defer h.b.mu.Unlock()
-		return len(h.b.queue) == n+1
+		_, q := h.b.queue.Counts()
+		return q == n+1
 	})
 	return done
 }
 
-// release frees one slot and sends cmds through it; what was queued follows.
+// release sends cmds as one held batch that comes back: what was queued
+// follows it, and then that slot is free.
 func (h *held) release(ctx context.Context, cmds ...redis.Cmder) error {
-	h.b.mu.Lock()
-	h.b.inFlight--
-	h.b.mu.Unlock()
-	return h.b.do(ctx, 10, cmds...)
+	h.b.run([]*pending{{ctx: ctx, cmds: cmds}})
+	return nil
 }
 
 // TestBatchKeepsEachOperationsResult: queued operations go out as one
@@ -111,11 +109,7 @@ func TestBatchKeepsEachOperationsResult(t *testing.T) {
 	}
 	// A batch's callers have their results a moment before its runner
 	// gives its slot back: wait for the bookkeeping, not a fixed time.
-	settled := func() (inFlight, queued int) {
-		h.b.mu.Lock()
-		defer h.b.mu.Unlock()
-		return h.b.inFlight, len(h.b.queue)
-	}
+	settled := h.b.queue.Counts
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		if n, q := settled(); n == maxInFlight-1 && q == 0 {
 			return

@@ -81,7 +81,7 @@ func New(client redis.UniversalClient, prefix string, opts ...claim.Option) *Sto
 	s.epochs.onLoss, s.masterName = o.OnEpoch, o.NodeName
 	s.clocks = claim.NewClocks(o.Now, s.CheckClocks)
 	if o.Pipeline && s.waitReplicas == 0 {
-		s.batch = &batcher{client: client, onBatch: o.OnBatch}
+		s.batch = newBatcher(client, o.OnBatch)
 	}
 	s.countDials()
 	// db.namespace: idemproxy's keys live in database 0, the only one a

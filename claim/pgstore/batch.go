@@ -1,0 +1,303 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// Group commit. Each operation on a key is one call of a schema function,
+// and alone it is a transaction of its own: its own round trip, its own
+// commit and its own WAL flush, however many arrive together. The batcher
+// sends an operation at once while fewer than maxInFlight batches are out
+// (a lone request pays no hand-off and no timer) and queues it otherwise;
+// when a batch comes back, everything queued meanwhile goes out together,
+// bounded by maxBatchOps and maxBatchBytes, as one pipeline: every call,
+// in key order, then one Sync, so that they commit together in one
+// implicit transaction (one commit, one flush), then the wake-ups of the
+// keys that asked for one, after a Sync of their own (notify.go: the
+// writes never wait on them).
+//
+// Each operation keeps its own answer. The batch commits whole or not at
+// all: when the server refuses any statement of it (a deadlock with
+// another sidecar's batch, a function's error) or its commit, nothing of
+// it was written, and every operation runs again alone, so that one
+// operation's failure is only its own. When the connection breaks before
+// the commit's answer, whether it committed is unknown, as for an
+// operation alone: every operation gets that error (ambiguous, unless
+// nothing was sent). Calls within a batch take their rows' locks in key
+// order, as every batch does, so that two batches never wait on each
+// other in a circle over records (a quota's counter row can still close
+// one: the server breaks it after deadlock_timeout, and both batches'
+// operations run again alone).
+const (
+	maxInFlight   = 2
+	maxBatchOps   = 128
+	maxBatchBytes = 1 << 20
+)
+
+// op is one operation: a call of one of the schema's functions on key,
+// its one row scanned into dst, and when wake, key's waiters woken after
+// it commits.
+type op struct {
+	ctx  context.Context
+	name string // the operation, for errors ("claim", "complete")
+	fn   string // the function, by its name in schema.sql
+	args []any
+	dst  []any
+	key  string
+	wake bool
+	size int
+	// err is the operation's result; done is signalled when a batch
+	// sent it (nil: its caller runs the batch itself).
+	err  error
+	done chan struct{}
+}
+
+// batcher groups a store's operations (above).
+type batcher struct {
+	s     *Store
+	queue claim.Queue[*op]
+
+	// onBatch, when set, is told the size of every batch sent.
+	onBatch func(ops int)
+}
+
+// do runs o, in a batch when others wait, and returns its error; when
+// o's context ends while o waits, it returns at once (ErrNotSent when o
+// was not sent yet; a SendingError when its batch is out).
+func (b *batcher) do(o *op) error {
+	if err := o.ctx.Err(); err != nil {
+		return notSentErr(o, err)
+	}
+	o.done = make(chan struct{}, 1)
+	if b.queue.Admit(o) {
+		o.done = nil // run signals no one: this caller waits for it to return
+		b.run([]*op{o})
+		return o.err
+	}
+	select {
+	case <-o.done:
+		return o.err
+	case <-o.ctx.Done():
+		if b.queue.Withdraw(o) {
+			return notSentErr(o, o.ctx.Err())
+		}
+		// Sent: it may commit. The batch signals o.done when it is over.
+		return &claim.SendingError{Err: o.ctx.Err(), Done: o.done}
+	}
+}
+
+// notSentErr is o's error when it ended unsent: nothing written.
+func notSentErr(o *op, err error) error {
+	return fmt.Errorf("%w: %w", claim.ErrNotSent, claim.Unavailable(o.name, err))
+}
+
+// run sends batch and signals its callers; a batch queued meanwhile goes
+// out from a new goroutine, so that this caller returns at once.
+func (b *batcher) run(batch []*op) {
+	b.send(batch)
+	for _, o := range batch {
+		if o.done != nil {
+			o.done <- struct{}{}
+		}
+	}
+	if next := b.queue.Next(); next != nil {
+		go b.run(next)
+	}
+}
+
+// newBatcher is s's batcher, at most inFlight batches out; onBatch may
+// be nil.
+func newBatcher(s *Store, inFlight int, onBatch func(ops int)) *batcher {
+	b := &batcher{s: s, onBatch: onBatch}
+	b.queue = claim.Queue[*op]{Max: inFlight, MaxOps: maxBatchOps, MaxBytes: maxBatchBytes, Size: func(o *op) int { return o.size }}
+	return b
+}
+
+// send runs batch: one operation alone, several in one transaction, each
+// again alone when the server refused that transaction.
+func (b *batcher) send(batch []*op) {
+	if b.onBatch != nil {
+		b.onBatch(len(batch))
+	}
+	ctx, cancel := batchContext(batch)
+	defer cancel()
+	if len(batch) == 1 {
+		batch[0].err = b.s.alone(ctx, batch[0])
+		return
+	}
+	slices.SortStableFunc(batch, func(x, y *op) int { return strings.Compare(x.key, y.key) })
+	err := b.s.together(ctx, batch)
+	var refused *pgconn.PgError
+	switch {
+	case errors.As(err, &refused):
+		var wg sync.WaitGroup
+		for _, o := range batch {
+			wg.Go(func() { o.err = b.s.alone(ctx, o) })
+		}
+		wg.Wait()
+	case err != nil:
+		for _, o := range batch {
+			if o.err == nil {
+				o.err = b.s.unavailable(o.name, err)
+			}
+		}
+	}
+}
+
+// batchContext is a batch's context: no caller's cancellation, and the
+// latest of their deadlines, or none when one of them has none.
+func batchContext(batch []*op) (context.Context, context.CancelFunc) {
+	var latest time.Time
+	for _, o := range batch {
+		d, ok := o.ctx.Deadline()
+		if !ok {
+			return context.Background(), func() {}
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(context.Background(), latest)
+}
+
+// alone runs o by itself: its call and, when o wakes, the wake-up, in one
+// round trip (rowNotify), or the call alone (row).
+func (s *Store) alone(ctx context.Context, o *op) error {
+	if o.wake {
+		return s.rowNotify(ctx, o.name, o.fn, o.key, o.args, o.dst...)
+	}
+	return s.row(ctx, o.name, o.fn, o.args, o.dst...)
+}
+
+// together sends batch in one pipeline: every call, one Sync (one
+// transaction, one commit), then the wake-ups and their Sync. It sets
+// each operation's own error where only that operation failed (its
+// arguments or its answer could not be read); it returns a *PgError when
+// the server refused the transaction (nothing of it committed), and any
+// other error when the batch failed as a whole.
+func (s *Store) together(ctx context.Context, batch []*op) error {
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Release() // a connection left busy or broken is destroyed by the pool
+	pc, m := c.Conn().PgConn(), c.Conn().TypeMap()
+	sent, err := s.encodeAll(ctx, pc, m, batch)
+	if err != nil {
+		return err
+	}
+	p := pc.StartPipeline(ctx)
+	binary := []int16{pgtype.BinaryFormatCode}
+	var wakes []string
+	for _, e := range sent {
+		p.SendQueryParams(e.sql, e.params, e.oids, binary, binary)
+		if e.o.wake {
+			wakes = append(wakes, e.o.key)
+		}
+	}
+	p.SendPipelineSync()
+	if len(wakes) > 0 {
+		keys, err := m.Encode(pgtype.TextArrayOID, pgtype.BinaryFormatCode, wakes, nil)
+		if err != nil {
+			p.Close()
+			return err
+		}
+		p.SendQueryParams(notifyAllSQL, [][]byte{keys}, []uint32{pgtype.TextArrayOID}, binary, nil)
+		p.SendPipelineSync()
+	}
+	if err := p.Flush(); err != nil {
+		p.Close()
+		return err
+	}
+	if err := readAll(p, m, sent); err != nil {
+		p.Close()
+		return err
+	}
+	if len(wakes) > 0 && s.readWakes(p) != nil {
+		s.notifyFailures.Add(1)
+	}
+	p.Close() // every answer that decides anything is read
+	return nil
+}
+
+// encoded is an operation of a batch with its arguments in the wire
+// format of its statement.
+type encoded struct {
+	o      *op
+	sql    string
+	params [][]byte
+	oids   []uint32
+}
+
+// encodeAll encodes every operation's arguments for pc; one whose
+// arguments cannot be encoded fails alone, unsent.
+func (s *Store) encodeAll(ctx context.Context, pc *pgconn.PgConn, m *pgtype.Map, batch []*op) ([]encoded, error) {
+	sent := make([]encoded, 0, len(batch))
+	for _, o := range batch {
+		sql := s.call(o.fn, len(o.args))
+		sd, err := s.describe(ctx, pc, sql)
+		if err != nil {
+			return nil, err
+		}
+		params := make([][]byte, len(o.args))
+		for i, a := range o.args {
+			if params[i], err = m.Encode(sd.ParamOIDs[i], pgtype.BinaryFormatCode, a, nil); err != nil {
+				o.err = fmt.Errorf("%s: encode argument %d: %w: %w", o.name, i+1, claim.ErrNotSent, err)
+				break
+			}
+		}
+		if o.err == nil {
+			sent = append(sent, encoded{o: o, sql: sql, params: params, oids: sd.ParamOIDs})
+		}
+	}
+	return sent, nil
+}
+
+// readAll reads every call's row and the commit's answer. A row that
+// cannot be scanned is its operation's error alone (the transaction goes
+// on); a server's error means the transaction rolled back, and the
+// answers read before it stand for nothing (Close reads past the rest).
+func readAll(p *pgconn.Pipeline, m *pgtype.Map, sent []encoded) error {
+	for _, e := range sent {
+		err := readRow(p, m, e.o.dst)
+		var scan *scanError
+		switch {
+		case errors.As(err, &scan):
+			e.o.err = claim.Unavailable(e.o.name, err)
+		case err != nil:
+			return err
+		}
+	}
+	res, err := p.GetResults()
+	if err != nil {
+		return err
+	}
+	if _, ok := res.(*pgconn.PipelineSync); !ok {
+		return fmt.Errorf("pipeline: unexpected result %T where the commit was", res)
+	}
+	return nil
+}
+
+// notifyAllSQL wakes the waiters of every key of a batch, in one
+// statement (notifySQL's, once per key).
+const notifyAllSQL = "SELECT pg_catalog.pg_notify('idemproxy', k) FROM pg_catalog.unnest($1::text[]) AS k"
+
+// readWakes reads the wake-ups' answer and their Sync.
+func (s *Store) readWakes(p *pgconn.Pipeline) error {
+	err := readRow(p, nil, nil)
+	if _, syncErr := p.GetResults(); err == nil {
+		err = syncErr
+	}
+	return err
+}
