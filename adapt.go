@@ -219,6 +219,9 @@ func storeOptions(cfg *config.Config, sec *secrets, m *metrics, log *slog.Logger
 		// any format reads the keyed ones.
 		opts = append(opts, claim.WithDerivedFingerprints(st.RecordFormat >= 3))
 	}
+	if st.RecordFormat >= 5 {
+		opts = append(opts, claim.WithStreamRows(true))
+	}
 	if st.RecordFormat >= 3 {
 		opts = append(opts, claim.WithCompactRecords())
 		if st.Compression == config.CompressionZstd {

@@ -83,7 +83,7 @@ func sizeFlags(fs *flag.FlagSet, l *sizing.Load) sizeFlagValues {
 	fs.Float64Var(&l.ReplayRatio, "replay-ratio", 0.1, "replays and retries per new key")
 	fs.Float64Var(&l.PassThroughPerSecond, "pass-through-per-second", 0, "unprotected requests per second through the sidecars")
 	fs.BoolVar(&l.Sealed, "sealed", false, "records sealed (store.encryption); with -config, whether it sets key_files")
-	fs.IntVar(&l.Format, "record-format", 1, "store.record_format written (3: compact records; 4: streamed answers too); with -config, its own")
+	fs.IntVar(&l.Format, "record-format", 1, "store.record_format written (3: compact records; 4: streamed answers too; 5: on PostgreSQL their chunks as rows); with -config, its own")
 	fs.IntVar(&l.StreamChunks, "stream-chunks", 0, "answers streamed as they arrive (routes[].stream, --record-format 4): chunks per answer, each one append (0: buffered answers)")
 	f.compression = fs.String("compression", "none", "store.compression: none or zstd (under --record-format 3); with -config, its own")
 	fs.Float64Var(&l.CompressionRatio, "compression-ratio", 0, "with zstd, compressed size / answer size for your answers (0: the ratios measured on JSON payment objects, docs/scaling.md)")

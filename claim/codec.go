@@ -67,6 +67,10 @@ type Options struct {
 	NodeName string
 	// Now, when set, is this process' clock (WithClock).
 	Now func() time.Time
+	// StreamRows stores a stream's chunks as rows of their own where the
+	// backend appends by rewriting (PostgreSQL), a form releases before
+	// v0.8.0 cannot read (WithStreamRows: store.record_format 5).
+	StreamRows bool
 }
 
 // Option configures a store.
@@ -127,6 +131,15 @@ func WithEpochObserver(observe func(Epoch)) Option {
 // (go-redis' failover client has no address of its own).
 func WithNodeName(name string) Option {
 	return func(o *Options) { o.NodeName = name }
+}
+
+// WithStreamRows has a backend that would rewrite a stream's whole value
+// on every append (PostgreSQL) store each chunk as a row of its own
+// instead: its writes grow with the stream's length, not its square.
+// Every release from v0.8.0 reads both forms; earlier ones only the
+// whole value, so it is set only once a fleet runs v0.8.0 or later.
+func WithStreamRows(on bool) Option {
+	return func(o *Options) { o.StreamRows = on }
 }
 
 // WithClock makes the store read now as this process' clock, where it

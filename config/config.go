@@ -57,7 +57,11 @@ const (
 	DefaultAuthorizeTimeout = time.Second
 	DefaultClaimMemoryLimit = 0.9
 	DefaultQuotaWindow      = time.Hour
-	DefaultPrincipalShare   = 0.25
+	// DefaultPostgresStreamFlushInterval is defaults.stream_flush_interval
+	// on the PostgreSQL store (0s on Redis): each store of a stream is a
+	// commit there.
+	DefaultPostgresStreamFlushInterval = 20 * time.Millisecond
+	DefaultPrincipalShare              = 0.25
 	// DefaultFirstSentSkew is defaults.first_sent_skew.
 	DefaultFirstSentSkew = 2 * time.Second
 

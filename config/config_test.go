@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -429,5 +430,47 @@ func TestOneWarningForAnUnsetQuota(t *testing.T) {
 	}
 	if len(quota) != 1 || !strings.HasPrefix(quota[0], "defaults.quota.new_keys: 0 (routes without one of their own: pay, orders)") {
 		t.Errorf("quota warnings = %q, want one naming both routes", quota)
+	}
+}
+
+// TestPostgresStreamsWaitForFormat5: on PostgreSQL a streamed route
+// under record_format 4 is warned about (each append rewrites the whole
+// value), not under 5, nor on Redis; and there an unset
+// stream_flush_interval is 20ms, a set one is kept.
+func TestPostgresStreamsWaitForFormat5(t *testing.T) {
+	load := func(store string, format int, flush string) *config.Config {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "c.yaml")
+		text := fmt.Sprintf("store:\n%s  record_format: %d\n%sroutes:\n  - name: chat\n    match: \"POST /chat\"\n    stream: auto\n", store, format, flush)
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := config.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	const pg = "  postgres:\n    url: postgres://idemproxy@127.0.0.1:5432/app\n"
+	const redis = "  redis:\n    addrs: [\"127.0.0.1:6379\"]\n"
+	square := func(c *config.Config) bool {
+		for _, w := range c.Warnings() {
+			if strings.Contains(w, "square of its length") {
+				return true
+			}
+		}
+		return false
+	}
+	if c := load(pg, 4, ""); !square(c) {
+		t.Errorf("PostgreSQL, format 4, a streamed route: warnings %q, want the square's", c.Warnings())
+	}
+	if c := load(pg, 5, ""); square(c) || c.Routes[0].Settings.StreamFlushInterval != 20*time.Millisecond {
+		t.Errorf("PostgreSQL, format 5: warned %v, flush interval %s; want no warning and 20ms", square(c), c.Routes[0].Settings.StreamFlushInterval)
+	}
+	if c := load(pg, 5, "defaults:\n  stream_flush_interval: 0s\n"); c.Routes[0].Settings.StreamFlushInterval != 0 {
+		t.Errorf("PostgreSQL with stream_flush_interval: 0s: %s, want it kept", c.Routes[0].Settings.StreamFlushInterval)
+	}
+	if c := load(redis, 4, ""); square(c) || c.Routes[0].Settings.StreamFlushInterval != 0 {
+		t.Errorf("Redis, format 4: warned %v, flush interval %s; want neither", square(c), c.Routes[0].Settings.StreamFlushInterval)
 	}
 }

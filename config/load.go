@@ -19,6 +19,19 @@ const EnvPrefix = "IDEMPROXY"
 // must fail with a message, not fill memory.
 const MaxFileSize = 4 << 20
 
+// defaultsFromOthers sets the defaults that follow other keys, where the
+// file (or the environment) does not set them: with key files, sealing is
+// required (unless set: a migration window, warned about); on PostgreSQL a
+// stream is stored at most every 20ms, each store being a commit.
+func (c *Config) defaultsFromOthers(src viperSource) {
+	if _, set := src.lookup("store.encryption.required"); !set && len(c.Store.Encryption.KeyFiles) > 0 {
+		c.Store.Encryption.Required = true
+	}
+	if _, set := src.lookup("defaults.stream_flush_interval"); !set && c.Store.Postgres.URL != "" {
+		c.Defaults.StreamFlushInterval = DefaultPostgresStreamFlushInterval
+	}
+}
+
 // Load reads the YAML file at path, applies IDEMPROXY_* environment
 // overrides and validates the result. The returned error lists every problem
 // found, each prefixed with its YAML path.
@@ -56,11 +69,7 @@ func Load(path string) (*Config, error) {
 	for _, k := range keysOf(c, "") {
 		d.decode(src, k, k.path)
 	}
-	// With key files, sealing is required unless the file says otherwise
-	// (a migration window, warned about).
-	if _, set := src.lookup("store.encryption.required"); !set && len(c.Store.Encryption.KeyFiles) > 0 {
-		c.Store.Encryption.Required = true
-	}
+	c.defaultsFromOthers(src)
 
 	if raw := v.Get("routes"); raw != nil {
 		list, ok := raw.([]any)

@@ -23,7 +23,10 @@ type Store struct {
 	// the default), 2 (fingerprints keyed with KeySecretFile: turn it on
 	// once every replica runs v0.4.0 or later) or 3 (2, plus compact
 	// completed records and compressed bodies with Compression: once
-	// every replica runs v0.5.0 or later).
+	// every replica runs v0.5.0 or later), 4 (3, plus streamed answers
+	// stored as they arrive: v0.6.0) or 5 (4, with a stream's chunks as
+	// rows of their own on PostgreSQL, whose appends otherwise rewrite
+	// the whole value: v0.8.0; on Redis the same as 4).
 	// Every version reads the formats before it.
 	RecordFormat int `yaml:"record_format"`
 	// Compression is none or zstd: completed bodies from 256 bytes on
@@ -128,8 +131,8 @@ const (
 
 func (c *Config) validateStore(add problemf) {
 	st := &c.Store
-	if st.RecordFormat < 1 || st.RecordFormat > 4 {
-		add("store.record_format", "must be 1, 2, 3 or 4, got %d", st.RecordFormat)
+	if st.RecordFormat < 1 || st.RecordFormat > 5 {
+		add("store.record_format", "must be 1, 2, 3, 4 or 5, got %d", st.RecordFormat)
 	}
 	oneOf("store.compression", st.Compression, add, CompressionNone, CompressionZstd)
 	if st.RecordFormat == 2 && st.KeySecretFile == "" {

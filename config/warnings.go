@@ -81,6 +81,8 @@ func (c *Config) streamWarnings() []string {
 		case r.Stream != StreamAuto || r.set == nil || !r.set["stream"]:
 		case c.Store.RecordFormat < 4:
 			w = append(w, fmt.Sprintf("routes[%d].stream: auto: streamed answers (text/event-stream, application/x-ndjson) are buffered whole until store.record_format: 4, which releases before v0.6.0 cannot read: set it once every replica runs v0.6.0", i))
+		case c.Store.RecordFormat == 4 && c.Store.Postgres.URL != "":
+			w = append(w, fmt.Sprintf("routes[%d].stream: auto: under store.record_format: 4 every append to a stream rewrites its whole value in PostgreSQL, so its WAL grows with the square of its length (a 1 MiB stream writes about 565 MiB); set 5 (its chunks as rows) once every replica runs v0.8.0 or later", i))
 		}
 	}
 	return w

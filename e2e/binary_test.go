@@ -12,11 +12,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/claim/pgstore"
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/loopback"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
@@ -81,7 +83,7 @@ func eachStoreValues(t *testing.T, f func(t *testing.T, config func(upstream, ex
 		pg := pgtest.Start(t)
 		f(t, func(upstream, extra string) string { return pgConfig(upstream, pg.URL, extra) }, func(t *testing.T) map[string][]byte {
 			ctx := context.Background()
-			rows, err := pg.Conn(t).Query(ctx, "select key, value from idemproxy.records")
+			rows, err := pg.Conn(t).Query(ctx, "select key, idemproxy.idem_v"+strconv.Itoa(pgstore.SchemaVersion)+"_whole(key, value) from idemproxy.records") // a stream with its chunk rows
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -267,17 +269,7 @@ func TestStreamFlushIntervalThroughTheBinary(t *testing.T) {
 			if waited := time.Since(sent); waited >= 300*time.Millisecond {
 				t.Errorf("%s: the first event after a quiet interval took %s, want it at once", tc.interval, waited)
 			}
-			want := "data: first\n\n"
-			go func() {
-				for i := range 30 {
-					up.steps <- strconv.Itoa(i)
-					time.Sleep(5 * time.Millisecond)
-				}
-				close(up.steps)
-			}()
-			for i := range 30 {
-				want += "data: " + strconv.Itoa(i) + "\n\n"
-			}
+			want := "data: first\n\n" + feed(up, 30)
 			rest, err := io.ReadAll(r)
 			if err != nil || "data: first\n\n"+string(rest) != want {
 				t.Fatalf("%s: the client got %q, %v; want every event once", tc.interval, rest, err)
@@ -295,6 +287,23 @@ func TestStreamFlushIntervalThroughTheBinary(t *testing.T) {
 			}
 		}
 	})
+}
+
+// feed has up send n events 5 ms apart ("0", "1", ...) and end the
+// stream; it returns the events as a client reads them.
+func feed(up *streamUpstream, n int) string {
+	want := ""
+	for i := range n {
+		want += "data: " + strconv.Itoa(i) + "\n\n"
+	}
+	go func() {
+		for i := range n {
+			up.steps <- strconv.Itoa(i)
+			time.Sleep(5 * time.Millisecond)
+		}
+		close(up.steps)
+	}()
+	return want
 }
 
 // metricValue is the value of the series named exactly series (name and
@@ -354,5 +363,56 @@ func TestStreamFlushIntervalReloads(t *testing.T) {
 	poll.Until(t, "the reload", func() bool { return strings.Contains(sc.Logs(), "config reloaded") })
 	if n := appends("after"); n > 8 {
 		t.Errorf("after the reload to 300ms: %v appends for 31 events, want a few", n)
+	}
+}
+
+// TestStreamChunksAsRowsThroughTheBinary: on PostgreSQL under
+// store.record_format: 5 the running binary stores a stream's chunks as
+// rows of their own (its record holds the head only), coalesced by the
+// PostgreSQL default stream_flush_interval (20ms: 31 events 5 ms apart
+// take far fewer than 31 appends), and a retry replays the whole stream;
+// under 4 it writes no chunk rows.
+func TestStreamChunksAsRowsThroughTheBinary(t *testing.T) {
+	t.Parallel()
+	pg := pgtest.Start(t)
+	ctx := context.Background()
+	chunkRows := func() (n int) {
+		if err := pg.Conn(t).QueryRow(ctx, "select count(*) from idemproxy.chunks").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		format int
+		rows   bool
+	}{{5, true}, {4, false}} {
+		up := newStreamUpstream(t)
+		sc := startBinary(t, pgConfig(up.URL, pg.URL, fmt.Sprintf("  record_format: %d\ndefaults:\n  lease: 2s\n", tc.format)))
+		key := fmt.Sprintf("rows-%d", tc.format)
+		before := chunkRows()
+		resp, r := openStream(t, sc.Client, key)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("format %d: %d", tc.format, resp.StatusCode)
+		}
+		want := feed(up, 31)
+		got, err := io.ReadAll(r)
+		if err != nil || string(got) != want {
+			t.Fatalf("format %d: the client got %q, %v", tc.format, got, err)
+		}
+		if _, body := post(t, sc.Client+"/payments", key, `{"prompt":"hi"}`); body != want {
+			t.Errorf("format %d: the retry got %q, want the whole stream", tc.format, body)
+		}
+		appends := metricValue(t, scrape(t, sc.Admin), `idemproxy_stream_chunks_total{route="pay"}`)
+		added := chunkRows() - before
+		t.Logf("format %d: %v appends for 31 events, %d chunk rows", tc.format, appends, added)
+		if appends < 1 || appends > 20 {
+			t.Errorf("format %d: %v appends for 31 events 5 ms apart; want them coalesced by the 20ms default on PostgreSQL", tc.format, appends)
+		}
+		if tc.rows && added < 1 || !tc.rows && added != 0 {
+			t.Errorf("format %d: %d chunk rows written, want them only under 5", tc.format, added)
+		}
+		if n := up.calls.Load(); n != 1 {
+			t.Errorf("format %d: upstream executed %d times, want 1", tc.format, n)
+		}
 	}
 }

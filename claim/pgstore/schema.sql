@@ -35,6 +35,23 @@ CREATE INDEX IF NOT EXISTS records_expires_ms ON {{schema}}.records (expires_ms)
 -- without a scan (idem_cleanup).
 CREATE INDEX IF NOT EXISTS records_in_progress ON {{schema}}.records (expires_ms) WHERE substring(value FROM 2 FOR 1) = '\x01'::bytea;
 
+-- A stream's chunks as rows of their own (store.record_format 5): an
+-- append inserts one row instead of rewriting the whole value, so a
+-- stream's WAL grows with its length, not its square. A stream's bytes
+-- are its record's value, then its chunks in order: the chunks of the
+-- stream whose token (value bytes 4..19) they carry, so that a later
+-- record under the same key never reads an earlier stream's. They expire
+-- with the record that wrote them.
+CREATE TABLE IF NOT EXISTS {{schema}}.chunks (
+  key        text NOT NULL,
+  tok        bytea NOT NULL,
+  at         bigint NOT NULL,
+  data       bytea NOT NULL,
+  expires_ms bigint NOT NULL,
+  PRIMARY KEY (key, tok, at)
+);
+CREATE INDEX IF NOT EXISTS chunks_expires_ms ON {{schema}}.chunks (expires_ms);
+
 CREATE TABLE IF NOT EXISTS {{schema}}.counters (
   key        text PRIMARY KEY,
   n          bigint NOT NULL,
@@ -89,6 +106,39 @@ BEGIN
   DELETE FROM {{schema}}.records WHERE key = k;
 END $$;
 
+-- A stream's length: where its last chunk row ends, or its value's
+-- length when it has none (record_format 4, or nothing appended yet).
+CREATE OR REPLACE FUNCTION {{schema}}.idem_len(k text, v bytea) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+  SELECT COALESCE((SELECT c.at + length(c.data) FROM {{schema}}.chunks c
+    WHERE c.key = k AND c.tok = substring(v FROM 4 FOR 16) ORDER BY c.at DESC LIMIT 1), length(v))
+$$;
+
+-- A record's whole value: a stream's with its chunk rows; any other as
+-- it is.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_whole(k text, v bytea) RETURNS bytea
+LANGUAGE sql STABLE AS $$
+  SELECT CASE WHEN v IS NULL OR {{schema}}.idem_state(v) <> 3 THEN v ELSE v || COALESCE((SELECT string_agg(c.data, ''::bytea ORDER BY c.at)
+    FROM {{schema}}.chunks c WHERE c.key = k AND c.tok = substring(v FROM 4 FOR 16)), ''::bytea) END
+$$;
+
+-- Appends chunk to the stream whose row (cur, locked) holds k at its
+-- length n: as a row of its own (rows, or when the stream has rows
+-- already), or onto the value; with its lease set to lease_until either
+-- way. Returns the new length.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_put_chunk(k text, cur bytea, n bigint, chunk bytea, rows bool, lease_until bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF length(chunk) > 0 AND (rows OR n <> length(cur)) THEN
+    INSERT INTO {{schema}}.chunks (key, tok, at, data, expires_ms)
+      SELECT k, substring(cur FROM 4 FOR 16), n, chunk, r.expires_ms FROM {{schema}}.records r WHERE r.key = k;
+    UPDATE {{schema}}.records SET value = overlay(cur PLACING int8send(lease_until) FROM 60 FOR 8) WHERE key = k;
+    RETURN n + length(chunk);
+  END IF;
+  UPDATE {{schema}}.records SET value = overlay(cur || chunk PLACING int8send(lease_until) FROM 60 FOR 8) WHERE key = k;
+  RETURN n + length(chunk);
+END $$;
+
 -- The claim: k taken for v for ttl ms if absent, or the record there.
 -- kind 1 claimed (pttl: ttl); 2 a settled record (cur); 3 a record in
 -- progress (cur, pttl); 0 a stream longer than lim (len); 4 over the
@@ -105,8 +155,8 @@ BEGIN
   -- by expiring or by the key API's delete, and a replay needs neither
   -- the insert's attempt nor the row lock.
   SELECT r.value INTO cur FROM {{schema}}.records r WHERE r.key = k AND r.expires_ms > now_ms;
-  IF FOUND AND {{schema}}.idem_state(cur) IN (2, 3) AND NOT (lim > 0 AND {{schema}}.idem_state(cur) = 3 AND length(cur) > lim) THEN
-    kind := 2;
+  IF FOUND AND {{schema}}.idem_state(cur) IN (2, 3) AND NOT (lim > 0 AND {{schema}}.idem_state(cur) = 3 AND {{schema}}.idem_len(k, cur) > lim) THEN
+    kind := 2; cur := {{schema}}.idem_whole(k, cur);
     RETURN;
   END IF;
   cur := NULL;
@@ -131,11 +181,11 @@ BEGIN
     END IF;
   END LOOP;
   IF {{schema}}.idem_state(cur) <> 1 THEN
-    IF lim > 0 AND {{schema}}.idem_state(cur) = 3 AND length(cur) > lim THEN
-      kind := 0; len := length(cur); cur := NULL;
+    IF lim > 0 AND {{schema}}.idem_state(cur) = 3 AND {{schema}}.idem_len(k, cur) > lim THEN
+      kind := 0; len := {{schema}}.idem_len(k, cur); cur := NULL;
       RETURN;
     END IF;
-    kind := 2;
+    kind := 2; cur := {{schema}}.idem_whole(k, cur);
     RETURN;
   END IF;
   kind := 3; pttl := exp - now_ms;
@@ -155,7 +205,7 @@ CREATE OR REPLACE FUNCTION {{schema}}.idem_read(k text, OUT cur bytea, OUT pttl 
 LANGUAGE plpgsql AS $$
 DECLARE now_ms bigint := {{schema}}.idem_now();
 BEGIN
-  SELECT r.value, r.expires_ms - now_ms INTO cur, pttl FROM {{schema}}.records r WHERE r.key = k AND r.expires_ms > now_ms;
+  SELECT {{schema}}.idem_whole(k, r.value), r.expires_ms - now_ms INTO cur, pttl FROM {{schema}}.records r WHERE r.key = k AND r.expires_ms > now_ms;
   IF NOT FOUND THEN pttl := -2; END IF;
 END $$;
 
@@ -286,6 +336,7 @@ BEGIN
   IF cur IS NULL THEN RETURN 0; END IF;
   IF length(cur) < 2 OR get_byte(cur, 0) <> 1 OR get_byte(cur, 1) <> st THEN RETURN -1; END IF;
   PERFORM {{schema}}.idem_del(k);
+  DELETE FROM {{schema}}.chunks WHERE key = k;
   RETURN 1;
 END $$;
 
@@ -317,8 +368,9 @@ CREATE OR REPLACE FUNCTION {{schema}}.idem_rd8(v bytea, at int) RETURNS bigint
 LANGUAGE sql IMMUTABLE AS $$ SELECT ('x' || encode(substring(v FROM at FOR 8), 'hex'))::bit(64)::bigint $$;
 
 -- res 1 appended (n: the new length), 0 gone, -1 not ours, -2 ended, -3
--- the lease had run out (marked aborted), -5 another length (n).
-CREATE OR REPLACE FUNCTION {{schema}}.idem_stream_append(k text, tok bytea, at bigint, chunk bytea, lease bigint, OUT res int, OUT n bigint)
+-- the lease had run out (marked aborted), -5 another length (n). rows:
+-- the chunk goes in a row of its own (record_format 5).
+CREATE OR REPLACE FUNCTION {{schema}}.idem_stream_append(k text, tok bytea, at bigint, chunk bytea, lease bigint, rows bool, OUT res int, OUT n bigint)
 LANGUAGE plpgsql AS $$
 DECLARE now_ms bigint := {{schema}}.idem_now(); cur bytea;
 BEGIN
@@ -330,17 +382,15 @@ BEGIN
     UPDATE {{schema}}.records SET value = set_byte(value, 69, 2) WHERE key = k;
     res := -3; RETURN;
   END IF;
-  n := length(cur);
+  n := {{schema}}.idem_len(k, cur);
   IF n <> at THEN res := -5; RETURN; END IF;
-  cur := overlay(cur || chunk PLACING int8send(now_ms + lease) FROM 60 FOR 8);
-  UPDATE {{schema}}.records SET value = cur WHERE key = k;
-  n := length(cur);
+  n := {{schema}}.idem_put_chunk(k, cur, n, chunk, rows, now_ms + lease);
   res := 1;
 END $$;
 
 -- res 1 recorded (or already, the same), 0 gone, -1 not ours, -2 ended
 -- otherwise, -5 another length (n).
-CREATE OR REPLACE FUNCTION {{schema}}.idem_stream_end(k text, tok bytea, e int, at bigint, last bytea, OUT res int, OUT n bigint)
+CREATE OR REPLACE FUNCTION {{schema}}.idem_stream_end(k text, tok bytea, e int, at bigint, last bytea, rows bool, OUT res int, OUT n bigint)
 LANGUAGE plpgsql AS $$
 DECLARE now_ms bigint := {{schema}}.idem_now(); cur bytea; was int;
 BEGIN
@@ -352,14 +402,18 @@ BEGIN
     IF was = e THEN res := 1; ELSE res := -2; END IF;
     RETURN;
   END IF;
-  IF at >= 0 AND length(cur) <> at THEN res := -5; n := length(cur); RETURN; END IF;
+  n := {{schema}}.idem_len(k, cur);
+  IF at >= 0 AND n <> at THEN res := -5; RETURN; END IF;
   IF e = 1 AND {{schema}}.idem_rd8(cur, 60) < now_ms THEN
     UPDATE {{schema}}.records SET value = set_byte(value, 69, 2) WHERE key = k;
     res := -2; RETURN;
   END IF;
-  IF e = 1 AND last IS NOT NULL AND length(last) > 0 THEN cur := cur || last; END IF;
-  cur := overlay(set_byte(cur, 69, e) PLACING int8send(now_ms) FROM 60 FOR 8);
-  UPDATE {{schema}}.records SET value = cur WHERE key = k;
+  cur := set_byte(cur, 69, e);
+  IF e = 1 AND last IS NOT NULL AND length(last) > 0 THEN
+    PERFORM {{schema}}.idem_put_chunk(k, cur, n, last, rows, now_ms);
+  ELSE
+    UPDATE {{schema}}.records SET value = overlay(cur PLACING int8send(now_ms) FROM 60 FOR 8) WHERE key = k;
+  END IF;
   res := 1;
 END $$;
 
@@ -367,15 +421,24 @@ END $$;
 -- (0-based), at most max, and the database's clock.
 CREATE OR REPLACE FUNCTION {{schema}}.idem_stream_read(k text, off bigint, max_n bigint, OUT head bytea, OUT n bigint, OUT data bytea, OUT now_ms bigint)
 LANGUAGE plpgsql AS $$
-DECLARE cur bytea;
+DECLARE cur bytea; t bytea; base bigint; first_at bigint; buf bytea;
 BEGIN
   now_ms := {{schema}}.idem_now();
   SELECT r.value INTO cur FROM {{schema}}.records r WHERE r.key = k AND r.expires_ms > now_ms;
   IF NOT FOUND THEN head := ''::bytea; n := 0; data := ''::bytea; RETURN; END IF;
   head := substring(cur FROM 1 FOR 74);
-  n := length(cur);
+  n := {{schema}}.idem_len(k, cur);
   data := ''::bytea;
-  IF off < n THEN data := substring(cur FROM (off + 1)::int FOR max_n::int); END IF;
+  IF off < length(cur) THEN data := substring(cur FROM (off + 1)::int FOR max_n::int); END IF;
+  base := off + length(data);
+  IF base >= n OR length(data) >= max_n THEN RETURN; END IF;
+  -- The rest from the chunk rows: the one that holds byte base, and on.
+  t := substring(cur FROM 4 FOR 16);
+  SELECT max(c.at) INTO first_at FROM {{schema}}.chunks c WHERE c.key = k AND c.tok = t AND c.at <= base;
+  IF first_at IS NULL THEN RETURN; END IF;
+  SELECT string_agg(c.data, ''::bytea ORDER BY c.at) INTO buf FROM {{schema}}.chunks c
+    WHERE c.key = k AND c.tok = t AND c.at >= first_at AND c.at < off + max_n;
+  data := data || substring(COALESCE(buf, ''::bytea) FROM (base - first_at + 1)::int FOR (max_n - length(data))::int);
 END $$;
 
 -- A marker (since:<name>, epoch): created with value when missing; its
@@ -463,6 +526,8 @@ BEGIN
   GET DIAGNOSTICS gone = ROW_COUNT;
   DELETE FROM {{schema}}.counters WHERE key IN (
     SELECT key FROM {{schema}}.counters WHERE expires_ms <= now_ms LIMIT lim FOR UPDATE SKIP LOCKED);
+  DELETE FROM {{schema}}.chunks WHERE (key, tok, at) IN (
+    SELECT key, tok, at FROM {{schema}}.chunks WHERE expires_ms <= now_ms ORDER BY expires_ms LIMIT lim FOR UPDATE SKIP LOCKED);
   RETURN gone;
 END $$;
 

@@ -72,6 +72,8 @@ type Store struct {
 	// batch groups concurrent operations (batch.go); nil sends each
 	// alone (WithPipeline(false)).
 	batch *batcher
+	// rows stores a stream's chunks as rows (claim.WithStreamRows).
+	rows bool
 }
 
 var _ claim.Backend = (*Store)(nil)
@@ -155,7 +157,7 @@ func Install(ctx context.Context, pool *pgxpool.Pool, schema, release string) (I
 func Grant(ctx context.Context, pool *pgxpool.Pool, schema, role string) error {
 	quoted, r := pgx.Identifier{schema}.Sanitize(), pgx.Identifier{role}.Sanitize()
 	sql := "GRANT USAGE ON SCHEMA " + quoted + " TO " + r + ";\n" +
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + quoted + ".records, " + quoted + ".counters, " + quoted + ".markers TO " + r + ";\n" +
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + quoted + ".records, " + quoted + ".chunks, " + quoted + ".counters, " + quoted + ".markers TO " + r + ";\n" +
 		"GRANT SELECT ON " + quoted + ".versions TO " + r + ";\n" +
 		"DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p WHERE p.pronamespace = '" + strings.ReplaceAll(quoted, "'", "''") + "'::regnamespace AND p.proname LIKE '" + strings.ReplaceAll(fnPrefix, "_", "\\_") + "%' LOOP " +
 		"EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, " + quoteLiteral(r) + "); END LOOP; END $$;"
@@ -176,7 +178,7 @@ func New(pool *pgxpool.Pool, schema, prefix string, opts ...claim.Option) *Store
 	node := net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
 	s := &Store{pool: pool, codec: codec, schema: pgx.Identifier{schema}.Sanitize(), schemaName: schema, node: node}
 	s.clocks = claim.NewClocks(o.Now, s.checkClocks)
-	s.onEpoch = o.OnEpoch
+	s.onEpoch, s.rows = o.OnEpoch, o.StreamRows
 	s.readQuery = "SELECT r.cur, r.pttl, " + s.fn("idem_now") + "() FROM " + s.fn("idem_read") + "($1) r"
 	s.watch = newListener(pool)
 	if o.Pipeline {

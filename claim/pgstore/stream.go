@@ -31,7 +31,7 @@ func (s *Store) StreamAppend(ctx context.Context, key string, token claim.Token,
 	}
 	var res int
 	var n *int64
-	args := []any{key, token[:], at, data, lease.Milliseconds()}
+	args := []any{key, token[:], at, data, lease.Milliseconds(), s.rows}
 	var err error
 	if len(data) == 0 { // a renewal: nothing for a reader to read, no wake-up
 		err = s.do(ctx, "stream append", "idem_stream_append", key, false, args, &res, &n)
@@ -59,7 +59,7 @@ func (s *Store) StreamFinish(ctx context.Context, key string, token claim.Token,
 	last := s.codec.EndFrame(key, token, end, at)
 	var res int
 	var n *int64
-	if err := s.do(ctx, "stream end", "idem_stream_end", key, true, []any{key, token[:], int(end), at, last}, &res, &n); err != nil {
+	if err := s.do(ctx, "stream end", "idem_stream_end", key, true, []any{key, token[:], int(end), at, last, s.rows}, &res, &n); err != nil {
 		return err
 	}
 	switch {

@@ -115,7 +115,8 @@ func TestChartRefusesWhatItsImageCannotRun(t *testing.T) {
 	}
 	const listen = "postgres:\n  url: postgres://idemproxy@db:5432/app\n  listenUrl: postgres://idemproxy@db-direct:5432/app\n"
 	const events = "config:\n  routes:\n    - name: gh\n      match: \"POST /webhooks/github\"\n      webhook: {provider: github, secret_files: [/s], events: [push]}\n"
-	for name, values := range map[string]string{"postgres.listenUrl": listen, "webhook.events": events} {
+	const format5 = "config:\n  store:\n    record_format: 5\n"
+	for name, values := range map[string]string{"postgres.listenUrl": listen, "webhook.events": events, "store.record_format 5": format5} {
 		if _, err := render(values); err == nil || !strings.Contains(err.Error(), "needs idemproxy v0.8.0 or later") || !strings.Contains(err.Error(), chartAppVersion(t)) {
 			t.Errorf("%s with the chart's image %s: %v, want it refused naming v0.8.0", name, chartAppVersion(t), err)
 		}
@@ -124,7 +125,7 @@ func TestChartRefusesWhatItsImageCannotRun(t *testing.T) {
 			t.Errorf("%s with image.tag v0.8.0: %v", name, err)
 			continue
 		}
-		if cfg := files["idemproxy/templates/configmap.yaml"]; !strings.Contains(cfg, "listen_url") && !strings.Contains(cfg, "events") {
+		if cfg := files["idemproxy/templates/configmap.yaml"]; !strings.Contains(cfg, "listen_url") && !strings.Contains(cfg, "events") && !strings.Contains(cfg, "record_format: 5") {
 			t.Errorf("%s with image.tag v0.8.0 rendered no such key:\n%s", name, cfg)
 		}
 	}

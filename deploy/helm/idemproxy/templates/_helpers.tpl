@@ -370,6 +370,9 @@ release (a digest, a branch) is not checked.
 {{- if and $older (hasKey $pg "listen_url") -}}
 {{- fail (printf "store.postgres.listen_url (postgres.listenUrl) needs idemproxy v0.8.0 or later; the chart runs image.tag %s: set image.tag to v0.8.0 or later, or leave it out" $tag) -}}
 {{- end -}}
+{{- if and $older (eq (int (get (get .cfg "store" | default dict) "record_format" | default 1)) 5) -}}
+{{- fail (printf "store.record_format 5 needs idemproxy v0.8.0 or later; the chart runs image.tag %s: set image.tag to v0.8.0 or later, or format 4" $tag) -}}
+{{- end -}}
 {{- range $i, $r := (get .cfg "routes" | default list) -}}
 {{- if and $older (kindIs "map" $r) (kindIs "map" (get $r "webhook")) (hasKey (get $r "webhook") "events") -}}
 {{- fail (printf "config.routes[%d].webhook.events needs idemproxy v0.8.0 or later; the chart runs image.tag %s: set image.tag to v0.8.0 or later, or leave it out" $i $tag) -}}
