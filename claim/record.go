@@ -55,6 +55,30 @@ const (
 	headerLen      = offStatus + 2
 )
 
+// Field is one fixed field of a stored value: its name, 0-based offset
+// and length.
+type Field struct {
+	Name     string
+	Off, Len int
+}
+
+// Fields are the fixed fields of a stored value that the backends'
+// scripts read and fence on (the Lua scripts, schema.sql), declared here
+// once: each backend's tests hold every offset its scripts spell out to
+// them (contract.CheckOffsets). The mark is the top bits of the status
+// slot's first byte (MarkSlot); a stream's end, its head's length and its
+// head's end follow the header (stream.go).
+func Fields() []Field {
+	return []Field{
+		{"version", offVersion, 1}, {"state", offState, 1}, {"flags", offFlags, 1},
+		{"token", offToken, len(Token{})}, {"fingerprint", offFingerprint, len(Fingerprint{})},
+		{"created", offCreated, 8}, {"completed", offCompleted, 8}, {"status", offStatus, 2},
+		{"mark", offStatus, 1}, {"status low byte", offStatus + 1, 1},
+		{"stream end", offStreamEnd, 1}, {"stream head length", offStreamHead, 4},
+		{"stream head", 0, streamPrefix},
+	}
+}
+
 // Flags, in the flags byte.
 const (
 	// flagBodyOmitted marks a completed record whose response body was
