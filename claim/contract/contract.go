@@ -31,6 +31,9 @@ type Deployment interface {
 	// Plant stores value under key as it is, for ttl: a record written
 	// by hand (another program's, an older release's, an edited one).
 	Plant(ctx context.Context, key string, value []byte, ttl time.Duration) error
+	// Lose deletes everything the store holds under prefix, its epoch
+	// markers too: a server that lost its data.
+	Lose(ctx context.Context, prefix string) error
 }
 
 // Case is one contract case: s is a store Open made for it, under a
@@ -78,6 +81,7 @@ var Cases = []Case{
 	{"SecretKeyDerivation", testSecretKeyDerivation},
 	{"SealingRequired", testSealingRequired},
 	{"TakeOverFencedOnExpiry", testTakeOverFencedOnExpiry},
+	{"EpochLoss", testEpochLoss},
 	{"SealedStreams", testSealedStreams},
 }
 

@@ -61,6 +61,16 @@ func (d deployment) Plant(ctx context.Context, key string, value []byte, ttl tim
 	return err
 }
 
+func (d deployment) Lose(ctx context.Context, prefix string) error {
+	for _, table := range []string{"records", "chunks"} {
+		if _, err := d.pool.Exec(ctx, "DELETE FROM "+pgx.Identifier{d.schema, table}.Sanitize()+" WHERE left(key, length($1)) = $1", prefix); err != nil {
+			return err
+		}
+	}
+	_, err := d.pool.Exec(ctx, "DELETE FROM "+pgx.Identifier{d.schema, "markers"}.Sanitize()+" WHERE left(name, length($1)) = $1", prefix)
+	return err
+}
+
 // open is a pool on a fresh server with the schema installed.
 func open(t *testing.T) *pgxpool.Pool {
 	t.Helper()

@@ -98,6 +98,22 @@ func (d deployment) Plant(ctx context.Context, key string, value []byte, ttl tim
 	return d.c.Set(ctx, key, value, ttl).Err()
 }
 
+func (d deployment) Lose(ctx context.Context, prefix string) error {
+	lose := func(ctx context.Context, c redis.UniversalClient) error {
+		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			if err := c.Del(ctx, iter.Val()).Err(); err != nil {
+				return err
+			}
+		}
+		return iter.Err()
+	}
+	if cc, ok := d.c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return lose(ctx, c) })
+	}
+	return lose(ctx, d.c)
+}
+
 // TestRedisContract runs the cases that are about Redis itself (its
 // script cache, its epoch markers on each master) against the same
 // deployments, one at a time (one flushes the server's script cache):
