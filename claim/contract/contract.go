@@ -82,6 +82,8 @@ var Cases = []Case{
 	{"SealingRequired", testSealingRequired},
 	{"TakeOverFencedOnExpiry", testTakeOverFencedOnExpiry},
 	{"EpochLoss", testEpochLoss},
+	{"Preload", on(testPreload)},
+	{"Spans", on(testSpans)},
 	{"SealedStreams", testSealedStreams},
 }
 

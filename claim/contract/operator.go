@@ -1,0 +1,62 @@
+package contract
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// The operator's cases: what the binary asks of a backend beyond the
+// protocol (Preload, Span).
+
+// spanOps are operations the proxy names in its store spans.
+var spanOps = []string{"claim", "get", "renew", "complete", "release", "take_over", "free_absent", "stream_append", "stream_end", "stream_read"}
+
+// testPreload: Preload readies the backend, again as often as the binary
+// asks (every start, every retry of a start), and claims work after it.
+func testPreload(t *testing.T, s claim.Backend) {
+	ctx := context.Background()
+	for i := range 2 {
+		if err := s.Preload(ctx); err != nil {
+			t.Fatalf("Preload %d: %v", i+1, err)
+		}
+	}
+	key := s.Codec().Key("alice", "pay", "preloaded")
+	if res, err := s.Claim(ctx, key, NewRecord(t), time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim after Preload = %+v, %v", res, err)
+	}
+}
+
+// testSpans: every operation's span has a name, says which database it
+// talks to and which operation it runs, and one span's attributes are its
+// own (a later Span never rewrites an earlier one's).
+func testSpans(t *testing.T, s claim.Backend) {
+	spans := make([]claim.Span, len(spanOps))
+	for i, op := range spanOps {
+		spans[i] = s.Span(op)
+	}
+	for i, sp := range spans {
+		again := s.Span(spanOps[i])
+		if sp.Name == "" || sp.Name != again.Name {
+			t.Errorf("Span(%q): name %q, then %q; want one name", spanOps[i], sp.Name, again.Name)
+		}
+		attrs := map[string]string{}
+		for _, a := range sp.Attributes {
+			attrs[string(a.Key)] = a.Value.Emit()
+		}
+		if attrs["db.system.name"] == "" || attrs["db.operation.name"] == "" {
+			t.Errorf("Span(%q) attributes %v: want db.system.name and db.operation.name", spanOps[i], attrs)
+		}
+		if len(sp.Attributes) != len(again.Attributes) {
+			t.Errorf("Span(%q): %d attributes, then %d", spanOps[i], len(sp.Attributes), len(again.Attributes))
+			continue
+		}
+		for j := range sp.Attributes {
+			if sp.Attributes[j] != again.Attributes[j] {
+				t.Errorf("Span(%q) attribute %d became %v after other spans were made, was %v: spans share their attributes' storage", spanOps[i], j, again.Attributes[j], sp.Attributes[j])
+			}
+		}
+	}
+}
