@@ -1,0 +1,97 @@
+package proxy
+
+// The key API's reconcile-now (ReconcileKey): a lookup as a retry would
+// make it, its answer rendered as the retry would get it.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+)
+
+// ReconcileKey is the key API's reconcile-now: on route, it asks the
+// upstream about principal's key as a retry would, when the key holds a
+// vanished owner's claim or a stored outcome-unknown; nothing executes
+// (an absent answer only frees the key, for the next retry to execute).
+// It answers what it did (found, absent, too_early, unresolved; or
+// not_reconcilable with the key's state) and the answer a retry would get
+// now (status and body; none when the key was freed).
+func (h *Handler) ReconcileKey(ctx context.Context, routeName, principal, key string) (result string, status int, body []byte, err error) {
+	rt := h.routes.Load().byName[routeName]
+	if rt == nil || rt.settings.Reconcile == nil {
+		return "", 0, nil, fmt.Errorf("route %q does not reconcile", routeName)
+	}
+	a := h.newAttempt(ctx, rt, principal, newRequestID(h.rand))
+	a.at(key)
+	existing, ttl, err := h.store.Get(ctx, a.hashedKey)
+	if err != nil {
+		return "", 0, nil, err
+	}
+	if existing == nil {
+		return "not_reconcilable: absent", 0, nil, nil
+	}
+	since, ok := a.reconcilable(existing, existing, ttl)
+	if !ok {
+		return "not_reconcilable: " + existing.State.String(), 0, nil, nil
+	}
+	if a.ownerAlive(existing, existing, ttl) != nil {
+		return "not_reconcilable: in_progress, its owner not yet seen gone for a whole lease (ask again after one)", 0, nil, nil
+	}
+	rep := a.reconcileExisting(existing, existing, since)
+	if rep == nil {
+		if a.reconcileResult == lookupAbsent {
+			return lookupAbsent, 0, nil, nil // freed: the next retry executes
+		}
+		return "not_reconcilable: the key changed meanwhile", 0, nil, nil
+	}
+	status, body = a.render(rep)
+	if a.reconcileResult == "" {
+		return "not_reconcilable: the store failed", status, body, nil
+	}
+	return a.reconcileResult, status, body, nil
+}
+
+// render is the status and body rep answers with, as a retry would get
+// them (a stored body inflated; a problem in the route's problem_body).
+func (a *attempt) render(rep *reply) (status int, body []byte) {
+	if rec := rep.record; rec != nil {
+		if !rec.BodyCompressed {
+			return rec.Status, rec.Body
+		}
+		n, err := rec.InflatedLen()
+		if err == nil {
+			buf := make([]byte, 0, n)
+			if err = rec.Inflate(buf); err == nil {
+				return rec.Status, rec.Body
+			}
+		}
+		rep = a.storeFailed("get", err, nil)
+	}
+	w := &answerRecorder{header: http.Header{}}
+	a.h.writeProblem(w, rep.problem, a.requestID, a.rt.settings.Problems)
+	return w.status, w.body.Bytes()
+}
+
+// answerRecorder keeps the problem an attempt run for the key API
+// decided, as written.
+type answerRecorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *answerRecorder) Header() http.Header { return r.header }
+
+func (r *answerRecorder) WriteHeader(status int) {
+	if r.status == 0 {
+		r.status = status
+	}
+}
+
+func (r *answerRecorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.body.Write(b)
+}
