@@ -119,14 +119,6 @@ func (x *exchange) admitClient() (admitted, *reply) {
 	return admitted{key: key, body: body}, nil
 }
 
-// notReplayable answers a retry of a key whose first attempt was executed
-// with an answer too large to store (or to replay) on this route.
-func notReplayable(rec *claim.Record) *reply {
-	p := probNotReplayable.with(fmt.Sprintf("the first attempt was executed and answered %d, with a body larger than this route's max_response_body", rec.Status))
-	p.OriginalStatus = rec.Status
-	return refuse(outcomeConflict, p)
-}
-
 // inflate decompresses a stored body for its replay into a buffer of the
 // length its frame declares, held in the buffer budget as an upstream's
 // answer is, and never longer than the route's max_response_body (a
@@ -150,18 +142,6 @@ func (x *exchange) inflate(rec *claim.Record) *reply {
 		return x.storeFailed("get", err, nil)
 	}
 	return nil
-}
-
-// bufferRefused answers a request refused room in the buffer budget (err
-// is errOverBudget or errOverShare): 503 buffers-full or 429
-// too-many-bytes, retry after a second; kept says what was left as it was.
-func bufferRefused(err error, kept string) *reply {
-	p := probBuffersFull.with("idemproxy holds as many bytes as limits.max_buffered_bytes allows; " + kept + ", retry later")
-	if errors.Is(err, errOverShare) {
-		p = probTooManyBytes.with("this principal's requests in flight hold their whole share of limits.max_buffered_bytes; " + kept + ", retry later")
-	}
-	p.retryAfter = time.Second
-	return refuse(outcomeRejected, p)
 }
 
 // readBody reads the request body up to max_request_body; or the reply

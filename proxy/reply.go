@@ -1,7 +1,10 @@
 package proxy
 
 import (
+	"errors"
+	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
 )
@@ -140,4 +143,24 @@ func (x *exchange) bypass(body []byte) {
 	sw := &statusWriter{ResponseWriter: x.w}
 	x.fwd.protected.ServeHTTP(sw, r)
 	x.status = sw.status
+}
+
+// notReplayable answers a retry of a key whose first attempt was executed
+// with an answer too large to store (or to replay) on this route.
+func notReplayable(rec *claim.Record) *reply {
+	p := probNotReplayable.with(fmt.Sprintf("the first attempt was executed and answered %d, with a body larger than this route's max_response_body", rec.Status))
+	p.OriginalStatus = rec.Status
+	return refuse(outcomeConflict, p)
+}
+
+// bufferRefused answers a request refused room in the buffer budget (err
+// is errOverBudget or errOverShare): 503 buffers-full or 429
+// too-many-bytes, retry after a second; kept says what was left as it was.
+func bufferRefused(err error, kept string) *reply {
+	p := probBuffersFull.with("idemproxy holds as many bytes as limits.max_buffered_bytes allows; " + kept + ", retry later")
+	if errors.Is(err, errOverShare) {
+		p = probTooManyBytes.with("this principal's requests in flight hold their whole share of limits.max_buffered_bytes; " + kept + ", retry later")
+	}
+	p.retryAfter = time.Second
+	return refuse(outcomeRejected, p)
 }
