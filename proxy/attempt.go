@@ -244,9 +244,10 @@ func (a *attempt) shed(rec *claim.Record, refused string) *reply {
 	err := a.detached("release", func(ctx context.Context) error { return a.h.store.Release(ctx, a.hashedKey, rec.Token) })
 	detail := "the route forwards max_in_flight requests already; nothing was forwarded and the key is free, retry later"
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
-		// Nothing was forwarded: the claim is one the next attempt may
-		// take as never forwarded, once its confirm window is over.
-		a.h.metrics.storeErrors.WithLabelValues("release").Inc()
+		// Nothing was forwarded: the cleanup deletes the claim once the
+		// store answers.
+		a.h.storeError("release")
+		a.h.unconfirmed.releaseFailed(a.rt.name, a.hashedKey, rec, a.claimedAt, a.rt.settings.Lease, err)
 		detail = "the route forwards max_in_flight requests already; nothing was forwarded, retry later"
 	}
 	if refused != refusedCap {
@@ -421,7 +422,7 @@ func (a *attempt) storeFailed(op string, err error, body []byte) *reply {
 		p.retryAfter = time.Second
 		return refuse(outcomeRejected, p).withDetail(err.Error())
 	}
-	a.h.metrics.storeErrors.WithLabelValues(op).Inc()
+	a.h.storeError(op)
 	if errors.Is(err, claim.ErrCorrupt) {
 		reason := claim.ReasonCorrupt
 		if re, ok := errors.AsType[*claim.RecordError](err); ok {

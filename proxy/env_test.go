@@ -122,6 +122,9 @@ type setup struct {
 	HTTP2 bool
 	// Transport is proxy.Options.Transport.
 	Transport http.RoundTripper
+	// WrapStore, when set, is the store the handler gets, around the
+	// env's (a test's faults).
+	WrapStore func(proxy.Store) proxy.Store
 }
 
 // newEnv starts a store, the upstream (app sees every request after the
@@ -188,7 +191,11 @@ func newEnvStore(t testing.TB, srv *redistest.Server, store redisstore.ClientOpt
 	logger := slog.New(slog.NewJSONHandler(out, nil))
 	// Short, for the slow-loris test; no other test trickles its body.
 	cfg.Config.BodyReadTimeout = cmp.Or(cfg.Config.BodyReadTimeout, 500*time.Millisecond)
-	h, err := proxy.New(cfg.Config, e.store, proxy.Options{
+	var handlerStore proxy.Store = e.store
+	if cfg.WrapStore != nil {
+		handlerStore = cfg.WrapStore(handlerStore)
+	}
+	h, err := proxy.New(cfg.Config, handlerStore, proxy.Options{
 		Logger:         logger,
 		Metrics:        proxy.NewMetrics(e.reg),
 		WaitSafetyPoll: cfg.WaitSafetyPoll,

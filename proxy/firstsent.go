@@ -134,9 +134,11 @@ func (a *attempt) refuseUnrecorded(rec *claim.Record) *reply {
 	return refuse(outcomeRejected, probRecordLost.with("the request was first sent at "+a.firstSent.UTC().Format(time.RFC3339)+", before the idempotency store lost its records: it may have executed; nothing was forwarded. Look the resource up; send a new request with a new key"))
 }
 
-// releaseClaim frees rec's claim (fenced): nothing was forwarded.
+// releaseClaim frees rec's claim (fenced): nothing was forwarded. When
+// the store does not answer, the cleanup deletes it once it does.
 func (a *attempt) releaseClaim(rec *claim.Record) {
-	_ = a.detached("release", func(ctx context.Context) error { return a.h.store.Release(ctx, a.hashedKey, rec.Token) })
+	err := a.detached("release", func(ctx context.Context) error { return a.h.store.Release(ctx, a.hashedKey, rec.Token) })
+	a.h.unconfirmed.releaseFailed(a.rt.name, a.hashedKey, rec, a.claimedAt, a.rt.settings.Lease, err)
 }
 
 // readFirstSent reads when the request was first sent, from the route's

@@ -2,11 +2,14 @@ package proxy_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -117,4 +120,53 @@ func uuidv7(t time.Time) string {
 		s.WriteByte(hexd[c&15])
 	}
 	return s.String()
+}
+
+// flakyStore fails the next EpochStart and Release it is asked for, as a
+// store that went away between a claim and the calls after it.
+type flakyStore struct {
+	proxy.Store
+	epoch, release atomic.Int32
+}
+
+func (s *flakyStore) EpochStart(ctx context.Context, key string) (time.Time, error) {
+	if s.epoch.Add(-1) >= 0 {
+		return time.Time{}, claim.Unavailable("epoch", errors.New("terminating connection due to unexpected postmaster exit"))
+	}
+	return s.Store.EpochStart(ctx, key)
+}
+
+func (s *flakyStore) Release(ctx context.Context, key string, token claim.Token) error {
+	if s.release.Add(-1) >= 0 {
+		return claim.Unavailable("release", errors.New("connection refused"))
+	}
+	return s.Store.Release(ctx, key, token)
+}
+
+// TestClaimFreedWhenTheEpochCannotBeRead: a request that says when it
+// was first sent claims its key, then the store cannot say its epoch and
+// the claim's release fails too (the store went away for a moment):
+// nothing was forwarded, so the claim is deleted in the background once
+// the store answers, and the retry after its lease executes, once,
+// instead of being answered 502 outcome-unknown for a request that never
+// ran (chaos -store postgres found it: a claim left by a release that
+// failed, under unknown_outcome: fail).
+func TestClaimFreedWhenTheEpochCannotBeRead(t *testing.T) {
+	flaky := &flakyStore{}
+	e := newEnv(t, created, func(c *setup) {
+		c.Routes[0].Lease = time.Second
+		c.Routes[0].Unknown = proxy.Fail
+		c.Routes[0].FirstSent = []proxy.FirstSentSource{proxy.FirstSentHeader}
+		c.WrapStore = func(s proxy.Store) proxy.Store { flaky.Store = s; return flaky }
+	})
+	flaky.epoch.Store(1)
+	flaky.release.Store(1)
+	sent := map[string]string{"Repeatability-First-Sent": time.Now().UTC().Format(http.TimeFormat)}
+	if r := e.do(req{user: "alice", key: "k", body: `{}`, header: sent}); r.status != http.StatusServiceUnavailable || e.ledger.Total() != 0 {
+		t.Fatalf("epoch unreadable: %d %s (executions %d), want 503, nothing forwarded", r.status, r.body, e.ledger.Total())
+	}
+	time.Sleep(1200 * time.Millisecond) // past the claim's lease
+	if r := e.do(req{user: "alice", key: "k", body: `{}`, header: sent}); r.status != http.StatusCreated || e.ledger.Total() != 1 {
+		t.Fatalf("the retry after the lease: %d %s (executions %d), want 201 and one execution", r.status, r.body, e.ledger.Total())
+	}
 }

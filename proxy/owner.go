@@ -245,7 +245,7 @@ func (o *owner) renew() {
 		return
 	default:
 		x.h.metrics.renewals.WithLabelValues("error").Inc()
-		x.h.metrics.storeErrors.WithLabelValues("renew").Inc()
+		x.h.storeError("renew")
 		x.log().Warn("lease renewal failed", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
 	}
 	o.renewer.Reset(lease / 3)

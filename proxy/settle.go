@@ -57,10 +57,11 @@ func (o *owner) release(why string) verdict {
 	case errors.Is(err, claim.ErrLeaseLost):
 		return verdict{outcomeFenceLost, why + "; the key was already held by another owner, left alone"}
 	case err != nil:
-		// The claim lapses by itself after the lease; until then retries
-		// get 409. Nothing executed twice.
-		x.h.metrics.storeErrors.WithLabelValues("release").Inc()
-		return verdict{outcomeReleased, why + "; release failed, the claim lapses after its lease: " + err.Error()}
+		// Retries get 409 until the cleanup deletes the claim, once the
+		// store answers (or it lapses). Nothing executed twice.
+		x.h.storeError("release")
+		x.h.unconfirmed.releaseFailed(x.rt.name, x.hashedKey, o.rec, x.claimedAt, x.rt.settings.Lease, err)
+		return verdict{outcomeReleased, why + "; release failed, the claim is deleted once the store answers: " + err.Error()}
 	}
 	return verdict{outcomeReleased, why}
 }
@@ -71,7 +72,7 @@ func (o *owner) keep(why string) verdict {
 	x := o.x
 	err := x.detached("renew", func(ctx context.Context) error { return x.h.store.Renew(ctx, x.hashedKey, o.rec, x.rt.settings.Lease) })
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
-		x.h.metrics.storeErrors.WithLabelValues("renew").Inc()
+		x.h.storeError("renew")
 	}
 	return verdict{outcomeClaimed, why + "; claim kept for one lease"}
 }

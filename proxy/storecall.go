@@ -20,6 +20,10 @@ var storeOps = []string{
 	"free_absent", "stream_start", "stream_append", "stream_end", "stream_read",
 }
 
+// storeError counts a failure of store operation op in
+// idemproxy_store_errors_total: the one place it is counted.
+func (h *Handler) storeError(op string) { h.metrics.storeErrors.WithLabelValues(op).Inc() }
+
 // storeOp runs store operation op (one of storeOps) with ctx, timed and
 // traced as op: every store call of a request goes through it.
 func (a *attempt) storeOp(ctx context.Context, op string, call func(context.Context) error) error {
@@ -60,7 +64,7 @@ func (a *attempt) retried(op string, call func(context.Context) error) error {
 		if err = a.detached(op, call); err == nil || !errors.Is(err, claim.ErrUnavailable) {
 			return err
 		}
-		a.h.metrics.storeErrors.WithLabelValues(op).Inc()
+		a.h.storeError(op)
 	}
 	return err
 }

@@ -106,6 +106,18 @@ func (u *unconfirmed) add(route, key string, token claim.Token, until time.Time,
 	}
 }
 
+// releaseFailed hands the cleanup a claim whose owner knows nothing
+// executed (nothing was forwarded, or the upstream said so) and whose
+// release failed with err: deleted, fenced on its token, once the store
+// answers, so that no retry takes it, after its lease, for an orphan to
+// answer outcome-unknown. claimedAt is when it was sent.
+func (u *unconfirmed) releaseFailed(route, key string, rec *claim.Record, claimedAt time.Time, lease time.Duration, err error) {
+	if err == nil || errors.Is(err, claim.ErrLeaseLost) {
+		return
+	}
+	u.add(route, key, rec.Token, claimedAt.Add(lease+rec.Tail), claim.StillSending(err))
+}
+
 // count is how many cleanups are pending.
 func (u *unconfirmed) count() int {
 	u.mu.Lock()
