@@ -44,7 +44,7 @@ func testSpans(t *testing.T, s claim.Backend) {
 		}
 		attrs := map[string]string{}
 		for _, a := range sp.Attributes {
-			attrs[string(a.Key)] = a.Value.Emit()
+			attrs[string(a.Key)] = a.Value.String()
 		}
 		if attrs["db.system.name"] == "" || attrs["db.operation.name"] == "" {
 			t.Errorf("Span(%q) attributes %v: want db.system.name and db.operation.name", spanOps[i], attrs)
