@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/poll"
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // max_in_flight (issue 21): beyond the bound a new key is answered 503
@@ -103,5 +104,43 @@ func TestMaxInFlightPrincipalShare(t *testing.T) {
 	release()
 	if r := <-second; r.status != http.StatusCreated && r.status != http.StatusGatewayTimeout {
 		t.Fatalf("mallory's second call once her first was a late call: %d %s, want it forwarded", r.status, r.body)
+	}
+}
+
+// TestShedClaimFreedWhenItsReleaseFails: a key shed by max_in_flight
+// whose release fails (the store went away for a moment) is deleted by
+// the background cleanup once the store answers: the retry after the
+// claim's lease executes, once, where the claim left behind would have
+// been answered outcome-unknown (unknown_outcome: fail).
+func TestShedClaimFreedWhenItsReleaseFails(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	defer free()
+	app := func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Idempotency-Key") == "busy" {
+			<-release
+		}
+		created(w, r)
+	}
+	flaky := &flakyStore{}
+	e := newEnv(t, app, func(c *setup) {
+		c.Routes[0].MaxInFlight = 1
+		c.Routes[0].Lease = time.Second
+		c.Routes[0].Unknown = proxy.Fail
+		c.WrapStore = func(s proxy.Store) proxy.Store { flaky.Store = s; return flaky }
+	})
+	var wg sync.WaitGroup
+	wg.Go(func() { e.do(req{user: "alice", key: "busy", body: `{}`}) })
+	poll.Until(t, "the first attempt upstream", func() bool { return e.ledger.Total() == 1 })
+	flaky.release.Store(1)
+	if r := e.do(req{user: "alice", key: "shed", body: `{}`}); r.status != http.StatusServiceUnavailable || !strings.Contains(r.body, "overloaded") {
+		t.Fatalf("a second key with one forwarding: %d %s, want 503 overloaded", r.status, r.body)
+	}
+	free()
+	wg.Wait()
+	time.Sleep(1200 * time.Millisecond) // past the shed claim's lease
+	if r := e.do(req{user: "alice", key: "shed", body: `{}`}); r.status != http.StatusCreated || e.ledger.Total() != 2 {
+		t.Fatalf("the shed key retried after its lease: %d %s (executions %d), want 201 and one execution", r.status, r.body, e.ledger.Total())
 	}
 }
