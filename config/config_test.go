@@ -434,8 +434,8 @@ func TestOneWarningForAnUnsetQuota(t *testing.T) {
 }
 
 // TestPostgresStreamsWaitForFormat5: on PostgreSQL a streamed route
-// under record_format 4 is warned about (each append rewrites the whole
-// value), not under 5, nor on Redis; and there an unset
+// under record_format 4, stream: auto written or inherited, is warned
+// about (each append rewrites the whole value), not under 5, nor on Redis; and there an unset
 // stream_flush_interval is 20ms, a set one is kept.
 func TestPostgresStreamsWaitForFormat5(t *testing.T) {
 	load := func(store string, format int, flush string) *config.Config {
@@ -469,6 +469,13 @@ func TestPostgresStreamsWaitForFormat5(t *testing.T) {
 	}
 	if c := load(pg, 5, "defaults:\n  stream_flush_interval: 0s\n"); c.Routes[0].Settings.StreamFlushInterval != 0 {
 		t.Errorf("PostgreSQL with stream_flush_interval: 0s: %s, want it kept", c.Routes[0].Settings.StreamFlushInterval)
+	}
+	implicit := filepath.Join(t.TempDir(), "implicit.yaml")
+	if err := os.WriteFile(implicit, []byte("store:\n"+pg+"  record_format: 4\nroutes:\n  - name: chat\n    match: \"POST /chat\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := config.Load(implicit); err != nil || !square(c) {
+		t.Errorf("PostgreSQL, format 4, a route streaming by default (stream not written): %v, %v; want the square's warning", err, c.Warnings())
 	}
 	if c := load(redis, 4, ""); square(c) || c.Routes[0].Settings.StreamFlushInterval != 0 {
 		t.Errorf("Redis, format 4: warned %v, flush interval %s; want neither", square(c), c.Routes[0].Settings.StreamFlushInterval)

@@ -73,17 +73,22 @@ func (c *Config) trustWarnings() []string {
 	return w
 }
 
-// streamWarnings are routes whose stream: auto waits for record_format 4.
+// streamWarnings are routes whose stream: auto waits for record_format 4,
+// and on PostgreSQL, under 4, the routes whose streams rewrite their whole
+// value on every append: every stream: auto route, written or inherited
+// (one warning naming them).
 func (c *Config) streamWarnings() []string {
-	var w []string
+	var w, square []string
 	for i, r := range c.Routes {
-		switch {
-		case r.Stream != StreamAuto || r.set == nil || !r.set["stream"]:
-		case c.Store.RecordFormat < 4:
-			w = append(w, fmt.Sprintf("routes[%d].stream: auto: streamed answers (text/event-stream, application/x-ndjson) are buffered whole until store.record_format: 4, which releases before v0.6.0 cannot read: set it once every replica runs v0.6.0", i))
-		case c.Store.RecordFormat == 4 && c.Store.Postgres.URL != "":
-			w = append(w, fmt.Sprintf("routes[%d].stream: auto: under store.record_format: 4 every append to a stream rewrites its whole value in PostgreSQL, so its WAL grows with the square of its length (a 1 MiB stream writes about 565 MiB); set 5 (its chunks as rows) once every replica runs v0.8.0 or later", i))
+		if r.Stream == StreamAuto && r.Webhook.Provider == "" {
+			square = append(square, r.Name)
 		}
+		if r.Stream == StreamAuto && r.set != nil && r.set["stream"] && c.Store.RecordFormat < 4 {
+			w = append(w, fmt.Sprintf("routes[%d].stream: auto: streamed answers (text/event-stream, application/x-ndjson) are buffered whole until store.record_format: 4, which releases before v0.6.0 cannot read: set it once every replica runs v0.6.0", i))
+		}
+	}
+	if c.Store.RecordFormat == 4 && c.Store.Postgres.URL != "" && len(square) > 0 {
+		w = append(w, fmt.Sprintf("store.record_format: 4 on PostgreSQL: every append to a streamed answer (routes %s) rewrites its whole value, so its WAL grows with the square of its length (a 1 MiB stream writes about 565 MiB); set 5 (its chunks as rows) once every replica runs v0.8.0 or later", strings.Join(square, ", ")))
 	}
 	return w
 }

@@ -102,7 +102,8 @@ func TestBatchAnswersEachOperation(t *testing.T) {
 
 // TestConcurrentOperationsRideBatches: under -race, 64 first attempts at
 // once (a claim, then its completion) ride shared batches, each claim
-// its own key's, and every key replays its own answer.
+// its own key's, every batch's wake-ups are sent, and every key replays
+// its own answer.
 func TestConcurrentOperationsRideBatches(t *testing.T) {
 	var largest atomic.Int64
 	s := batchStore(t, &largest)
@@ -133,6 +134,9 @@ func TestConcurrentOperationsRideBatches(t *testing.T) {
 	}
 	if largest.Load() < 2 {
 		t.Errorf("largest batch %d: 64 concurrent operations never shared one", largest.Load())
+	}
+	if n := s.NotifyFailures(); n != 0 {
+		t.Errorf("%d batches' wake-ups failed: the one statement that wakes a batch's keys", n)
 	}
 	for i := range 64 {
 		key := fmt.Sprintf("batch:k%d", i)

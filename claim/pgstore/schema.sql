@@ -181,9 +181,13 @@ BEGIN
     END IF;
   END LOOP;
   IF {{schema}}.idem_state(cur) <> 1 THEN
-    IF lim > 0 AND {{schema}}.idem_state(cur) = 3 AND {{schema}}.idem_len(k, cur) > lim THEN
-      kind := 0; len := {{schema}}.idem_len(k, cur); cur := NULL;
-      RETURN;
+    IF lim > 0 AND {{schema}}.idem_state(cur) = 3 THEN
+      len := {{schema}}.idem_len(k, cur);
+      IF len > lim THEN
+        kind := 0; cur := NULL;
+        RETURN;
+      END IF;
+      len := NULL;
     END IF;
     kind := 2; cur := {{schema}}.idem_whole(k, cur);
     RETURN;
