@@ -241,7 +241,11 @@ func TestPostgresMaxConnsThroughTheBinary(t *testing.T) {
 		return n
 	}
 	peak := func(maxConns int) int {
-		sc := startBinary(t, pgConfig(up.URL, pg.URL, fmt.Sprintf("    max_conns: %d\n", maxConns)))
+		// Each operation on a connection of its own: group commit
+		// (store.pipeline) holds a burst to two batches out, whatever
+		// the bound, and the faster the functions the fewer connections
+		// it ever opens.
+		sc := startBinary(t, pgConfig(up.URL, pg.URL, fmt.Sprintf("    max_conns: %d\n  pipeline: false\n", maxConns)))
 		defer func() {
 			sc.Kill()
 			poll.Until(t, "the killed sidecar's connections closed", func() bool { return backends() == 0 })

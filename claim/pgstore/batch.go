@@ -208,13 +208,10 @@ func (s *Store) together(ctx context.Context, batch []*op) error {
 	}
 	p.SendPipelineSync()
 	if len(wakes) > 0 {
-		keys, err := m.Encode(pgtype.TextArrayOID, pgtype.BinaryFormatCode, wakes, nil)
-		if err != nil {
+		if err := s.sendWakes(p, m, wakes); err != nil {
 			p.Close()
 			return err
 		}
-		p.SendQueryParams(notifyAllSQL, [][]byte{keys}, []uint32{pgtype.TextArrayOID}, binary, nil)
-		p.SendPipelineSync()
 	}
 	if err := p.Flush(); err != nil {
 		p.Close()
@@ -288,10 +285,6 @@ func readAll(p *pgconn.Pipeline, m *pgtype.Map, sent []encoded) error {
 	}
 	return nil
 }
-
-// notifyAllSQL wakes the waiters of every key of a batch, in one
-// statement (notifySQL's, once per key).
-const notifyAllSQL = "SELECT pg_catalog.pg_notify('idemproxy', k) FROM pg_catalog.unnest($1::text[]) AS k"
 
 // readWakes reads the wake-ups' answer and their Sync.
 func (s *Store) readWakes(p *pgconn.Pipeline) error {

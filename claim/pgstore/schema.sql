@@ -52,6 +52,16 @@ CREATE TABLE IF NOT EXISTS {{schema}}.chunks (
 );
 CREATE INDEX IF NOT EXISTS chunks_expires_ms ON {{schema}}.chunks (expires_ms);
 
+-- The waiters (claim.Watch) of each key, one row per watch, so that an
+-- operation on a key nobody waits for sends no NOTIFY (notify.go). A row
+-- a sidecar never deleted (it died) goes at until_ms.
+CREATE TABLE IF NOT EXISTS {{schema}}.waiters (
+  key      text NOT NULL,
+  id       bytea NOT NULL,
+  until_ms bigint NOT NULL,
+  PRIMARY KEY (key, id)
+);
+
 CREATE TABLE IF NOT EXISTS {{schema}}.counters (
   key        text PRIMARY KEY,
   n          bigint NOT NULL,
@@ -148,38 +158,49 @@ CREATE OR REPLACE FUNCTION {{schema}}.idem_claim(k text, v bytea, ttl bigint, li
   OUT kind int, OUT cur bytea, OUT pttl bigint, OUT now_ms bigint, OUT len int)
 LANGUAGE plpgsql AS $$
 DECLARE
-  exp bigint; present bool; qn bigint; qexp bigint;
+  exp bigint; present bool; qn bigint; qexp bigint; claimed bool := false;
 BEGIN
-  now_ms := {{schema}}.idem_now();
+  -- The two common cases, a new key and a settled record, are written out
+  -- (idem_now, idem_state, idem_put): a helper with a fixed search_path is
+  -- never inlined, and each call of one costs about as much as the row's
+  -- read (see "The functions' hot paths" in docs/benchmarks.md).
+  now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
   -- A settled record (a replay) is read without a lock: it changes only
   -- by expiring or by the key API's delete, and a replay needs neither
   -- the insert's attempt nor the row lock.
-  SELECT r.value INTO cur FROM {{schema}}.records r WHERE r.key = k AND r.expires_ms > now_ms;
-  IF FOUND AND {{schema}}.idem_state(cur) IN (2, 3) AND NOT (lim > 0 AND {{schema}}.idem_state(cur) = 3 AND {{schema}}.idem_len(k, cur) > lim) THEN
+  SELECT r.value, r.expires_ms INTO cur, exp FROM {{schema}}.records r WHERE r.key = k;
+  IF NOT FOUND THEN
+    INSERT INTO {{schema}}.records (key, value, expires_ms) VALUES (k, v, now_ms + ttl) ON CONFLICT (key) DO NOTHING;
+    claimed := FOUND;
+  ELSIF exp > now_ms AND length(cur) >= 2 AND get_byte(cur, 1) = 2 THEN
+    kind := 2;
+    RETURN;
+  ELSIF exp > now_ms AND {{schema}}.idem_state(cur) = 3 AND NOT (lim > 0 AND {{schema}}.idem_len(k, cur) > lim) THEN
     kind := 2; cur := {{schema}}.idem_whole(k, cur);
     RETURN;
   END IF;
   cur := NULL;
-  LOOP
+  WHILE NOT claimed LOOP
     SELECT g.cur, g.exp, g.present INTO cur, exp, present FROM {{schema}}.idem_get(k, now_ms) g;
     EXIT WHEN cur IS NOT NULL;
-    IF {{schema}}.idem_put(k, v, ttl, now_ms, present) THEN
-      kind := 1; pttl := ttl; cur := NULL;
-      IF qkey IS NOT NULL AND qlimit > 0 THEN
-        INSERT INTO {{schema}}.counters AS c (key, n, expires_ms) VALUES (qkey, 1, now_ms + qwindow)
-        ON CONFLICT (key) DO UPDATE SET
-          n = CASE WHEN c.expires_ms <= now_ms THEN 1 ELSE c.n + 1 END,
-          expires_ms = CASE WHEN c.expires_ms <= now_ms THEN now_ms + qwindow ELSE c.expires_ms END
-        RETURNING c.n, c.expires_ms INTO qn, qexp;
-        IF qn > qlimit THEN
-          DELETE FROM {{schema}}.records WHERE key = k;
-          UPDATE {{schema}}.counters AS c SET n = c.n - 1 WHERE c.key = qkey;
-          kind := 4; pttl := qexp - now_ms;
-        END IF;
-      END IF;
-      RETURN;
-    END IF;
+    claimed := {{schema}}.idem_put(k, v, ttl, now_ms, present);
   END LOOP;
+  IF claimed THEN
+    kind := 1; pttl := ttl; cur := NULL;
+    IF qkey IS NOT NULL AND qlimit > 0 THEN
+      INSERT INTO {{schema}}.counters AS c (key, n, expires_ms) VALUES (qkey, 1, now_ms + qwindow)
+      ON CONFLICT (key) DO UPDATE SET
+        n = CASE WHEN c.expires_ms <= now_ms THEN 1 ELSE c.n + 1 END,
+        expires_ms = CASE WHEN c.expires_ms <= now_ms THEN now_ms + qwindow ELSE c.expires_ms END
+      RETURNING c.n, c.expires_ms INTO qn, qexp;
+      IF qn > qlimit THEN
+        DELETE FROM {{schema}}.records WHERE key = k;
+        UPDATE {{schema}}.counters AS c SET n = c.n - 1 WHERE c.key = qkey;
+        kind := 4; pttl := qexp - now_ms;
+      END IF;
+    END IF;
+    RETURN;
+  END IF;
   IF {{schema}}.idem_state(cur) <> 1 THEN
     IF lim > 0 AND {{schema}}.idem_state(cur) = 3 THEN
       len := {{schema}}.idem_len(k, cur);
@@ -248,8 +269,14 @@ END $$;
 -- another owner's.
 CREATE OR REPLACE FUNCTION {{schema}}.idem_complete(k text, tok bytea, v bytea, ttl bigint) RETURNS int
 LANGUAGE plpgsql AS $$
-DECLARE now_ms bigint := {{schema}}.idem_now(); cur bytea; present bool;
+DECLARE now_ms bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint; cur bytea; present bool;
 BEGIN
+  -- The common case, our live claim, is one fenced update, written out
+  -- as idem_claim's are.
+  UPDATE {{schema}}.records r SET value = v, expires_ms = now_ms + ttl
+    WHERE r.key = k AND r.expires_ms > now_ms AND length(r.value) >= 19 AND get_byte(r.value, 0) = 1
+      AND substring(r.value FROM 4 FOR 16) = tok AND get_byte(r.value, 1) = 1;
+  IF FOUND THEN RETURN 1; END IF;
   SELECT g.cur, g.present INTO cur, present FROM {{schema}}.idem_get(k, now_ms) g;
   IF cur IS NULL THEN
     IF NOT {{schema}}.idem_put(k, v, ttl, now_ms, present) THEN RETURN -1; END IF;
@@ -264,9 +291,14 @@ END $$;
 -- 1 released, 0 gone, -1 another owner's, -2 completed.
 CREATE OR REPLACE FUNCTION {{schema}}.idem_release(k text, tok bytea) RETURNS int
 LANGUAGE plpgsql AS $$
-DECLARE cur bytea;
+DECLARE now_ms bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint; cur bytea;
 BEGIN
-  SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, {{schema}}.idem_now()) g;
+  -- Our live claim: one fenced delete, written out as idem_complete's.
+  DELETE FROM {{schema}}.records r
+    WHERE r.key = k AND r.expires_ms > now_ms AND length(r.value) >= 19 AND get_byte(r.value, 0) = 1
+      AND substring(r.value FROM 4 FOR 16) = tok AND get_byte(r.value, 1) = 1;
+  IF FOUND THEN RETURN 1; END IF;
+  SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, now_ms) g;
   IF cur IS NULL THEN RETURN 0; END IF;
   IF NOT {{schema}}.idem_ours(cur, tok) THEN RETURN -1; END IF;
   IF {{schema}}.idem_state(cur) <> 1 THEN RETURN -2; END IF;
@@ -519,6 +551,16 @@ BEGIN
   END IF;
 END $$;
 
+-- Wakes the waiters of keys (notify.go): a NOTIFY on channel idemproxy,
+-- the key as its payload, for each key with a waiter registered. It
+-- writes nothing: the sidecar calls it once the write committed, as a
+-- statement of its own, so that no write depends on a wake-up.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_wake(keys text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_catalog.pg_notify('idemproxy', w.key) FROM {{schema}}.waiters w WHERE w.key = ANY (keys) GROUP BY w.key;
+END $$;
+
 -- Deletes up to lim expired rows, oldest first, by the index on
 -- expires_ms: expiry never scans the table. Returns how many.
 CREATE OR REPLACE FUNCTION {{schema}}.idem_expire(lim int) RETURNS int
@@ -532,6 +574,8 @@ BEGIN
     SELECT key FROM {{schema}}.counters WHERE expires_ms <= now_ms LIMIT lim FOR UPDATE SKIP LOCKED);
   DELETE FROM {{schema}}.chunks WHERE (key, tok, at) IN (
     SELECT key, tok, at FROM {{schema}}.chunks WHERE expires_ms <= now_ms ORDER BY expires_ms LIMIT lim FOR UPDATE SKIP LOCKED);
+  DELETE FROM {{schema}}.waiters WHERE (key, id) IN (
+    SELECT key, id FROM {{schema}}.waiters WHERE until_ms <= now_ms LIMIT lim FOR UPDATE SKIP LOCKED);
   RETURN gone;
 END $$;
 

@@ -65,6 +65,8 @@ type Store struct {
 	// readQuery read's.
 	calls     sync.Map
 	readQuery string
+	// wakeSQL is the wake-up statement (notify.go).
+	wakeSQL string
 	// described holds the statements' descriptions (notify.go), by SQL.
 	described sync.Map
 	// notifyFailures counts the wake-ups that could not be sent.
@@ -157,7 +159,7 @@ func Install(ctx context.Context, pool *pgxpool.Pool, schema, release string) (I
 func Grant(ctx context.Context, pool *pgxpool.Pool, schema, role string) error {
 	quoted, r := pgx.Identifier{schema}.Sanitize(), pgx.Identifier{role}.Sanitize()
 	sql := "GRANT USAGE ON SCHEMA " + quoted + " TO " + r + ";\n" +
-		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + quoted + ".records, " + quoted + ".chunks, " + quoted + ".counters, " + quoted + ".markers TO " + r + ";\n" +
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + quoted + ".records, " + quoted + ".chunks, " + quoted + ".counters, " + quoted + ".markers, " + quoted + ".waiters TO " + r + ";\n" +
 		"GRANT SELECT ON " + quoted + ".versions TO " + r + ";\n" +
 		"DO $$ DECLARE f regprocedure; BEGIN FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p WHERE p.pronamespace = '" + strings.ReplaceAll(quoted, "'", "''") + "'::regnamespace AND p.proname LIKE '" + strings.ReplaceAll(fnPrefix, "_", "\\_") + "%' LOOP " +
 		"EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s', f, " + quoteLiteral(r) + "); END LOOP; END $$;"
@@ -180,7 +182,8 @@ func New(pool *pgxpool.Pool, schema, prefix string, opts ...claim.Option) *Store
 	s.clocks = claim.NewClocks(o.Now, s.checkClocks)
 	s.onEpoch, s.rows = o.OnEpoch, o.StreamRows
 	s.readQuery = "SELECT r.cur, r.pttl, " + s.fn("idem_now") + "() FROM " + s.fn("idem_read") + "($1) r"
-	s.watch = newListener(pool)
+	s.wakeSQL = wakeSQL(s.fn("idem_wake"))
+	s.watch = newListener(pool, s.schema)
 	if o.Pipeline {
 		s.batch = newBatcher(s, min(maxInFlight, max(1, int(pool.Config().MaxConns))), o.OnBatch)
 	}

@@ -15,7 +15,8 @@ import (
 )
 
 // Waking waiters: every operation that settles or frees a key NOTIFYs
-// channel idemproxy with the key once its write committed (notify.go); one connection per store LISTENs, from
+// channel idemproxy with the key once its write committed, when the key
+// has a waiter registered (notify.go); one connection per store LISTENs, from
 // the first Watch until Close, and wakes the key's waiters. Every time it
 // (re)starts listening it wakes them all, so that they look at their key
 // once the channel is live: a notification sent while it was down is
@@ -35,6 +36,10 @@ type listener struct {
 	// probed is set once a probe came back; deafTold once onDeaf ran.
 	probed, deafTold atomic.Bool
 
+	// register and unregister add and delete a waiter's row in the
+	// waiters table (notify.go).
+	register, unregister string
+
 	mu      sync.Mutex
 	waiters map[string]map[*keyWatch]struct{}
 	live    bool
@@ -42,8 +47,12 @@ type listener struct {
 	closed  bool
 }
 
-func newListener(pool *pgxpool.Pool) *listener {
-	return &listener{pool: pool, waiters: map[string]map[*keyWatch]struct{}{}}
+// newListener is the listener of the store whose schema is schema.
+func newListener(pool *pgxpool.Pool, schema string) *listener {
+	l := &listener{pool: pool, waiters: map[string]map[*keyWatch]struct{}{}}
+	l.register = "INSERT INTO " + schema + ".waiters (key, id, until_ms) VALUES ($1, $2, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $3) ON CONFLICT DO NOTHING"
+	l.unregister = "DELETE FROM " + schema + ".waiters WHERE key = $1 AND id = $2"
+	return l
 }
 
 // keyWatch wakes a waiter when its key may have changed (claim.Watch).
@@ -51,12 +60,15 @@ type keyWatch struct {
 	c   chan struct{}
 	key string
 	l   *listener
+	// id is the watch's row in the waiters table; nil when it was not
+	// registered.
+	id []byte
 }
 
 // C receives when the key may have changed.
 func (w *keyWatch) C() <-chan struct{} { return w.c }
 
-// Stop ends the watch.
+// Stop ends the watch, and deletes its registration in the background.
 func (w *keyWatch) Stop() {
 	w.l.mu.Lock()
 	defer w.l.mu.Unlock()
@@ -65,6 +77,14 @@ func (w *keyWatch) Stop() {
 		if len(set) == 0 {
 			delete(w.l.waiters, w.key)
 		}
+	}
+	if id := w.id; id != nil {
+		w.id = nil
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), registerWait)
+			defer cancel()
+			_, _ = w.l.pool.Exec(ctx, w.l.unregister, w.key, id)
+		}()
 	}
 }
 
@@ -77,10 +97,34 @@ func (w *keyWatch) wake() {
 }
 
 // Watch wakes a waiter when key may have been settled or freed, and once
-// the store is listening.
-func (s *Store) Watch(_ context.Context, key string) claim.Watch {
+// the store is listening. It registers the waiter in the waiters table
+// (notify.go) before it returns, so that the waiter's first read follows
+// the registration; should that fail or take longer than registerWait,
+// the waiter is woken by its poll.
+func (s *Store) Watch(ctx context.Context, key string) claim.Watch {
 	l := s.watch
-	w := &keyWatch{c: make(chan struct{}, 1), key: key, l: l}
+	var id [16]byte
+	_, _ = rand.Read(id[:])
+	ctx, cancel := context.WithTimeout(ctx, registerWait)
+	defer cancel()
+	var registered []byte
+	if _, err := l.pool.Exec(ctx, l.register, key, id[:], registeredFor.Milliseconds()); err == nil {
+		registered = id[:]
+	}
+	return l.add(key, registered)
+}
+
+// registerWait bounds a waiter's registration and its deletion;
+// registeredFor is how long a registration outlives a sidecar that died
+// before it deleted it (idem_expire deletes it then).
+const (
+	registerWait  = time.Second
+	registeredFor = time.Hour
+)
+
+// add registers a waiter for key, registered in the table under id.
+func (l *listener) add(key string, id []byte) *keyWatch {
+	w := &keyWatch{c: make(chan struct{}, 1), key: key, l: l, id: id}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	set := l.waiters[key]

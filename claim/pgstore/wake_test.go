@@ -1,0 +1,102 @@
+package pgstore
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/poll"
+)
+
+// TestWakeUpsOnlyForWaitedKeys: a completion of a key nobody waits for
+// sends no NOTIFY, and one of a key with a waiter does, alone or in a
+// batch; a stopped watch deletes its registration. Notifications arrive
+// in commit order, so the first one a raw listener hears after both
+// completions names the waited key only if the other sent none. Fails
+// with the wake-up sent for every key (as before the waiters table).
+func TestWakeUpsOnlyForWaitedKeys(t *testing.T) {
+	var largest atomic.Int64
+	s := batchStore(t, &largest)
+	ctx := context.Background()
+	raw, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close(ctx)
+	if _, err := raw.Exec(ctx, "LISTEN idemproxy"); err != nil {
+		t.Fatal(err)
+	}
+	claimed := func(key string) *claim.Record {
+		rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
+		rec.Token[0] = byte(len(key))
+		if res, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+			t.Fatalf("claim %s: %+v, %v", key, res, err)
+		}
+		return rec
+	}
+	complete := func(key string, rec *claim.Record) {
+		done := *rec
+		done.State, done.Status, done.Body, done.Completed = claim.Completed, 201, []byte(key), time.Now()
+		if _, err := s.Complete(ctx, key, &done, time.Hour); err != nil {
+			t.Fatalf("complete %s: %v", key, err)
+		}
+	}
+	heard := func() string {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		n, err := raw.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("no notification: %v", err)
+		}
+		return n.Payload
+	}
+
+	for _, together := range []bool{false, true} {
+		unwaited, waited := "wake:nobody", "wake:waited"
+		if together {
+			unwaited, waited = unwaited+"-batch", waited+"-batch"
+		}
+		a, b := claimed(unwaited), claimed(waited)
+		w := s.Watch(ctx, waited)
+		if together {
+			da, db := *a, *b
+			da.State, db.State = claim.Completed, claim.Completed
+			batch := []*op{completeOp(s, unwaited, &da), completeOp(s, waited, &db)}
+			s.batch.send(batch)
+			for _, o := range batch {
+				if o.err != nil {
+					t.Fatalf("%s: %v", o.key, o.err)
+				}
+			}
+			if largest.Load() < 2 {
+				t.Fatal("the two completions did not share a batch")
+			}
+		} else {
+			complete(unwaited, a)
+			complete(waited, b)
+		}
+		if got := heard(); got != waited {
+			t.Fatalf("together=%v: first notification for %q, want %q: a key nobody waits for was notified", together, got, waited)
+		}
+		w.Stop()
+	}
+	poll.Until(t, "the stopped watches' registrations deleted", func() bool {
+		var n int
+		if err := raw.QueryRow(ctx, "SELECT count(*) FROM idemproxy.waiters").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+}
+
+// completeOp is a completion of rec under key as one operation of a
+// batch.
+func completeOp(s *Store, key string, rec *claim.Record) *op {
+	var n int
+	return &op{ctx: context.Background(), name: "complete", fn: "idem_complete", key: key, wake: true,
+		args: []any{key, rec.Token[:], s.codec.Encode(key, rec), time.Hour.Milliseconds()}, dst: []any{&n}}
+}
