@@ -18,7 +18,11 @@ import (
 // writer and the request, admission, respond, finishing and tracing. The
 // protocol on its key is its attempt's.
 type exchange struct {
-	*attempt
+	// a is the protocol on the request's key: claiming, answering from a
+	// record, waiting. The exchange holds it, never embeds it, so that
+	// what is HTTP (the exchange's methods) and what is the protocol
+	// (x.a's) read apart.
+	a    *attempt
 	fwd  *forwarder
 	w    http.ResponseWriter
 	r    *http.Request
@@ -75,19 +79,19 @@ func (x *exchange) serve() {
 // decide is serve's steps: the reply they decided, nil when the owner
 // answered with the upstream's.
 func (x *exchange) decide() *reply {
-	in, rep := x.rt.admit(x)
+	in, rep := x.a.rt.admit(x)
 	if rep != nil {
 		return rep
 	}
-	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, in.body)
-	x.at(in.key)
+	fp := x.a.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, in.body)
+	x.a.at(in.key)
 	if len(in.legacy) > 0 {
-		if rep := x.useLegacyKey(in.legacy); rep != nil {
+		if rep := x.a.useLegacyKey(in.legacy); rep != nil {
 			return rep
 		}
 	}
-	rec := x.newClaim(fp)
-	sl, rep := x.ownOrAnswer(rec, in.body, x.authorize)
+	rec := x.a.newClaim(fp)
+	sl, rep := x.a.ownOrAnswer(rec, in.body, x.authorize)
 	if sl == nil {
 		return rep
 	}
@@ -108,7 +112,7 @@ func (x *exchange) admitClient() (admitted, *reply) {
 	if rep != nil {
 		return admitted{}, rep
 	}
-	if x.rt.keyPointer != nil {
+	if x.a.rt.keyPointer != nil {
 		if key, rep = x.keyInBody(key, body); rep != nil {
 			return admitted{}, rep
 		}
@@ -127,19 +131,19 @@ func (x *exchange) admitClient() (admitted, *reply) {
 func (x *exchange) inflate(rec *claim.Record) *reply {
 	n, err := rec.InflatedLen()
 	if err != nil {
-		return x.storeFailed("get", err, nil)
+		return x.a.storeFailed("get", err, nil)
 	}
-	if int64(n) > x.rt.settings.MaxResponseBody {
+	if int64(n) > x.a.rt.settings.MaxResponseBody {
 		return notReplayable(rec)
 	}
 	buf := getBody(n)
-	if err := x.h.buffers.take(x.principal, cap(buf)); err != nil {
+	if err := x.a.h.buffers.take(x.a.principal, cap(buf)); err != nil {
 		putBody(buf)
 		return bufferRefused(err, "the stored answer is kept")
 	}
 	x.inflated = buf // given back with the others
 	if err := rec.Inflate(buf); err != nil {
-		return x.storeFailed("get", err, nil)
+		return x.a.storeFailed("get", err, nil)
 	}
 	return nil
 }
@@ -147,16 +151,16 @@ func (x *exchange) inflate(rec *claim.Record) *reply {
 // readBody reads the request body up to max_request_body; or the reply
 // that refused it.
 func (x *exchange) readBody() ([]byte, *reply) {
-	limit := x.rt.settings.MaxRequestBody
+	limit := x.a.rt.settings.MaxRequestBody
 	if x.r.ContentLength > limit {
 		return nil, refuse(outcomeRejected, probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
 	}
 	// A client trickling its body (slow loris) must not hold a handler
 	// forever; the deadline covers only this read.
 	rc := http.NewResponseController(x.w)
-	_ = rc.SetReadDeadline(time.Now().Add(x.h.bodyTimeout))
-	take := func(n int) error { return x.h.buffers.take(x.principal, n) }
-	give := func(n int) { x.h.buffers.give(x.principal, n) }
+	_ = rc.SetReadDeadline(time.Now().Add(x.a.h.bodyTimeout))
+	take := func(n int) error { return x.a.h.buffers.take(x.a.principal, n) }
+	give := func(n int) { x.a.h.buffers.give(x.a.principal, n) }
 	body, err := readAll(http.MaxBytesReader(x.w, x.r.Body, limit), x.r.ContentLength, take, give)
 	x.reqBuf = body
 	if errors.Is(err, errOverBudget) || errors.Is(err, errOverShare) {
@@ -186,12 +190,12 @@ func (x *exchange) finish() {
 		x.outcome = outcomeRejected // aborted before an answer was chosen
 	}
 	defer x.endTrace()
-	total := time.Since(x.start)
-	x.h.metrics.requests.WithLabelValues(x.rt.name, x.outcome).Inc()
-	if x.rt.settings.Webhook != nil {
-		x.h.metrics.webhooks.WithLabelValues(x.rt.name, x.webhookOutcome()).Inc()
+	total := time.Since(x.a.start)
+	x.a.h.metrics.requests.WithLabelValues(x.a.rt.name, x.outcome).Inc()
+	if x.a.rt.settings.Webhook != nil {
+		x.a.h.metrics.webhooks.WithLabelValues(x.a.rt.name, x.webhookOutcome()).Inc()
 	}
-	x.h.metrics.added.WithLabelValues(x.rt.name).Observe((total - x.upstream).Seconds())
+	x.a.h.metrics.added.WithLabelValues(x.a.rt.name).Observe((total - x.upstream).Seconds())
 	level := slog.LevelInfo
 	switch x.outcome {
 	case outcomeStoreError, outcomeFenceLost, outcomeRecordUnreadable:
@@ -199,13 +203,13 @@ func (x *exchange) finish() {
 	case outcomeStoreUnavailable:
 		level = slog.LevelWarn
 	}
-	if !x.log().Enabled(context.Background(), level) {
+	if !x.a.log().Enabled(context.Background(), level) {
 		return // log_level above this line's: skip building it
 	}
 	line := requestLine{
-		route: x.rt.name, outcome: x.outcome, status: x.status, requestID: x.requestID,
-		duration: total, upstream: x.upstream, key: x.hashedKey, original: x.original,
-		late: x.late, detail: x.detail, traceID: x.traceID,
+		route: x.a.rt.name, outcome: x.outcome, status: x.status, requestID: x.a.requestID,
+		duration: total, upstream: x.upstream, key: x.a.hashedKey, original: x.original,
+		late: x.late, detail: x.detail, traceID: x.a.traceID,
 	}
-	line.log(x.h.log, level)
+	line.log(x.a.h.log, level)
 }

@@ -75,12 +75,12 @@ var (
 
 // own forwards the request as the claim's owner and settles the claim.
 func (x *exchange) own(rec *claim.Record, body []byte, forwarding *slot) {
-	h := x.h
+	h := x.a.h
 	g := newGate(x.w)
 	x.w = g // every answer of the owner goes through the gate
 	defer g.seal()
 	o := &owner{x: x, rec: rec, body: body, gate: g, forwarding: forwarding}
-	lease := x.rt.settings.Lease
+	lease := x.a.rt.settings.Lease
 	o.renewer = time.AfterFunc(lease/3, o.renew)
 	defer o.settle(nil) // stops renewal if nothing settled (a panic)
 
@@ -128,7 +128,7 @@ func (x *exchange) own(rec *claim.Record, body []byte, forwarding *slot) {
 	}
 	if closed { // the client got 504: this was a late call, holding a slot
 		x.status = http.StatusGatewayTimeout
-		h.late.give(x.principal)
+		h.late.give(x.a.principal)
 		h.metrics.lateCalls.Dec()
 		o.lateSettled()
 	}
@@ -147,23 +147,23 @@ func (o *owner) waitStream() {
 // running for its late answer, when a late-call slot is free; otherwise it
 // cancels the call, whose outcome is then unknown.
 func (o *owner) clientTimedOut() {
-	x, h := o.x, o.x.h
-	if ok, refused := h.late.take(x.principal); !ok {
-		h.metrics.lateRefused.WithLabelValues(x.rt.name, refused).Inc()
-		x.log().Warn("late call refused: upstream call cancelled at upstream.timeout, unknown_outcome applies",
-			"route", x.rt.name, "reason", refused, "key", x.hashedKey, "request_id", x.requestID)
+	x, h := o.x, o.x.a.h
+	if ok, refused := h.late.take(x.a.principal); !ok {
+		h.metrics.lateRefused.WithLabelValues(x.a.rt.name, refused).Inc()
+		x.a.log().Warn("late call refused: upstream call cancelled at upstream.timeout, unknown_outcome applies",
+			"route", x.a.rt.name, "reason", refused, "key", x.a.hashedKey, "request_id", x.a.requestID)
 		o.cancel(errLateCap)
 		return
 	}
 	p := probUpstreamTimeout.with(fmt.Sprintf("no answer within %s; the request is still running upstream and its answer will be stored: retry with the same key to get it", h.upstreamTimeout))
-	p.retryAfter = x.rt.settings.Lease
+	p.retryAfter = x.a.rt.settings.Lease
 	answered := o.gate.close(func(w http.ResponseWriter) {
 		h.metrics.lateCalls.Inc()
 		w.Header().Set("Connection", "close") // this handler stays busy
-		h.writeProblem(w, p, x.requestID, x.rt.settings.Problems)
+		h.writeProblem(w, p, x.a.requestID, x.a.rt.settings.Problems)
 	})
 	if !answered { // the answer is already on its way
-		h.late.give(x.principal)
+		h.late.give(x.a.principal)
 		return
 	}
 	x.answeredTimeout(p.Detail)
@@ -196,24 +196,24 @@ func (o *owner) lateSettled() {
 		result = lateUnstored
 	}
 	x.late = true
-	x.h.metrics.lateAnswers.WithLabelValues(x.rt.name, result).Inc()
+	x.a.h.metrics.lateAnswers.WithLabelValues(x.a.rt.name, result).Inc()
 	level := slog.LevelInfo
 	if result != lateStored && result != lateReleased {
 		level = slog.LevelWarn
 	}
-	x.log().Log(context.Background(), level, "late answer", "route", x.rt.name, "result", result,
-		"key", x.hashedKey, "request_id", x.requestID, "upstream", time.Since(o.sent), "outcome", x.outcome)
-	if x.span != nil && x.h.tracing != nil {
+	x.a.log().Log(context.Background(), level, "late answer", "route", x.a.rt.name, "result", result,
+		"key", x.a.hashedKey, "request_id", x.a.requestID, "upstream", time.Since(o.sent), "outcome", x.outcome)
+	if x.span != nil && x.a.h.tracing != nil {
 		// A second event, linked to the request's span, which ended when
 		// its client was answered 504.
-		_, sp := x.h.tracing.tracer.Start(context.Background(), "late answer",
+		_, sp := x.a.h.tracing.tracer.Start(context.Background(), "late answer",
 			trace.WithLinks(trace.Link{SpanContext: x.span.SpanContext(), Attributes: []attribute.KeyValue{attribute.String("idemproxy.link", "timed_out_request")}}),
 			trace.WithTimestamp(o.sent),
 			trace.WithAttributes(
-				attribute.String("idemproxy.route", x.rt.name),
+				attribute.String("idemproxy.route", x.a.rt.name),
 				attribute.String("idemproxy.late_result", result),
 				attribute.String("idemproxy.outcome", x.outcome),
-				attribute.String("idemproxy.key", x.hashedKey),
+				attribute.String("idemproxy.key", x.a.hashedKey),
 			))
 		if result != lateStored && result != lateReleased {
 			sp.SetStatus(codes.Error, result)
@@ -230,23 +230,23 @@ func (o *owner) renew() {
 		return
 	}
 	x := o.x
-	lease := x.rt.settings.Lease
+	lease := x.a.rt.settings.Lease
 	ctx, cancel := context.WithTimeout(context.Background(), lease/3)
 	defer cancel()
-	err := x.storeOp(ctx, "renew", func(ctx context.Context) error { return x.h.store.Renew(ctx, x.hashedKey, o.rec, lease) })
+	err := x.a.storeOp(ctx, "renew", func(ctx context.Context) error { return x.a.h.store.Renew(ctx, x.a.hashedKey, o.rec, lease) })
 	switch {
 	case err == nil:
-		x.h.metrics.renewals.WithLabelValues("ok").Inc()
+		x.a.h.metrics.renewals.WithLabelValues("ok").Inc()
 	case errors.Is(err, claim.ErrLeaseLost):
 		// Keep forwarding: the upstream call is under way and cannot be
 		// taken back. Completion is fenced and will say what happened.
-		x.h.metrics.renewals.WithLabelValues("lost").Inc()
-		x.log().Error("lease lost while the upstream runs", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
+		x.a.h.metrics.renewals.WithLabelValues("lost").Inc()
+		x.a.log().Error("lease lost while the upstream runs", "route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID)
 		return
 	default:
-		x.h.metrics.renewals.WithLabelValues("error").Inc()
-		x.h.storeError("renew")
-		x.log().Warn("lease renewal failed", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
+		x.a.h.metrics.renewals.WithLabelValues("error").Inc()
+		x.a.h.storeError("renew")
+		x.a.log().Warn("lease renewal failed", "route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID, "err", err)
 	}
 	o.renewer.Reset(lease / 3)
 }
@@ -260,19 +260,19 @@ func (o *owner) renew() {
 // the handler's, so it reads only what is fixed once the request was
 // forwarded.
 func (x *exchange) answeredTimeout(detail string) {
-	total := time.Since(x.start)
-	x.h.metrics.requests.WithLabelValues(x.rt.name, outcomeUpstreamTimeout).Inc()
-	line := requestLine{route: x.rt.name, outcome: outcomeUpstreamTimeout, status: http.StatusGatewayTimeout,
-		requestID: x.requestID, duration: total, key: x.hashedKey, detail: detail, traceID: x.traceID}
-	if x.h.log.Enabled(context.Background(), slog.LevelInfo) {
-		line.log(x.h.log, slog.LevelInfo)
+	total := time.Since(x.a.start)
+	x.a.h.metrics.requests.WithLabelValues(x.a.rt.name, outcomeUpstreamTimeout).Inc()
+	line := requestLine{route: x.a.rt.name, outcome: outcomeUpstreamTimeout, status: http.StatusGatewayTimeout,
+		requestID: x.a.requestID, duration: total, key: x.a.hashedKey, detail: detail, traceID: x.a.traceID}
+	if x.a.h.log.Enabled(context.Background(), slog.LevelInfo) {
+		line.log(x.a.h.log, slog.LevelInfo)
 	}
 	if x.span != nil {
 		x.span.SetAttributes(
 			attribute.String("idemproxy.outcome", outcomeUpstreamTimeout),
 			semconv.HTTPResponseStatusCode(http.StatusGatewayTimeout),
 			semconv.ErrorTypeKey.String("504"),
-			attribute.String("idemproxy.key", x.hashedKey),
+			attribute.String("idemproxy.key", x.a.hashedKey),
 		)
 		x.span.SetStatus(codes.Error, outcomeUpstreamTimeout)
 		x.span.End()

@@ -165,7 +165,7 @@ func (x *exchange) giveBack() {
 	}
 	for _, buf := range [...][]byte{x.reqBuf, x.respBuf, x.inflated} {
 		if buf != nil {
-			x.h.buffers.give(x.principal, cap(buf))
+			x.a.h.buffers.give(x.a.principal, cap(buf))
 			putBody(buf)
 		}
 	}

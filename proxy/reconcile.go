@@ -204,12 +204,12 @@ func (a *attempt) storeFound(existing, taker *claim.Record, ans lookupAnswer) (r
 // absent answer is too early for the owner (its own call just ended): the
 // key is left outcome-unknown, and the client is told when to ask again.
 func (x *exchange) ownerReconciles(o *owner, timeout bool) *reply {
-	s := &x.rt.settings
+	s := &x.a.rt.settings
 	rc := s.Reconcile
-	ans := x.ask()
+	ans := x.a.ask()
 	switch ans.result {
 	case lookupFound:
-		found := x.foundRecord(o.rec, o.rec, ans)
+		found := x.a.foundRecord(o.rec, o.rec, ans)
 		o.settle(func() verdict {
 			v := o.complete(found)
 			if v.outcome == outcomeStored {
@@ -218,23 +218,23 @@ func (x *exchange) ownerReconciles(o *owner, timeout bool) *reply {
 			}
 			return v
 		})
-		x.reconciled(lookupFound, o.rec, "")
+		x.a.reconciled(lookupFound, o.rec, "")
 		return &reply{record: found}
 	case lookupAbsent:
 		if s.Unknown != Fail {
-			x.reconciled(lookupTooEarly, o.rec, "")
+			x.a.reconciled(lookupTooEarly, o.rec, "")
 			return nil // keep holds the claim one lease, release frees it: as without reconcile
 		}
-		unknown := x.h.outcomeUnknownRecord(o.rec, o.rec.Token, x.h.now(), timeout, s.Problems, true, x.claimSetAt)
+		unknown := x.a.h.outcomeUnknownRecord(o.rec, o.rec.Token, x.a.h.now(), timeout, s.Problems, true, x.a.claimSetAt)
 		o.settle(func() verdict {
 			v := o.complete(unknown)
 			v.detail = x.unknown + "; the reconcile lookup said absent before absent_after: outcome-unknown stored, a retry asks again"
 			return v
 		})
-		x.reconciled(lookupTooEarly, o.rec, "")
-		return x.tooEarly(&claim.TooEarlyError{Left: rc.AbsentAfter + absentMargin(s) - time.Since(x.claimedAt)})
+		x.a.reconciled(lookupTooEarly, o.rec, "")
+		return x.a.tooEarly(&claim.TooEarlyError{Left: rc.AbsentAfter + absentMargin(s) - time.Since(x.a.claimedAt)})
 	}
-	x.reconciled(lookupUnresolved, o.rec, ans.why)
+	x.a.reconciled(lookupUnresolved, o.rec, ans.why)
 	return nil
 }
 

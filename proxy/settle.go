@@ -52,15 +52,15 @@ func settleCtx() (context.Context, context.CancelFunc) {
 // release frees the key so a retry executes.
 func (o *owner) release(why string) verdict {
 	x := o.x
-	err := x.detached("release", func(ctx context.Context) error { return x.h.store.Release(ctx, x.hashedKey, o.rec.Token) })
+	err := x.a.detached("release", func(ctx context.Context) error { return x.a.h.store.Release(ctx, x.a.hashedKey, o.rec.Token) })
 	switch {
 	case errors.Is(err, claim.ErrLeaseLost):
 		return verdict{outcomeFenceLost, why + "; the key was already held by another owner, left alone"}
 	case err != nil:
 		// Retries get 409 until the cleanup deletes the claim, once the
 		// store answers (or it lapses). Nothing executed twice.
-		x.h.storeError("release")
-		x.h.unconfirmed.releaseFailed(x.rt.name, x.hashedKey, o.rec, x.claimedAt, x.rt.settings.Lease, err)
+		x.a.h.storeError("release")
+		x.a.h.unconfirmed.releaseFailed(x.a.rt.name, x.a.hashedKey, o.rec, x.a.claimedAt, x.a.rt.settings.Lease, err)
 		return verdict{outcomeReleased, why + "; release failed, the claim is deleted once the store answers: " + err.Error()}
 	}
 	return verdict{outcomeReleased, why}
@@ -70,9 +70,11 @@ func (o *owner) release(why string) verdict {
 // a retry does not execute while the first attempt may still be landing.
 func (o *owner) keep(why string) verdict {
 	x := o.x
-	err := x.detached("renew", func(ctx context.Context) error { return x.h.store.Renew(ctx, x.hashedKey, o.rec, x.rt.settings.Lease) })
+	err := x.a.detached("renew", func(ctx context.Context) error {
+		return x.a.h.store.Renew(ctx, x.a.hashedKey, o.rec, x.a.rt.settings.Lease)
+	})
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
-		x.h.storeError("renew")
+		x.a.h.storeError("renew")
 	}
 	return verdict{outcomeClaimed, why + "; claim kept for one lease"}
 }
@@ -82,14 +84,14 @@ func (o *owner) keep(why string) verdict {
 // stored. It is counted and logged, and the client is answered anyway.
 func (o *owner) complete(rec *claim.Record) verdict {
 	x := o.x
-	retention := x.rt.settings.Retention
+	retention := x.a.rt.settings.Retention
 	var how claim.Completion
-	err := x.retried("complete", func(ctx context.Context) (err error) {
-		how, err = x.h.store.Complete(ctx, x.hashedKey, rec, retention)
+	err := x.a.retried("complete", func(ctx context.Context) (err error) {
+		how, err = x.a.h.store.Complete(ctx, x.a.hashedKey, rec, retention)
 		return err
 	})
 	if err == nil {
-		x.h.metrics.storedBytes.Observe(float64(len(rec.Body)))
+		x.a.h.metrics.storedBytes.Observe(float64(len(rec.Body)))
 		if how == claim.StoredAfterLapse {
 			return verdict{outcomeStored, "stored after the lease had lapsed; nobody had claimed the key since"}
 		}
@@ -111,9 +113,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	x := o.x
 	dropOwnHeaders(resp.Header)
 	x.upstream = time.Since(o.sent)
-	h.metrics.upstream.WithLabelValues(x.rt.name).Observe(x.upstream.Seconds())
+	h.metrics.upstream.WithLabelValues(x.a.rt.name).Observe(x.upstream.Seconds())
 	x.status = resp.StatusCode
-	if x.rt.releaseOn[resp.StatusCode] {
+	if x.a.rt.releaseOn[resp.StatusCode] {
 		o.settle(func() verdict {
 			return o.release(fmt.Sprintf("upstream answered %d, which is in release_on", resp.StatusCode))
 		})
@@ -122,7 +124,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	if x.repeatable() {
 		defer resp.Header.Set(repeatabilityResult, "accepted") // executed; after the head is stored, never stored itself
 	}
-	if h.streams && x.rt.settings.Stream && isStream(resp) && o.startStream(resp) {
+	if h.streams && x.a.rt.settings.Stream && isStream(resp) && o.startStream(resp) {
 		return nil
 	}
 	return o.storeAnswer(resp)
@@ -133,14 +135,14 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 // its body omitted when the answer is larger (then the client still gets
 // all of it). The client's copy reads the buffer, lent.
 func (o *owner) storeAnswer(resp *http.Response) error {
-	x, h := o.x, o.x.h
-	limit := x.rt.settings.MaxResponseBody
+	x, h := o.x, o.x.a.h
+	limit := x.a.rt.settings.MaxResponseBody
 	expected := resp.ContentLength
 	if expected > limit {
 		expected = limit + 1
 	}
-	force := func(n int) error { h.buffers.force(x.principal, n); return nil }
-	give := func(n int) { h.buffers.give(x.principal, n) }
+	force := func(n int) error { h.buffers.force(x.a.principal, n); return nil }
+	give := func(n int) { h.buffers.give(x.a.principal, n) }
 	buf, err := readAll(io.LimitReader(resp.Body, limit+1), expected, force, give)
 	x.respBuf = buf
 	if err != nil {
@@ -149,9 +151,9 @@ func (o *owner) storeAnswer(resp *http.Response) error {
 		// unknown_outcome.
 		return fmt.Errorf("read upstream response body: %w", err)
 	}
-	rec := settledRecord(o.rec, o.rec.Token, claim.Completed, resp.StatusCode, storedHeader(x.rt, resp.Header), x.h.now())
-	if x.rt.settings.AdvertiseRetention {
-		resp.Header.Set(retentionHeader, retentionSeconds(x.rt.settings.Retention))
+	rec := settledRecord(o.rec, o.rec.Token, claim.Completed, resp.StatusCode, storedHeader(x.a.rt, resp.Header), x.a.h.now())
+	if x.a.rt.settings.AdvertiseRetention {
+		resp.Header.Set(retentionHeader, retentionSeconds(x.a.rt.settings.Retention))
 	}
 	// max_response_body caps the whole stored response, headers included:
 	// an upstream answering with megabytes of headers cannot fill Redis.
@@ -235,7 +237,7 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 // answer to, and is the reply its client gets: the outcome decided by the
 // settlement.
 func (o *owner) failed(r *http.Request, err error) *reply {
-	x, h := o.x, o.x.h
+	x, h := o.x, o.x.a.h
 	if x.upstream == 0 {
 		x.upstream = time.Since(o.sent)
 	}
@@ -254,9 +256,9 @@ func (o *owner) failed(r *http.Request, err error) *reply {
 	}
 	x.unknown = "outcome unknown: " + err.Error()
 	timeout := isTimeout(err) || errors.Is(err, errLateCap) || errors.Is(err, errAbandoned)
-	policy := x.rt.settings.Unknown
-	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy.String()).Inc()
-	reconcile := x.rt.settings.Reconcile != nil
+	policy := x.a.rt.settings.Unknown
+	h.metrics.unknownOutcomes.WithLabelValues(x.a.rt.name, policy.String()).Inc()
+	reconcile := x.a.rt.settings.Reconcile != nil
 	if reconcile {
 		if rep := x.ownerReconciles(o, timeout); rep != nil {
 			return rep
@@ -264,7 +266,7 @@ func (o *owner) failed(r *http.Request, err error) *reply {
 	}
 	switch policy {
 	case Fail:
-		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, h.now(), timeout, x.rt.settings.Problems, reconcile, x.claimSetAt)
+		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, h.now(), timeout, x.a.rt.settings.Problems, reconcile, x.a.claimSetAt)
 		o.settle(func() verdict {
 			v := o.complete(rec)
 			if v.outcome == outcomeStored {

@@ -127,8 +127,8 @@ const streamTakeover = 10 * time.Millisecond
 // alone are over max_response_body).
 func (o *owner) startStream(resp *http.Response) bool {
 	x := o.x
-	s := &x.rt.settings
-	head := settledRecord(o.rec, o.rec.Token, claim.Streamed, resp.StatusCode, storedHeader(x.rt, resp.Header), time.Time{})
+	s := &x.a.rt.settings
+	head := settledRecord(o.rec, o.rec.Token, claim.Streamed, resp.StatusCode, storedHeader(x.a.rt, resp.Header), time.Time{})
 	if headerSize(head.Header) > s.MaxResponseBody {
 		return false
 	}
@@ -136,8 +136,8 @@ func (o *owner) startStream(resp *http.Response) bool {
 		resp.Header.Set(retentionHeader, retentionSeconds(s.Retention))
 	}
 	var at int
-	err := x.retried("stream_start", func(ctx context.Context) (err error) {
-		at, err = x.h.store.StreamStart(ctx, x.hashedKey, head, s.Retention, s.Lease)
+	err := x.a.retried("stream_start", func(ctx context.Context) (err error) {
+		at, err = x.a.h.store.StreamStart(ctx, x.a.hashedKey, head, s.Retention, s.Lease)
 		return err
 	})
 	if err != nil {
@@ -153,7 +153,7 @@ func (o *owner) startStream(resp *http.Response) bool {
 		return true
 	}
 	o.settle(func() verdict { return verdict{outcome: outcomeStored, detail: detailStreamed} })
-	p := &streamPump{o: o, body: resp.Body, at: at, start: x.start, lastWrite: time.Now(),
+	p := &streamPump{o: o, body: resp.Body, at: at, start: x.a.start, lastWrite: time.Now(),
 		done: make(chan struct{}), rc: http.NewResponseController(x.w)}
 	p.cond = sync.NewCond(&p.mu)
 	if s.StreamFlushInterval > 0 {
@@ -180,13 +180,13 @@ const streamReadBuf = 32 << 10
 // gives n back.
 func (p *streamPump) hold(n int) {
 	if n > 0 {
-		p.o.x.h.buffers.force(p.o.x.principal, n)
+		p.o.x.a.h.buffers.force(p.o.x.a.principal, n)
 	}
 }
 
 func (p *streamPump) release(n int) {
 	if n > 0 {
-		p.o.x.h.buffers.give(p.o.x.principal, n)
+		p.o.x.a.h.buffers.give(p.o.x.a.principal, n)
 	}
 }
 
@@ -256,7 +256,7 @@ func (p *streamPump) renewDue() {
 	if p.ended {
 		return
 	}
-	third := p.o.x.rt.settings.Lease / 3
+	third := p.o.x.a.rt.settings.Lease / 3
 	if wait := time.Until(p.lastWrite.Add(third)); wait > 0 {
 		p.renew.Reset(wait)
 		return
@@ -274,11 +274,11 @@ func (p *streamPump) renewDue() {
 // the first client's stream goes on.
 func (p *streamPump) append(chunk []byte) bool {
 	x := p.o.x
-	s := &x.rt.settings
+	s := &x.a.rt.settings
 	if !p.tooBig && p.stored+int64(len(chunk)) > s.MaxResponseBody {
 		p.tooBig = true
-		_ = x.detached("stream_end", func(ctx context.Context) error {
-			return x.h.store.StreamFinish(ctx, x.hashedKey, p.o.rec.Token, claim.StreamTooLarge, -1)
+		_ = x.a.detached("stream_end", func(ctx context.Context) error {
+			return x.a.h.store.StreamFinish(ctx, x.a.hashedKey, p.o.rec.Token, claim.StreamTooLarge, -1)
 		})
 		x.detail = "streamed past max_response_body: the record is not replayable, the first client's stream went on"
 	}
@@ -287,25 +287,25 @@ func (p *streamPump) append(chunk []byte) bool {
 		return true
 	}
 	from := p.at
-	err := x.retried("stream_append", func(ctx context.Context) error {
-		n, err := x.h.store.StreamAppend(ctx, x.hashedKey, p.o.rec.Token, p.at, chunk, s.Lease)
+	err := x.a.retried("stream_append", func(ctx context.Context) error {
+		n, err := x.a.h.store.StreamAppend(ctx, x.a.hashedKey, p.o.rec.Token, p.at, chunk, s.Lease)
 		if err == nil {
 			p.at = n
 		}
 		return err
 	})
 	if err != nil {
-		x.log().Warn("stream chunk not stored: the stream ends here for every reader", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
+		x.a.log().Warn("stream chunk not stored: the stream ends here for every reader", "route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID, "err", err)
 		x.detail = "a chunk could not be stored, so it was never sent: the stream ended abnormally: " + err.Error()
 		return false
 	}
 	p.lastWrite = time.Now()
 	if len(chunk) > 0 {
 		p.stored += int64(len(chunk))
-		x.h.metrics.streamChunks.WithLabelValues(x.rt.name).Inc()
+		x.a.h.metrics.streamChunks.WithLabelValues(x.a.rt.name).Inc()
 		if !p.first {
 			p.first = true
-			x.h.metrics.streamFirstByte.WithLabelValues(x.rt.name).Observe(time.Since(p.start).Seconds())
+			x.a.h.metrics.streamFirstByte.WithLabelValues(x.a.rt.name).Observe(time.Since(p.start).Seconds())
 		}
 	}
 	p.hand(chunk, from, p.at)
@@ -338,7 +338,7 @@ func (p *streamPump) hand(chunk []byte, from, to int) {
 			p.lagging, p.lagFrom = true, from
 			if !p.lagged { // a client, counted once however often it falls behind
 				p.lagged = true
-				p.o.x.h.metrics.streamLagging.WithLabelValues(p.o.x.rt.name).Inc()
+				p.o.x.a.h.metrics.streamLagging.WithLabelValues(p.o.x.a.rt.name).Inc()
 			}
 		}
 		p.release(len(chunk)) // the client reads it from the store
@@ -362,14 +362,14 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 		if how == claim.StreamEnded {
 			at = p.at
 		}
-		err := x.retried("stream_end", func(ctx context.Context) error {
-			return x.h.store.StreamFinish(ctx, x.hashedKey, p.o.rec.Token, how, at)
+		err := x.a.retried("stream_end", func(ctx context.Context) error {
+			return x.a.h.store.StreamFinish(ctx, x.a.hashedKey, p.o.rec.Token, how, at)
 		})
 		if err != nil && how == claim.StreamEnded {
 			clientErr = errStreamAborted
 			x.detail = "the stream's end could not be recorded; it ends abnormally for every reader: " + err.Error()
 		}
-		x.h.metrics.storedBytes.Observe(float64(p.stored))
+		x.a.h.metrics.storedBytes.Observe(float64(p.stored))
 	}
 	if clientErr != io.EOF {
 		// The request line says why (it said "streamed" since the head was
@@ -380,8 +380,8 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 				x.detail = x.unknown
 			}
 		}
-		x.log().Warn("stream broke off: every reader gets the stored prefix and an abnormal end; nothing executes again",
-			"route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "cause", x.detail, "stored_bytes", p.stored)
+		x.a.log().Warn("stream broke off: every reader gets the stored prefix and an abnormal end; nothing executes again",
+			"route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID, "cause", x.detail, "stored_bytes", p.stored)
 	}
 	end := "ended"
 	switch {
@@ -390,7 +390,7 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 	case clientErr != io.EOF:
 		end = "aborted"
 	}
-	x.h.metrics.streamEnds.WithLabelValues(x.rt.name, end).Inc()
+	x.a.h.metrics.streamEnds.WithLabelValues(x.a.rt.name, end).Inc()
 	_ = p.body.Close()
 	if p.coalesce != nil {
 		p.coalesce.stop()
@@ -437,7 +437,7 @@ func (p *streamPump) Read(b []byte) (int, error) {
 			p.cond.Broadcast()
 			// The client must take this within client.write_timeout, or it
 			// is cut (the stream goes on, stored, for the retries).
-			_ = p.rc.SetWriteDeadline(time.Now().Add(time.Duration(p.o.x.h.writeTimeout.Load())))
+			_ = p.rc.SetWriteDeadline(time.Now().Add(time.Duration(p.o.x.a.h.writeTimeout.Load())))
 			if !p.outDone {
 				p.takeover.Reset(streamTakeover)
 			}
@@ -466,13 +466,13 @@ func (p *streamPump) readBack() error {
 	from := p.lagFrom
 	p.mu.Unlock()
 	var part claim.StreamPart
-	err := x.storeOp(x.r.Context(), "stream_read", func(ctx context.Context) (err error) {
-		part, err = x.h.store.StreamRead(ctx, x.hashedKey, from, streamReadMax)
+	err := x.a.storeOp(x.r.Context(), "stream_read", func(ctx context.Context) (err error) {
+		part, err = x.a.h.store.StreamRead(ctx, x.a.hashedKey, from, streamReadMax)
 		return err
 	})
 	p.mu.Lock()
 	if err != nil {
-		x.log().Warn("a lagging stream client cut: the stream could not be read back", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
+		x.a.log().Warn("a lagging stream client cut: the stream could not be read back", "route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID, "err", err)
 		return errStreamAborted
 	}
 	p.lagFrom = part.Next
@@ -566,7 +566,7 @@ func (a *attempt) streamTooLong() *reply {
 // chunked body is closed without its last chunk).
 func (x *exchange) follow(rec *claim.Record) {
 	if rec.StreamEnd == claim.StreamRunning {
-		defer x.h.streamReaders.give(x.hashedKey, x.principal)
+		defer x.a.h.streamReaders.give(x.a.hashedKey, x.a.principal)
 	}
 	stored := int64(len(rec.Body))
 	if at, id, ok := resumeFrom(x.r, rec, rec.Body); ok {
@@ -581,7 +581,7 @@ func (x *exchange) follow(rec *claim.Record) {
 	_ = rc.Flush()
 	end := rec.StreamEnd
 	if end == claim.StreamRunning {
-		end = x.followLive(rc, rec.StreamLen, stored, x.followDeadline(rec))
+		end = x.followLive(rc, rec.StreamLen, stored, x.a.followDeadline(rec))
 	}
 	if end == claim.StreamEnded {
 		return
@@ -641,7 +641,7 @@ func (a *attempt) followDeadline(rec *claim.Record) time.Time {
 // claim.StreamAborted); it returns how.
 func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64, deadline time.Time) claim.StreamEnd {
 	ctx := x.r.Context()
-	watch := x.h.store.Watch(ctx, x.hashedKey)
+	watch := x.a.h.store.Watch(ctx, x.a.hashedKey)
 	defer watch.Stop()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -653,23 +653,23 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64,
 		case <-ctx.Done():
 			return streamClientGone
 		case <-cut.C:
-			x.log().Warn("stream follower cut: the stream ran past upstream.timeout + late_answer_window", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID)
+			x.a.log().Warn("stream follower cut: the stream ran past upstream.timeout + late_answer_window", "route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID)
 			return claim.StreamAborted
 		case <-watch.C():
-			x.h.metrics.wakeupNotify.Inc()
+			x.a.h.metrics.wakeupNotify.Inc()
 		case <-timer.C:
 			if looked {
-				x.h.metrics.wakeupPoll.Inc()
+				x.a.h.metrics.wakeupPoll.Inc()
 			}
 		}
 		looked = true
-		part, err := x.readStream(ctx, at)
+		part, err := x.a.readStream(ctx, at)
 		if err != nil {
 			if ctx.Err() != nil {
 				return streamClientGone
 			}
 			if failures++; failures > len(storeRetryWaits) || !errors.Is(err, claim.ErrUnavailable) {
-				x.log().Warn("stream follower cut: the stream could not be read", "route", x.rt.name, "key", x.hashedKey, "request_id", x.requestID, "err", err)
+				x.a.log().Warn("stream follower cut: the stream could not be read", "route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID, "err", err)
 				return claim.StreamAborted
 			}
 			timer.Reset(100 * time.Millisecond)
@@ -679,10 +679,10 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64,
 		if !counted && (part.End == claim.StreamRunning || at < part.Len) {
 			// Attached: the stream still ran (or grew) when first read.
 			counted = true
-			x.h.metrics.streamAttached.WithLabelValues(x.rt.name).Inc()
+			x.a.h.metrics.streamAttached.WithLabelValues(x.a.rt.name).Inc()
 		}
-		if stored += int64(len(part.Data)); stored > x.rt.settings.MaxResponseBody {
-			return x.followerTooLong()
+		if stored += int64(len(part.Data)); stored > x.a.rt.settings.MaxResponseBody {
+			return x.a.followerTooLong()
 		}
 		if err := x.writeAnswer(rc, part.Data); err != nil {
 			return streamClientGone
