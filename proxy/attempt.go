@@ -33,18 +33,12 @@ type attempt struct {
 	// idemKey is the idempotency key as the client sent it: never logged,
 	// only sent to the upstream (a reconcile lookup).
 	idemKey string
-	// claimSetAt is when this attempt's claim ran on the store's clock, as
-	// the claim's own round trip read it; zero when not read.
-	claimSetAt time.Time
 	// claimedAt is when the current claim was sent, on this process'
 	// monotonic clock (its record's Created is the same moment on the wall
 	// clock, for other processes); forwardBy is when the claim stops being
 	// one its owner may act on (claim.ConfirmWindow after it was sent):
 	// nothing is forwarded after it.
 	claimedAt, forwardBy time.Time
-	// reconcileResult is the last reconcile lookup's result; empty when
-	// none was made.
-	reconcileResult string
 	// firstSent is when the request was first sent, when hasFirstSent
 	// (firstsent.go).
 	firstSent    time.Time
@@ -120,11 +114,11 @@ func (a *attempt) newClaim(fp claim.Fingerprint) *claim.Record {
 // already there: waiting for a first attempt in progress (concurrent:
 // wait), settling an orphan, reconciling, or replaying, 409 or 422. A key
 // freed while waiting, or an orphan that changed under us, is claimed
-// again. It returns the forwarding slot when this attempt owns the key
-// (the caller forwards, then gives the slot back), else the reply
+// again. It returns the claim this attempt holds when it owns the key
+// (the caller forwards, then gives its slot back), else the reply
 // decided. authorize, when set, is asked once before anything about a key
 // someone else holds is told.
-func (a *attempt) ownOrAnswer(rec *claim.Record, body []byte, authorize func() *reply) (*slot, *reply) {
+func (a *attempt) ownOrAnswer(rec *claim.Record, body []byte, authorize func() *reply) (*holding, *reply) {
 	var waitUntil time.Time
 	if s := &a.rt.settings; s.Wait {
 		waitUntil = a.start.Add(s.MaxWait)
@@ -167,11 +161,10 @@ func (a *attempt) ownOrAnswer(rec *claim.Record, body []byte, authorize func() *
 	}
 }
 
-// owned is a claim this attempt made (res): the slot to forward in, or
-// the reply when the request is refused before it (first sent too long
-// ago, or the route's max_in_flight reached).
-func (a *attempt) owned(res claim.Result, rec *claim.Record) (*slot, *reply) {
-	a.claimSetAt = res.SetAt()
+// owned is a claim this attempt made (res): the claim it holds, with the
+// slot to forward in, or the reply when the request is refused before it
+// (first sent too long ago, or the route's max_in_flight reached).
+func (a *attempt) owned(res claim.Result, rec *claim.Record) (*holding, *reply) {
 	if rep := a.refuseUnrecorded(rec); rep != nil {
 		return nil, rep
 	}
@@ -179,7 +172,7 @@ func (a *attempt) owned(res claim.Result, rec *claim.Record) (*slot, *reply) {
 	if sl == nil {
 		return nil, a.shed(rec, refused)
 	}
-	return sl, nil
+	return &holding{a: a, rec: rec, slot: sl, setAt: res.SetAt()}, nil
 }
 
 // fromExisting answers from the record res found under the key (rec is
@@ -199,7 +192,8 @@ func (a *attempt) fromExisting(res claim.Result, rec *claim.Record, waitUntil ti
 			return nil, true // released or lapsed: claim it ourselves
 		}
 	}
-	since, reconcile := a.reconcilable(existing, rec, ttl)
+	r := &reconciling{a: a}
+	since, reconcile := r.reconcilable(existing, rec, ttl)
 	if reconcile {
 		// Seen orphaned on this sidecar's own clock from now on: freeAbsent
 		// counts absent_after from then too (orphans).
@@ -209,7 +203,7 @@ func (a *attempt) fromExisting(res claim.Result, rec *claim.Record, waitUntil ti
 		return rep, false
 	}
 	if reconcile && settle {
-		rep := a.reconcileExisting(existing, rec, since)
+		rep, _ := r.reconcileExisting(existing, rec, since)
 		return rep, rep == nil // nil: freed, or changed under us
 	}
 	if a.h.codec.SameRequest(existing, rec.Fingerprint) && existing.Orphaned(ttl) && settle {

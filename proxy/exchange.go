@@ -91,12 +91,12 @@ func (x *exchange) decide() *reply {
 		}
 	}
 	rec := x.a.newClaim(fp)
-	sl, rep := x.a.ownOrAnswer(rec, in.body, x.authorize)
-	if sl == nil {
+	held, rep := x.a.ownOrAnswer(rec, in.body, x.authorize)
+	if held == nil {
 		return rep
 	}
-	defer sl.give()
-	x.own(rec, in.body, sl)
+	defer held.slot.give()
+	x.own(held, in.body)
 	return nil
 }
 

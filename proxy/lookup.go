@@ -227,7 +227,8 @@ const (
 var reconcileResults = []string{lookupFound, lookupAbsent, lookupTooEarly, lookupUnresolved}
 
 // ask is one lookup for this exchange's key, traced.
-func (a *attempt) ask() lookupAnswer {
+func (r *reconciling) ask() lookupAnswer {
+	a := r.a
 	start := time.Now()
 	ans := a.h.lookup(context.WithoutCancel(a.ctx), a.rt, a.principal, a.idemKey, a.rt.settings.MaxResponseBody)
 	if a.seen != nil {

@@ -23,8 +23,10 @@ import (
 // owner is the state of a request that holds the claim, shared between
 // the exchange and the ReverseProxy hooks through the request context.
 type owner struct {
-	x    *exchange
-	rec  *claim.Record
+	x   *exchange
+	rec *claim.Record
+	// held is the claim, renewed and settled on the attempt's side.
+	held *holding
 	body []byte
 	// copied is the forwarded copy of a small body (forwardBody), nil for
 	// a lent one.
@@ -51,7 +53,10 @@ type owner struct {
 	// renewal never runs after the record was completed or released.
 	mu      sync.Mutex
 	settled bool
-	renewer *time.Timer
+	// settledBy is the reply the claim was settled with (settle); nil
+	// until then.
+	settledBy *reply
+	renewer   *time.Timer
 }
 
 type ownerKey struct{}
@@ -74,12 +79,12 @@ var (
 )
 
 // own forwards the request as the claim's owner and settles the claim.
-func (x *exchange) own(rec *claim.Record, body []byte, forwarding *slot) {
+func (x *exchange) own(held *holding, body []byte) {
 	h := x.a.h
 	g := newGate(x.w)
 	x.w = g // every answer of the owner goes through the gate
 	defer g.seal()
-	o := &owner{x: x, rec: rec, body: body, gate: g, forwarding: forwarding}
+	o := &owner{x: x, rec: held.rec, held: held, body: body, gate: g, forwarding: held.slot}
 	lease := x.a.rt.settings.Lease
 	o.renewer = time.AfterFunc(lease/3, o.renew)
 	defer o.settle(nil) // stops renewal if nothing settled (a panic)
@@ -229,26 +234,34 @@ func (o *owner) renew() {
 	if o.settled {
 		return
 	}
-	x := o.x
-	lease := x.a.rt.settings.Lease
+	if o.held.renew() {
+		o.renewer.Reset(o.x.a.rt.settings.Lease / 3)
+	}
+}
+
+// renew extends the claim's lease by one lease, counted and logged; it returns whether renewing again may
+// help (false once the lease was lost to another attempt).
+func (c *holding) renew() bool {
+	a, held := c.a, c.rec
+	lease := a.rt.settings.Lease
 	ctx, cancel := context.WithTimeout(context.Background(), lease/3)
 	defer cancel()
-	err := x.a.storeOp(ctx, "renew", func(ctx context.Context) error { return x.a.h.store.Renew(ctx, x.a.hashedKey, o.rec, lease) })
+	err := a.storeOp(ctx, "renew", func(ctx context.Context) error { return a.h.store.Renew(ctx, a.hashedKey, held, lease) })
 	switch {
 	case err == nil:
-		x.a.h.metrics.renewals.WithLabelValues("ok").Inc()
+		a.h.metrics.renewals.WithLabelValues("ok").Inc()
 	case errors.Is(err, claim.ErrLeaseLost):
 		// Keep forwarding: the upstream call is under way and cannot be
 		// taken back. Completion is fenced and will say what happened.
-		x.a.h.metrics.renewals.WithLabelValues("lost").Inc()
-		x.a.log().Error("lease lost while the upstream runs", "route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID)
-		return
+		a.h.metrics.renewals.WithLabelValues("lost").Inc()
+		a.log().Error("lease lost while the upstream runs", "route", a.rt.name, "key", a.hashedKey, "request_id", a.requestID)
+		return false
 	default:
-		x.a.h.metrics.renewals.WithLabelValues("error").Inc()
-		x.a.h.storeError("renew")
-		x.a.log().Warn("lease renewal failed", "route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID, "err", err)
+		a.h.metrics.renewals.WithLabelValues("error").Inc()
+		a.h.storeError("renew")
+		a.log().Warn("lease renewal failed", "route", a.rt.name, "key", a.hashedKey, "request_id", a.requestID, "err", err)
 	}
-	o.renewer.Reset(lease / 3)
+	return true
 }
 
 // answeredTimeout records the request when its client is answered 504 at

@@ -15,6 +15,17 @@ import (
 	"github.com/idemproxy/idemproxy/claim"
 )
 
+// reconciling is one attempt asking the upstream about its key: the
+// take-over, the lookup, and what its answer settles or frees. It takes
+// the attempt, and returns the lookup's result with the reply it decided
+// (reconcileExisting).
+type reconciling struct {
+	a *attempt
+	// result is the lookup's result so far (reconciled); empty while
+	// none was made.
+	result string
+}
+
 // absentMargin is what an absent answer waits beyond absent_after: the
 // route's lease, more than the confirm window between a claim and its
 // request's sending, and room for a small step of Redis' clock.
@@ -25,7 +36,8 @@ func absentMargin(s *Route) time.Duration { return s.Lease }
 // whose owner vanished (since zero: TakeOver judges from the orphan), or
 // (unknown_outcome: fail) a stored outcome-unknown record (since: its
 // first attempt's claim) not asked about within the lookup's timeout.
-func (a *attempt) reconcilable(existing, rec *claim.Record, ttl time.Duration) (since time.Time, ok bool) {
+func (r *reconciling) reconcilable(existing, rec *claim.Record, ttl time.Duration) (since time.Time, ok bool) {
+	a := r.a
 	rc := a.rt.settings.Reconcile
 	if rc == nil || !a.h.codec.SameRequest(existing, rec.Fingerprint) {
 		return time.Time{}, false
@@ -69,8 +81,17 @@ func storedUnknown(rec *claim.Record) (since time.Time, ok bool) {
 // to claim and execute; too early answers the route's in-progress status
 // with Retry-After; anything else leaves the key answered outcome-unknown,
 // to be asked again by the next retry. It returns the reply decided, nil
-// when the key is free or changed: claim again.
-func (a *attempt) reconcileExisting(existing, rec *claim.Record, since time.Time) *reply {
+// when the key is free or changed: claim again, and the lookup's result
+// (lookupFound, lookupAbsent, lookupTooEarly, lookupUnresolved; or why
+// none was made, empty when the take-over failed).
+func (r *reconciling) reconcileExisting(existing, rec *claim.Record, since time.Time) (*reply, string) {
+	rep := r.run(existing, rec, since)
+	return rep, r.result
+}
+
+// run is reconcileExisting's steps.
+func (r *reconciling) run(existing, rec *claim.Record, since time.Time) *reply {
+	a := r.a
 	s := &a.rt.settings
 	rc := s.Reconcile
 	a.linkTo(existing)
@@ -78,11 +99,11 @@ func (a *attempt) reconcileExisting(existing, rec *claim.Record, since time.Time
 		if left := rc.Timeout - a.h.now().Sub(existing.Completed); left > 0 {
 			// Asked a moment ago: lookups of one key are spaced, at most
 			// one per timeout. The key is being reconciled: in progress.
-			a.reconcileResult = "spaced: asked within reconcile.timeout"
+			r.result = "spaced: asked within reconcile.timeout"
 			return a.inProgress("the upstream was asked about this key a moment ago; retry after the time in Retry-After, with the same key", max(left, time.Second))
 		}
 	}
-	taker := a.taker(rec)
+	taker := r.taker(rec)
 	err := a.detached("take_over", func(ctx context.Context) (err error) {
 		since, err = a.h.store.TakeOver(ctx, a.hashedKey, existing, taker, s.Lease+rc.Timeout, since)
 		return err
@@ -94,11 +115,11 @@ func (a *attempt) reconcileExisting(existing, rec *claim.Record, since time.Time
 		return a.storeFailed("take_over", err, nil)
 	}
 	a.h.liveness.forget(a.hashedKey)
-	ans := a.ask()
+	ans := r.ask()
 	if s.Unknown != Fail && ans.result != lookupFound {
 		// keep and release: a vanished owner's key executes again when
 		// its claim lapses; asked first, it does unless found.
-		a.reconciled(ans.result, existing, ans.why)
+		r.reconciled(ans.result, existing, ans.why)
 		err := a.detached("release", func(ctx context.Context) error { return a.h.store.Release(ctx, a.hashedKey, taker.Token) })
 		if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
 			return a.storeFailed("release", err, nil)
@@ -106,21 +127,21 @@ func (a *attempt) reconcileExisting(existing, rec *claim.Record, since time.Time
 		return nil
 	}
 	if ans.result == lookupAbsent {
-		rep, done, why := a.freeAbsent(existing, taker, since)
+		rep, done, why := r.freeAbsent(existing, taker, since)
 		if done {
 			return rep
 		}
 		ans = lookupAnswer{result: lookupUnresolved, why: why}
 	}
 	if ans.result == lookupFound {
-		rep, done, why := a.storeFound(existing, taker, ans)
+		rep, done, why := r.storeFound(existing, taker, ans)
 		if done {
 			return rep
 		}
 		ans = lookupAnswer{result: lookupUnresolved, why: why}
 	}
-	a.reconciled(lookupUnresolved, existing, ans.why)
-	unknown := a.putBackUnknown(existing, taker, since)
+	r.reconciled(lookupUnresolved, existing, ans.why)
+	unknown := r.putBackUnknown(existing, taker, since)
 	return a.replay(unknown).withDetail("reconcile lookup unresolved (" + ans.why + "): outcome-unknown kept, the next retry asks again")
 }
 
@@ -128,7 +149,8 @@ func (a *attempt) reconcileExisting(existing, rec *claim.Record, since time.Time
 // over to ask the upstream: a claim of its own, never taken for one not
 // forwarded, outliving its lease by the retention, so that a taker that
 // vanishes leaves an orphan to ask about.
-func (a *attempt) taker(rec *claim.Record) *claim.Record {
+func (r *reconciling) taker(rec *claim.Record) *claim.Record {
+	a := r.a
 	taker := *rec
 	taker.State, taker.Created, taker.RequestID = claim.InProgress, a.h.now(), a.requestID
 	taker.Completed, taker.Status, taker.Header, taker.Body = time.Time{}, 0, nil, nil
@@ -148,7 +170,8 @@ func (a *attempt) taker(rec *claim.Record) *claim.Record {
 // sidecar, frees a key early. done says the reply is decided (nil: the key
 // is free, or changed: claim again); otherwise why the key could not be
 // freed, and it stays outcome-unknown.
-func (a *attempt) freeAbsent(existing, taker *claim.Record, since time.Time) (rep *reply, done bool, why string) {
+func (r *reconciling) freeAbsent(existing, taker *claim.Record, since time.Time) (rep *reply, done bool, why string) {
+	a := r.a
 	s := &a.rt.settings
 	after := s.Reconcile.AbsentAfter + absentMargin(s)
 	var err error
@@ -163,12 +186,12 @@ func (a *attempt) freeAbsent(existing, taker *claim.Record, since time.Time) (re
 	switch {
 	case err == nil:
 		a.h.orphans.forget(a.hashedKey)
-		a.reconciled(lookupAbsent, existing, "")
+		r.reconciled(lookupAbsent, existing, "")
 		return nil, true, ""
 	case errors.As(err, &early):
-		a.reconciled(lookupTooEarly, existing, "")
-		a.putBackUnknown(existing, taker, since)
-		return a.tooEarly(early), true, ""
+		r.reconciled(lookupTooEarly, existing, "")
+		r.putBackUnknown(existing, taker, since)
+		return r.tooEarly(early), true, ""
 	case errors.Is(err, claim.ErrLeaseLost):
 		return nil, true, ""
 	}
@@ -178,8 +201,9 @@ func (a *attempt) freeAbsent(existing, taker *claim.Record, since time.Time) (re
 // storeFound settles the key taker holds with the upstream's found
 // answer and replays it. done says the reply is decided (nil: the key
 // changed, claim again); otherwise why it could not be stored.
-func (a *attempt) storeFound(existing, taker *claim.Record, ans lookupAnswer) (rep *reply, done bool, why string) {
-	found := a.foundRecord(existing, taker, ans)
+func (r *reconciling) storeFound(existing, taker *claim.Record, ans lookupAnswer) (rep *reply, done bool, why string) {
+	a := r.a
+	found := r.foundRecord(existing, taker, ans)
 	err := a.detached("complete", func(ctx context.Context) error {
 		_, err := a.h.store.Complete(ctx, a.hashedKey, found, a.rt.settings.Retention)
 		return err
@@ -187,7 +211,7 @@ func (a *attempt) storeFound(existing, taker *claim.Record, ans lookupAnswer) (r
 	switch {
 	case err == nil:
 		a.h.orphans.forget(a.hashedKey)
-		a.reconciled(lookupFound, existing, "")
+		r.reconciled(lookupFound, existing, "")
 		return replayOf(found, outcomeReconciled), true, ""
 	case errors.Is(err, claim.ErrLeaseLost):
 		return nil, true, ""
@@ -204,43 +228,45 @@ func (a *attempt) storeFound(existing, taker *claim.Record, ans lookupAnswer) (r
 // absent answer is too early for the owner (its own call just ended): the
 // key is left outcome-unknown, and the client is told when to ask again.
 func (x *exchange) ownerReconciles(o *owner, timeout bool) *reply {
+	r := &reconciling{a: x.a}
 	s := &x.a.rt.settings
 	rc := s.Reconcile
-	ans := x.a.ask()
+	ans := r.ask()
 	switch ans.result {
 	case lookupFound:
-		found := x.a.foundRecord(o.rec, o.rec, ans)
-		o.settle(func() verdict {
-			v := o.complete(found)
+		found := r.foundRecord(o.rec, o.rec, ans)
+		v := o.settle(func() *reply {
+			v := o.held.complete(found)
 			if v.outcome == outcomeStored {
 				v.outcome = outcomeReconciled
 				v.detail = x.unknown + "; the reconcile lookup found the effect: its answer stored and replayed"
 			}
 			return v
 		})
-		x.a.reconciled(lookupFound, o.rec, "")
-		return &reply{record: found}
+		r.reconciled(lookupFound, o.rec, "")
+		return &reply{outcome: v.outcome, detail: v.detail, record: found}
 	case lookupAbsent:
 		if s.Unknown != Fail {
-			x.a.reconciled(lookupTooEarly, o.rec, "")
+			r.reconciled(lookupTooEarly, o.rec, "")
 			return nil // keep holds the claim one lease, release frees it: as without reconcile
 		}
-		unknown := x.a.h.outcomeUnknownRecord(o.rec, o.rec.Token, x.a.h.now(), timeout, s.Problems, true, x.a.claimSetAt)
-		o.settle(func() verdict {
-			v := o.complete(unknown)
+		unknown := x.a.h.outcomeUnknownRecord(o.rec, o.rec.Token, x.a.h.now(), timeout, s.Problems, true, o.held.setAt)
+		o.settle(func() *reply {
+			v := o.held.complete(unknown)
 			v.detail = x.unknown + "; the reconcile lookup said absent before absent_after: outcome-unknown stored, a retry asks again"
 			return v
 		})
-		x.a.reconciled(lookupTooEarly, o.rec, "")
-		return x.a.tooEarly(&claim.TooEarlyError{Left: rc.AbsentAfter + absentMargin(s) - time.Since(x.a.claimedAt)})
+		r.reconciled(lookupTooEarly, o.rec, "")
+		return r.tooEarly(&claim.TooEarlyError{Left: rc.AbsentAfter + absentMargin(s) - time.Since(x.a.claimedAt)})
 	}
-	x.a.reconciled(lookupUnresolved, o.rec, ans.why)
+	r.reconciled(lookupUnresolved, o.rec, ans.why)
 	return nil
 }
 
 // reconciled counts and logs one lookup's result.
-func (a *attempt) reconciled(result string, first *claim.Record, why string) {
-	a.reconcileResult = result
+func (r *reconciling) reconciled(result string, first *claim.Record, why string) {
+	a := r.a
+	r.result = result
 	a.h.metrics.reconciled.WithLabelValues(a.rt.name, result).Inc()
 	args := []any{"route", a.rt.name, "key", a.hashedKey, "result", result, "original_request_id", first.RequestID, "request_id", a.requestID}
 	if why != "" {
@@ -253,7 +279,8 @@ func (a *attempt) reconciled(result string, first *claim.Record, why string) {
 // foundRecord is the completed record a found answer settles the key
 // with, fenced on writer's token: the upstream's status (or the route's
 // reconcile.status), headers and body, marked reconciled.
-func (a *attempt) foundRecord(first, writer *claim.Record, ans lookupAnswer) *claim.Record {
+func (r *reconciling) foundRecord(first, writer *claim.Record, ans lookupAnswer) *claim.Record {
+	a := r.a
 	header := ans.header
 	header.Set(reconciledHeader, "true")
 	rec := settledRecord(first, writer.Token, claim.Completed, ans.status, header, a.h.now())
@@ -267,7 +294,8 @@ func (a *attempt) foundRecord(first, writer *claim.Record, ans lookupAnswer) *cl
 // bytes), an orphan is settled as settleOrphan would. Should the write
 // fail, the taker's claim outlives its lease and is an orphan the next
 // retry asks about: nothing executes.
-func (a *attempt) putBackUnknown(first, taker *claim.Record, since time.Time) *claim.Record {
+func (r *reconciling) putBackUnknown(first, taker *claim.Record, since time.Time) *claim.Record {
+	a := r.a
 	s := &a.rt.settings
 	var rec *claim.Record
 	if first.State == claim.Completed {
@@ -296,7 +324,8 @@ func (a *attempt) putBackUnknown(first, taker *claim.Record, since time.Time) *c
 // the store's clock and this sidecar's differ by more than the freeing
 // allows, and the detail names the offset, so that a client (and whoever
 // reads its logs) knows the wait is a clock's, not the upstream's.
-func (a *attempt) tooEarly(e *claim.TooEarlyError) *reply {
+func (r *reconciling) tooEarly(e *claim.TooEarlyError) *reply {
+	a := r.a
 	detail := "the upstream has no record of this key yet, and its first attempt may still be running; retry after the time in Retry-After"
 	if e.Skew != 0 {
 		detail = fmt.Sprintf("the upstream has no record of this key, but the idempotency store's clock is %.1f s off this sidecar's (more than the %.1f s a key may be freed with): the key cannot be freed until the clocks agree again; retry after the time in Retry-After",

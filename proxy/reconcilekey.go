@@ -24,6 +24,7 @@ func (h *Handler) ReconcileKey(ctx context.Context, routeName, principal, key st
 	}
 	a := h.newAttempt(ctx, rt, principal, newRequestID(h.rand))
 	a.at(key)
+	r := &reconciling{a: a}
 	existing, ttl, err := h.store.Get(ctx, a.hashedKey)
 	if err != nil {
 		return "", 0, nil, err
@@ -31,30 +32,31 @@ func (h *Handler) ReconcileKey(ctx context.Context, routeName, principal, key st
 	if existing == nil {
 		return "not_reconcilable: absent", 0, nil, nil
 	}
-	since, ok := a.reconcilable(existing, existing, ttl)
+	since, ok := r.reconcilable(existing, existing, ttl)
 	if !ok {
 		return "not_reconcilable: " + existing.State.String(), 0, nil, nil
 	}
 	if a.ownerAlive(existing, existing, ttl) != nil {
 		return "not_reconcilable: in_progress, its owner not yet seen gone for a whole lease (ask again after one)", 0, nil, nil
 	}
-	rep := a.reconcileExisting(existing, existing, since)
+	rep, result := r.reconcileExisting(existing, existing, since)
 	if rep == nil {
-		if a.reconcileResult == lookupAbsent {
+		if result == lookupAbsent {
 			return lookupAbsent, 0, nil, nil // freed: the next retry executes
 		}
 		return "not_reconcilable: the key changed meanwhile", 0, nil, nil
 	}
-	status, body = a.render(rep)
-	if a.reconcileResult == "" {
+	status, body = r.render(rep)
+	if result == "" {
 		return "not_reconcilable: the store failed", status, body, nil
 	}
-	return a.reconcileResult, status, body, nil
+	return result, status, body, nil
 }
 
 // render is the status and body rep answers with, as a retry would get
 // them (a stored body inflated; a problem in the route's problem_body).
-func (a *attempt) render(rep *reply) (status int, body []byte) {
+func (r *reconciling) render(rep *reply) (status int, body []byte) {
+	a := r.a
 	if rec := rep.record; rec != nil {
 		if !rec.BodyCompressed {
 			return rec.Status, rec.Body

@@ -16,8 +16,9 @@ import (
 // through its gate (owner.go).
 type reply struct {
 	// outcome is what finish counts and logs once the handler returns
-	// (outcomeRejected: not acceptable, nothing forwarded or stored;
-	// empty: the outcome the owner's settlement decided stays).
+	// (outcomeRejected: not acceptable, nothing forwarded or stored);
+	// every reply has one, an owner's the one its settlement decided
+	// (settledAs).
 	outcome string
 	// detail, when set, is the log line's detail in place of the
 	// problem's.
@@ -76,9 +77,7 @@ func (x *exchange) respond(rep *reply) {
 			rep = failed
 		}
 	}
-	if rep.outcome != "" {
-		x.outcome = rep.outcome
-	}
+	x.outcome = rep.outcome
 	if rep.detail != "" {
 		x.detail = rep.detail
 	}

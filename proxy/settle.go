@@ -22,26 +22,39 @@ var storeRetryWaits = []time.Duration{0, 25 * time.Millisecond, 100 * time.Milli
 // settleTimeout bounds each settle operation (complete, release, keep).
 const settleTimeout = 2 * time.Second
 
-// verdict is how a request's claim was settled: its outcome, the value
-// of the outcome label, and what the log line says about it.
-type verdict struct {
-	outcome, detail string
+// settled is the reply that settled an attempt's claim: how the key
+// ended (the outcome, and what the log line says of it), with nothing to
+// write: the client's answer is the upstream's, or the one the caller
+// builds on it (settledAs).
+func settled(outcome, detail string) *reply {
+	return &reply{outcome: outcome, detail: detail}
+}
+
+// settledAs is p, the answer to the client of an attempt whose claim v
+// settled, counted and logged as v says.
+func settledAs(v *reply, p problem) *reply {
+	return refuse(v.outcome, p).withDetail(v.detail)
 }
 
 // settle stops renewals and runs f once, before anything reaches the
-// client; f's verdict becomes the request's. Later calls do nothing.
-func (o *owner) settle(f func() verdict) {
+// client; the reply f settled the claim with is the request's outcome,
+// and settle returns it, to this call and every later one (which run
+// nothing). A nil f (the deferred call a panic reaches) settles nothing.
+func (o *owner) settle(f func() *reply) *reply {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.settled {
-		return
+		return o.settledBy
 	}
 	o.settled = true
 	o.renewer.Stop()
-	if f != nil {
-		v := f()
-		o.x.outcome, o.x.detail = v.outcome, v.detail
+	if f == nil { // a panic unwinds: nothing decided, the claim stays
+		o.settledBy = settled(outcomeRejected, "the request ended before its claim was settled")
+		return o.settledBy
 	}
+	o.settledBy = f()
+	o.x.outcome, o.x.detail = o.settledBy.outcome, o.settledBy.detail
+	return o.settledBy
 }
 
 // settleCtx is detached from the client and bounded.
@@ -49,58 +62,77 @@ func settleCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), settleTimeout)
 }
 
-// release frees the key so a retry executes.
-func (o *owner) release(why string) verdict {
-	x := o.x
-	err := x.a.detached("release", func(ctx context.Context) error { return x.a.h.store.Release(ctx, x.a.hashedKey, o.rec.Token) })
+// holding is a claim an attempt holds, and what its owner does with it:
+// renew it while the upstream runs, and settle it once (release, keep,
+// complete), each settlement returning the reply that settled it. It
+// knows no HTTP request: any front that claimed a key holds one.
+type holding struct {
+	a *attempt
+	// rec is the record the key was claimed with: its token fences
+	// every write.
+	rec *claim.Record
+	// slot is the route's max_in_flight slot the claim is forwarded in,
+	// given back by whoever forwards.
+	slot *slot
+	// setAt is when the claim ran on the store's clock, as its own round
+	// trip read it; zero when not read.
+	setAt time.Time
+}
+
+// release frees the key, so a retry executes; it returns the reply
+// that settled the claim.
+func (c *holding) release(why string) *reply {
+	a, held := c.a, c.rec
+	err := a.detached("release", func(ctx context.Context) error { return a.h.store.Release(ctx, a.hashedKey, held.Token) })
 	switch {
 	case errors.Is(err, claim.ErrLeaseLost):
-		return verdict{outcomeFenceLost, why + "; the key was already held by another owner, left alone"}
+		return settled(outcomeFenceLost, why+"; the key was already held by another owner, left alone")
 	case err != nil:
 		// Retries get 409 until the cleanup deletes the claim, once the
 		// store answers (or it lapses). Nothing executed twice.
-		x.a.h.storeError("release")
-		x.a.h.unconfirmed.releaseFailed(x.a.rt.name, x.a.hashedKey, o.rec, x.a.claimedAt, x.a.rt.settings.Lease, err)
-		return verdict{outcomeReleased, why + "; release failed, the claim is deleted once the store answers: " + err.Error()}
+		a.h.storeError("release")
+		a.h.unconfirmed.releaseFailed(a.rt.name, a.hashedKey, held, a.claimedAt, a.rt.settings.Lease, err)
+		return settled(outcomeReleased, why+"; release failed, the claim is deleted once the store answers: "+err.Error())
 	}
-	return verdict{outcomeReleased, why}
+	return settled(outcomeReleased, why)
 }
 
-// keep holds the claim for one more full lease after an unknown outcome, so
-// a retry does not execute while the first attempt may still be landing.
-func (o *owner) keep(why string) verdict {
-	x := o.x
-	err := x.a.detached("renew", func(ctx context.Context) error {
-		return x.a.h.store.Renew(ctx, x.a.hashedKey, o.rec, x.a.rt.settings.Lease)
+// keep holds the claim for one more full lease after an unknown
+// outcome, so a retry does not execute while the first attempt may still
+// be landing; it returns the reply that settled the claim.
+func (c *holding) keep(why string) *reply {
+	a, held := c.a, c.rec
+	err := a.detached("renew", func(ctx context.Context) error {
+		return a.h.store.Renew(ctx, a.hashedKey, held, a.rt.settings.Lease)
 	})
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
-		x.a.h.storeError("renew")
+		a.h.storeError("renew")
 	}
-	return verdict{outcomeClaimed, why + "; claim kept for one lease"}
+	return settled(outcomeClaimed, why+"; claim kept for one lease")
 }
 
-// complete stores the settled response, retrying briefly. A failure here
-// is the dual-write window: the upstream acted and the outcome is not
-// stored. It is counted and logged, and the client is answered anyway.
-func (o *owner) complete(rec *claim.Record) verdict {
-	x := o.x
-	retention := x.a.rt.settings.Retention
+// complete stores rec, the settled response, retrying briefly; it returns
+// the reply that settled the claim. A failure here is the dual-write
+// window: the upstream acted and the outcome is not stored. It is
+// counted and logged, and the client is answered anyway.
+func (c *holding) complete(rec *claim.Record) *reply {
+	a := c.a
 	var how claim.Completion
-	err := x.a.retried("complete", func(ctx context.Context) (err error) {
-		how, err = x.a.h.store.Complete(ctx, x.a.hashedKey, rec, retention)
+	err := a.retried("complete", func(ctx context.Context) (err error) {
+		how, err = a.h.store.Complete(ctx, a.hashedKey, rec, a.rt.settings.Retention)
 		return err
 	})
 	if err == nil {
-		x.a.h.metrics.storedBytes.Observe(float64(len(rec.Body)))
+		a.h.metrics.storedBytes.Observe(float64(len(rec.Body)))
 		if how == claim.StoredAfterLapse {
-			return verdict{outcomeStored, "stored after the lease had lapsed; nobody had claimed the key since"}
+			return settled(outcomeStored, "stored after the lease had lapsed; nobody had claimed the key since")
 		}
-		return verdict{outcome: outcomeStored}
+		return settled(outcomeStored, "")
 	}
 	if errors.Is(err, claim.ErrLeaseLost) {
-		return verdict{outcomeFenceLost, "the lease lapsed and another attempt holds the key; its record was not overwritten"}
+		return settled(outcomeFenceLost, "the lease lapsed and another attempt holds the key; its record was not overwritten")
 	}
-	return verdict{outcomeStoreError, "upstream answered but the response could not be stored (dual-write window): " + err.Error()}
+	return settled(outcomeStoreError, "upstream answered but the response could not be stored (dual-write window): "+err.Error())
 }
 
 // modifyResponse settles a protected request once the upstream answered,
@@ -116,8 +148,8 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	h.metrics.upstream.WithLabelValues(x.a.rt.name).Observe(x.upstream.Seconds())
 	x.status = resp.StatusCode
 	if x.a.rt.releaseOn[resp.StatusCode] {
-		o.settle(func() verdict {
-			return o.release(fmt.Sprintf("upstream answered %d, which is in release_on", resp.StatusCode))
+		o.settle(func() *reply {
+			return o.held.release(fmt.Sprintf("upstream answered %d, which is in release_on", resp.StatusCode))
 		})
 		return nil
 	}
@@ -170,7 +202,7 @@ func (o *owner) storeAnswer(resp *http.Response) error {
 		resp.Body.Close()
 		resp.Body = x.lend(buf)
 	}
-	o.settle(func() verdict { return o.complete(rec) })
+	o.settle(func() *reply { return o.held.complete(rec) })
 	return nil
 }
 
@@ -242,14 +274,14 @@ func (o *owner) failed(r *http.Request, err error) *reply {
 		x.upstream = time.Since(o.sent)
 	}
 	if errors.Is(err, errClaimTooLate) {
-		o.settle(func() verdict { return o.release(err.Error() + ": nothing forwarded") })
+		o.settle(func() *reply { return o.held.release(err.Error() + ": nothing forwarded") })
 		p := probStoreUnavailable.with("the idempotency store confirmed the claim too late to forward safely; nothing was forwarded, retry later")
 		p.retryAfter = time.Second
 		return refuse(outcomeStoreUnavailable, p)
 	}
 	if !o.wrote.Load() {
-		o.settle(func() verdict { return o.release("upstream unreachable, request never sent: " + err.Error()) })
-		return refuse("", probUpstreamDown.with("the request was not sent to the upstream; it is safe to retry")) // the release decided the outcome
+		v := o.settle(func() *reply { return o.held.release("upstream unreachable, request never sent: " + err.Error()) })
+		return settledAs(v, probUpstreamDown.with("the request was not sent to the upstream; it is safe to retry"))
 	}
 	if cause := context.Cause(r.Context()); cause != nil && cause != r.Context().Err() {
 		err = fmt.Errorf("%w (%w)", cause, err)
@@ -264,27 +296,28 @@ func (o *owner) failed(r *http.Request, err error) *reply {
 			return rep
 		}
 	}
+	var v *reply
 	switch policy {
 	case Fail:
-		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, h.now(), timeout, x.a.rt.settings.Problems, reconcile, x.a.claimSetAt)
-		o.settle(func() verdict {
-			v := o.complete(rec)
+		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, h.now(), timeout, x.a.rt.settings.Problems, reconcile, o.held.setAt)
+		v = o.settle(func() *reply {
+			v := o.held.complete(rec)
 			if v.outcome == outcomeStored {
 				v.detail = x.unknown + "; stored as 502 outcome-unknown, replayed to every retry"
 			}
 			return v
 		})
-		return &reply{record: rec}
+		return &reply{outcome: v.outcome, detail: v.detail, record: rec}
 	case Release:
-		o.settle(func() verdict { return o.release(x.unknown) })
+		v = o.settle(func() *reply { return o.held.release(x.unknown) })
 	default:
-		o.settle(func() verdict { return o.keep(x.unknown) })
+		v = o.settle(func() *reply { return o.held.keep(x.unknown) })
 	}
 	p := probUpstreamFailed.with("the upstream may have acted; retry later to learn the outcome")
 	if timeout {
 		p = probUpstreamTimeout.with(fmt.Sprintf("no answer within %s; the upstream may have acted", h.upstreamTimeout))
 	}
-	return refuse("", p) // the settlement decided the outcome
+	return settledAs(v, p)
 }
 
 // outcomeUnknownRecord is the completed record that settles a key whose

@@ -144,15 +144,15 @@ func (o *owner) startStream(resp *http.Response) bool {
 		// As for a buffered answer that cannot be stored: the upstream
 		// acted, its client gets the answer (unrecorded), and the window
 		// is counted.
-		o.settle(func() verdict {
+		o.settle(func() *reply {
 			if errors.Is(err, claim.ErrLeaseLost) {
-				return verdict{outcomeFenceLost, "the lease lapsed and another attempt holds the key; the stream was relayed unrecorded"}
+				return settled(outcomeFenceLost, "the lease lapsed and another attempt holds the key; the stream was relayed unrecorded")
 			}
-			return verdict{outcomeStoreError, "upstream answered a stream whose head could not be stored (dual-write window), relayed unrecorded: " + err.Error()}
+			return settled(outcomeStoreError, "upstream answered a stream whose head could not be stored (dual-write window), relayed unrecorded: "+err.Error())
 		})
 		return true
 	}
-	o.settle(func() verdict { return verdict{outcome: outcomeStored, detail: detailStreamed} })
+	o.settle(func() *reply { return settled(outcomeStored, detailStreamed) })
 	p := &streamPump{o: o, body: resp.Body, at: at, start: x.a.start, lastWrite: time.Now(),
 		done: make(chan struct{}), rc: http.NewResponseController(x.w)}
 	p.cond = sync.NewCond(&p.mu)
