@@ -1,0 +1,215 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
+)
+
+// pumpStore is a fake store for the pump's tests: a stream's start,
+// appends, end and reads are kept in memory; every other call goes to the
+// store it embeds (the Handler's codec, its claim). It fails the test when
+// two appends overlap, when one does not continue the stored value where
+// it ends, or when the end is recorded at another length.
+type pumpStore struct {
+	claim.Store
+	t     *testing.T
+	delay time.Duration // each append's, to widen the windows turns change hands in
+
+	mu      sync.Mutex
+	stored  []byte
+	end     claim.StreamEnd
+	ended   bool
+	writing atomic.Int32
+}
+
+func (f *pumpStore) StreamStart(context.Context, string, *claim.Record, time.Duration, time.Duration) (int, error) {
+	return 0, nil
+}
+
+func (f *pumpStore) StreamAppend(_ context.Context, _ string, _ claim.Token, at int, data []byte, _ time.Duration) (int, error) {
+	if f.writing.Add(1) != 1 {
+		f.t.Error("two appends at once: the pump's turns overlap")
+	}
+	defer f.writing.Add(-1)
+	time.Sleep(f.delay)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if at != len(f.stored) {
+		f.t.Errorf("append at %d, the stored value ends at %d", at, len(f.stored))
+	}
+	f.stored = append(f.stored, data...)
+	return len(f.stored), nil
+}
+
+func (f *pumpStore) StreamFinish(_ context.Context, _ string, _ claim.Token, end claim.StreamEnd, at int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if end == claim.StreamEnded && at != len(f.stored) {
+		f.t.Errorf("ended at %d, the stored value ends at %d", at, len(f.stored))
+	}
+	f.end, f.ended = end, true
+	return nil
+}
+
+func (f *pumpStore) StreamRead(_ context.Context, _ string, from, max int) (claim.StreamPart, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	to := min(len(f.stored), from+max)
+	return claim.StreamPart{Data: bytes.Clone(f.stored[from:to]), Next: to, Len: len(f.stored), End: claim.StreamRunning}, nil
+}
+
+// pumpUpstream is a fake upstream's streamed body: what the test writes
+// into w, read by one goroutine at a time, or the test fails.
+type pumpUpstream struct {
+	t       *testing.T
+	r       *io.PipeReader
+	reading atomic.Int32
+}
+
+func (u *pumpUpstream) Read(b []byte) (int, error) {
+	if u.reading.Add(1) != 1 {
+		u.t.Error("two goroutines read the upstream at once: the pump's turns overlap")
+	}
+	defer u.reading.Add(-1)
+	return u.r.Read(b)
+}
+
+func (u *pumpUpstream) Close() error { return u.r.Close() }
+
+// startPump is an owner's pump over a fake upstream (written into the
+// returned writer) and store; the returned body is what its own client
+// reads.
+func startPump(t *testing.T, f *pumpStore) (*owner, io.ReadCloser, *io.PipeWriter) {
+	t.Helper()
+	emb, err := redisstore.StartEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Close)
+	client, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{emb.Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	f.Store = redisstore.New(client, "pump:")
+	cfg := testConfig("http://127.0.0.1:1")
+	pay := testRoute("pay", "POST /payments")
+	pay.MaxResponseBody = 8 << 20
+	cfg.Routes = []Route{pay}
+	h, err := New(cfg, f, Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := h.newAttempt(context.Background(), h.routes.Load().byName["pay"], "alice", "req-1")
+	a.at("stream-1")
+	rec := a.newClaim(claim.Fingerprint{})
+	x := &exchange{a: a, w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/payments", nil)}
+	o := &owner{x: x, rec: rec, held: &holding{a: a, rec: rec}, renewer: time.AfterFunc(time.Hour, func() {})}
+	t.Cleanup(func() { o.renewer.Stop() })
+	pr, pw := io.Pipe()
+	resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
+		ContentLength: -1, Body: &pumpUpstream{t: t, r: pr}}
+	if !o.startStream(resp) {
+		t.Fatal("the stream was not started")
+	}
+	return o, resp.Body, pw
+}
+
+// TestPumpHandOffs: under -race, the pump's turns change hands between
+// its client's Read, its background goroutine and back, while the client
+// keeps up, stalls past streamTakeover, falls more than streamPending
+// behind (and reads back from the store), or goes away; and the upstream
+// ends or breaks off. Whatever the client does: the upstream is read by
+// one goroutine at a time, every byte is stored once and in order before
+// the client gets it, the client gets the stored bytes in order (all of
+// them unless it went away), and wait says how the stream ended.
+func TestPumpHandOffs(t *testing.T) {
+	cases := []struct {
+		name   string
+		total  int           // bytes the upstream writes
+		stall  time.Duration // the client's pause after every take
+		leave  int           // the client Closes after this many bytes (0: never)
+		breaks bool          // the upstream breaks off instead of ending
+		delay  time.Duration // each append's
+	}{
+		{name: "keeps up", total: 256 << 10},
+		{name: "stalls past the takeover", total: 256 << 10, stall: 3 * streamTakeover, delay: time.Millisecond},
+		{name: "falls behind and reads back", total: 3 * streamPending, stall: 20 * time.Millisecond},
+		{name: "goes away", total: 512 << 10, leave: 64 << 10},
+		{name: "the upstream breaks off", total: 256 << 10, breaks: true, stall: streamTakeover},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := &pumpStore{t: t, delay: c.delay}
+			o, body, up := startPump(t, f)
+			sent := make([]byte, 0, c.total)
+			go func() {
+				rng := rand.New(rand.NewPCG(1, uint64(c.total)))
+				for i := 0; len(sent) < c.total; i++ {
+					event := fmt.Appendf(nil, "id: %d\ndata: %s\n\n", i, bytes.Repeat([]byte{'a' + byte(i%26)}, rng.IntN(4096)))
+					if _, err := up.Write(event); err != nil {
+						return
+					}
+					sent = append(sent, event...)
+				}
+				if c.breaks {
+					up.CloseWithError(errors.New("connection reset by the upstream"))
+					return
+				}
+				up.Close()
+			}()
+			var got []byte
+			var readErr error
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := body.Read(buf)
+				got = append(got, buf[:n]...)
+				if err != nil {
+					readErr = err
+					break
+				}
+				if c.leave > 0 && len(got) >= c.leave {
+					body.Close()
+					break
+				}
+				time.Sleep(c.stall)
+			}
+			how := o.stream.wait()
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			want, wantErr := claim.StreamEnded, error(io.EOF)
+			if c.breaks {
+				want, wantErr = claim.StreamAborted, errStreamAborted
+			}
+			if how != want || !f.ended || f.end != want {
+				t.Fatalf("wait %v, recorded %v (recorded: %v), want %v", how, f.end, f.ended, want)
+			}
+			if !bytes.Equal(f.stored, sent) {
+				t.Fatalf("stored %d bytes, the upstream wrote %d: not every byte stored once, in order", len(f.stored), len(sent))
+			}
+			if !bytes.HasPrefix(f.stored, got) {
+				t.Fatalf("the client got %d bytes that are not the stored ones in order", len(got))
+			}
+			if lagged := c.total > streamPending && c.stall > 0; o.stream.lagged != lagged {
+				t.Fatalf("the client lagged: %v, want %v", o.stream.lagged, lagged)
+			}
+			if c.leave == 0 && (len(got) != len(f.stored) || readErr != wantErr) {
+				t.Fatalf("the client got %d of %d stored bytes, then %v; want all of them, then %v", len(got), len(f.stored), readErr, wantErr)
+			}
+		})
+	}
+}
