@@ -18,19 +18,9 @@ import (
 // a retry while it runs is told so. Nothing here builds an
 // *http.Request.
 func TestFrontWithoutAnHTTPRequest(t *testing.T) {
-	emb, err := redisstore.StartEmbedded()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Close)
-	client, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{emb.Addr()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
 	cfg := testConfig("http://127.0.0.1:1")
 	cfg.Routes = []Route{testRoute("pay", "POST /payments")}
-	h, err := New(cfg, redisstore.New(client, "front:"), Options{Logger: slog.New(slog.DiscardHandler)})
+	h, err := New(cfg, embeddedStore(t, "front:"), Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,4 +97,21 @@ func TestFrontWithoutAnHTTPRequest(t *testing.T) {
 	} else {
 		held.slot.give()
 	}
+}
+
+// embeddedStore is a store on the embedded Redis (miniredis), for the
+// unit tests of what runs above the store, its keys under prefix.
+func embeddedStore(t *testing.T, prefix string) claim.Store {
+	t.Helper()
+	emb, err := redisstore.StartEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(emb.Close)
+	client, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{emb.Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	return redisstore.New(client, prefix)
 }

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/claim/redisstore"
 )
 
 // pumpStore is a fake store for the pump's tests: a stream's start,
@@ -95,17 +94,7 @@ func (u *pumpUpstream) Close() error { return u.r.Close() }
 // reads.
 func startPump(t *testing.T, f *pumpStore) (*owner, io.ReadCloser, *io.PipeWriter) {
 	t.Helper()
-	emb, err := redisstore.StartEmbedded()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Close)
-	client, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{emb.Addr()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	f.Store = redisstore.New(client, "pump:")
+	f.Store = embeddedStore(t, "pump:")
 	cfg := testConfig("http://127.0.0.1:1")
 	pay := testRoute("pay", "POST /payments")
 	pay.MaxResponseBody = 8 << 20
