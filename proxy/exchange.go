@@ -79,7 +79,14 @@ func (x *exchange) serve() {
 // decide is serve's steps: the reply they decided, nil when the owner
 // answered with the upstream's.
 func (x *exchange) decide() *reply {
-	in, rep := x.a.rt.admit(x)
+	// The route's admission: a webhook delivery's signature, or the
+	// client's identity and key. It is the exchange's, the HTTP front's
+	// (the route holds none): another front admits its own way.
+	admit := x.admitClient
+	if x.a.rt.settings.Webhook != nil {
+		admit = x.admitDelivery
+	}
+	in, rep := admit()
 	if rep != nil {
 		return rep
 	}

@@ -26,9 +26,6 @@ type route struct {
 	httpRoute string
 	// keyPointer, when set, finds the key in a JSON body.
 	keyPointer []string
-	// admit is the route's admission, chosen once: admitClient, or
-	// admitDelivery on a webhook route.
-	admit func(*exchange) (admitted, *reply)
 }
 
 // KeyScope is what a route hashes into its Redis keys beside the principal
@@ -85,12 +82,10 @@ func newRouter(routes []Route) (*router, error) {
 			return nil, fmt.Errorf("routes[%d]: %w", i, err)
 		}
 		r.fp = fp
-		r.admit = (*exchange).admitClient
 		if rc.Webhook != nil {
 			if _, ok := providers[rc.Webhook.Provider]; !ok {
 				return nil, fmt.Errorf("routes[%d]: unknown webhook provider %q", i, rc.Webhook.Provider)
 			}
-			r.admit = (*exchange).admitDelivery
 		}
 		if rc.Reconcile != nil {
 			if rc.Webhook != nil {
