@@ -2,13 +2,17 @@ package pgstore
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/poll"
 )
 
@@ -99,4 +103,53 @@ func completeOp(s *Store, key string, rec *claim.Record) *op {
 	var n int
 	return &op{ctx: context.Background(), name: "complete", fn: "idem_complete", key: key, wake: true,
 		args: []any{key, rec.Token[:], s.codec.Encode(key, rec), time.Hour.Milliseconds()}, dst: []any{&n}}
+}
+
+// TestRefusedRegistrationIsToldOnce: a runtime role that may not write
+// the waiters table (granted before this release added it) leaves its
+// waiters to their poll, and the store says so once, with the server's
+// error, however many waiters it refuses. Fails with the refusal dropped
+// silently, as before.
+func TestRefusedRegistrationIsToldOnce(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	admin, err := pgxpool.New(ctx, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := Migrate(ctx, admin, "idemproxy"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE ROLE app LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Grant(ctx, admin, "idemproxy", "app"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "REVOKE INSERT, DELETE ON idemproxy.waiters FROM app"); err != nil {
+		t.Fatal(err)
+	}
+	app, err := pgxpool.New(ctx, strings.Replace(srv.URL, "://"+pgtest.User+"@", "://app@", 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	s := New(app, "idemproxy", "told:")
+	defer s.Close()
+	var mu sync.Mutex
+	var told []error
+	s.OnUnregisteredWaiter(func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		told = append(told, err)
+	})
+	for _, key := range []string{"told:a", "told:b", "told:c"} {
+		s.Watch(ctx, key).Stop()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(told) != 1 || !strings.Contains(told[0].Error(), "permission denied") {
+		t.Fatalf("told %d times (%v), want once, the server's permission error", len(told), told)
+	}
 }

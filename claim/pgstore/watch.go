@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -35,6 +37,11 @@ type listener struct {
 	onDeaf func()
 	// probed is set once a probe came back; deafTold once onDeaf ran.
 	probed, deafTold atomic.Bool
+	// onUnregistered is called, once per listener, when the server
+	// refused a waiter's registration (a runtime role without the rights
+	// on the waiters table): waiters then wake by their poll only.
+	onUnregistered   func(error)
+	unregisteredTold atomic.Bool
 
 	// register and unregister add and delete a waiter's row in the
 	// waiters table (notify.go).
@@ -108,8 +115,13 @@ func (s *Store) Watch(ctx context.Context, key string) claim.Watch {
 	ctx, cancel := context.WithTimeout(ctx, registerWait)
 	defer cancel()
 	var registered []byte
-	if _, err := l.pool.Exec(ctx, l.register, key, id[:], registeredFor.Milliseconds()); err == nil {
+	_, err := l.pool.Exec(ctx, l.register, key, id[:], registeredFor.Milliseconds())
+	var refused *pgconn.PgError
+	switch {
+	case err == nil:
 		registered = id[:]
+	case errors.As(err, &refused) && l.onUnregistered != nil && !l.unregisteredTold.Swap(true):
+		l.onUnregistered(err)
 	}
 	return l.add(key, registered)
 }
@@ -259,6 +271,13 @@ func (l *listener) listen(ctx context.Context) {
 // made with cfg (store.postgres.listen_url) instead of one of the pool's.
 // Call it before the first Watch.
 func (s *Store) ListenWith(cfg *pgx.ConnConfig) { s.watch.dial = cfg }
+
+// OnUnregisteredWaiter has refused called once, with the server's error,
+// when the server refuses a waiter's registration in the waiters table
+// (a runtime role without INSERT and DELETE on it): wake-ups for the
+// keys it waits for are then never sent, and waiters wake by their poll.
+// Call it before the first Watch.
+func (s *Store) OnUnregisteredWaiter(refused func(error)) { s.watch.onUnregistered = refused }
 
 // OnDeafListener has deaf called once when the store's LISTEN connection
 // does not hear its own probe NOTIFY within 5 s of listening: wake-ups
