@@ -267,7 +267,7 @@ func (s *Store) encodeAll(ctx context.Context, pc *pgconn.PgConn, m *pgtype.Map,
 // answers read before it stand for nothing (Close reads past the rest).
 func readAll(p *pgconn.Pipeline, m *pgtype.Map, sent []encoded) error {
 	for _, e := range sent {
-		err := readRow(p, m, e.o.dst)
+		err := readRow(p, m, fields(e.o.dst))
 		var scan *scanError
 		switch {
 		case errors.As(err, &scan):

@@ -96,7 +96,7 @@ func (s *Store) pipeline(ctx context.Context, c *pgxpool.Conn, sql string, args 
 		p.Close()
 		return err
 	}
-	writeErr := readRow(p, m, dst)
+	writeErr := readRow(p, m, fields(dst))
 	if _, err := p.GetResults(); err != nil && writeErr == nil { // the write's Sync
 		writeErr = err
 	}
