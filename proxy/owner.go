@@ -23,9 +23,11 @@ import (
 // owner is the state of a request that holds the claim, shared between
 // the exchange and the ReverseProxy hooks through the request context.
 type owner struct {
-	x   *exchange
-	rec *claim.Record
-	// held is the claim, renewed and settled on the attempt's side.
+	x *exchange
+	// held is the claim (the record it was claimed with, the
+	// max_in_flight slot it is forwarded in), renewed and settled on the
+	// attempt's side. The slot is given back once the client is answered
+	// (a late call) or the call ends.
 	held *holding
 	body []byte
 	// copied is the forwarded copy of a small body (forwardBody), nil for
@@ -39,11 +41,8 @@ type owner struct {
 	// gate carries the answer to the client; the late-answer timer may
 	// close it.
 	gate *gate
-	// forwarding is the request's max_in_flight slot, given back once the
-	// client is answered (a late call) or the call ends.
-	forwarding *slot
 	// stream, once the answer is a stream relayed as it arrives, is its
-	// pump (stream.go); set on the handler's goroutine.
+	// pump (pump.go); set on the handler's goroutine.
 	stream *streamPump
 	// cancel ends the upstream call with a cause: the late-call cap, or a
 	// drain that ran out of time.
@@ -84,7 +83,7 @@ func (x *exchange) own(held *holding, body []byte) {
 	g := newGate(x.w)
 	x.w = g // every answer of the owner goes through the gate
 	defer g.seal()
-	o := &owner{x: x, rec: held.rec, held: held, body: body, gate: g, forwarding: held.slot}
+	o := &owner{x: x, held: held, body: body, gate: g}
 	lease := x.a.rt.settings.Lease
 	o.renewer = time.AfterFunc(lease/3, o.renew)
 	defer o.settle(nil) // stops renewal if nothing settled (a panic)
@@ -174,7 +173,7 @@ func (o *owner) clientTimedOut() {
 	x.answeredTimeout(p.Detail)
 	// The client has its answer: from here the late-call pool bounds this
 	// call, and its max_in_flight slot is free for another first attempt.
-	o.forwarding.give()
+	o.held.slot.give()
 }
 
 // Results of a late call, the values of the result label of

@@ -100,7 +100,7 @@ const streamTakeover = 10 * time.Millisecond
 func (o *owner) startStream(resp *http.Response) bool {
 	x := o.x
 	s := &x.a.rt.settings
-	head := settledRecord(o.rec, o.rec.Token, claim.Streamed, resp.StatusCode, storedHeader(x.a.rt, resp.Header), time.Time{})
+	head := settledRecord(o.held.rec, o.held.rec.Token, claim.Streamed, resp.StatusCode, storedHeader(x.a.rt, resp.Header), time.Time{})
 	if headerSize(head.Header) > s.MaxResponseBody {
 		return false
 	}
@@ -250,7 +250,7 @@ func (p *streamPump) append(chunk []byte) bool {
 	if !p.tooBig && p.stored+int64(len(chunk)) > s.MaxResponseBody {
 		p.tooBig = true
 		_ = x.a.detached("stream_end", func(ctx context.Context) error {
-			return x.a.h.store.StreamFinish(ctx, x.a.hashedKey, p.o.rec.Token, claim.StreamTooLarge, -1)
+			return x.a.h.store.StreamFinish(ctx, x.a.hashedKey, p.o.held.rec.Token, claim.StreamTooLarge, -1)
 		})
 		x.detail = "streamed past max_response_body: the record is not replayable, the first client's stream went on"
 	}
@@ -260,7 +260,7 @@ func (p *streamPump) append(chunk []byte) bool {
 	}
 	from := p.at
 	err := x.a.retried("stream_append", func(ctx context.Context) error {
-		n, err := x.a.h.store.StreamAppend(ctx, x.a.hashedKey, p.o.rec.Token, p.at, chunk, s.Lease)
+		n, err := x.a.h.store.StreamAppend(ctx, x.a.hashedKey, p.o.held.rec.Token, p.at, chunk, s.Lease)
 		if err == nil {
 			p.at = n
 		}
@@ -335,7 +335,7 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 			at = p.at
 		}
 		err := x.a.retried("stream_end", func(ctx context.Context) error {
-			return x.a.h.store.StreamFinish(ctx, x.a.hashedKey, p.o.rec.Token, how, at)
+			return x.a.h.store.StreamFinish(ctx, x.a.hashedKey, p.o.held.rec.Token, how, at)
 		})
 		if err != nil && how == claim.StreamEnded {
 			clientErr = errStreamAborted

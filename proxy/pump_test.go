@@ -107,7 +107,7 @@ func startPump(t *testing.T, f *pumpStore) (*owner, io.ReadCloser, *io.PipeWrite
 	a.at("stream-1")
 	rec := a.newClaim(claim.Fingerprint{})
 	x := &exchange{a: a, w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/payments", nil)}
-	o := &owner{x: x, rec: rec, held: &holding{a: a, rec: rec}, renewer: time.AfterFunc(time.Hour, func() {})}
+	o := &owner{x: x, held: &holding{a: a, rec: rec}, renewer: time.AfterFunc(time.Hour, func() {})}
 	t.Cleanup(func() { o.renewer.Stop() })
 	pr, pw := io.Pipe()
 	resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},

@@ -234,7 +234,7 @@ func (x *exchange) ownerReconciles(o *owner, timeout bool) *reply {
 	ans := r.ask()
 	switch ans.result {
 	case lookupFound:
-		found := r.foundRecord(o.rec, o.rec, ans)
+		found := r.foundRecord(o.held.rec, o.held.rec, ans)
 		v := o.settle(func() *reply {
 			v := o.held.complete(found)
 			if v.outcome == outcomeStored {
@@ -243,23 +243,23 @@ func (x *exchange) ownerReconciles(o *owner, timeout bool) *reply {
 			}
 			return v
 		})
-		r.reconciled(lookupFound, o.rec, "")
+		r.reconciled(lookupFound, o.held.rec, "")
 		return &reply{outcome: v.outcome, detail: v.detail, record: found}
 	case lookupAbsent:
 		if s.Unknown != Fail {
-			r.reconciled(lookupTooEarly, o.rec, "")
+			r.reconciled(lookupTooEarly, o.held.rec, "")
 			return nil // keep holds the claim one lease, release frees it: as without reconcile
 		}
-		unknown := x.a.h.outcomeUnknownRecord(o.rec, o.rec.Token, x.a.h.now(), timeout, s.Problems, true, o.held.setAt)
+		unknown := x.a.h.outcomeUnknownRecord(o.held.rec, o.held.rec.Token, x.a.h.now(), timeout, s.Problems, true, o.held.setAt)
 		o.settle(func() *reply {
 			v := o.held.complete(unknown)
 			v.detail = x.unknown + "; the reconcile lookup said absent before absent_after: outcome-unknown stored, a retry asks again"
 			return v
 		})
-		r.reconciled(lookupTooEarly, o.rec, "")
+		r.reconciled(lookupTooEarly, o.held.rec, "")
 		return r.tooEarly(&claim.TooEarlyError{Left: rc.AbsentAfter + absentMargin(s) - time.Since(x.a.claimedAt)})
 	}
-	r.reconciled(lookupUnresolved, o.rec, ans.why)
+	r.reconciled(lookupUnresolved, o.held.rec, ans.why)
 	return nil
 }
 

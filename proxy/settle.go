@@ -183,7 +183,7 @@ func (o *owner) storeAnswer(resp *http.Response) error {
 		// unknown_outcome.
 		return fmt.Errorf("read upstream response body: %w", err)
 	}
-	rec := settledRecord(o.rec, o.rec.Token, claim.Completed, resp.StatusCode, storedHeader(x.a.rt, resp.Header), x.a.h.now())
+	rec := settledRecord(o.held.rec, o.held.rec.Token, claim.Completed, resp.StatusCode, storedHeader(x.a.rt, resp.Header), x.a.h.now())
 	if x.a.rt.settings.AdvertiseRetention {
 		resp.Header.Set(retentionHeader, retentionSeconds(x.a.rt.settings.Retention))
 	}
@@ -299,7 +299,7 @@ func (o *owner) failed(r *http.Request, err error) *reply {
 	var v *reply
 	switch policy {
 	case Fail:
-		rec := h.outcomeUnknownRecord(o.rec, o.rec.Token, h.now(), timeout, x.a.rt.settings.Problems, reconcile, o.held.setAt)
+		rec := h.outcomeUnknownRecord(o.held.rec, o.held.rec.Token, h.now(), timeout, x.a.rt.settings.Problems, reconcile, o.held.setAt)
 		v = o.settle(func() *reply {
 			v := o.held.complete(rec)
 			if v.outcome == outcomeStored {
