@@ -25,7 +25,8 @@ import (
 // poll.
 //
 // And a key nobody waits for costs no NOTIFY. A waiter registers (a row
-// of the waiters table, by Watch) before it first reads its key, and the
+// of the waiters table, by Watch: one per key and sidecar, shared by its
+// waiters of the key) before it first reads its key, and the
 // wake-up statement, which runs after the write committed, notifies only
 // the keys with a waiter registered: either the registration committed
 // before that statement read the table, and the waiter is woken; or the

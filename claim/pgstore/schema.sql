@@ -52,9 +52,10 @@ CREATE TABLE IF NOT EXISTS {{schema}}.chunks (
 );
 CREATE INDEX IF NOT EXISTS chunks_expires_ms ON {{schema}}.chunks (expires_ms);
 
--- The waiters (claim.Watch) of each key, one row per watch, so that an
--- operation on a key nobody waits for sends no NOTIFY (notify.go). A row
--- a sidecar never deleted (it died) goes at until_ms.
+-- The waiters (claim.Watch) of each key: one row per key and sidecar
+-- with waiters of it, so that an operation on a key nobody waits for
+-- sends no NOTIFY (notify.go). A row a sidecar never deleted (it died)
+-- goes at until_ms.
 CREATE TABLE IF NOT EXISTS {{schema}}.waiters (
   key      text NOT NULL,
   id       bytea NOT NULL,

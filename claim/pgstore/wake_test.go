@@ -153,3 +153,62 @@ func TestRefusedRegistrationIsToldOnce(t *testing.T) {
 		t.Fatalf("told %d times (%v), want once, the server's permission error", len(told), told)
 	}
 }
+
+// TestWaitersOfOneKeyShareOneRegistration: a hundred waiters of one hot
+// key on one sidecar write one row of the waiters table, not a hundred
+// (each a statement and a pool connection), and every one of them is
+// woken by the completion; the row goes once the last stops. Fails with a
+// row per waiter.
+func TestWaitersOfOneKeyShareOneRegistration(t *testing.T) {
+	var largest atomic.Int64
+	s := batchStore(t, &largest)
+	ctx := context.Background()
+	key := "batch:hot"
+	rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
+	if res, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim: %+v, %v", res, err)
+	}
+	rows := func() int {
+		var n int
+		if err := s.pool.QueryRow(ctx, "SELECT count(*) FROM idemproxy.waiters WHERE key = $1", key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	watches := make([]claim.Watch, 100)
+	var wg sync.WaitGroup
+	for i := range watches {
+		wg.Go(func() { watches[i] = s.Watch(ctx, key) })
+	}
+	wg.Wait()
+	if n := rows(); n != 1 {
+		t.Fatalf("%d rows for 100 waiters of one key, want 1", n)
+	}
+	for _, w := range watches { // drain the wake-up of the channel going live
+		select {
+		case <-w.C():
+		case <-time.After(10 * time.Second):
+			t.Fatal("a watch never went live")
+		}
+	}
+	done := *rec
+	done.State, done.Status, done.Completed = claim.Completed, 201, time.Now()
+	if _, err := s.Complete(ctx, key, &done, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for i, w := range watches {
+		select {
+		case <-w.C():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("waiter %d not woken by the completion", i)
+		}
+	}
+	for _, w := range watches[:99] {
+		w.Stop()
+	}
+	if n := rows(); n != 1 {
+		t.Fatalf("%d rows while one waiter still waits, want 1", n)
+	}
+	watches[99].Stop()
+	poll.Until(t, "the registration deleted after the last waiter", func() bool { return rows() == 0 })
+}

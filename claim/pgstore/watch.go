@@ -49,17 +49,30 @@ type listener struct {
 
 	mu      sync.Mutex
 	waiters map[string]map[*keyWatch]struct{}
-	live    bool
-	cancel  context.CancelFunc
-	closed  bool
+	// regs are the keys' registrations (registration), by key.
+	regs   map[string]*registration
+	live   bool
+	cancel context.CancelFunc
+	closed bool
 }
 
 // newListener is the listener of the store whose schema is schema.
 func newListener(pool *pgxpool.Pool, schema string) *listener {
-	l := &listener{pool: pool, waiters: map[string]map[*keyWatch]struct{}{}}
+	l := &listener{pool: pool, waiters: map[string]map[*keyWatch]struct{}{}, regs: map[string]*registration{}}
 	l.register = "INSERT INTO " + schema + ".waiters (key, id, until_ms) VALUES ($1, $2, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $3) ON CONFLICT DO NOTHING"
 	l.unregister = "DELETE FROM " + schema + ".waiters WHERE key = $1 AND id = $2"
 	return l
+}
+
+// registration is this sidecar's row in the waiters table for one key,
+// shared by all its waiters of that key: a thousand retries waiting for
+// one hot key cost one row, written by the first and deleted after the
+// last.
+type registration struct {
+	// ready is closed once the row was written, or could not be; id is
+	// the row's, nil when it could not be written (set before ready).
+	ready chan struct{}
+	id    []byte
 }
 
 // keyWatch wakes a waiter when its key may have changed (claim.Watch).
@@ -67,32 +80,42 @@ type keyWatch struct {
 	c   chan struct{}
 	key string
 	l   *listener
-	// id is the watch's row in the waiters table; nil when it was not
-	// registered.
-	id []byte
 }
 
 // C receives when the key may have changed.
 func (w *keyWatch) C() <-chan struct{} { return w.c }
 
-// Stop ends the watch, and deletes its registration in the background.
+// Stop ends the watch; the last of its key's on this sidecar deletes
+// their registration, in the background.
 func (w *keyWatch) Stop() {
-	w.l.mu.Lock()
-	defer w.l.mu.Unlock()
-	if set := w.l.waiters[w.key]; set != nil {
-		delete(set, w)
-		if len(set) == 0 {
-			delete(w.l.waiters, w.key)
-		}
+	l := w.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	set := l.waiters[w.key]
+	if set == nil {
+		return
 	}
-	if id := w.id; id != nil {
-		w.id = nil
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), registerWait)
-			defer cancel()
-			_, _ = w.l.pool.Exec(ctx, w.l.unregister, w.key, id)
-		}()
+	delete(set, w)
+	if len(set) > 0 {
+		return
 	}
+	delete(l.waiters, w.key)
+	reg := l.regs[w.key]
+	delete(l.regs, w.key)
+	if reg != nil {
+		go l.deregister(w.key, reg)
+	}
+}
+
+// deregister deletes reg, key's registration, once it was written.
+func (l *listener) deregister(key string, reg *registration) {
+	<-reg.ready // every waiter of it returned from Watch: it is written, or never will be
+	if reg.id == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), registerWait)
+	defer cancel()
+	_, _ = l.pool.Exec(ctx, l.unregister, key, reg.id)
 }
 
 // wake sends w one pending wake-up.
@@ -104,26 +127,42 @@ func (w *keyWatch) wake() {
 }
 
 // Watch wakes a waiter when key may have been settled or freed, and once
-// the store is listening. It registers the waiter in the waiters table
-// (notify.go) before it returns, so that the waiter's first read follows
-// the registration; should that fail or take longer than registerWait,
-// the waiter is woken by its poll.
+// the store is listening. Before it returns, the key is registered in the
+// waiters table (notify.go), so that the waiter's first read follows the
+// registration: by this waiter, when it is this sidecar's first of the
+// key, else by the first, whose registration it waits for. Should that
+// fail or take longer than registerWait, the waiter is woken by its poll.
 func (s *Store) Watch(ctx context.Context, key string) claim.Watch {
 	l := s.watch
-	var id [16]byte
-	_, _ = rand.Read(id[:])
+	w, reg, first := l.add(key)
 	ctx, cancel := context.WithTimeout(ctx, registerWait)
 	defer cancel()
-	var registered []byte
-	_, err := l.pool.Exec(ctx, l.register, key, id[:], registeredFor.Milliseconds())
+	if !first {
+		select {
+		case <-reg.ready:
+		case <-ctx.Done():
+		}
+		return w
+	}
+	id := make([]byte, 16)
+	_, _ = rand.Read(id)
+	_, err := l.pool.Exec(ctx, l.register, key, id, registeredFor.Milliseconds())
 	var refused *pgconn.PgError
 	switch {
 	case err == nil:
-		registered = id[:]
+		reg.id = id
 	case errors.As(err, &refused) && l.onUnregistered != nil && !l.unregisteredTold.Swap(true):
 		l.onUnregistered(err)
 	}
-	return l.add(key, registered)
+	if err != nil { // the key's next waiter on this sidecar tries again
+		l.mu.Lock()
+		if l.regs[key] == reg {
+			delete(l.regs, key)
+		}
+		l.mu.Unlock()
+	}
+	close(reg.ready)
+	return w
 }
 
 // registerWait bounds a waiter's registration and its deletion;
@@ -134,9 +173,10 @@ const (
 	registeredFor = time.Hour
 )
 
-// add registers a waiter for key, registered in the table under id.
-func (l *listener) add(key string, id []byte) *keyWatch {
-	w := &keyWatch{c: make(chan struct{}, 1), key: key, l: l, id: id}
+// add adds a waiter for key: its watch, and key's registration on this
+// sidecar, which first says the caller is to write.
+func (l *listener) add(key string) (w *keyWatch, reg *registration, first bool) {
+	w = &keyWatch{c: make(chan struct{}, 1), key: key, l: l}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	set := l.waiters[key]
@@ -145,12 +185,16 @@ func (l *listener) add(key string, id []byte) *keyWatch {
 		l.waiters[key] = set
 	}
 	set[w] = struct{}{}
+	if reg = l.regs[key]; reg == nil {
+		reg, first = &registration{ready: make(chan struct{})}, true
+		l.regs[key] = reg
+	}
 	if l.live {
 		w.wake()
 	} else {
 		l.startLocked()
 	}
-	return w
+	return w, reg, first
 }
 
 // start begins listening, unless the listener runs or was closed.
