@@ -55,18 +55,7 @@ func (memUpstream) RoundTrip(r *http.Request) (*http.Response, error) {
 // with a discarded log and unregistered metrics.
 func allocHandler(t testing.TB) (*proxy.Handler, *redisstore.Store) {
 	t.Helper()
-	emb, err := redisstore.StartEmbedded()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(emb.Close)
-	client, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{emb.Addr()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { client.Close() })
-	store := redisstore.New(client, "idem:")
-	t.Cleanup(store.Close)
+	store := proxy.EmbeddedStore(t, "idem:")
 	cfg := proxy.TestConfig("http://127.0.0.1:1")
 	cfg.Routes = []proxy.Route{route("pay", "POST /payments")}
 	h, err := proxy.New(cfg, store, proxy.Options{

@@ -10,8 +10,9 @@ var trustedLoopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip
 
 // For the external tests.
 var (
-	TestRoute  = testRoute
-	TestConfig = testConfig
+	TestRoute     = testRoute
+	TestConfig    = testConfig
+	EmbeddedStore = embeddedStore
 )
 
 // principal is admit then the source, for the tests of identity alone.

@@ -100,18 +100,21 @@ func TestFrontWithoutAnHTTPRequest(t *testing.T) {
 }
 
 // embeddedStore is a store on the embedded Redis (miniredis), for the
-// unit tests of what runs above the store, its keys under prefix.
-func embeddedStore(t *testing.T, prefix string) claim.Store {
-	t.Helper()
+// unit tests and benchmarks of what runs above the store, its keys under
+// prefix.
+func embeddedStore(tb testing.TB, prefix string) *redisstore.Store {
+	tb.Helper()
 	emb, err := redisstore.StartEmbedded()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(emb.Close)
+	tb.Cleanup(emb.Close)
 	client, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{emb.Addr()}})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { client.Close() })
-	return redisstore.New(client, prefix)
+	tb.Cleanup(func() { client.Close() })
+	store := redisstore.New(client, prefix)
+	tb.Cleanup(store.Close)
+	return store
 }

@@ -48,12 +48,11 @@ type owner struct {
 	// drain that ran out of time.
 	cancel context.CancelCauseFunc
 
-	// mu guards settled and serialises renewals with settling, so a
+	// mu guards settledBy and serialises renewals with settling, so a
 	// renewal never runs after the record was completed or released.
-	mu      sync.Mutex
-	settled bool
+	mu sync.Mutex
 	// settledBy is the reply the claim was settled with (settle); nil
-	// until then.
+	// while it is not settled.
 	settledBy *reply
 	renewer   *time.Timer
 }
@@ -230,7 +229,7 @@ func (o *owner) lateSettled() {
 func (o *owner) renew() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.settled {
+	if o.settledBy != nil {
 		return
 	}
 	if o.held.renew() {

@@ -43,10 +43,9 @@ func settledAs(v *reply, p problem) *reply {
 func (o *owner) settle(f func() *reply) *reply {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.settled {
+	if o.settledBy != nil {
 		return o.settledBy
 	}
-	o.settled = true
 	o.renewer.Stop()
 	if f == nil { // a panic unwinds: nothing decided, the claim stays
 		o.settledBy = settled(outcomeRejected, "the request ended before its claim was settled")
