@@ -233,6 +233,10 @@ func (s *server) openPostgres(ctx context.Context, sec *secrets) error {
 		s.log.Warn("PostgreSQL refused a waiter's registration for wake-ups: waiters (concurrent: wait, stream followers) wake by their poll only. The runtime role needs INSERT and DELETE on the waiters table: run idemproxy store migrate -grant ROLE with this release",
 			"schema", pg.Schema, "err", err)
 	})
+	store.OnUnnamed(func(err error) {
+		s.log.Warn("PostgreSQL: a server connection did not have the sidecar's named statement (a transaction pooler between them: PgBouncer before 1.21, or without max_prepared_statements): every call now goes unnamed, parsed and planned by the server each time (docs/production.md); the call that found out ran again",
+			"err", err)
+	})
 	store.OnDeafListener(func() {
 		s.log.Warn("PostgreSQL wake-ups do not arrive: this sidecar's LISTEN did not hear its own NOTIFY within 5s; waiters (concurrent: wait, stream followers) wake by their poll only. Behind a transaction pooler (PgBouncer pool_mode = transaction, RDS Proxy) set store.postgres.listen_url to a URL straight to the database",
 			"listen_url_set", pg.ListenURL != "")

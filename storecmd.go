@@ -90,10 +90,11 @@ func openPool(ctx context.Context, pg config.Postgres, sec *secrets, max int32) 
 		pcfg.ConnConfig.Password = sec.postgresPassword
 	}
 	// Behind a transaction pooler (PgBouncer, RDS Proxy) the next
-	// statement may run on another server connection: nothing may stay
-	// prepared by name. Statement descriptions are cached per connection
-	// instead, and every statement is parsed unnamed, in the same round
-	// trip (docs/benchmarks.md has its cost).
+	// statement may run on another server connection: pgx's own
+	// statements prepare nothing by name; their descriptions are cached
+	// per connection, and each is parsed unnamed in the same round trip.
+	// The store's calls are named until such a pooler refuses one
+	// (claim/pgstore/named.go).
 	pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	nameConnection(pcfg.ConnConfig)
 	pcfg.MaxConns = max

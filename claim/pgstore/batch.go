@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -141,6 +142,7 @@ func (b *batcher) send(batch []*op) {
 	var refused *pgconn.PgError
 	switch {
 	case errors.As(err, &refused):
+		b.s.unnamedAfter(err)
 		var wg sync.WaitGroup
 		for _, o := range batch {
 			wg.Go(func() { o.err = b.s.alone(ctx, o) })
@@ -193,22 +195,29 @@ func (s *Store) together(ctx context.Context, batch []*op) error {
 	}
 	defer c.Release() // a connection left busy or broken is destroyed by the pool
 	pc, m := c.Conn().PgConn(), c.Conn().TypeMap()
-	sent, err := s.encodeAll(ctx, pc, m, batch)
+	sent, err := s.encodeAll(ctx, c.Conn(), batch)
 	if err != nil {
 		return err
 	}
-	p := pc.StartPipeline(ctx)
-	binary := []int16{pgtype.BinaryFormatCode}
 	var wakes []string
 	for _, e := range sent {
-		p.SendQueryParams(e.sql, e.params, e.oids, binary, binary)
 		if e.o.wake {
 			wakes = append(wakes, e.o.key)
 		}
 	}
+	var wake *pgconn.StatementDescription
+	if len(wakes) > 0 {
+		if wake, err = s.statement(ctx, c.Conn(), s.wakeSQL); err != nil {
+			return err
+		}
+	}
+	p := pc.StartPipeline(ctx)
+	for _, e := range sent {
+		send(p, e.sql, e.sd, e.params)
+	}
 	p.SendPipelineSync()
 	if len(wakes) > 0 {
-		if err := s.sendWakes(p, m, wakes); err != nil {
+		if err := s.sendWakes(p, m, wake, wakes); err != nil {
 			p.Close()
 			return err
 		}
@@ -221,8 +230,11 @@ func (s *Store) together(ctx context.Context, batch []*op) error {
 		p.Close()
 		return err
 	}
-	if len(wakes) > 0 && s.readWakes(p) != nil {
-		s.notifyFailures.Add(1)
+	if len(wakes) > 0 {
+		if err := s.readWakes(p); err != nil {
+			s.notifyFailures.Add(1)
+			s.unnamedAfter(err)
+		}
 	}
 	p.Close() // every answer that decides anything is read
 	return nil
@@ -233,30 +245,27 @@ func (s *Store) together(ctx context.Context, batch []*op) error {
 type encoded struct {
 	o      *op
 	sql    string
+	sd     *pgconn.StatementDescription
 	params [][]byte
-	oids   []uint32
 }
 
 // encodeAll encodes every operation's arguments for pc; one whose
 // arguments cannot be encoded fails alone, unsent.
-func (s *Store) encodeAll(ctx context.Context, pc *pgconn.PgConn, m *pgtype.Map, batch []*op) ([]encoded, error) {
+func (s *Store) encodeAll(ctx context.Context, c *pgx.Conn, batch []*op) ([]encoded, error) {
+	m := c.TypeMap()
 	sent := make([]encoded, 0, len(batch))
 	for _, o := range batch {
 		sql := s.call(o.fn, len(o.args))
-		sd, err := s.describe(ctx, pc, sql)
+		sd, err := s.statement(ctx, c, sql)
 		if err != nil {
 			return nil, err
 		}
-		params := make([][]byte, len(o.args))
-		for i, a := range o.args {
-			if params[i], err = m.Encode(sd.ParamOIDs[i], pgtype.BinaryFormatCode, a, nil); err != nil {
-				o.err = fmt.Errorf("%s: encode argument %d: %w: %w", o.name, i+1, claim.ErrNotSent, err)
-				break
-			}
+		params, err := encodeArgs(m, sd, o.args)
+		if err != nil {
+			o.err = fmt.Errorf("%s: %w: %w", o.name, claim.ErrNotSent, err)
+			continue
 		}
-		if o.err == nil {
-			sent = append(sent, encoded{o: o, sql: sql, params: params, oids: sd.ParamOIDs})
-		}
+		sent = append(sent, encoded{o: o, sql: sql, sd: sd, params: params})
 	}
 	return sent, nil
 }

@@ -46,12 +46,13 @@ const notifySQL = "SELECT pg_catalog.pg_notify('idemproxy', $1)"
 func wakeSQL(fn string) string { return "SELECT " + fn + "($1)" }
 
 // sendWakes queues the wake-up statement for keys, and its Sync, on p.
-func (s *Store) sendWakes(p *pgconn.Pipeline, m *pgtype.Map, keys []string) error {
+// sd is the wake-up statement's description on p's connection.
+func (s *Store) sendWakes(p *pgconn.Pipeline, m *pgtype.Map, sd *pgconn.StatementDescription, keys []string) error {
 	k, err := m.Encode(pgtype.TextArrayOID, pgtype.BinaryFormatCode, keys, nil)
 	if err != nil {
 		return err
 	}
-	p.SendQueryParams(s.wakeSQL, [][]byte{k}, []uint32{pgtype.TextArrayOID}, []int16{pgtype.BinaryFormatCode}, nil)
+	send(p, s.wakeSQL, sd, [][]byte{k})
 	p.SendPipelineSync()
 	return nil
 }
@@ -63,8 +64,12 @@ func (s *Store) rowNotify(ctx context.Context, op, fn, key string, args []any, d
 	if err != nil {
 		return claim.Unavailable(op, err)
 	}
+	named := s.named.Load()
 	err = s.pipeline(ctx, c, s.call(fn, len(args)), args, key, dst)
-	c.Release() // a connection left busy or broken is destroyed by the pool
+	c.Release()                                     // a connection left busy or broken is destroyed by the pool
+	if err != nil && named && s.unnamedAfter(err) { // nothing ran (named.go)
+		err = s.rowNotify(ctx, op, fn, key, args, dst...)
+	}
 	if err != nil {
 		return s.unavailable(op, err)
 	}
@@ -74,22 +79,19 @@ func (s *Store) rowNotify(ctx context.Context, op, fn, key string, args []any, d
 // pipeline sends the statement and the wake-up in one round trip, each
 // followed by its Sync, and reads both answers.
 func (s *Store) pipeline(ctx context.Context, c *pgxpool.Conn, sql string, args []any, key string, dst []any) error {
-	sd, err := s.describe(ctx, c.Conn().PgConn(), sql)
+	sd, params, err := s.bind(ctx, c.Conn(), sql, args)
 	if err != nil {
 		return err
 	}
 	m := c.Conn().TypeMap()
-	params := make([][]byte, len(args))
-	for i, a := range args {
-		if params[i], err = m.Encode(sd.ParamOIDs[i], pgtype.BinaryFormatCode, a, nil); err != nil {
-			return fmt.Errorf("encode argument %d: %w", i+1, err)
-		}
+	wake, err := s.statement(ctx, c.Conn(), s.wakeSQL)
+	if err != nil {
+		return err
 	}
-	binary := []int16{pgtype.BinaryFormatCode}
 	p := c.Conn().PgConn().StartPipeline(ctx)
-	p.SendQueryParams(sql, params, sd.ParamOIDs, binary, binary)
+	send(p, sql, sd, params)
 	p.SendPipelineSync()
-	if err := s.sendWakes(p, m, []string{key}); err != nil {
+	if err := s.sendWakes(p, m, wake, []string{key}); err != nil {
 		p.Close()
 		return err
 	}
@@ -112,6 +114,7 @@ func (s *Store) pipeline(ctx context.Context, c *pgxpool.Conn, sql string, args 
 	}
 	if notifyErr != nil {
 		s.notifyFailures.Add(1)
+		s.unnamedAfter(notifyErr)
 	}
 	return writeErr
 }
@@ -127,6 +130,12 @@ func readRow(p *pgconn.Pipeline, m *pgtype.Map, dst []any) error {
 	if !ok {
 		return fmt.Errorf("pipeline: unexpected result %T", res)
 	}
+	return scanRow(rr, m, dst)
+}
+
+// scanRow reads rr whole: one row, scanned into dst (nothing when dst is
+// nil).
+func scanRow(rr *pgconn.ResultReader, m *pgtype.Map, dst []any) error {
 	rows := 0
 	var scanErr error
 	for rr.NextRow() {
@@ -136,7 +145,7 @@ func readRow(p *pgconn.Pipeline, m *pgtype.Map, dst []any) error {
 		}
 		fds, vals := rr.FieldDescriptions(), rr.Values()
 		if len(vals) != len(dst) {
-			scanErr = fmt.Errorf("pipeline: %d columns, %d destinations", len(vals), len(dst))
+			scanErr = fmt.Errorf("answer: %d columns, %d destinations", len(vals), len(dst))
 			continue
 		}
 		for i := range vals {
@@ -153,9 +162,21 @@ func readRow(p *pgconn.Pipeline, m *pgtype.Map, dst []any) error {
 		return &scanError{scanErr}
 	}
 	if dst != nil && rows != 1 {
-		return &scanError{errors.New("pipeline: no row")}
+		return &scanError{errors.New("answer: no row")}
 	}
 	return nil
+}
+
+// encodeArgs is args in the wire format of sd's parameters.
+func encodeArgs(m *pgtype.Map, sd *pgconn.StatementDescription, args []any) ([][]byte, error) {
+	params := make([][]byte, len(args))
+	for i, a := range args {
+		var err error
+		if params[i], err = m.Encode(sd.ParamOIDs[i], pgtype.BinaryFormatCode, a, nil); err != nil {
+			return nil, fmt.Errorf("encode argument %d: %w", i+1, err)
+		}
+	}
+	return params, nil
 }
 
 // scanError is an answer the server gave that could not be read: the
@@ -164,21 +185,6 @@ type scanError struct{ err error }
 
 func (e *scanError) Error() string { return e.err.Error() }
 func (e *scanError) Unwrap() error { return e.err }
-
-// describe is sql's parameter and result types, asked once per store
-// (the unnamed statement: nothing stays prepared on the server, so any
-// pooler may route the next statement elsewhere).
-func (s *Store) describe(ctx context.Context, pc *pgconn.PgConn, sql string) (*pgconn.StatementDescription, error) {
-	if sd, ok := s.described.Load(sql); ok {
-		return sd.(*pgconn.StatementDescription), nil
-	}
-	sd, err := pc.Prepare(ctx, "", sql, nil)
-	if err != nil {
-		return nil, err
-	}
-	s.described.Store(sql, sd)
-	return sd, nil
-}
 
 // NotifyFailures is how many wake-ups could not be sent since the store
 // opened (the write before each stood): a full notification queue, or a

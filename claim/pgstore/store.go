@@ -68,8 +68,11 @@ type Store struct {
 	readQuery string
 	// wakeSQL is the wake-up statement (notify.go).
 	wakeSQL string
-	// described holds the statements' descriptions (notify.go), by SQL.
+	// named sends the schema's calls as named statements (statement);
+	// described holds their descriptions, by SQL, while they go unnamed.
+	named     atomic.Bool
 	described sync.Map
+	onUnnamed func(error)
 	// notifyFailures counts the wake-ups that could not be sent.
 	notifyFailures atomic.Int64
 	// batch groups concurrent operations (batch.go); nil sends each
@@ -185,6 +188,7 @@ func New(pool *pgxpool.Pool, schema, prefix string, opts ...claim.Option) *Store
 	s.readQuery = "SELECT r.cur, r.pttl, " + s.fn("idem_now") + "() FROM " + s.fn("idem_read") + "($1) r"
 	s.wakeSQL = wakeSQL(s.fn("idem_wake"))
 	s.watch = newListener(pool, s.schema)
+	s.named.Store(true)
 	if o.Pipeline {
 		s.batch = newBatcher(s, min(maxInFlight, max(1, int(pool.Config().MaxConns))), o.OnBatch)
 	}
@@ -251,10 +255,35 @@ func (s *Store) fn(name string) string {
 // row runs one of the schema's functions with args and scans its result
 // into dst.
 func (s *Store) row(ctx context.Context, op, fn string, args []any, dst ...any) error {
-	if err := s.pool.QueryRow(ctx, s.call(fn, len(args)), args...).Scan(fields(dst)...); err != nil {
+	named := s.named.Load()
+	err := s.rowOnce(ctx, fn, args, dst)
+	if err != nil && named && s.unnamedAfter(err) { // nothing ran (named.go)
+		err = s.rowOnce(ctx, fn, args, dst)
+	}
+	if err != nil {
 		return s.unavailable(op, err)
 	}
 	return nil
+}
+
+// rowOnce is row's call, sent once.
+func (s *Store) rowOnce(ctx context.Context, fn string, args, dst []any) error {
+	sql := s.call(fn, len(args))
+	return s.pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+		sd, params, err := s.bind(ctx, c.Conn(), sql, args)
+		if err != nil {
+			return err
+		}
+		binary := []int16{pgtype.BinaryFormatCode}
+		pc := c.Conn().PgConn()
+		var rr *pgconn.ResultReader
+		if sd.Name != "" {
+			rr = pc.ExecStatement(ctx, sd, params, binary, binary)
+		} else {
+			rr = pc.ExecParams(ctx, sql, params, sd.ParamOIDs, binary, binary)
+		}
+		return scanRow(rr, c.Conn().TypeMap(), fields(dst))
+	})
 }
 
 // do runs one operation on key, a call of fn with args scanned into dst,

@@ -369,9 +369,10 @@ func TestWritesNeverWaitOnWakeUps(t *testing.T) {
 
 // TestContractThroughPgBouncer (issue 62): the whole contract suite
 // through a real PgBouncer in transaction mode (the pooler most fleets put
-// in front of PostgreSQL), on a pool that prepares nothing by name (the
-// sidecar's: statement descriptions cached, statements unnamed), the
-// LISTEN connection straight to the database (store.postgres.listen_url).
+// in front of PostgreSQL), on the sidecar's pool (statement
+// descriptions cached; the stores' calls named until the pooler routes
+// one where its name is unknown, then unnamed: named.go), the LISTEN
+// connection straight to the database (store.postgres.listen_url).
 // v0.7.0's named prepared statements failed here ("prepared statement
 // stmtcache_... already exists").
 func TestContractThroughPgBouncer(t *testing.T) {
