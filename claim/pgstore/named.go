@@ -57,15 +57,30 @@ func (s *Store) bind(ctx context.Context, c *pgx.Conn, sql string, args []any) (
 	return sd, params, err
 }
 
+// binaryFormat is every parameter's and result's format: binary. Only
+// read (pgconn copies it into its messages), so shared.
+var binaryFormat = []int16{pgtype.BinaryFormatCode}
+
 // send queues sql, described by sd, with params on p: by name when sd is
 // a named statement's.
 func send(p *pgconn.Pipeline, sql string, sd *pgconn.StatementDescription, params [][]byte) {
-	binary := []int16{pgtype.BinaryFormatCode}
 	if sd.Name != "" {
-		p.SendQueryStatement(sd, params, binary, binary)
+		p.SendQueryStatement(sd, params, binaryFormat, binaryFormat)
 		return
 	}
-	p.SendQueryParams(sql, params, sd.ParamOIDs, binary, binary)
+	p.SendQueryParams(sql, params, sd.ParamOIDs, binaryFormat, binaryFormat)
+}
+
+// refusedAgain runs call, and once more when the server refused a named
+// statement of it that a pooler routed elsewhere: nothing of it ran, and
+// the store now sends every call unnamed (unnamedAfter).
+func (s *Store) refusedAgain(call func() error) error {
+	named := s.named.Load()
+	err := call()
+	if err != nil && named && s.unnamedAfter(err) {
+		err = call()
+	}
+	return err
 }
 
 // unnamedAfter reports whether err is the server's refusal of a named

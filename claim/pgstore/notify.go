@@ -8,8 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemproxy/idemproxy/claim"
 )
 
 // Wake-ups never decide a write. A NOTIFY inside the writing function's
@@ -60,16 +58,14 @@ func (s *Store) sendWakes(p *pgconn.Pipeline, m *pgtype.Map, sd *pgconn.Statemen
 // rowNotify runs one of the schema's functions with args, as row does,
 // scanning its one row into dst, and then wakes key's waiters (above).
 func (s *Store) rowNotify(ctx context.Context, op, fn, key string, args []any, dst ...any) error {
-	c, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return claim.Unavailable(op, err)
-	}
-	named := s.named.Load()
-	err = s.pipeline(ctx, c, s.call(fn, len(args)), args, key, dst)
-	c.Release()                                     // a connection left busy or broken is destroyed by the pool
-	if err != nil && named && s.unnamedAfter(err) { // nothing ran (named.go)
-		err = s.rowNotify(ctx, op, fn, key, args, dst...)
-	}
+	err := s.refusedAgain(func() error {
+		c, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer c.Release() // a connection left busy or broken is destroyed by the pool
+		return s.pipeline(ctx, c, s.call(fn, len(args)), args, key, dst)
+	})
 	if err != nil {
 		return s.unavailable(op, err)
 	}

@@ -255,11 +255,7 @@ func (s *Store) fn(name string) string {
 // row runs one of the schema's functions with args and scans its result
 // into dst.
 func (s *Store) row(ctx context.Context, op, fn string, args []any, dst ...any) error {
-	named := s.named.Load()
-	err := s.rowOnce(ctx, fn, args, dst)
-	if err != nil && named && s.unnamedAfter(err) { // nothing ran (named.go)
-		err = s.rowOnce(ctx, fn, args, dst)
-	}
+	err := s.refusedAgain(func() error { return s.rowOnce(ctx, fn, args, dst) })
 	if err != nil {
 		return s.unavailable(op, err)
 	}
@@ -274,13 +270,12 @@ func (s *Store) rowOnce(ctx context.Context, fn string, args, dst []any) error {
 		if err != nil {
 			return err
 		}
-		binary := []int16{pgtype.BinaryFormatCode}
 		pc := c.Conn().PgConn()
 		var rr *pgconn.ResultReader
 		if sd.Name != "" {
-			rr = pc.ExecStatement(ctx, sd, params, binary, binary)
+			rr = pc.ExecStatement(ctx, sd, params, binaryFormat, binaryFormat)
 		} else {
-			rr = pc.ExecParams(ctx, sql, params, sd.ParamOIDs, binary, binary)
+			rr = pc.ExecParams(ctx, sql, params, sd.ParamOIDs, binaryFormat, binaryFormat)
 		}
 		return scanRow(rr, c.Conn().TypeMap(), fields(dst))
 	})
