@@ -15,11 +15,12 @@ import (
 
 // admit checks what must hold before anything is read or claimed: the
 // path as matched, no hop-by-hop nomination of what the proxy relies on,
-// the key under one spelling, and a principal. It returns the unquoted
-// key, now also in the forwarded header; or the reply that refused it (or
-// forwards it unprotected, on an optional route).
+// the key under one spelling, and a principal, who holds the request's
+// bytes from then on (x.holder). It returns the unquoted key, now also in
+// the forwarded header; or the reply that refused it (or forwards it
+// unprotected, on an optional route).
 func (x *exchange) admit() (key string, rep *reply) {
-	s := &x.a.rt.settings
+	s := &x.rt.settings
 	// The upstream must get the request that was matched and fingerprinted:
 	// a path with dot segments, repeated or trailing slashes (or their
 	// percent-encoded forms) could be protected as one route and acted on
@@ -31,13 +32,13 @@ func (x *exchange) admit() (key string, rep *reply) {
 		return "", rep
 	}
 	key, keyErr := parseKey(x.r.Header, s.KeyHeader)
-	fromBody := x.a.rt.keyPointer != nil
+	fromBody := x.rt.keyPointer != nil
 	if errors.Is(keyErr, errKeyMissing) && !s.RequireKey && !fromBody {
 		return "", bypassWith(nil, "no idempotency key on an optional route")
 	}
 	// Asked here, not for every request: only a protected request needs
 	// a principal, and a signature check costs real CPU.
-	p, err := x.a.h.id.src.principal(x.r.Context(), x.r, x.trusted)
+	p, err := x.h.id.src.principal(x.r.Context(), x.r, x.trusted)
 	switch {
 	case errors.Is(err, errTokenTwice), errors.Is(err, errXFCC):
 		return "", refuse(outcomeRejected, probIdentityInvalid.with(err.Error()))
@@ -47,13 +48,13 @@ func (x *exchange) admit() (key string, rep *reply) {
 	if strings.HasPrefix(p, webhookPrincipals) {
 		return "", refuse(outcomeRejected, probIdentityInvalid.with("principals under "+webhookPrincipals+" are the webhook routes' providers and their senders; no identity source may assert one"))
 	}
-	x.a.principal = p
-	if x.a.h.id.replace && p != "" {
-		x.r.Header.Set(x.a.h.id.header, p) // what the key is scoped to is what the upstream reads
+	x.holder = p
+	if x.h.id.replace && p != "" {
+		x.r.Header.Set(x.h.id.header, p) // what the key is scoped to is what the upstream reads
 	}
 	switch {
-	case x.a.principal == "":
-		return "", refuse(outcomeRejected, probIdentityMissing.with("this route needs "+x.a.h.id.src.missing()))
+	case p == "":
+		return "", refuse(outcomeRejected, probIdentityMissing.with("this route needs "+x.h.id.src.missing()))
 	case errors.Is(keyErr, errKeyMissing) && fromBody:
 		return "", nil // looked for in the body once it is read
 	case errors.Is(keyErr, errKeyMissing):
@@ -73,12 +74,12 @@ func (x *exchange) admit() (key string, rep *reply) {
 // the reply that refused it, nil when admitted. The other hop-by-hop
 // nominations were checked for every request.
 func (x *exchange) keyHeaderAdmitted() *reply {
-	if tok := nominated(x.r.Header, x.a.rt.keyNames); tok != "" {
+	if tok := nominated(x.r.Header, x.rt.keyNames); tok != "" {
 		return refuse(outcomeRejected, probHopByHop.with("Connection nominates "+tok+", which idemproxy and the upstream rely on"))
 	}
 	for name := range x.r.Header {
-		if sameName(name, x.a.rt.settings.KeyHeader) && name != x.a.rt.keyHeader {
-			return refuse(outcomeRejected, probKeyMalformed.with("the idempotency key is sent as "+name+"; send it only as "+x.a.rt.keyHeader))
+		if sameName(name, x.rt.settings.KeyHeader) && name != x.rt.keyHeader {
+			return refuse(outcomeRejected, probKeyMalformed.with("the idempotency key is sent as "+name+"; send it only as "+x.rt.keyHeader))
 		}
 	}
 	return nil
@@ -89,8 +90,8 @@ func (x *exchange) keyHeaderAdmitted() *reply {
 // both they must agree. Or the reply: refused, or forwarded unprotected
 // on an optional route without a key.
 func (x *exchange) keyInBody(header string, body []byte) (string, *reply) {
-	s := &x.a.rt.settings
-	key, found, err := bodyKey(body, x.a.rt.keyPointer)
+	s := &x.rt.settings
+	key, found, err := bodyKey(body, x.rt.keyPointer)
 	switch {
 	case err != nil:
 		return "", refuse(outcomeRejected, probKeyMalformed.with(s.KeyJSONPointer+": "+err.Error()))

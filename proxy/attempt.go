@@ -18,15 +18,8 @@ import (
 // HTTP request. A request's exchange runs one (and writes its reply);
 // the key API's reconcile-now runs one with no request at all.
 type attempt struct {
-	h  *Handler
-	rt *route
-	// ctx is what the attempt's store calls and lookups inherit: values
-	// (the trace), never the front's cancellation, which the attempt asks
-	// about itself (storeFailed).
-	ctx       context.Context
+	front
 	principal string
-	requestID string
-	start     time.Time
 
 	// hashedKey is the store key, the only form of the key that is logged.
 	hashedKey string
@@ -43,6 +36,22 @@ type attempt struct {
 	// (firstsent.go).
 	firstSent    time.Time
 	hasFirstSent bool
+}
+
+// front is what a front knows of a request before the protocol on its
+// key starts: the handler and route, the request's id and start, and its
+// trace. An exchange holds one from the first byte; an attempt is built
+// on it once the request is admitted (newAttempt), whole, and never
+// written after.
+type front struct {
+	h  *Handler
+	rt *route
+	// ctx is what the attempt's store calls and lookups inherit: values
+	// (the trace), never the front's cancellation, which the attempt asks
+	// about itself (storeFailed).
+	ctx       context.Context
+	requestID string
+	start     time.Time
 
 	// trace is the front's span as a record stores it, and traceID its
 	// trace id (logged on every line); zero when not traced.
@@ -61,23 +70,39 @@ type traceSink interface {
 	linkTo(rec *claim.Record)
 }
 
-// newAttempt is an attempt at principal's key on rt, from ctx.
-func (h *Handler) newAttempt(ctx context.Context, rt *route, principal, requestID string) *attempt {
-	return &attempt{h: h, rt: rt, ctx: ctx, principal: principal, requestID: requestID, start: time.Now()}
+// newFront is the front of a request on rt, from ctx.
+func (h *Handler) newFront(ctx context.Context, rt *route, requestID string) front {
+	return front{h: h, rt: rt, ctx: ctx, requestID: requestID, start: time.Now()}
 }
 
-// at sets the key the attempt works on: key as the client sent it.
-func (a *attempt) at(key string) {
-	a.hashedKey, a.idemKey = a.h.codec.Key(a.principal, a.rt.scope, key), key
+// admittedAs is who presents the key and what they said of it, as
+// admission found them.
+type admittedAs struct {
+	principal string
+	// key is the idempotency key as the client sent it.
+	key string
+	// firstSent is when the request was first sent, when hasFirstSent.
+	firstSent    time.Time
+	hasFirstSent bool
+}
+
+// newAttempt is the attempt at in's key by in's principal, on f's route.
+func (f front) newAttempt(in admittedAs) *attempt {
+	return &attempt{
+		front:     f,
+		principal: in.principal,
+		hashedKey: f.h.codec.Key(in.principal, f.rt.scope, in.key),
+		idemKey:   in.key, firstSent: in.firstSent, hasFirstSent: in.hasFirstSent,
+	}
 }
 
 // log is the handler's logger, with the trace id on every line when the
-// attempt is traced.
-func (a *attempt) log() *slog.Logger {
-	if a.traceID != "" {
-		return a.h.log.With("trace_id", a.traceID)
+// request is traced.
+func (f *front) log() *slog.Logger {
+	if f.traceID != "" {
+		return f.h.log.With("trace_id", f.traceID)
 	}
-	return a.h.log
+	return f.h.log
 }
 
 // linkTo links the front's span to the span of the attempt that claimed

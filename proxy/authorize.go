@@ -26,14 +26,14 @@ var authorizedHeaders = []string{"Authorization", "Cookie", requestIDHeader}
 // authorized when it was computed; the caller's permissions may have
 // changed since. It returns the reply when not, nil when it may.
 func (x *exchange) authorize() *reply {
-	s := &x.a.rt.settings
+	s := &x.rt.settings
 	if s.AuthorizeURL == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(x.r.Context(), s.AuthorizeTimeout)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.AuthorizeURL.String(), nil) // a parsed URL always makes a request
-	req.Header.Set(x.a.h.id.header, x.a.principal)
+	req.Header.Set(x.h.id.header, x.a.principal)
 	for _, h := range authorizedHeaders {
 		if vs := x.r.Header.Values(h); len(vs) > 0 {
 			req.Header[h] = vs
@@ -42,8 +42,8 @@ func (x *exchange) authorize() *reply {
 	req.Header.Set("X-Original-Method", x.r.Method)
 	req.Header.Set("X-Original-URI", x.r.URL.RequestURI())
 	start := time.Now()
-	resp, err := x.a.h.authClient.Do(req)
-	x.a.h.metrics.authorizeSeconds.Observe(time.Since(start).Seconds())
+	resp, err := x.h.authClient.Do(req)
+	x.h.metrics.authorizeSeconds.Observe(time.Since(start).Seconds())
 	status := 0
 	if err == nil {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -57,7 +57,7 @@ func (x *exchange) authorize() *reply {
 	case status == http.StatusUnauthorized || status == http.StatusForbidden:
 		result = authForbidden
 	}
-	x.a.h.metrics.authorizations.WithLabelValues(x.a.rt.name, result).Inc()
+	x.h.metrics.authorizations.WithLabelValues(x.rt.name, result).Inc()
 	switch result {
 	case authAllowed:
 		return nil

@@ -27,9 +27,9 @@ func (x *exchange) writeAnswer(rc *http.ResponseController, b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
-	x.a.h.buffers.force(x.a.principal, len(b))
-	defer x.a.h.buffers.give(x.a.principal, len(b))
-	timeout := time.Duration(x.a.h.writeTimeout.Load())
+	x.h.buffers.force(x.holder, len(b))
+	defer x.h.buffers.give(x.holder, len(b))
+	timeout := time.Duration(x.h.writeTimeout.Load())
 	// A writer without deadlines (a test's recorder) says so once.
 	deadlines := rc.SetWriteDeadline(time.Now().Add(timeout)) == nil
 	if deadlines {

@@ -18,10 +18,14 @@ import (
 // writer and the request, admission, respond, finishing and tracing. The
 // protocol on its key is its attempt's.
 type exchange struct {
+	// front is what the exchange knows before its request is admitted:
+	// the handler, the route, the request's id, start and trace.
+	front
 	// a is the protocol on the request's key: claiming, answering from a
-	// record, waiting. The exchange holds it, never embeds it, so that
-	// what is HTTP (the exchange's methods) and what is the protocol
-	// (x.a's) read apart.
+	// record, waiting; nil until the request is admitted, then built
+	// whole from the front and what admission found. The exchange holds
+	// it, never embeds it, so that what is HTTP (the exchange's methods)
+	// and what is the protocol (x.a's) read apart.
 	a    *attempt
 	fwd  *forwarder
 	w    http.ResponseWriter
@@ -59,7 +63,7 @@ type exchange struct {
 
 // admitted is what a route's admission let through.
 type admitted struct {
-	key  string
+	admittedAs
 	body []byte
 	// legacy, on a webhook route, are the keys earlier releases stored
 	// the delivery under (useLegacyKey).
@@ -83,15 +87,15 @@ func (x *exchange) decide() *reply {
 	// client's identity and key. It is the exchange's, the HTTP front's
 	// (the route holds none): another front admits its own way.
 	admit := x.admitClient
-	if x.a.rt.settings.Webhook != nil {
+	if x.rt.settings.Webhook != nil {
 		admit = x.admitDelivery
 	}
 	in, rep := admit()
 	if rep != nil {
 		return rep
 	}
-	fp := x.a.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, in.body)
-	x.a.at(in.key)
+	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, in.body)
+	x.a = x.front.newAttempt(in.admittedAs)
 	if len(in.legacy) > 0 {
 		if rep := x.a.useLegacyKey(in.legacy); rep != nil {
 			return rep
@@ -119,15 +123,16 @@ func (x *exchange) admitClient() (admitted, *reply) {
 	if rep != nil {
 		return admitted{}, rep
 	}
-	if x.a.rt.keyPointer != nil {
+	if x.rt.keyPointer != nil {
 		if key, rep = x.keyInBody(key, body); rep != nil {
 			return admitted{}, rep
 		}
 	}
-	if rep := x.readFirstSent(key); rep != nil {
+	in := admitted{admittedAs: admittedAs{principal: x.holder, key: key}, body: body}
+	if rep := x.readFirstSent(&in.admittedAs); rep != nil {
 		return admitted{}, rep
 	}
-	return admitted{key: key, body: body}, nil
+	return in, nil
 }
 
 // inflate decompresses a stored body for its replay into a buffer of the
@@ -140,11 +145,11 @@ func (x *exchange) inflate(rec *claim.Record) *reply {
 	if err != nil {
 		return x.a.storeFailed("get", err, nil)
 	}
-	if int64(n) > x.a.rt.settings.MaxResponseBody {
+	if int64(n) > x.rt.settings.MaxResponseBody {
 		return notReplayable(rec)
 	}
 	buf := getBody(n)
-	if err := x.a.h.buffers.take(x.a.principal, cap(buf)); err != nil {
+	if err := x.h.buffers.take(x.holder, cap(buf)); err != nil {
 		putBody(buf)
 		return bufferRefused(err, "the stored answer is kept")
 	}
@@ -158,16 +163,16 @@ func (x *exchange) inflate(rec *claim.Record) *reply {
 // readBody reads the request body up to max_request_body; or the reply
 // that refused it.
 func (x *exchange) readBody() ([]byte, *reply) {
-	limit := x.a.rt.settings.MaxRequestBody
+	limit := x.rt.settings.MaxRequestBody
 	if x.r.ContentLength > limit {
 		return nil, refuse(outcomeRejected, probBodyTooLarge.with(fmt.Sprintf("this route accepts at most %d bytes", limit)))
 	}
 	// A client trickling its body (slow loris) must not hold a handler
 	// forever; the deadline covers only this read.
 	rc := http.NewResponseController(x.w)
-	_ = rc.SetReadDeadline(time.Now().Add(x.a.h.bodyTimeout))
-	take := func(n int) error { return x.a.h.buffers.take(x.a.principal, n) }
-	give := func(n int) { x.a.h.buffers.give(x.a.principal, n) }
+	_ = rc.SetReadDeadline(time.Now().Add(x.h.bodyTimeout))
+	take := func(n int) error { return x.h.buffers.take(x.holder, n) }
+	give := func(n int) { x.h.buffers.give(x.holder, n) }
 	body, err := readAll(http.MaxBytesReader(x.w, x.r.Body, limit), x.r.ContentLength, take, give)
 	x.reqBuf = body
 	if errors.Is(err, errOverBudget) || errors.Is(err, errOverShare) {
@@ -197,12 +202,12 @@ func (x *exchange) finish() {
 		x.outcome = outcomeRejected // aborted before an answer was chosen
 	}
 	defer x.endTrace()
-	total := time.Since(x.a.start)
-	x.a.h.metrics.requests.WithLabelValues(x.a.rt.name, x.outcome).Inc()
-	if x.a.rt.settings.Webhook != nil {
-		x.a.h.metrics.webhooks.WithLabelValues(x.a.rt.name, x.webhookOutcome()).Inc()
+	total := time.Since(x.start)
+	x.h.metrics.requests.WithLabelValues(x.rt.name, x.outcome).Inc()
+	if x.rt.settings.Webhook != nil {
+		x.h.metrics.webhooks.WithLabelValues(x.rt.name, x.webhookOutcome()).Inc()
 	}
-	x.a.h.metrics.added.WithLabelValues(x.a.rt.name).Observe((total - x.upstream).Seconds())
+	x.h.metrics.added.WithLabelValues(x.rt.name).Observe((total - x.upstream).Seconds())
 	level := slog.LevelInfo
 	switch x.outcome {
 	case outcomeStoreError, outcomeFenceLost, outcomeRecordUnreadable:
@@ -210,13 +215,16 @@ func (x *exchange) finish() {
 	case outcomeStoreUnavailable:
 		level = slog.LevelWarn
 	}
-	if !x.a.log().Enabled(context.Background(), level) {
+	if !x.log().Enabled(context.Background(), level) {
 		return // log_level above this line's: skip building it
 	}
 	line := requestLine{
-		route: x.a.rt.name, outcome: x.outcome, status: x.status, requestID: x.a.requestID,
-		duration: total, upstream: x.upstream, key: x.a.hashedKey, original: x.original,
-		late: x.late, detail: x.detail, traceID: x.a.traceID,
+		route: x.rt.name, outcome: x.outcome, status: x.status, requestID: x.requestID,
+		duration: total, upstream: x.upstream, original: x.original,
+		late: x.late, detail: x.detail, traceID: x.traceID,
 	}
-	line.log(x.a.h.log, level)
+	if x.a != nil { // refused or bypassed before it had a key: none is logged
+		line.key = x.a.hashedKey
+	}
+	line.log(x.h.log, level)
 }

@@ -142,16 +142,15 @@ func (a *attempt) releaseClaim(rec *claim.Record) {
 }
 
 // readFirstSent reads when the request was first sent, from the route's
-// first_sent sources (x.firstSent, x.hasFirstSent). A malformed time, or
-// one further ahead than first_sent_skew, is refused: the reply, nil
-// when it was read.
-func (x *exchange) readFirstSent(key string) *reply {
-	s := x.a.rt.settings.FirstSent
+// first_sent sources into in. A malformed time, or one further ahead than
+// first_sent_skew, is refused: the reply, nil when it was read.
+func (x *exchange) readFirstSent(in *admittedAs) *reply {
+	s := x.rt.settings.FirstSent
 	if len(s) == 0 {
 		return nil
 	}
-	t, ok, err := firstSent(s, x.r.Header, key)
-	if err == nil && ok && t.After(x.a.h.now().Add(x.a.rt.settings.FirstSentSkew)) {
+	t, ok, err := firstSent(s, x.r.Header, in.key)
+	if err == nil && ok && t.After(x.h.now().Add(x.rt.settings.FirstSentSkew)) {
 		// A date in the future (year 9999) would switch the check off for
 		// this request: refused, like a malformed one.
 		err = errors.New("the first-sent time " + t.UTC().Format(time.RFC3339) + " is in the future (more than first_sent_skew ahead of this sidecar's clock)")
@@ -159,6 +158,6 @@ func (x *exchange) readFirstSent(key string) *reply {
 	if err != nil {
 		return refuse(outcomeRejected, probFirstSentInvalid.with(err.Error()))
 	}
-	x.a.firstSent, x.a.hasFirstSent = t, ok
+	in.firstSent, in.hasFirstSent = t, ok
 	return nil
 }

@@ -80,7 +80,7 @@ func (a *attempt) streamTooLong() *reply {
 // chunked body is closed without its last chunk).
 func (x *exchange) follow(rec *claim.Record) {
 	if rec.StreamEnd == claim.StreamRunning {
-		defer x.a.h.streamReaders.give(x.a.hashedKey, x.a.principal)
+		defer x.h.streamReaders.give(x.a.hashedKey, x.a.principal)
 	}
 	stored := int64(len(rec.Body))
 	if at, id, ok := resumeFrom(x.r, rec, rec.Body); ok {
@@ -155,7 +155,7 @@ func (a *attempt) followDeadline(rec *claim.Record) time.Time {
 // claim.StreamAborted); it returns how.
 func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64, deadline time.Time) claim.StreamEnd {
 	ctx := x.r.Context()
-	watch := x.a.h.store.Watch(ctx, x.a.hashedKey)
+	watch := x.h.store.Watch(ctx, x.a.hashedKey)
 	defer watch.Stop()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -167,13 +167,13 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64,
 		case <-ctx.Done():
 			return streamClientGone
 		case <-cut.C:
-			x.a.log().Warn("stream follower cut: the stream ran past upstream.timeout + late_answer_window", "route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID)
+			x.log().Warn("stream follower cut: the stream ran past upstream.timeout + late_answer_window", "route", x.rt.name, "key", x.a.hashedKey, "request_id", x.requestID)
 			return claim.StreamAborted
 		case <-watch.C():
-			x.a.h.metrics.wakeupNotify.Inc()
+			x.h.metrics.wakeupNotify.Inc()
 		case <-timer.C:
 			if looked {
-				x.a.h.metrics.wakeupPoll.Inc()
+				x.h.metrics.wakeupPoll.Inc()
 			}
 		}
 		looked = true
@@ -183,7 +183,7 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64,
 				return streamClientGone
 			}
 			if failures++; failures > len(storeRetryWaits) || !errors.Is(err, claim.ErrUnavailable) {
-				x.a.log().Warn("stream follower cut: the stream could not be read", "route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID, "err", err)
+				x.log().Warn("stream follower cut: the stream could not be read", "route", x.rt.name, "key", x.a.hashedKey, "request_id", x.requestID, "err", err)
 				return claim.StreamAborted
 			}
 			timer.Reset(100 * time.Millisecond)
@@ -193,9 +193,9 @@ func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64,
 		if !counted && (part.End == claim.StreamRunning || at < part.Len) {
 			// Attached: the stream still ran (or grew) when first read.
 			counted = true
-			x.a.h.metrics.streamAttached.WithLabelValues(x.a.rt.name).Inc()
+			x.h.metrics.streamAttached.WithLabelValues(x.rt.name).Inc()
 		}
-		if stored += int64(len(part.Data)); stored > x.a.rt.settings.MaxResponseBody {
+		if stored += int64(len(part.Data)); stored > x.rt.settings.MaxResponseBody {
 			return x.a.followerTooLong()
 		}
 		if err := x.writeAnswer(rc, part.Data); err != nil {

@@ -3,8 +3,14 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"go/ast"
+	"go/parser"
+	"go/printer"
+	"go/token"
 	"log/slog"
 	"net/http"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -32,8 +38,7 @@ func TestFrontWithoutAnHTTPRequest(t *testing.T) {
 	// and forwards through forward, renewing while it runs.
 	executed := 0
 	serve := func(requestID string, forward func(*holding) (int, []byte)) *reply {
-		a := h.newAttempt(context.Background(), rt, "alice", requestID)
-		a.at("order-42")
+		a := h.newFront(context.Background(), rt, requestID).newAttempt(admittedAs{principal: "alice", key: "order-42"})
 		rec := a.newClaim(fp)
 		held, rep := a.ownOrAnswer(rec, body, nil)
 		if held == nil {
@@ -78,8 +83,7 @@ func TestFrontWithoutAnHTTPRequest(t *testing.T) {
 	}
 
 	// A settlement that frees the key: the next attempt executes.
-	a := h.newAttempt(context.Background(), rt, "alice", "req-5")
-	a.at("order-43")
+	a := h.newFront(context.Background(), rt, "req-5").newAttempt(admittedAs{principal: "alice", key: "order-43"})
 	rec := a.newClaim(fp)
 	held, rep := a.ownOrAnswer(rec, body, nil)
 	if held == nil {
@@ -90,8 +94,7 @@ func TestFrontWithoutAnHTTPRequest(t *testing.T) {
 	if v.outcome != outcomeReleased {
 		t.Fatalf("release: %+v", v)
 	}
-	b := h.newAttempt(context.Background(), rt, "alice", "req-6")
-	b.at("order-43")
+	b := h.newFront(context.Background(), rt, "req-6").newAttempt(admittedAs{principal: "alice", key: "order-43"})
 	if held, rep := b.ownOrAnswer(b.newClaim(fp), body, nil); held == nil {
 		t.Fatalf("the key released: %+v, want the retry to own it", rep)
 	} else {
@@ -117,4 +120,119 @@ func embeddedStore(tb testing.TB, prefix string) *redisstore.Store {
 	store := redisstore.New(client, prefix)
 	tb.Cleanup(store.Close)
 	return store
+}
+
+// TestAttemptBuiltWhole (issue 66): the exchange holds its attempt as a
+// named field, never embedded, and builds it whole once the request is
+// admitted (front.newAttempt): nothing outside the attempt's own methods
+// writes a field of it in later. The exchange stays at most 20 fields and
+// 30 methods of its own.
+func TestAttemptBuiltWhole(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	methods := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		af, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range af.Decls {
+			switch d := d.(type) {
+			case *ast.GenDecl:
+				exchangeFields(t, d)
+			case *ast.FuncDecl:
+				recv := receiverName(d)
+				if recv == "exchange" {
+					methods++
+				}
+				if recv != "attempt" && d.Body != nil {
+					for _, w := range attemptWrites(d.Body) {
+						t.Errorf("%s: %s writes %s: the attempt is built whole by newAttempt, and only its own methods change it", fset.Position(w.Pos()), d.Name.Name, render(w))
+					}
+				}
+			}
+		}
+	}
+	if methods > 30 {
+		t.Errorf("the exchange has %d methods of its own, more than 30", methods)
+	}
+}
+
+// exchangeFields checks the exchange's declaration, when d holds it.
+func exchangeFields(t *testing.T, d *ast.GenDecl) {
+	for _, s := range d.Specs {
+		ts, ok := s.(*ast.TypeSpec)
+		if !ok || ts.Name.Name != "exchange" {
+			continue
+		}
+		st := ts.Type.(*ast.StructType)
+		n := 0
+		for _, f := range st.Fields.List {
+			n += max(1, len(f.Names))
+			if embedded := render(f.Type); len(f.Names) == 0 && (embedded == "attempt" || embedded == "*attempt") {
+				t.Error("the exchange embeds its attempt: hold it as a named field")
+			}
+		}
+		if n > 20 {
+			t.Errorf("the exchange has %d fields, more than 20", n)
+		}
+	}
+}
+
+// receiverName is the type fd is a method of, "" for a function.
+func receiverName(fd *ast.FuncDecl) string {
+	if fd.Recv == nil {
+		return ""
+	}
+	typ := fd.Recv.List[0].Type
+	if s, ok := typ.(*ast.StarExpr); ok {
+		typ = s.X
+	}
+	if id, ok := typ.(*ast.Ident); ok {
+		return id.Name
+	}
+	return ""
+}
+
+// attemptWrites are the assignments in body to a field of an attempt held
+// as a field a (x.a.principal = …, o.x.a.hashedKey++).
+func attemptWrites(body *ast.BlockStmt) []ast.Expr {
+	var out []ast.Expr
+	ofAttempt := func(e ast.Expr) bool {
+		sel, ok := e.(*ast.SelectorExpr)
+		if !ok {
+			return false
+		}
+		inner, ok := sel.X.(*ast.SelectorExpr)
+		return ok && inner.Sel.Name == "a"
+	}
+	ast.Inspect(body, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.AssignStmt:
+			for _, l := range n.Lhs {
+				if ofAttempt(l) {
+					out = append(out, l)
+				}
+			}
+		case *ast.IncDecStmt:
+			if ofAttempt(n.X) {
+				out = append(out, n.X)
+			}
+		}
+		return true
+	})
+	return out
+}
+
+// render is e as source.
+func render(e ast.Expr) string {
+	var b strings.Builder
+	_ = printer.Fprint(&b, token.NewFileSet(), e)
+	return b.String()
 }

@@ -350,7 +350,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x := &exchange{
-		a:       h.newAttempt(r.Context(), rt, "", h.requestID(r)),
+		front:   h.newFront(r.Context(), rt, h.requestID(r)),
 		fwd:     h.forwarder(trusted),
 		w:       w,
 		r:       r,

@@ -78,12 +78,12 @@ var (
 
 // own forwards the request as the claim's owner and settles the claim.
 func (x *exchange) own(held *holding, body []byte) {
-	h := x.a.h
+	h := x.h
 	g := newGate(x.w)
 	x.w = g // every answer of the owner goes through the gate
 	defer g.seal()
 	o := &owner{x: x, held: held, body: body, gate: g}
-	lease := x.a.rt.settings.Lease
+	lease := x.rt.settings.Lease
 	o.renewer = time.AfterFunc(lease/3, o.renew)
 	defer o.settle(nil) // stops renewal if nothing settled (a panic)
 
@@ -150,20 +150,20 @@ func (o *owner) waitStream() {
 // running for its late answer, when a late-call slot is free; otherwise it
 // cancels the call, whose outcome is then unknown.
 func (o *owner) clientTimedOut() {
-	x, h := o.x, o.x.a.h
+	x, h := o.x, o.x.h
 	if ok, refused := h.late.take(x.a.principal); !ok {
-		h.metrics.lateRefused.WithLabelValues(x.a.rt.name, refused).Inc()
-		x.a.log().Warn("late call refused: upstream call cancelled at upstream.timeout, unknown_outcome applies",
-			"route", x.a.rt.name, "reason", refused, "key", x.a.hashedKey, "request_id", x.a.requestID)
+		h.metrics.lateRefused.WithLabelValues(x.rt.name, refused).Inc()
+		x.log().Warn("late call refused: upstream call cancelled at upstream.timeout, unknown_outcome applies",
+			"route", x.rt.name, "reason", refused, "key", x.a.hashedKey, "request_id", x.requestID)
 		o.cancel(errLateCap)
 		return
 	}
 	p := probUpstreamTimeout.with(fmt.Sprintf("no answer within %s; the request is still running upstream and its answer will be stored: retry with the same key to get it", h.upstreamTimeout))
-	p.retryAfter = x.a.rt.settings.Lease
+	p.retryAfter = x.rt.settings.Lease
 	answered := o.gate.close(func(w http.ResponseWriter) {
 		h.metrics.lateCalls.Inc()
 		w.Header().Set("Connection", "close") // this handler stays busy
-		h.writeProblem(w, p, x.a.requestID, x.a.rt.settings.Problems)
+		h.writeProblem(w, p, x.requestID, x.rt.settings.Problems)
 	})
 	if !answered { // the answer is already on its way
 		h.late.give(x.a.principal)
@@ -199,21 +199,21 @@ func (o *owner) lateSettled() {
 		result = lateUnstored
 	}
 	x.late = true
-	x.a.h.metrics.lateAnswers.WithLabelValues(x.a.rt.name, result).Inc()
+	x.h.metrics.lateAnswers.WithLabelValues(x.rt.name, result).Inc()
 	level := slog.LevelInfo
 	if result != lateStored && result != lateReleased {
 		level = slog.LevelWarn
 	}
-	x.a.log().Log(context.Background(), level, "late answer", "route", x.a.rt.name, "result", result,
-		"key", x.a.hashedKey, "request_id", x.a.requestID, "upstream", time.Since(o.sent), "outcome", x.outcome)
-	if x.span != nil && x.a.h.tracing != nil {
+	x.log().Log(context.Background(), level, "late answer", "route", x.rt.name, "result", result,
+		"key", x.a.hashedKey, "request_id", x.requestID, "upstream", time.Since(o.sent), "outcome", x.outcome)
+	if x.span != nil && x.h.tracing != nil {
 		// A second event, linked to the request's span, which ended when
 		// its client was answered 504.
-		_, sp := x.a.h.tracing.tracer.Start(context.Background(), "late answer",
+		_, sp := x.h.tracing.tracer.Start(context.Background(), "late answer",
 			trace.WithLinks(trace.Link{SpanContext: x.span.SpanContext(), Attributes: []attribute.KeyValue{attribute.String("idemproxy.link", "timed_out_request")}}),
 			trace.WithTimestamp(o.sent),
 			trace.WithAttributes(
-				attribute.String("idemproxy.route", x.a.rt.name),
+				attribute.String("idemproxy.route", x.rt.name),
 				attribute.String("idemproxy.late_result", result),
 				attribute.String("idemproxy.outcome", x.outcome),
 				attribute.String("idemproxy.key", x.a.hashedKey),
@@ -233,7 +233,7 @@ func (o *owner) renew() {
 		return
 	}
 	if o.held.renew() {
-		o.renewer.Reset(o.x.a.rt.settings.Lease / 3)
+		o.renewer.Reset(o.x.rt.settings.Lease / 3)
 	}
 }
 
@@ -271,12 +271,12 @@ func (c *holding) renew() bool {
 // the handler's, so it reads only what is fixed once the request was
 // forwarded.
 func (x *exchange) answeredTimeout(detail string) {
-	total := time.Since(x.a.start)
-	x.a.h.metrics.requests.WithLabelValues(x.a.rt.name, outcomeUpstreamTimeout).Inc()
-	line := requestLine{route: x.a.rt.name, outcome: outcomeUpstreamTimeout, status: http.StatusGatewayTimeout,
-		requestID: x.a.requestID, duration: total, key: x.a.hashedKey, detail: detail, traceID: x.a.traceID}
-	if x.a.h.log.Enabled(context.Background(), slog.LevelInfo) {
-		line.log(x.a.h.log, slog.LevelInfo)
+	total := time.Since(x.start)
+	x.h.metrics.requests.WithLabelValues(x.rt.name, outcomeUpstreamTimeout).Inc()
+	line := requestLine{route: x.rt.name, outcome: outcomeUpstreamTimeout, status: http.StatusGatewayTimeout,
+		requestID: x.requestID, duration: total, key: x.a.hashedKey, detail: detail, traceID: x.traceID}
+	if x.h.log.Enabled(context.Background(), slog.LevelInfo) {
+		line.log(x.h.log, slog.LevelInfo)
 	}
 	if x.span != nil {
 		x.span.SetAttributes(

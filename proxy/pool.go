@@ -109,6 +109,10 @@ func (b *lentBody) takeBack() {
 // three. giveBack takes all of them back. Only the handler's goroutine
 // lends: ReverseProxy calls its hooks and Transport in it.
 type loans struct {
+	// holder is whom the buffers count against in limits.max_buffered_bytes:
+	// the principal, or a webhook delivery's sending peer until its
+	// signature verifies (holdAs).
+	holder          string
 	reqBuf, respBuf []byte
 	inflated        []byte
 	lent            [3]lentBody
@@ -165,7 +169,7 @@ func (x *exchange) giveBack() {
 	}
 	for _, buf := range [...][]byte{x.reqBuf, x.respBuf, x.inflated} {
 		if buf != nil {
-			x.a.h.buffers.give(x.a.principal, cap(buf))
+			x.h.buffers.give(x.holder, cap(buf))
 			putBody(buf)
 		}
 	}

@@ -99,8 +99,8 @@ const streamTakeover = 10 * time.Millisecond
 // alone are over max_response_body).
 func (o *owner) startStream(resp *http.Response) bool {
 	x := o.x
-	s := &x.a.rt.settings
-	head := settledRecord(o.held.rec, o.held.rec.Token, claim.Streamed, resp.StatusCode, storedHeader(x.a.rt, resp.Header), time.Time{})
+	s := &x.rt.settings
+	head := settledRecord(o.held.rec, o.held.rec.Token, claim.Streamed, resp.StatusCode, storedHeader(x.rt, resp.Header), time.Time{})
 	if headerSize(head.Header) > s.MaxResponseBody {
 		return false
 	}
@@ -109,7 +109,7 @@ func (o *owner) startStream(resp *http.Response) bool {
 	}
 	var at int
 	err := x.a.retried("stream_start", func(ctx context.Context) (err error) {
-		at, err = x.a.h.store.StreamStart(ctx, x.a.hashedKey, head, s.Retention, s.Lease)
+		at, err = x.h.store.StreamStart(ctx, x.a.hashedKey, head, s.Retention, s.Lease)
 		return err
 	})
 	if err != nil {
@@ -125,7 +125,7 @@ func (o *owner) startStream(resp *http.Response) bool {
 		return true
 	}
 	o.settle(func() *reply { return settled(outcomeStored, detailStreamed) })
-	p := &streamPump{o: o, body: resp.Body, at: at, start: x.a.start, lastWrite: time.Now(),
+	p := &streamPump{o: o, body: resp.Body, at: at, start: x.start, lastWrite: time.Now(),
 		done: make(chan struct{}), rc: http.NewResponseController(x.w)}
 	p.cond = sync.NewCond(&p.mu)
 	if s.StreamFlushInterval > 0 {
@@ -152,13 +152,13 @@ const streamReadBuf = 32 << 10
 // gives n back.
 func (p *streamPump) hold(n int) {
 	if n > 0 {
-		p.o.x.a.h.buffers.force(p.o.x.a.principal, n)
+		p.o.x.h.buffers.force(p.o.x.holder, n)
 	}
 }
 
 func (p *streamPump) release(n int) {
 	if n > 0 {
-		p.o.x.a.h.buffers.give(p.o.x.a.principal, n)
+		p.o.x.h.buffers.give(p.o.x.holder, n)
 	}
 }
 
@@ -228,7 +228,7 @@ func (p *streamPump) renewDue() {
 	if p.ended {
 		return
 	}
-	third := p.o.x.a.rt.settings.Lease / 3
+	third := p.o.x.rt.settings.Lease / 3
 	if wait := time.Until(p.lastWrite.Add(third)); wait > 0 {
 		p.renew.Reset(wait)
 		return
@@ -246,11 +246,11 @@ func (p *streamPump) renewDue() {
 // the first client's stream goes on.
 func (p *streamPump) append(chunk []byte) bool {
 	x := p.o.x
-	s := &x.a.rt.settings
+	s := &x.rt.settings
 	if !p.tooBig && p.stored+int64(len(chunk)) > s.MaxResponseBody {
 		p.tooBig = true
 		_ = x.a.detached("stream_end", func(ctx context.Context) error {
-			return x.a.h.store.StreamFinish(ctx, x.a.hashedKey, p.o.held.rec.Token, claim.StreamTooLarge, -1)
+			return x.h.store.StreamFinish(ctx, x.a.hashedKey, p.o.held.rec.Token, claim.StreamTooLarge, -1)
 		})
 		x.detail = "streamed past max_response_body: the record is not replayable, the first client's stream went on"
 	}
@@ -260,24 +260,24 @@ func (p *streamPump) append(chunk []byte) bool {
 	}
 	from := p.at
 	err := x.a.retried("stream_append", func(ctx context.Context) error {
-		n, err := x.a.h.store.StreamAppend(ctx, x.a.hashedKey, p.o.held.rec.Token, p.at, chunk, s.Lease)
+		n, err := x.h.store.StreamAppend(ctx, x.a.hashedKey, p.o.held.rec.Token, p.at, chunk, s.Lease)
 		if err == nil {
 			p.at = n
 		}
 		return err
 	})
 	if err != nil {
-		x.a.log().Warn("stream chunk not stored: the stream ends here for every reader", "route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID, "err", err)
+		x.log().Warn("stream chunk not stored: the stream ends here for every reader", "route", x.rt.name, "key", x.a.hashedKey, "request_id", x.requestID, "err", err)
 		x.detail = "a chunk could not be stored, so it was never sent: the stream ended abnormally: " + err.Error()
 		return false
 	}
 	p.lastWrite = time.Now()
 	if len(chunk) > 0 {
 		p.stored += int64(len(chunk))
-		x.a.h.metrics.streamChunks.WithLabelValues(x.a.rt.name).Inc()
+		x.h.metrics.streamChunks.WithLabelValues(x.rt.name).Inc()
 		if !p.first {
 			p.first = true
-			x.a.h.metrics.streamFirstByte.WithLabelValues(x.a.rt.name).Observe(time.Since(p.start).Seconds())
+			x.h.metrics.streamFirstByte.WithLabelValues(x.rt.name).Observe(time.Since(p.start).Seconds())
 		}
 	}
 	p.hand(chunk, from, p.at)
@@ -310,7 +310,7 @@ func (p *streamPump) hand(chunk []byte, from, to int) {
 			p.lagging, p.lagFrom = true, from
 			if !p.lagged { // a client, counted once however often it falls behind
 				p.lagged = true
-				p.o.x.a.h.metrics.streamLagging.WithLabelValues(p.o.x.a.rt.name).Inc()
+				p.o.x.h.metrics.streamLagging.WithLabelValues(p.o.x.rt.name).Inc()
 			}
 		}
 		p.release(len(chunk)) // the client reads it from the store
@@ -335,13 +335,13 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 			at = p.at
 		}
 		err := x.a.retried("stream_end", func(ctx context.Context) error {
-			return x.a.h.store.StreamFinish(ctx, x.a.hashedKey, p.o.held.rec.Token, how, at)
+			return x.h.store.StreamFinish(ctx, x.a.hashedKey, p.o.held.rec.Token, how, at)
 		})
 		if err != nil && how == claim.StreamEnded {
 			clientErr = errStreamAborted
 			x.detail = "the stream's end could not be recorded; it ends abnormally for every reader: " + err.Error()
 		}
-		x.a.h.metrics.storedBytes.Observe(float64(p.stored))
+		x.h.metrics.storedBytes.Observe(float64(p.stored))
 	}
 	if clientErr != io.EOF {
 		// The request line says why (it said "streamed" since the head was
@@ -352,8 +352,8 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 				x.detail = x.unknown
 			}
 		}
-		x.a.log().Warn("stream broke off: every reader gets the stored prefix and an abnormal end; nothing executes again",
-			"route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID, "cause", x.detail, "stored_bytes", p.stored)
+		x.log().Warn("stream broke off: every reader gets the stored prefix and an abnormal end; nothing executes again",
+			"route", x.rt.name, "key", x.a.hashedKey, "request_id", x.requestID, "cause", x.detail, "stored_bytes", p.stored)
 	}
 	end := "ended"
 	p.how = claim.StreamEnded
@@ -363,7 +363,7 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 	case clientErr != io.EOF:
 		end, p.how = "aborted", claim.StreamAborted
 	}
-	x.a.h.metrics.streamEnds.WithLabelValues(x.a.rt.name, end).Inc()
+	x.h.metrics.streamEnds.WithLabelValues(x.rt.name, end).Inc()
 	_ = p.body.Close()
 	if p.coalesce != nil {
 		p.coalesce.stop()
@@ -410,7 +410,7 @@ func (p *streamPump) Read(b []byte) (int, error) {
 			p.cond.Broadcast()
 			// The client must take this within client.write_timeout, or it
 			// is cut (the stream goes on, stored, for the retries).
-			_ = p.rc.SetWriteDeadline(time.Now().Add(time.Duration(p.o.x.a.h.writeTimeout.Load())))
+			_ = p.rc.SetWriteDeadline(time.Now().Add(time.Duration(p.o.x.h.writeTimeout.Load())))
 			if !p.outDone {
 				p.takeover.Reset(streamTakeover)
 			}
@@ -440,12 +440,12 @@ func (p *streamPump) readBack() error {
 	p.mu.Unlock()
 	var part claim.StreamPart
 	err := x.a.storeOp(x.r.Context(), "stream_read", func(ctx context.Context) (err error) {
-		part, err = x.a.h.store.StreamRead(ctx, x.a.hashedKey, from, streamReadMax)
+		part, err = x.h.store.StreamRead(ctx, x.a.hashedKey, from, streamReadMax)
 		return err
 	})
 	p.mu.Lock()
 	if err != nil {
-		x.a.log().Warn("a lagging stream client cut: the stream could not be read back", "route", x.a.rt.name, "key", x.a.hashedKey, "request_id", x.a.requestID, "err", err)
+		x.log().Warn("a lagging stream client cut: the stream could not be read back", "route", x.rt.name, "key", x.a.hashedKey, "request_id", x.requestID, "err", err)
 		return errStreamAborted
 	}
 	p.lagFrom = part.Next

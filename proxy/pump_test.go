@@ -103,10 +103,10 @@ func startPump(t *testing.T, f *pumpStore) (*owner, io.ReadCloser, *io.PipeWrite
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := h.newAttempt(context.Background(), h.routes.Load().byName["pay"], "alice", "req-1")
-	a.at("stream-1")
+	a := h.newFront(context.Background(), h.routes.Load().byName["pay"], "req-1").newAttempt(admittedAs{principal: "alice", key: "stream-1"})
 	rec := a.newClaim(claim.Fingerprint{})
-	x := &exchange{a: a, w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/payments", nil)}
+	x := &exchange{front: a.front, a: a, w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/payments", nil)}
+	x.holder = a.principal
 	o := &owner{x: x, held: &holding{a: a, rec: rec}, renewer: time.AfterFunc(time.Hour, func() {})}
 	t.Cleanup(func() { o.renewer.Stop() })
 	pr, pw := io.Pipe()

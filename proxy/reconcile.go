@@ -229,7 +229,7 @@ func (r *reconciling) storeFound(existing, taker *claim.Record, ans lookupAnswer
 // key is left outcome-unknown, and the client is told when to ask again.
 func (x *exchange) ownerReconciles(o *owner, timeout bool) *reply {
 	r := &reconciling{a: x.a}
-	s := &x.a.rt.settings
+	s := &x.rt.settings
 	rc := s.Reconcile
 	ans := r.ask()
 	switch ans.result {
@@ -250,7 +250,7 @@ func (x *exchange) ownerReconciles(o *owner, timeout bool) *reply {
 			r.reconciled(lookupTooEarly, o.held.rec, "")
 			return nil // keep holds the claim one lease, release frees it: as without reconcile
 		}
-		unknown := x.a.h.outcomeUnknownRecord(o.held.rec, o.held.rec.Token, x.a.h.now(), timeout, s.Problems, true, o.held.setAt)
+		unknown := x.h.outcomeUnknownRecord(o.held.rec, o.held.rec.Token, x.h.now(), timeout, s.Problems, true, o.held.setAt)
 		o.settle(func() *reply {
 			v := o.held.complete(unknown)
 			v.detail = x.unknown + "; the reconcile lookup said absent before absent_after: outcome-unknown stored, a retry asks again"

@@ -22,8 +22,7 @@ func (h *Handler) ReconcileKey(ctx context.Context, routeName, principal, key st
 	if rt == nil || rt.settings.Reconcile == nil {
 		return "", 0, nil, fmt.Errorf("route %q does not reconcile", routeName)
 	}
-	a := h.newAttempt(ctx, rt, principal, newRequestID(h.rand))
-	a.at(key)
+	a := h.newFront(ctx, rt, newRequestID(h.rand)).newAttempt(admittedAs{principal: principal, key: key})
 	r := &reconciling{a: a}
 	existing, ttl, err := h.store.Get(ctx, a.hashedKey)
 	if err != nil {

@@ -23,7 +23,7 @@ var repeatabilityRejects = []problem{probKeyMissing, probKeyMalformed, probMisma
 
 // repeatable reports whether the request speaks Repeatable Requests.
 func (x *exchange) repeatable() bool {
-	return x.a.rt.keyHeader == repeatabilityID && x.r.Header.Get(repeatabilityID) != ""
+	return x.rt.keyHeader == repeatabilityID && x.r.Header.Get(repeatabilityID) != ""
 }
 
 // repeatabilityOf is what Repeatability-Result says of rep, "" nothing.

@@ -104,7 +104,7 @@ func (x *exchange) respond(rep *reply) {
 			x.detail = rep.problem.Detail
 		}
 		x.status = rep.problem.Status
-		x.a.h.writeProblem(x.w, rep.problem, x.a.requestID, x.a.rt.settings.Problems)
+		x.h.writeProblem(x.w, rep.problem, x.requestID, x.rt.settings.Problems)
 	}
 }
 
@@ -118,8 +118,8 @@ func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
 	}
 	if replayed {
 		h.Set(replayedHeader, "true")
-		if x.a.rt.settings.AdvertiseRetention {
-			h.Set(retentionHeader, retentionSeconds(x.a.rt.settings.Retention))
+		if x.rt.settings.AdvertiseRetention {
+			h.Set(retentionHeader, retentionSeconds(x.rt.settings.Retention))
 		}
 	}
 	x.w.WriteHeader(rec.Status)

@@ -144,9 +144,9 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	x := o.x
 	dropOwnHeaders(resp.Header)
 	x.upstream = time.Since(o.sent)
-	h.metrics.upstream.WithLabelValues(x.a.rt.name).Observe(x.upstream.Seconds())
+	h.metrics.upstream.WithLabelValues(x.rt.name).Observe(x.upstream.Seconds())
 	x.status = resp.StatusCode
-	if x.a.rt.releaseOn[resp.StatusCode] {
+	if x.rt.releaseOn[resp.StatusCode] {
 		o.settle(func() *reply {
 			return o.held.release(fmt.Sprintf("upstream answered %d, which is in release_on", resp.StatusCode))
 		})
@@ -155,7 +155,7 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 	if x.repeatable() {
 		defer resp.Header.Set(repeatabilityResult, "accepted") // executed; after the head is stored, never stored itself
 	}
-	if h.streams && x.a.rt.settings.Stream && isStream(resp) && o.startStream(resp) {
+	if h.streams && x.rt.settings.Stream && isStream(resp) && o.startStream(resp) {
 		return nil
 	}
 	return o.storeAnswer(resp)
@@ -166,14 +166,14 @@ func (h *Handler) modifyResponse(resp *http.Response) error {
 // its body omitted when the answer is larger (then the client still gets
 // all of it). The client's copy reads the buffer, lent.
 func (o *owner) storeAnswer(resp *http.Response) error {
-	x, h := o.x, o.x.a.h
-	limit := x.a.rt.settings.MaxResponseBody
+	x, h := o.x, o.x.h
+	limit := x.rt.settings.MaxResponseBody
 	expected := resp.ContentLength
 	if expected > limit {
 		expected = limit + 1
 	}
-	force := func(n int) error { h.buffers.force(x.a.principal, n); return nil }
-	give := func(n int) { h.buffers.give(x.a.principal, n) }
+	force := func(n int) error { h.buffers.force(x.holder, n); return nil }
+	give := func(n int) { h.buffers.give(x.holder, n) }
 	buf, err := readAll(io.LimitReader(resp.Body, limit+1), expected, force, give)
 	x.respBuf = buf
 	if err != nil {
@@ -182,9 +182,9 @@ func (o *owner) storeAnswer(resp *http.Response) error {
 		// unknown_outcome.
 		return fmt.Errorf("read upstream response body: %w", err)
 	}
-	rec := settledRecord(o.held.rec, o.held.rec.Token, claim.Completed, resp.StatusCode, storedHeader(x.a.rt, resp.Header), x.a.h.now())
-	if x.a.rt.settings.AdvertiseRetention {
-		resp.Header.Set(retentionHeader, retentionSeconds(x.a.rt.settings.Retention))
+	rec := settledRecord(o.held.rec, o.held.rec.Token, claim.Completed, resp.StatusCode, storedHeader(x.rt, resp.Header), x.h.now())
+	if x.rt.settings.AdvertiseRetention {
+		resp.Header.Set(retentionHeader, retentionSeconds(x.rt.settings.Retention))
 	}
 	// max_response_body caps the whole stored response, headers included:
 	// an upstream answering with megabytes of headers cannot fill Redis.
@@ -268,7 +268,7 @@ func (h *Handler) errorHandler(w http.ResponseWriter, r *http.Request, err error
 // answer to, and is the reply its client gets: the outcome decided by the
 // settlement.
 func (o *owner) failed(r *http.Request, err error) *reply {
-	x, h := o.x, o.x.a.h
+	x, h := o.x, o.x.h
 	if x.upstream == 0 {
 		x.upstream = time.Since(o.sent)
 	}
@@ -287,9 +287,9 @@ func (o *owner) failed(r *http.Request, err error) *reply {
 	}
 	x.unknown = "outcome unknown: " + err.Error()
 	timeout := isTimeout(err) || errors.Is(err, errLateCap) || errors.Is(err, errAbandoned)
-	policy := x.a.rt.settings.Unknown
-	h.metrics.unknownOutcomes.WithLabelValues(x.a.rt.name, policy.String()).Inc()
-	reconcile := x.a.rt.settings.Reconcile != nil
+	policy := x.rt.settings.Unknown
+	h.metrics.unknownOutcomes.WithLabelValues(x.rt.name, policy.String()).Inc()
+	reconcile := x.rt.settings.Reconcile != nil
 	if reconcile {
 		if rep := x.ownerReconciles(o, timeout); rep != nil {
 			return rep
@@ -298,7 +298,7 @@ func (o *owner) failed(r *http.Request, err error) *reply {
 	var v *reply
 	switch policy {
 	case Fail:
-		rec := h.outcomeUnknownRecord(o.held.rec, o.held.rec.Token, h.now(), timeout, x.a.rt.settings.Problems, reconcile, o.held.setAt)
+		rec := h.outcomeUnknownRecord(o.held.rec, o.held.rec.Token, h.now(), timeout, x.rt.settings.Problems, reconcile, o.held.setAt)
 		v = o.settle(func() *reply {
 			v := o.held.complete(rec)
 			if v.outcome == outcomeStored {

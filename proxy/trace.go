@@ -120,22 +120,22 @@ func (s *spanSink) lookupSpan(start time.Time, ans lookupAnswer) {
 // the HTTP semantic conventions: "{method} {http.route}".
 func (x *exchange) startTrace() {
 	attrs := []attribute.KeyValue{
-		semconv.HTTPRoute(x.a.rt.httpRoute),
+		semconv.HTTPRoute(x.rt.httpRoute),
 		semconv.URLPath(x.path),
-		attribute.String("idemproxy.route", x.a.rt.name),
+		attribute.String("idemproxy.route", x.rt.name),
 		// The id the app gets as X-Request-Id, which the log lines carry.
-		attribute.String("idemproxy.request_id", x.a.requestID),
+		attribute.String("idemproxy.request_id", x.requestID),
 	}
-	x.r, x.span = x.a.h.tracing.serverSpan(x.r, x.trusted, x.a.start, x.r.Method+" "+x.a.rt.httpRoute, attrs)
+	x.r, x.span = x.h.tracing.serverSpan(x.r, x.trusted, x.start, x.r.Method+" "+x.rt.httpRoute, attrs)
 	// The attempt's store calls and lookups are children of the span; it
 	// tells the span what it did.
-	x.a.ctx = x.r.Context()
-	x.a.seen = &spanSink{t: x.a.h.tracing, ctx: x.r.Context(), span: x.span, store: x.a.h.store}
+	x.ctx = x.r.Context()
+	x.seen = &spanSink{t: x.h.tracing, ctx: x.r.Context(), span: x.span, store: x.h.store}
 	if sc := x.span.SpanContext(); sc.IsValid() {
-		x.a.trace = claim.TraceContext{TraceID: sc.TraceID(), SpanID: sc.SpanID()}
+		x.trace = claim.TraceContext{TraceID: sc.TraceID(), SpanID: sc.SpanID()}
 	}
 	if sc := x.span.SpanContext(); sc.HasTraceID() {
-		x.a.traceID = sc.TraceID().String()
+		x.traceID = sc.TraceID().String()
 	}
 }
 
@@ -204,7 +204,7 @@ func (x *exchange) endTrace() {
 		attribute.Bool("idemproxy.replayed", x.outcome == outcomeReplayed),
 		semconv.HTTPResponseStatusCode(x.status),
 	}
-	if x.a.hashedKey != "" {
+	if x.a != nil && x.a.hashedKey != "" {
 		attrs = append(attrs, attribute.String("idemproxy.key", x.a.hashedKey))
 	}
 	if x.original != "" {
@@ -292,10 +292,10 @@ func (x *exchange) upstreamSpan(req *http.Request) (*http.Request, trace.Span) {
 		semconv.URLFull(redactedURL(req.URL)),
 	}
 	attrs = append(attrs, hostPort(req.URL.Host, defaultPort)...)
-	ctx, sp := x.a.h.tracing.tracer.Start(req.Context(), req.Method,
+	ctx, sp := x.h.tracing.tracer.Start(req.Context(), req.Method,
 		trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(attrs...))
-	x.a.h.tracing.propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	x.h.tracing.propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	return req.WithContext(ctx), sp
 }
 

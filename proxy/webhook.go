@@ -182,7 +182,7 @@ func legacyKeys(rt *route, h http.Header, key string, body []byte) []legacyKey {
 // headers, the body, the signature, then the key from what is signed.
 // Or the reply that refused it.
 func (x *exchange) admitDelivery() (admitted, *reply) {
-	wh := x.a.rt.settings.Webhook
+	wh := x.rt.settings.Webhook
 	if x.r.URL.Path != x.path {
 		return admitted{}, refuse(outcomeRejected, probPathNotCanonical.with("send it to "+x.path+", the path this route protects"))
 	}
@@ -192,8 +192,8 @@ func (x *exchange) admitDelivery() (admitted, *reply) {
 	// Until its signature verifies, a delivery's bytes are its sending
 	// peer's: unsigned bodies must not fill the provider's share, which
 	// every real delivery needs.
-	x.a.principal = x.sendingPeer()
-	d, err := wh.headers(x.r.Header, x.a.h.now())
+	x.holder = x.sendingPeer()
+	d, err := wh.headers(x.r.Header, x.h.now())
 	if err != nil {
 		// Close after answering: otherwise net/http reads the unread
 		// body before writing the answer.
@@ -224,8 +224,8 @@ func (x *exchange) admitDelivery() (admitted, *reply) {
 	case err != nil:
 		return admitted{}, refuse(outcomeRejected, probKeyMalformed.with(err.Error()))
 	}
-	x.r.Header.Set(x.a.rt.settings.KeyHeader, key) // the upstream can dedupe on it too
-	return admitted{key: key, body: body, legacy: legacyKeys(x.a.rt, x.r.Header, key, body)}, nil
+	x.r.Header.Set(x.rt.settings.KeyHeader, key) // the upstream can dedupe on it too
+	return admitted{admittedAs: admittedAs{principal: x.holder, key: key}, body: body, legacy: legacyKeys(x.rt, x.r.Header, key, body)}, nil
 }
 
 func (x *exchange) signatureInvalid(err error) *reply {
@@ -269,11 +269,11 @@ func (x *exchange) sendingPeer() string {
 // principal, the provider, once the signature verified; or the reply
 // that refused it, the provider's share being full.
 func (x *exchange) holdAs(principal string) *reply {
-	if err := x.a.h.buffers.move(x.a.principal, principal, cap(x.reqBuf)); err != nil {
+	if err := x.h.buffers.move(x.holder, principal, cap(x.reqBuf)); err != nil {
 		x.w.Header().Set("Connection", "close")
 		return bufferRefused(err, "nothing was claimed or forwarded")
 	}
-	x.a.principal = principal
+	x.holder = principal
 	return nil
 }
 
