@@ -37,13 +37,6 @@ const (
 // firstSentHeaderName is the OASIS Repeatable Requests header.
 const firstSentHeaderName = "Repeatability-First-Sent"
 
-// Reasons of a 412, the values of idemproxy_first_sent_refused_total's
-// reason label.
-const (
-	refusedKeyExpired = "key-expired"
-	refusedRecordLost = "record-lost"
-)
-
 var errFirstSentTwice = errors.New(firstSentHeaderName + " appears more than once")
 
 // firstSent is when the request was first sent, from the route's sources

@@ -90,7 +90,7 @@ func (emptyBody) Close() error { return nil }
 // usable response to.
 func (h *Handler) passThroughError(w http.ResponseWriter, r *http.Request, err error) {
 	h.log.Warn("upstream error on pass-through request", "method", r.Method, "err", err)
-	h.writeProblem(w, probUpstreamDown.with("the upstream could not be reached"), r.Header.Get(requestIDHeader), nil)
+	h.problems.write(w, probUpstreamDown.with("the upstream could not be reached"), r.Header.Get(requestIDHeader), nil)
 }
 
 // ownerTransport retries, once, a protected request that provably never

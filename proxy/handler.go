@@ -20,7 +20,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
-	"github.com/idemproxy/idemproxy/internal/problemfmt"
 )
 
 // Store is what the proxy needs of a backend (claim.Store): the
@@ -35,19 +34,6 @@ func codecOf(store Store) *claim.Codec {
 	}
 	return store.Codec()
 }
-
-// Header names idemproxy sets.
-const (
-	// replayedHeader marks a response replayed from the store.
-	replayedHeader = "Idempotent-Replayed"
-	// retentionHeader advertises, in seconds, how long a route replays a
-	// settled answer (defaults.advertise_retention). Not a standard
-	// header: the IETF draft leaves how to publish the expiry policy open.
-	retentionHeader = "Idempotency-Retention"
-	// requestIDHeader is passed through, or generated when absent, and
-	// forwarded to the upstream.
-	requestIDHeader = "X-Request-Id"
-)
 
 // Options are the optional collaborators of a Handler.
 type Options struct {
@@ -125,9 +111,8 @@ type Handler struct {
 
 	// lateWindow is upstream.late_answer_window; late holds the slots of
 	// the owners' upstream calls running past upstream.timeout now.
-	// problemBase starts problem types; docsLink, when set, is the Link
-	// header value of 400, 409 and 422 answers.
-	problemBase, docsLink string
+	// problems writes every error answer (problem.go).
+	problems problemWriter
 	// buffers bounds the bytes held in body buffers (limits.max_buffered_bytes).
 	buffers budget
 	// forwarding counts first attempts forwarding now, per route
@@ -157,8 +142,6 @@ type Handler struct {
 	// abandoned is set by Abandon: upstream calls starting after it are
 	// cancelled at once.
 	abandoned atomic.Bool
-	// problems, when set, shapes answers outside any route.
-	problems *problemfmt.Format
 	// passUpgrades are the protocols an unprotected request may switch to.
 	passUpgrades []string
 	// owners are the claims this process owns and has not settled.
@@ -197,7 +180,6 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		upstream:        cfg.Upstream,
 		upstreamTimeout: cfg.UpstreamTimeout,
 		lateWindow:      cfg.LateAnswerWindow,
-		problemBase:     cmp.Or(cfg.ProblemTypeBase, problemTypePrefix),
 		buffers:         budget{limit: cfg.MaxBufferedBytes, share: cfg.PrincipalShare},
 		late:            lateCalls{max: int64(cfg.MaxLateCalls), share: int64(cfg.LateCallsPrincipalShare)},
 		log:             opts.Logger,
@@ -208,7 +190,6 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.TraceTrust, opts.Version),
 		owners:          claimAges{started: map[*owner]time.Time{}, now: time.Now},
 		passUpgrades:    slices.Clone(cfg.PassThroughUpgrades),
-		problems:        cfg.Problems,
 		streams:         cfg.Streams,
 		liveness:        newLiveness(),
 		orphans:         newOrphans(),
@@ -223,18 +204,21 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 		h.bodyTimeout = defaultBodyReadTimeout
 	}
 	h.relied = append(slices.Clone(forwardingHeaders), h.id.header)
-	if cfg.ProblemDocsURL != "" {
-		h.docsLink = "<" + cfg.ProblemDocsURL + `>; rel="describedby"`
-	}
 	h.routes.Store(routes)
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
+	}
+	h.problems = problemWriter{base: cmp.Or(cfg.ProblemTypeBase, problemTypePrefix), outside: cfg.Problems, log: h.log}
+	if cfg.ProblemDocsURL != "" {
+		h.problems.docsLink = "<" + cfg.ProblemDocsURL + `>; rel="describedby"`
 	}
 	if h.metrics == nil {
 		h.metrics = NewMetrics(nil)
 	}
 	h.metrics.initRoutes(routes)
-	h.metrics.handler.Store(h)
+	h.metrics.state.Store(&gaugeState{
+		inflight: h.owners.count, oldest: h.owners.oldest, buffered: h.BufferedBytes, waiting: h.Waiting, pending: h.unconfirmed.count,
+	})
 	if h.rand == nil {
 		h.rand = rand.Reader
 	}
@@ -343,7 +327,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if rt == nil {
 		if refused.Status != 0 {
-			h.writeProblem(w, refused, r.Header.Get(requestIDHeader), nil)
+			h.problems.write(w, refused, r.Header.Get(requestIDHeader), nil)
 			return
 		}
 		h.passThrough(w, r, trusted)
@@ -404,4 +388,15 @@ func (d dropping) Handle(ctx context.Context, r slog.Record) error {
 		return nil
 	}
 	return d.Handler.Handle(ctx, r)
+}
+
+// upgradeAllowed reports whether a pass-through request may switch to
+// proto.
+func (h *Handler) upgradeAllowed(proto string) bool {
+	for _, p := range h.passUpgrades {
+		if strings.EqualFold(p, proto) {
+			return true
+		}
+	}
+	return false
 }

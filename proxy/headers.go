@@ -97,3 +97,16 @@ func dropOwnHeaders(h http.Header) {
 		h.Del(k)
 	}
 }
+
+// Header names idemproxy sets.
+const (
+	// replayedHeader marks a response replayed from the store.
+	replayedHeader = "Idempotent-Replayed"
+	// retentionHeader advertises, in seconds, how long a route replays a
+	// settled answer (defaults.advertise_retention). Not a standard
+	// header: the IETF draft leaves how to publish the expiry policy open.
+	retentionHeader = "Idempotency-Retention"
+	// requestIDHeader is passed through, or generated when absent, and
+	// forwarded to the upstream.
+	requestIDHeader = "X-Request-Id"
+)

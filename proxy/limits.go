@@ -21,14 +21,6 @@ import (
 // bound is one more held and one more row here (and in
 // docs/configuration.md, "Bounds").
 
-// Reasons a take was refused, the values of the reason label of
-// idemproxy_late_calls_refused_total and idemproxy_overloaded_total.
-const (
-	refusedCap      = "process_cap"     // the process' total is reached
-	refusedShare    = "principal_share" // this principal holds its whole share
-	refusedReserved = "reserved"        // the last share is kept for principals that hold none
-)
-
 // bound is what a held allows: max in all, share for one principal (0 or
 // more than max: max), and with reserve, principals that hold some leave
 // the last share free for principals that hold none.

@@ -162,13 +162,13 @@ func (h *Handler) lookup(ctx context.Context, rt *route, principal, key string, 
 		return lookupAnswer{result: lookupUnresolved, why: err.Error()}
 	}
 	defer resp.Body.Close()
-	ans := h.lookupVerdict(rt, resp, key, max)
+	ans := lookupVerdict(rt, resp, key, max)
 	ans.upstreamStatus = resp.StatusCode
 	return ans
 }
 
 // lookupVerdict reads one lookup answer.
-func (h *Handler) lookupVerdict(rt *route, resp *http.Response, key string, max int64) lookupAnswer {
+func lookupVerdict(rt *route, resp *http.Response, key string, max int64) lookupAnswer {
 	rc := rt.settings.Reconcile
 	body, err := io.ReadAll(io.LimitReader(resp.Body, max+1))
 	switch {

@@ -47,6 +47,60 @@ var outcomes = []string{
 	outcomeStoreUnavailable, outcomeRecordUnreadable, outcomeUpstreamTimeout, outcomeReconciled,
 }
 
+// Results of a delivery, the values of idemproxy_webhook_deliveries_total's
+// result label.
+const (
+	webhookExecuted   = "executed"          // forwarded as the first delivery
+	webhookReplayed   = "replayed"          // a redelivery, answered from the record
+	webhookInProgress = "in_progress"       // a redelivery while the first still runs
+	webhookSigInvalid = "signature_invalid" // missing, wrong or stale signature
+	webhookRefused    = "refused"           // anything else refused (no id, too large, store down)
+)
+
+// Results of a late call, the values of the result label of
+// idemproxy_late_answers_total.
+const (
+	lateStored    = "stored"    // the late answer was stored for the retries
+	lateReleased  = "released"  // the late answer was transient: key released
+	lateAbandoned = "abandoned" // no answer: window, cap or drain ran out, or the call broke
+	lateUnstored  = "unstored"  // answered, but the store refused or failed (fence_lost, store_error)
+)
+
+var lateResults = []string{lateStored, lateReleased, lateAbandoned, lateUnstored}
+
+// storeOps are the store operations, the values of the op label. A new
+// operation is one line here; the store names its span (claim.Span).
+var storeOps = []string{
+	"claim", "get", "renew", "complete", "release", "epoch", "take_over",
+	"free_absent", "stream_start", "stream_append", "stream_end", "stream_read",
+}
+
+// Results of an unconfirmed claim, the values of the result label of
+// idemproxy_unconfirmed_claims_total.
+const (
+	unconfirmedReleased = "released"         // it had landed; deleted
+	unconfirmedNotFound = "not_found"        // it never landed (or someone else holds the key)
+	unconfirmedGaveUp   = "gave_up"          // Redis did not answer before the claim would lapse, or too many pending
+	unconfirmedOnRetry  = "cleared_on_retry" // a later attempt found it never forwarded and freed it
+)
+
+var unconfirmedResults = []string{unconfirmedReleased, unconfirmedNotFound, unconfirmedGaveUp, unconfirmedOnRetry}
+
+// Reasons a take was refused, the values of the reason label of
+// idemproxy_late_calls_refused_total and idemproxy_overloaded_total.
+const (
+	refusedCap      = "process_cap"     // the process' total is reached
+	refusedShare    = "principal_share" // this principal holds its whole share
+	refusedReserved = "reserved"        // the last share is kept for principals that hold none
+)
+
+// Reasons of a 412, the values of idemproxy_first_sent_refused_total's
+// reason label.
+const (
+	refusedKeyExpired = "key-expired"
+	refusedRecordLost = "record-lost"
+)
+
 // Metrics are the proxy's Prometheus collectors.
 type Metrics struct {
 	requests     *prometheus.CounterVec
@@ -55,9 +109,9 @@ type Metrics struct {
 	upstream     *prometheus.HistogramVec
 	added        *prometheus.HistogramVec
 	storedBytes  prometheus.Histogram
-	// handler is the Handler whose state the gauges read (in-flight
-	// claims, buffered bytes, waiting retries); set by New, nil reads 0.
-	handler  atomic.Pointer[Handler]
+	// state is what the gauges read (in-flight claims, buffered bytes,
+	// waiting retries): the Handler New built last; none reads 0.
+	state    atomic.Pointer[gaugeState]
 	renewals *prometheus.CounterVec
 	// lateAnswers counts late calls by how they ended; lateCalls is how
 	// many run now.
@@ -238,10 +292,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	m.initSeries()
 	if reg != nil {
-		gauge := func(name, help string, read func(h *Handler) float64) prometheus.Collector {
+		gauge := func(name, help string, read func(g gaugeState) float64) prometheus.Collector {
 			return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 {
-				if h := m.handler.Load(); h != nil {
-					return read(h)
+				if g := m.state.Load(); g != nil {
+					return read(*g)
 				}
 				return 0
 			})
@@ -249,17 +303,25 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		reg.MustRegister(m.requests, m.storeSeconds, m.storeErrors, m.upstream, m.added, m.storedBytes, m.renewals,
 			m.lateAnswers, m.lateCalls, m.lateRefused, m.overloaded, m.retention, m.unknownOutcomes, m.unconfirmed, m.passThrough, m.firstSentRefused, m.webhooks, m.reconciled, m.streamChunks, m.streamAttached, m.wakeups, m.streamLagging, m.streamEnds, m.streamFirstByte, m.authorizations, m.authorizeSeconds, m.recordErrors, m.quotaRefusals,
 			gauge("idemproxy_inflight_claims", "Claims this process owns and has not settled yet.",
-				func(h *Handler) float64 { return h.owners.count() }),
+				func(g gaugeState) float64 { return g.inflight() }),
 			gauge("idemproxy_oldest_inflight_claim_seconds", "Age of the oldest claim this process owns and has not settled; 0 when none.",
-				func(h *Handler) float64 { return h.owners.oldest() }),
+				func(g gaugeState) float64 { return g.oldest() }),
 			gauge("idemproxy_buffered_bytes", "Bytes held in request and response body buffers now; limits.max_buffered_bytes bounds it.",
-				func(h *Handler) float64 { return float64(h.BufferedBytes()) }),
+				func(g gaugeState) float64 { return float64(g.buffered()) }),
 			gauge("idemproxy_waiting_retries", "Retries waiting now for a first attempt's outcome (concurrent: wait).",
-				func(h *Handler) float64 { return float64(h.Waiting()) }),
+				func(g gaugeState) float64 { return float64(g.waiting()) }),
 			gauge("idemproxy_unconfirmed_claims_pending", "Claims whose reply never came that this process is still cleaning up (idemproxy_unconfirmed_claims_total counts how each ended).",
-				func(h *Handler) float64 { return float64(h.unconfirmed.count()) }))
+				func(g gaugeState) float64 { return float64(g.pending()) }))
 	}
 	return m
+}
+
+// gaugeState is what the gauges read: the state of the Handler New built
+// last.
+type gaugeState struct {
+	inflight, oldest func() float64
+	buffered         func() int64
+	waiting, pending func() int
 }
 
 // initSeries creates the series that do not depend on routes at zero:

@@ -163,7 +163,7 @@ func (o *owner) clientTimedOut() {
 	answered := o.gate.close(func(w http.ResponseWriter) {
 		h.metrics.lateCalls.Inc()
 		w.Header().Set("Connection", "close") // this handler stays busy
-		h.writeProblem(w, p, x.requestID, x.rt.settings.Problems)
+		h.problems.write(w, p, x.requestID, x.rt.settings.Problems)
 	})
 	if !answered { // the answer is already on its way
 		h.late.give(x.a.principal)
@@ -174,17 +174,6 @@ func (o *owner) clientTimedOut() {
 	// call, and its max_in_flight slot is free for another first attempt.
 	o.held.slot.give()
 }
-
-// Results of a late call, the values of the result label of
-// idemproxy_late_answers_total.
-const (
-	lateStored    = "stored"    // the late answer was stored for the retries
-	lateReleased  = "released"  // the late answer was transient: key released
-	lateAbandoned = "abandoned" // no answer: window, cap or drain ran out, or the call broke
-	lateUnstored  = "unstored"  // answered, but the store refused or failed (fence_lost, store_error)
-)
-
-var lateResults = []string{lateStored, lateReleased, lateAbandoned, lateUnstored}
 
 // lateSettled counts and logs how a late call ended.
 func (o *owner) lateSettled() {

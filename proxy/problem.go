@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
@@ -89,17 +90,29 @@ func (p problem) with(detail string) problem {
 	return p
 }
 
-// writeProblem is the proxy's one error path: every error response goes
-// out through here, in format (a route's problem_body), or, when nil, in
-// the format for answers outside any route (Config.Problems), or else as
+// problemWriter writes the proxy's error answers: the base of their type
+// URIs, the Link of the key's rules, and the format of answers outside
+// any route.
+type problemWriter struct {
+	// base starts problem types; docsLink, when set, is the Link header
+	// value of 400, 409 and 422 answers.
+	base, docsLink string
+	// outside, when set, shapes answers outside any route.
+	outside *problemfmt.Format
+	log     *slog.Logger
+}
+
+// write is the proxy's one error path: every error response goes out
+// through here, in format (a route's problem_body), or, when nil, in the
+// format for answers outside any route (Config.Problems), or else as
 // problem+json.
-func (hd *Handler) writeProblem(w http.ResponseWriter, p problem, requestID string, format *problemfmt.Format) {
-	body, contentType := hd.renderProblem(p, requestID, format)
+func (pw *problemWriter) write(w http.ResponseWriter, p problem, requestID string, format *problemfmt.Format) {
+	body, contentType := pw.render(p, requestID, format)
 	h := w.Header()
-	if hd.docsLink != "" && (p.Status == http.StatusBadRequest || p.Status == http.StatusConflict || p.Status == http.StatusUnprocessableEntity) {
+	if pw.docsLink != "" && (p.Status == http.StatusBadRequest || p.Status == http.StatusConflict || p.Status == http.StatusUnprocessableEntity) {
 		// The IETF draft: a 400, 409 or 422 links to the documentation of
 		// the idempotency key's rules.
-		h.Set("Link", hd.docsLink)
+		h.Set("Link", pw.docsLink)
 	}
 	h.Set("Content-Type", contentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
@@ -111,16 +124,16 @@ func (hd *Handler) writeProblem(w http.ResponseWriter, p problem, requestID stri
 	_, _ = w.Write(body)
 }
 
-// renderProblem is p's body, with its full type URI and requestID, and
-// its content type: in format (or the outside-route format) when set,
+// render is p's body, with its full type URI and requestID, and its
+// content type: in format (or the outside-route format) when set,
 // problem+json otherwise or when the template fails (logged).
-func (hd *Handler) renderProblem(p problem, requestID string, format *problemfmt.Format) ([]byte, string) {
+func (pw *problemWriter) render(p problem, requestID string, format *problemfmt.Format) ([]byte, string) {
 	if format == nil {
-		format = hd.problems
+		format = pw.outside
 	}
 	code := p.Type
 	p.RequestID = requestID
-	p.Type = hd.problemBase + p.Type
+	p.Type = pw.base + p.Type
 	if format != nil {
 		d := problemfmt.Data{Status: p.Status, Type: p.Type, Code: code, Title: p.Title, Detail: p.Detail,
 			RequestID: requestID, OriginalStatus: p.OriginalStatus}
@@ -131,7 +144,7 @@ func (hd *Handler) renderProblem(p problem, requestID string, format *problemfmt
 		if err == nil {
 			return body, format.ContentType()
 		}
-		hd.log.Error("problem_body failed to render; answering problem+json", "err", err, "request_id", requestID)
+		pw.log.Error("problem_body failed to render; answering problem+json", "err", err, "request_id", requestID)
 	}
 	body, _ := json.Marshal(p) // a struct of strings and ints always marshals
 	return append(body, '\n'), problemContentType

@@ -55,12 +55,12 @@ func TestProblemBodyRendersEveryProblem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &Handler{problemBase: problemTypePrefix, log: slog.New(slog.DiscardHandler)}
+	pw := &problemWriter{base: problemTypePrefix, log: slog.New(slog.DiscardHandler)}
 	for _, p := range problems {
 		p = p.with(`a detail with "quotes" and \ and a newline
 `)
 		p.retryAfter = 1500 * time.Millisecond
-		body, ct := h.renderProblem(p, "rid-1", f)
+		body, ct := pw.render(p, "rid-1", f)
 		var got struct {
 			Error struct {
 				Type, URI  string

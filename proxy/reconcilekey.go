@@ -70,7 +70,7 @@ func (r *reconciling) render(rep *reply) (status int, body []byte) {
 		rep = a.storeFailed("get", err, nil)
 	}
 	w := &answerRecorder{header: http.Header{}}
-	a.h.writeProblem(w, rep.problem, a.requestID, a.rt.settings.Problems)
+	a.h.problems.write(w, rep.problem, a.requestID, a.rt.settings.Problems)
 	return w.status, w.body.Bytes()
 }
 

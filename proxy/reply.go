@@ -104,7 +104,7 @@ func (x *exchange) respond(rep *reply) {
 			x.detail = rep.problem.Detail
 		}
 		x.status = rep.problem.Status
-		x.h.writeProblem(x.w, rep.problem, x.requestID, x.rt.settings.Problems)
+		x.h.problems.write(x.w, rep.problem, x.requestID, x.rt.settings.Problems)
 	}
 }
 

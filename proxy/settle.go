@@ -335,7 +335,7 @@ func (h *Handler) outcomeUnknownRecord(orig *claim.Record, token claim.Token, no
 	if reconcile {
 		p = probOutcomeUnknown.with(what + "; it may have acted on the request, and the upstream could not tell yet. Retry with the same idempotency key: a retry asks the upstream again, and gets its answer, or executes once the upstream says it never acted")
 	}
-	body, contentType := h.renderProblem(p, orig.RequestID, problems)
+	body, contentType := h.problems.render(p, orig.RequestID, problems)
 	header := http.Header{
 		"Content-Type":  {contentType},
 		"Cache-Control": {"no-store"},

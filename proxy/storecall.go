@@ -13,13 +13,6 @@ import (
 // and traces it (storeSpan); op is one of storeOps, whose error series
 // exist from the start.
 
-// storeOps are the store operations, the values of the op label. A new
-// operation is one line here; the store names its span (claim.Span).
-var storeOps = []string{
-	"claim", "get", "renew", "complete", "release", "epoch", "take_over",
-	"free_absent", "stream_start", "stream_append", "stream_end", "stream_read",
-}
-
 // storeError counts a failure of store operation op in
 // idemproxy_store_errors_total: the one place it is counted.
 func (h *Handler) storeError(op string) { h.metrics.storeErrors.WithLabelValues(op).Inc() }

@@ -22,13 +22,8 @@ import (
 // lands after that is still recognised by the next attempt as never
 // forwarded (claim.Result.Unforwarded) and freed then (cleared_on_retry).
 
-// Results of an unconfirmed claim, the values of the result label of
-// idemproxy_unconfirmed_claims_total.
+// Bounds and waits of the cleanup.
 const (
-	unconfirmedReleased  = "released"             // it had landed; deleted
-	unconfirmedNotFound  = "not_found"            // it never landed (or someone else holds the key)
-	unconfirmedGaveUp    = "gave_up"              // Redis did not answer before the claim would lapse, or too many pending
-	unconfirmedOnRetry   = "cleared_on_retry"     // a later attempt found it never forwarded and freed it
 	maxUnconfirmed       = 10000                  // pending cleanups held at once
 	unconfirmedRecheck   = 2 * time.Second        // how long after "not there" it is looked for again
 	unconfirmedFirstWait = 100 * time.Millisecond // after a failed try; the first is at once
@@ -42,8 +37,6 @@ const (
 	// unconfirmedParallel bounds the cleanups tried at once.
 	unconfirmedParallel = 32
 )
-
-var unconfirmedResults = []string{unconfirmedReleased, unconfirmedNotFound, unconfirmedGaveUp, unconfirmedOnRetry}
 
 // pendingClaim is one claim to clean up.
 type pendingClaim struct {

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"net/http"
-	"strings"
 
 	"golang.org/x/net/http/httpguts"
 )
@@ -22,15 +21,4 @@ func upgradeType(h http.Header) string {
 		return ""
 	}
 	return h.Get("Upgrade")
-}
-
-// upgradeAllowed reports whether a pass-through request may switch to
-// proto.
-func (h *Handler) upgradeAllowed(proto string) bool {
-	for _, p := range h.passUpgrades {
-		if strings.EqualFold(p, proto) {
-			return true
-		}
-	}
-	return false
 }

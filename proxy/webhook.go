@@ -51,16 +51,6 @@ type Webhook struct {
 	Events []string
 }
 
-// Results of a delivery, the values of idemproxy_webhook_deliveries_total's
-// result label.
-const (
-	webhookExecuted   = "executed"          // forwarded as the first delivery
-	webhookReplayed   = "replayed"          // a redelivery, answered from the record
-	webhookInProgress = "in_progress"       // a redelivery while the first still runs
-	webhookSigInvalid = "signature_invalid" // missing, wrong or stale signature
-	webhookRefused    = "refused"           // anything else refused (no id, too large, store down)
-)
-
 var (
 	errEventNotAccepted = errors.New("event not accepted")
 	errSigMissing       = errors.New("no signature header")
