@@ -107,3 +107,8 @@ func (x *exchange) keyInBody(header string, body []byte) (string, *reply) {
 	x.r.Header.Set(s.KeyHeader, key) // the upstream gets it as if the client had sent it
 	return key, nil
 }
+
+// webhookPrincipals prefixes the principals of webhook routes: the
+// providers, and the peers whose deliveries are not verified yet. No
+// identity source may assert one.
+const webhookPrincipals = "webhook:"

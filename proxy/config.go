@@ -218,3 +218,53 @@ func (u Unknown) String() string {
 	}
 	return "keep"
 }
+
+// FirstSentSource is where a request's first-sent time comes from.
+type FirstSentSource int
+
+// First-sent sources.
+const (
+	// FirstSentHeader reads Repeatability-First-Sent, an HTTP date.
+	FirstSentHeader FirstSentSource = iota + 1
+	// FirstSentUUIDv7 reads the key's timestamp when the key is a UUIDv7.
+	FirstSentUUIDv7
+)
+
+// Reconcile is how a route asks the upstream what happened to a key
+// whose outcome idemproxy cannot know (routes[].reconcile): a GET of URL,
+// its {key}, {principal} and {route} replaced by their values escaped
+// for where they stand, carrying the identity header with the principal
+// and the key header with the key.
+type Reconcile struct {
+	// URL is the template: a path, with an optional query, joined to the
+	// upstream URL's path as a forwarded request's is.
+	URL string
+	// Found are the statuses that say the effect happened: that answer
+	// is stored and replayed (with Status, when set). Absent are the ones
+	// that say it did not.
+	Found, Absent []int
+	Status        int
+	// Timeout bounds one lookup.
+	Timeout time.Duration
+	// AbsentAfter is how old a first attempt must be, on Redis' clock,
+	// before an absent answer is believed: no request runs longer in the
+	// app (at least the upstream timeout and late-answer window).
+	AbsentAfter time.Duration
+}
+
+// Webhook is a route's webhook receiver.
+type Webhook struct {
+	// Provider is WebhookStripe, WebhookGitHub, WebhookShopify or
+	// WebhookStandard.
+	Provider string
+	// Secrets are the signing secrets as their files hold them; any one
+	// verifies (rotation).
+	Secrets [][]byte
+	// Tolerance bounds how far a signed timestamp (stripe, standard) may
+	// be from now; zero: 5 minutes.
+	Tolerance time.Duration
+	// Events, for a provider whose event is not signed (github,
+	// shopify), are the events the route accepts; nil: every well-formed
+	// one.
+	Events []string
+}

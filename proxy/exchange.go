@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.22.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -70,71 +74,6 @@ type admitted struct {
 	legacy []legacyKey
 }
 
-// serve runs steps 2 to 8 of the request flow (route match is done): the
-// route's admission (admitClient: the forwarded identity and the key; or
-// admitDelivery: a webhook delivery's signature), which reads the body,
-// then one tail: fingerprint the request, claim the key and either own
-// the request or answer from the record already there. What a step
-// decides is written once, by respond.
-func (x *exchange) serve() {
-	x.respond(x.decide())
-}
-
-// decide is serve's steps: the reply they decided, nil when the owner
-// answered with the upstream's.
-func (x *exchange) decide() *reply {
-	// The route's admission: a webhook delivery's signature, or the
-	// client's identity and key. It is the exchange's, the HTTP front's
-	// (the route holds none): another front admits its own way.
-	admit := x.admitClient
-	if x.rt.settings.Webhook != nil {
-		admit = x.admitDelivery
-	}
-	in, rep := admit()
-	if rep != nil {
-		return rep
-	}
-	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, in.body)
-	x.a = x.front.newAttempt(in.admittedAs)
-	if len(in.legacy) > 0 {
-		if rep := x.a.useLegacyKey(in.legacy); rep != nil {
-			return rep
-		}
-	}
-	rec := x.a.newClaim(fp)
-	held, rep := x.a.ownOrAnswer(rec, in.body, x.authorize)
-	if held == nil {
-		return rep
-	}
-	defer held.slot.give()
-	x.own(held, in.body)
-	return nil
-}
-
-// admitClient is the admission of a route whose principals come from
-// identity (header, JWT or XFCC): the key, the principal, the body, a key
-// in the body, and a first-sent time; or the reply that refused it.
-func (x *exchange) admitClient() (admitted, *reply) {
-	key, rep := x.admit()
-	if rep != nil {
-		return admitted{}, rep
-	}
-	body, rep := x.readBody()
-	if rep != nil {
-		return admitted{}, rep
-	}
-	if x.rt.keyPointer != nil {
-		if key, rep = x.keyInBody(key, body); rep != nil {
-			return admitted{}, rep
-		}
-	}
-	in := admitted{admittedAs: admittedAs{principal: x.holder, key: key}, body: body}
-	if rep := x.readFirstSent(&in.admittedAs); rep != nil {
-		return admitted{}, rep
-	}
-	return in, nil
-}
-
 // inflate decompresses a stored body for its replay into a buffer of the
 // length its frame declares, held in the buffer budget as an upstream's
 // answer is, and never longer than the route's max_response_body (a
@@ -193,38 +132,165 @@ func (x *exchange) readBody() ([]byte, *reply) {
 	return body, nil
 }
 
-// finish counts and logs the request once.
-func (x *exchange) finish() {
-	if x.timedOut.Load() {
-		return // recorded when the client was answered (answeredTimeout)
+// giveBack ends every lent body's reads, then returns the exchange's
+// buffers to their pool.
+func (x *exchange) giveBack() {
+	for i := range x.nlent {
+		x.lent[i].takeBack()
 	}
-	if x.outcome == "" {
-		x.outcome = outcomeRejected // aborted before an answer was chosen
+	for _, b := range x.more {
+		b.takeBack()
 	}
-	defer x.endTrace()
-	total := time.Since(x.start)
-	x.h.metrics.requests.WithLabelValues(x.rt.name, x.outcome).Inc()
-	if x.rt.settings.Webhook != nil {
-		x.h.metrics.webhooks.WithLabelValues(x.rt.name, x.webhookOutcome()).Inc()
+	for _, buf := range [...][]byte{x.reqBuf, x.respBuf, x.inflated} {
+		if buf != nil {
+			x.h.buffers.give(x.holder, cap(buf))
+			putBody(buf)
+		}
 	}
-	x.h.metrics.added.WithLabelValues(x.rt.name).Observe((total - x.upstream).Seconds())
-	level := slog.LevelInfo
-	switch x.outcome {
-	case outcomeStoreError, outcomeFenceLost, outcomeRecordUnreadable:
-		level = slog.LevelError
-	case outcomeStoreUnavailable:
-		level = slog.LevelWarn
+	x.reqBuf, x.respBuf, x.inflated = nil, nil, nil
+}
+
+// startTrace starts the exchange's server span, continuing the client's
+// trace, and carries it in x.r's context. It is named and attributed by
+// the HTTP semantic conventions: "{method} {http.route}".
+func (x *exchange) startTrace() {
+	attrs := []attribute.KeyValue{
+		semconv.HTTPRoute(x.rt.httpRoute),
+		semconv.URLPath(x.path),
+		attribute.String("idemproxy.route", x.rt.name),
+		// The id the app gets as X-Request-Id, which the log lines carry.
+		attribute.String("idemproxy.request_id", x.requestID),
 	}
-	if !x.log().Enabled(context.Background(), level) {
-		return // log_level above this line's: skip building it
+	x.r, x.span = x.h.tracing.serverSpan(x.r, x.trusted, x.start, x.r.Method+" "+x.rt.httpRoute, attrs)
+	// The attempt's store calls and lookups are children of the span; it
+	// tells the span what it did.
+	x.ctx = x.r.Context()
+	x.seen = &spanSink{t: x.h.tracing, ctx: x.r.Context(), span: x.span, store: x.h.store}
+	if sc := x.span.SpanContext(); sc.IsValid() {
+		x.trace = claim.TraceContext{TraceID: sc.TraceID(), SpanID: sc.SpanID()}
 	}
-	line := requestLine{
-		route: x.rt.name, outcome: x.outcome, status: x.status, requestID: x.requestID,
-		duration: total, upstream: x.upstream, original: x.original,
-		late: x.late, detail: x.detail, traceID: x.traceID,
+	if sc := x.span.SpanContext(); sc.HasTraceID() {
+		x.traceID = sc.TraceID().String()
 	}
-	if x.a != nil { // refused or bypassed before it had a key: none is logged
-		line.key = x.a.hashedKey
+}
+
+// endTrace ends the server span with the exchange's outcome.
+func (x *exchange) endTrace() {
+	if x.span == nil {
+		return
 	}
-	line.log(x.h.log, level)
+	attrs := []attribute.KeyValue{
+		attribute.String("idemproxy.outcome", x.outcome),
+		attribute.Bool("idemproxy.replayed", x.outcome == outcomeReplayed),
+		semconv.HTTPResponseStatusCode(x.status),
+	}
+	if x.a != nil && x.a.hashedKey != "" {
+		attrs = append(attrs, attribute.String("idemproxy.key", x.a.hashedKey))
+	}
+	if x.original != "" {
+		attrs = append(attrs, attribute.String("idemproxy.original_request_id", x.original))
+	}
+	x.span.SetAttributes(attrs...)
+	if x.status >= 500 || x.outcome == outcomeStoreError || x.outcome == outcomeFenceLost || x.outcome == outcomeStoreUnavailable || x.outcome == outcomeRecordUnreadable {
+		// error.type (the HTTP conventions): the status from 500 on, else
+		// the outcome that made it an error.
+		errType := x.outcome
+		if x.status >= 500 {
+			errType = strconv.Itoa(x.status)
+		}
+		x.span.SetAttributes(semconv.ErrorTypeKey.String(errType))
+		x.span.SetStatus(codes.Error, x.outcome)
+	}
+	x.span.End()
+}
+
+// upstreamSpan starts the client span of an upstream call and puts its
+// traceparent on req, which is the outgoing request ReverseProxy built.
+func (x *exchange) upstreamSpan(req *http.Request) (*http.Request, trace.Span) {
+	defaultPort := "80"
+	if req.URL.Scheme == "https" {
+		defaultPort = "443"
+	}
+	attrs := []attribute.KeyValue{
+		semconv.HTTPRequestMethodKey.String(req.Method),
+		semconv.URLFull(redactedURL(req.URL)),
+	}
+	attrs = append(attrs, hostPort(req.URL.Host, defaultPort)...)
+	ctx, sp := x.h.tracing.tracer.Start(req.Context(), req.Method,
+		trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attrs...))
+	x.h.tracing.propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	return req.WithContext(ctx), sp
+}
+
+// spanSink is a traced exchange's traceSink: what its attempt did, as
+// client spans under the request's server span, and links from it.
+type spanSink struct {
+	t     *tracing
+	ctx   context.Context
+	span  trace.Span
+	store Store
+}
+
+// lookupSpan records a reconcile lookup, which started at start, as a
+// client span (HTTP semantic conventions) with its result; an unresolved
+// lookup is an error.
+func (s *spanSink) lookupSpan(start time.Time, ans lookupAnswer) {
+	if s.span == nil {
+		return
+	}
+	attrs := []attribute.KeyValue{
+		semconv.HTTPRequestMethodKey.String(http.MethodGet),
+		attribute.String("idemproxy.reconcile.result", ans.result),
+	}
+	if ans.upstreamStatus != 0 {
+		attrs = append(attrs, semconv.HTTPResponseStatusCode(ans.upstreamStatus))
+	}
+	_, sp := s.t.tracer.Start(s.ctx, http.MethodGet,
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
+	if ans.result == lookupUnresolved {
+		sp.SetStatus(codes.Error, ans.why)
+	}
+	sp.End()
+}
+
+// linkTo links the request's span to the span of the attempt that
+// claimed rec: the execution a replay, a 409 or a 422 refers to.
+func (s *spanSink) linkTo(rec *claim.Record) {
+	if s.span == nil || rec.Trace.IsZero() {
+		return
+	}
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID:    rec.Trace.TraceID,
+		SpanID:     rec.Trace.SpanID,
+		TraceFlags: trace.FlagsSampled,
+		Remote:     true,
+	})
+	s.span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
+		attribute.String("idemproxy.link", "execution"),
+		attribute.String("idemproxy.original_request_id", rec.RequestID),
+	}})
+}
+
+// storeSpan records store operation op, which started at start and ended
+// now with err, as a client span the store describes (claim.Span: named
+// after what it sent, with its attributes).
+// A lost lease is an answer, not a failure; every other error marks the
+// span with error.type and an error status.
+func (s *spanSink) storeSpan(op string, start time.Time, err error) {
+	if s.span == nil {
+		return
+	}
+	t := s.t
+	d := s.store.Span(op)
+	_, sp := t.tracer.Start(s.ctx, d.Name,
+		trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithTimestamp(start),
+		trace.WithAttributes(d.Attributes...),
+		trace.WithAttributes(attribute.String("idemproxy.store.operation", op)))
+	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
+		sp.SetAttributes(semconv.ErrorTypeKey.String(storeErrorType(err)))
+		sp.SetStatus(codes.Error, err.Error())
+	}
+	sp.End()
 }

@@ -23,17 +23,6 @@ import (
 // Sources: the OASIS Repeatable Requests header Repeatability-First-Sent
 // (an HTTP date), and a UUIDv7 key's own timestamp (RFC 9562).
 
-// FirstSentSource is where a request's first-sent time comes from.
-type FirstSentSource int
-
-// First-sent sources.
-const (
-	// FirstSentHeader reads Repeatability-First-Sent, an HTTP date.
-	FirstSentHeader FirstSentSource = iota + 1
-	// FirstSentUUIDv7 reads the key's timestamp when the key is a UUIDv7.
-	FirstSentUUIDv7
-)
-
 // firstSentHeaderName is the OASIS Repeatable Requests header.
 const firstSentHeaderName = "Repeatability-First-Sent"
 

@@ -8,46 +8,10 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
 )
-
-// attached counts the retries following each stream on this sidecar.
-type attached struct {
-	mu sync.Mutex
-	// n counts followers by stream key, p by principal; mu guards both.
-	n, p map[string]int
-}
-
-// take counts one more follower of key for principal, or reports false
-// when the stream, or the principal across its streams, has maxAttached
-// already on this sidecar.
-func (a *attached) take(key, principal string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.n == nil {
-		a.n, a.p = map[string]int{}, map[string]int{}
-	}
-	if a.n[key] >= maxAttached || a.p[principal] >= maxAttached {
-		return false
-	}
-	a.n[key]++
-	a.p[principal]++
-	return true
-}
-
-func (a *attached) give(key, principal string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.n[key]--; a.n[key] <= 0 {
-		delete(a.n, key)
-	}
-	if a.p[principal]--; a.p[principal] <= 0 {
-		delete(a.p, principal)
-	}
-}
 
 // attach is the reply to a retry of a streamed answer: the stream as
 // stored so far, then as it grows, marked as a replay; 409

@@ -13,13 +13,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// forwarder is a pair of ReverseProxies to the upstream: protected with
-// the owner's hooks, which settle the claim, and direct for pass-through
-// requests, with none.
-type forwarder struct {
-	protected, direct *httputil.ReverseProxy
-}
-
 // newForwarder builds a peer's pair from base, which carries what all of
 // them share (error log, buffer pool).
 func (h *Handler) newForwarder(base httputil.ReverseProxy, transport http.RoundTripper, trustedPeer bool) forwarder {

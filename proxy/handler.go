@@ -1,18 +1,15 @@
 package proxy
 
 import (
-	"cmp"
 	"context"
-	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -160,95 +157,6 @@ type Handler struct {
 	streamReads sharedReads
 }
 
-// New builds a Handler for cfg, which the caller has validated: a route
-// pattern http.ServeMux refuses panics there. It fails on JSON Pointers
-// that do not parse.
-func New(cfg Config, store Store, opts Options) (*Handler, error) {
-	switch cfg.Identity.Source {
-	case "", SourceHeader, SourceXFCC, SourceJWT:
-	default:
-		return nil, fmt.Errorf("proxy: unknown identity source %q", cfg.Identity.Source)
-	}
-	routes, err := newRouter(cfg.Routes)
-	if err != nil {
-		return nil, err
-	}
-	h := &Handler{
-		codec:           codecOf(store),
-		store:           store,
-		id:              newIdentity(cfg.Identity, &http.Client{Timeout: jwksFetchTimeout}),
-		upstream:        cfg.Upstream,
-		upstreamTimeout: cfg.UpstreamTimeout,
-		lateWindow:      cfg.LateAnswerWindow,
-		buffers:         budget{limit: cfg.MaxBufferedBytes, share: cfg.PrincipalShare},
-		late:            lateCalls{max: int64(cfg.MaxLateCalls), share: int64(cfg.LateCallsPrincipalShare)},
-		log:             opts.Logger,
-		metrics:         opts.Metrics,
-		rand:            opts.Rand,
-		bodyTimeout:     cfg.BodyReadTimeout,
-		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, defaultWaitSafetyPoll),
-		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.TraceTrust, opts.Version),
-		owners:          claimAges{started: map[*owner]time.Time{}, now: time.Now},
-		passUpgrades:    slices.Clone(cfg.PassThroughUpgrades),
-		streams:         cfg.Streams,
-		liveness:        newLiveness(),
-		orphans:         newOrphans(),
-		now:             opts.Clock,
-	}
-	if h.now == nil {
-		h.now = time.Now
-	}
-	h.unconfirmed = unconfirmed{h: h, now: time.Now}
-	h.SetWriteTimeout(cfg.WriteTimeout)
-	if h.bodyTimeout <= 0 {
-		h.bodyTimeout = defaultBodyReadTimeout
-	}
-	h.relied = append(slices.Clone(forwardingHeaders), h.id.header)
-	h.routes.Store(routes)
-	if h.log == nil {
-		h.log = slog.New(slog.DiscardHandler)
-	}
-	h.problems = problemWriter{base: cmp.Or(cfg.ProblemTypeBase, problemTypePrefix), outside: cfg.Problems, log: h.log}
-	if cfg.ProblemDocsURL != "" {
-		h.problems.docsLink = "<" + cfg.ProblemDocsURL + `>; rel="describedby"`
-	}
-	if h.metrics == nil {
-		h.metrics = NewMetrics(nil)
-	}
-	h.metrics.initRoutes(routes)
-	h.metrics.state.Store(&gaugeState{
-		inflight: h.owners.count, oldest: h.owners.oldest, buffered: h.BufferedBytes, waiting: h.Waiting, pending: h.unconfirmed.count,
-	})
-	if h.rand == nil {
-		h.rand = rand.Reader
-	}
-	h.connect(opts.Transport)
-	return h, nil
-}
-
-// connect sets up what reaches the upstream through transport: the
-// forwarders (trusted peers and others) and the client of auth checks;
-// nil is NewTransport().
-func (h *Handler) connect(transport http.RoundTripper) {
-	if transport == nil {
-		transport = NewTransport()
-	}
-	// FlushInterval stays 0: ReverseProxy already flushes every write of a
-	// streamed response (SSE, or no Content-Length), and flushing every
-	// write of the rest cost pass-through 40% of its throughput
-	// (docs/benchmarks.md, "Tuning done").
-	base := httputil.ReverseProxy{
-		ErrorLog:   slog.NewLogLogger(dropping{h.log.Handler(), errStreamAborted.Error()}, slog.LevelWarn),
-		BufferPool: newBufferPool(),
-	}
-	h.authClient = &http.Client{
-		Transport:     transport,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
-	h.trustedPeer = h.newForwarder(base, transport, true)
-	h.otherPeer = h.newForwarder(base, transport, false)
-}
-
 // Reload replaces the routes and their settings. Requests in flight finish
 // with the settings they started with.
 func (h *Handler) Reload(routes []Route) error {
@@ -271,21 +179,6 @@ func (h *Handler) SetWriteTimeout(d time.Duration) {
 	h.writeTimeout.Store(int64(d))
 }
 
-// Abandon cancels every upstream call of a protected request still
-// running, and any that starts later; each is then settled by its route's
-// unknown_outcome. A drain calls it when drain.timeout runs out, so that
-// no claim is left to the dual-write window by the process exiting. It
-// returns the number of calls cancelled.
-func (h *Handler) Abandon() int {
-	h.abandoned.Store(true)
-	n := 0
-	h.owners.each(func(o *owner) {
-		o.cancel(errAbandoned)
-		n++
-	})
-	return n
-}
-
 // RouteScope is the key scope (see KeyScope) of the route named name in
 // the routes serving now, reloads included; false when there is none.
 func (h *Handler) RouteScope(name string) (string, bool) {
@@ -304,75 +197,6 @@ func (h *Handler) Waiting() int { return int(h.waiting.Load()) }
 // now (limits.max_buffered_bytes bounds it).
 func (h *Handler) BufferedBytes() int64 { return h.buffers.count() }
 
-// ServeHTTP implements http.Handler.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	trusted, idErr := h.id.admit(r)
-	var refused problem
-	switch {
-	case idErr != nil:
-		refused = probIdentityInvalid.with(idErr.Error())
-	default:
-		if tok := nominated(r.Header, h.relied); tok != "" {
-			refused = probHopByHop.with("Connection nominates " + tok + ", which idemproxy and the upstream rely on")
-		}
-	}
-	rt, path := h.routes.Load().match(r)
-	if up := upgradeType(r.Header); up != "" && refused.Status == 0 {
-		switch {
-		case rt != nil:
-			refused = probUpgradeRefused.with("a protected route never switches protocols (Upgrade: " + up + "): its outcome could not be stored")
-		case !h.upgradeAllowed(up):
-			refused = probUpgradeRefused.with("Upgrade: " + up + " is not among the protocols forwarded (pass_through_upgrades)")
-		}
-	}
-	if rt == nil {
-		if refused.Status != 0 {
-			h.problems.write(w, refused, r.Header.Get(requestIDHeader), nil)
-			return
-		}
-		h.passThrough(w, r, trusted)
-		return
-	}
-	x := &exchange{
-		front:   h.newFront(r.Context(), rt, h.requestID(r)),
-		fwd:     h.forwarder(trusted),
-		w:       w,
-		r:       r,
-		path:    path,
-		trusted: trusted,
-	}
-	if h.tracing != nil {
-		x.startTrace()
-	}
-	defer x.giveBack() // runs last: nothing of x reads its buffers after it
-	// Deferred so that a client disconnect, which aborts the handler with
-	// http.ErrAbortHandler while the response is copied, is still counted.
-	defer x.finish()
-	if refused.Status != 0 {
-		x.respond(refuse(outcomeRejected, refused))
-		return
-	}
-	x.serve()
-}
-
-// requestID returns the client's X-Request-Id when it is a reasonable
-// token, or a new random one, and sets it on r so the upstream sees it.
-func (h *Handler) requestID(r *http.Request) string {
-	if id := r.Header.Get(requestIDHeader); id != "" && len(id) <= 128 && visibleASCII(id) {
-		return id
-	}
-	id := newRequestID(h.rand)
-	r.Header.Set(requestIDHeader, id)
-	return id
-}
-
-// newRequestID is a fresh request id: 16 bytes of rand, in hex.
-func newRequestID(rand io.Reader) string {
-	var b [16]byte
-	_, _ = io.ReadFull(rand, b[:]) // crypto/rand does not fail
-	return hex.EncodeToString(b[:])
-}
-
 // dropping is a log handler that drops the records whose message holds
 // drop: ReverseProxy's own line for a stream idemproxy broke off, which
 // says nothing of the request; the pump logs it with its route, key and
@@ -390,13 +214,28 @@ func (d dropping) Handle(ctx context.Context, r slog.Record) error {
 	return d.Handler.Handle(ctx, r)
 }
 
-// upgradeAllowed reports whether a pass-through request may switch to
-// proto.
-func (h *Handler) upgradeAllowed(proto string) bool {
-	for _, p := range h.passUpgrades {
-		if strings.EqualFold(p, proto) {
-			return true
-		}
-	}
-	return false
+// Key changes of webhook routes, by the release that made them.
+const (
+	keysV06 = iota // v0.6.0: keyed by what is signed, scoped by route
+	keysV07        // v0.7.0: a body's digest with the event it is about
+	keyChanges
+)
+
+// keyChangeMarkers name the store's markers (Store.Since) of when it first
+// served a release with each key change.
+var keyChangeMarkers = [keyChanges]string{keysV06: "webhook-keys-v0.6", keysV07: "webhook-keys-v0.7"}
+
+// keyChange is when the store first served a change of webhook keys,
+// read once per process: until one retention after it, the keys the
+// change replaced are looked at too.
+type keyChange struct {
+	since atomic.Int64 // Unix nanoseconds; 0 until read
+	mu    sync.Mutex   // one read at a time
+}
+
+// newRequestID is a fresh request id: 16 bytes of rand, in hex.
+func newRequestID(rand io.Reader) string {
+	var b [16]byte
+	_, _ = io.ReadFull(rand, b[:]) // crypto/rand does not fail
+	return hex.EncodeToString(b[:])
 }

@@ -2,7 +2,9 @@ package proxy
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Header names are compared the way the upstream may compare them, not
@@ -110,3 +112,13 @@ const (
 	// forwarded to the upstream.
 	requestIDHeader = "X-Request-Id"
 )
+
+const (
+	repeatabilityID     = "Repeatability-Request-Id"
+	repeatabilityResult = "Repeatability-Result"
+)
+
+// retentionSeconds is d in whole seconds, for retentionHeader.
+func retentionSeconds(d time.Duration) string {
+	return strconv.FormatInt(int64(d/time.Second), 10)
+}

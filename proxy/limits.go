@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Limits. A process bounds three things its requests hold, each the same
@@ -247,3 +249,92 @@ func (l *lateCalls) take(principal string) (bool, string) {
 }
 
 func (l *lateCalls) give(principal string) { l.held.give(principal, 1) }
+
+// attached counts the retries following each stream on this sidecar.
+type attached struct {
+	mu sync.Mutex
+	// n counts followers by stream key, p by principal; mu guards both.
+	n, p map[string]int
+}
+
+// take counts one more follower of key for principal, or reports false
+// when the stream, or the principal across its streams, has maxAttached
+// already on this sidecar.
+func (a *attached) take(key, principal string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n == nil {
+		a.n, a.p = map[string]int{}, map[string]int{}
+	}
+	if a.n[key] >= maxAttached || a.p[principal] >= maxAttached {
+		return false
+	}
+	a.n[key]++
+	a.p[principal]++
+	return true
+}
+
+func (a *attached) give(key, principal string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.n[key]--; a.n[key] <= 0 {
+		delete(a.n, key)
+	}
+	if a.p[principal]--; a.p[principal] <= 0 {
+		delete(a.p, principal)
+	}
+}
+
+// claimAges is the Handler's registry of its in-flight owners, each by
+// the cancel function of its upstream call (the owner's own field, so one
+// per owner): Abandon cancels their calls, and the gauges read their
+// number and the age of the oldest (a claim held far past the upstream
+// timeout means a stuck upstream call or a bug, and is worth an alert).
+type claimAges struct {
+	mu      sync.Mutex // guards started
+	started map[*context.CancelCauseFunc]time.Time
+	now     func() time.Time
+}
+
+func (c *claimAges) add(cancel *context.CancelCauseFunc) {
+	c.mu.Lock()
+	c.started[cancel] = c.now()
+	c.mu.Unlock()
+}
+
+func (c *claimAges) remove(cancel *context.CancelCauseFunc) {
+	c.mu.Lock()
+	delete(c.started, cancel)
+	c.mu.Unlock()
+}
+
+// each calls f with the cancel function of every in-flight claim's
+// upstream call, under the lock: f must not block.
+func (c *claimAges) each(f func(cancel context.CancelCauseFunc)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for cancel := range c.started {
+		f(*cancel)
+	}
+}
+
+func (c *claimAges) count() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return float64(len(c.started))
+}
+
+func (c *claimAges) oldest() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var first time.Time
+	for _, t := range c.started {
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+	}
+	if first.IsZero() {
+		return 0
+	}
+	return c.now().Sub(first).Seconds()
+}

@@ -5,76 +5,13 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
-	"time"
 )
-
-// Reconcile is how a route asks the upstream what happened to a key
-// whose outcome idemproxy cannot know (routes[].reconcile): a GET of URL,
-// its {key}, {principal} and {route} replaced by their values escaped
-// for where they stand, carrying the identity header with the principal
-// and the key header with the key.
-type Reconcile struct {
-	// URL is the template: a path, with an optional query, joined to the
-	// upstream URL's path as a forwarded request's is.
-	URL string
-	// Found are the statuses that say the effect happened: that answer
-	// is stored and replayed (with Status, when set). Absent are the ones
-	// that say it did not.
-	Found, Absent []int
-	Status        int
-	// Timeout bounds one lookup.
-	Timeout time.Duration
-	// AbsentAfter is how old a first attempt must be, on Redis' clock,
-	// before an absent answer is believed: no request runs longer in the
-	// app (at least the upstream timeout and late-answer window).
-	AbsentAfter time.Duration
-}
-
-// Template fields, as written in a reconcile URL.
-const (
-	fieldKey       = "{key}"
-	fieldPrincipal = "{principal}"
-	fieldRoute     = "{route}"
-)
-
-// checkReconcile reports what makes rc unusable: a template that cannot
-// carry the key, or one outside the upstream's path (absolute URL,
-// fragment, unknown field).
-func checkReconcile(rc *Reconcile) error {
-	t := rc.URL
-	if !strings.HasPrefix(t, "/") {
-		return fmt.Errorf("reconcile url %q: want a path on the upstream, starting with /", t)
-	}
-	if strings.Contains(t, "#") {
-		return fmt.Errorf("reconcile url %q: a fragment is never sent", t)
-	}
-	if !strings.Contains(t, fieldKey) {
-		return fmt.Errorf("reconcile url %q: it must carry {key}, or every key would get the same answer", t)
-	}
-	rest := t
-	for _, f := range []string{fieldKey, fieldPrincipal, fieldRoute} {
-		rest = strings.ReplaceAll(rest, f, "")
-	}
-	if strings.ContainsAny(rest, "{}") {
-		return fmt.Errorf("reconcile url %q: only {key}, {principal} and {route} are replaced", t)
-	}
-	for _, s := range rc.Found {
-		if slices.Contains(rc.Absent, s) {
-			return fmt.Errorf("reconcile: status %d is both found and absent", s)
-		}
-	}
-	if len(rc.Found) == 0 || len(rc.Absent) == 0 {
-		return errors.New("reconcile: found and absent need a status each")
-	}
-	return nil
-}
 
 // expand fills the template: values in the path are path-escaped (a "/"
 // in a key stays inside its segment, and one made only of dots is
@@ -112,16 +49,6 @@ func lookupURL(upstream *url.URL, rc *Reconcile, key, principal, route string) *
 	}
 	return &u
 }
-
-// The results of one lookup, the values of the result label of
-// idemproxy_reconciled_total; tooEarly is decided by the store, after an
-// absent answer.
-const (
-	lookupFound      = "found"
-	lookupAbsent     = "absent"
-	lookupTooEarly   = "too_early"
-	lookupUnresolved = "unresolved"
-)
 
 // lookupAnswer is what one lookup learned: result, and for a found answer
 // the response to store (status, headers, body); why says what went wrong
@@ -222,17 +149,3 @@ const (
 	// previous release already stores and replays: a header.
 	unknownSinceHeader = "Idempotent-Unknown-Since"
 )
-
-// reconcileResults are the values of idemproxy_reconciled_total's result.
-var reconcileResults = []string{lookupFound, lookupAbsent, lookupTooEarly, lookupUnresolved}
-
-// ask is one lookup for this exchange's key, traced.
-func (r *reconciling) ask() lookupAnswer {
-	a := r.a
-	start := time.Now()
-	ans := a.h.lookup(context.WithoutCancel(a.ctx), a.rt, a.principal, a.idemKey, a.rt.settings.MaxResponseBody)
-	if a.seen != nil {
-		a.seen.lookupSpan(start, ans)
-	}
-	return ans
-}

@@ -395,3 +395,23 @@ func (m *Metrics) initRoutes(rt *router) {
 		}
 	}
 }
+
+// The results of one lookup, the values of the result label of
+// idemproxy_reconciled_total; tooEarly is decided by the store, after an
+// absent answer.
+const (
+	lookupFound      = "found"
+	lookupAbsent     = "absent"
+	lookupTooEarly   = "too_early"
+	lookupUnresolved = "unresolved"
+)
+
+// reconcileResults are the values of idemproxy_reconciled_total's result.
+var reconcileResults = []string{lookupFound, lookupAbsent, lookupTooEarly, lookupUnresolved}
+
+func newUnconfirmedCounter() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemproxy_unconfirmed_claims_total",
+		Help: "Claims whose reply never came (their SET may have run late), by how they were cleaned up: released, not_found, gave_up, cleared_on_retry.",
+	}, []string{"result"})
+}

@@ -139,43 +139,6 @@ func (l *loans) lend(buf []byte) *lentBody {
 // buffer.
 const smallForward = 2 << 10
 
-// forwardBody is the body of the owner's request to the upstream. A small
-// one is a copy the garbage collector owns, in a reader http.Transport
-// knows to be in memory (rewrite unwraps it from ReverseProxy's wrapper),
-// so that the headers and the body go out in one system call; any other
-// reader has the headers flushed first, one write more per first attempt
-// (about 6 µs of CPU). The copy is never reused, so a write loop that
-// outlives RoundTrip reads nothing another request owns. Larger ones are
-// lent (lend). Either is a non-nil reader that is not http.NoBody, and
-// GetBody stays nil, so the transport never resends the request
-// (Request.isReplayable).
-func (o *owner) forwardBody() io.ReadCloser {
-	if len(o.body) == 0 || len(o.body) > smallForward {
-		o.copied = nil
-		return o.x.lend(o.body)
-	}
-	o.copied = io.NopCloser(bytes.NewReader(bytes.Clone(o.body)))
-	return o.copied
-}
-
-// giveBack ends every lent body's reads, then returns the exchange's
-// buffers to their pool.
-func (x *exchange) giveBack() {
-	for i := range x.nlent {
-		x.lent[i].takeBack()
-	}
-	for _, b := range x.more {
-		b.takeBack()
-	}
-	for _, buf := range [...][]byte{x.reqBuf, x.respBuf, x.inflated} {
-		if buf != nil {
-			x.h.buffers.give(x.holder, cap(buf))
-			putBody(buf)
-		}
-	}
-	x.reqBuf, x.respBuf, x.inflated = nil, nil, nil
-}
-
 // firstChunk is the most a body buffer starts with when its length is
 // declared: the rest is held only as it arrives, so a declared length costs
 // nothing until the bytes come.

@@ -266,3 +266,10 @@ func standardHeaders(h http.Header) (id, ts, sig string) {
 	}
 	return h.Get("Svix-Id"), h.Get("Svix-Timestamp"), h.Get("Svix-Signature")
 }
+
+var (
+	errEventNotAccepted = errors.New("event not accepted")
+	errSigMissing       = errors.New("no signature header")
+	errSigWrong         = errors.New("no signature matches any of the route's secrets")
+	errSigStale         = errors.New("the signed timestamp is outside the route's tolerance")
+)

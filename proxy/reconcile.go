@@ -333,3 +333,14 @@ func (r *reconciling) tooEarly(e *claim.TooEarlyError) *reply {
 	}
 	return a.inProgress(detail, max(e.Left, time.Second))
 }
+
+// ask is one lookup for this exchange's key, traced.
+func (r *reconciling) ask() lookupAnswer {
+	a := r.a
+	start := time.Now()
+	ans := a.h.lookup(context.WithoutCancel(a.ctx), a.rt, a.principal, a.idemKey, a.rt.settings.MaxResponseBody)
+	if a.seen != nil {
+		a.seen.lookupSpan(start, ans)
+	}
+	return ans
+}

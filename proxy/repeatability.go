@@ -11,11 +11,6 @@ import (
 // was executed or replayed (a reconciled answer too), and rejected when
 // it was refused for its key or its repeatability headers.
 
-const (
-	repeatabilityID     = "Repeatability-Request-Id"
-	repeatabilityResult = "Repeatability-Result"
-)
-
 // repeatabilityRejects are the problems that refuse a request for its key
 // or its repeatability headers; they say rejected when their status is
 // one the specification names (400, 409, 412, 422).

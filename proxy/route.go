@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"path"
+	"slices"
 	"strings"
 	"time"
 )
@@ -181,4 +183,43 @@ func cleanPath(p string) string {
 		return path.Clean(p) // no allocation when p is already clean
 	}
 	return path.Clean("/" + p)
+}
+
+// Template fields, as written in a reconcile URL.
+const (
+	fieldKey       = "{key}"
+	fieldPrincipal = "{principal}"
+	fieldRoute     = "{route}"
+)
+
+// checkReconcile reports what makes rc unusable: a template that cannot
+// carry the key, or one outside the upstream's path (absolute URL,
+// fragment, unknown field).
+func checkReconcile(rc *Reconcile) error {
+	t := rc.URL
+	if !strings.HasPrefix(t, "/") {
+		return fmt.Errorf("reconcile url %q: want a path on the upstream, starting with /", t)
+	}
+	if strings.Contains(t, "#") {
+		return fmt.Errorf("reconcile url %q: a fragment is never sent", t)
+	}
+	if !strings.Contains(t, fieldKey) {
+		return fmt.Errorf("reconcile url %q: it must carry {key}, or every key would get the same answer", t)
+	}
+	rest := t
+	for _, f := range []string{fieldKey, fieldPrincipal, fieldRoute} {
+		rest = strings.ReplaceAll(rest, f, "")
+	}
+	if strings.ContainsAny(rest, "{}") {
+		return fmt.Errorf("reconcile url %q: only {key}, {principal} and {route} are replaced", t)
+	}
+	for _, s := range rc.Found {
+		if slices.Contains(rc.Absent, s) {
+			return fmt.Errorf("reconcile: status %d is both found and absent", s)
+		}
+	}
+	if len(rc.Found) == 0 || len(rc.Absent) == 0 {
+		return errors.New("reconcile: found and absent need a status each")
+	}
+	return nil
 }

@@ -61,3 +61,15 @@ func (a *attempt) retried(op string, call func(context.Context) error) error {
 	}
 	return err
 }
+
+// Store-write retry after the upstream answered: the dual-write window.
+// The client is answered either way; these bound how long it waits.
+var storeRetryWaits = []time.Duration{0, 25 * time.Millisecond, 100 * time.Millisecond, 250 * time.Millisecond}
+
+// settleTimeout bounds each settle operation (complete, release, keep).
+const settleTimeout = 2 * time.Second
+
+// settleCtx is detached from the client and bounded.
+func settleCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), settleTimeout)
+}

@@ -84,61 +84,6 @@ func hostPort(addr, defaultPort string) []attribute.KeyValue {
 	return out
 }
 
-// spanSink is a traced exchange's traceSink: what its attempt did, as
-// client spans under the request's server span, and links from it.
-type spanSink struct {
-	t     *tracing
-	ctx   context.Context
-	span  trace.Span
-	store Store
-}
-
-// lookupSpan records a reconcile lookup, which started at start, as a
-// client span (HTTP semantic conventions) with its result; an unresolved
-// lookup is an error.
-func (s *spanSink) lookupSpan(start time.Time, ans lookupAnswer) {
-	if s.span == nil {
-		return
-	}
-	attrs := []attribute.KeyValue{
-		semconv.HTTPRequestMethodKey.String(http.MethodGet),
-		attribute.String("idemproxy.reconcile.result", ans.result),
-	}
-	if ans.upstreamStatus != 0 {
-		attrs = append(attrs, semconv.HTTPResponseStatusCode(ans.upstreamStatus))
-	}
-	_, sp := s.t.tracer.Start(s.ctx, http.MethodGet,
-		trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start), trace.WithAttributes(attrs...))
-	if ans.result == lookupUnresolved {
-		sp.SetStatus(codes.Error, ans.why)
-	}
-	sp.End()
-}
-
-// startTrace starts the exchange's server span, continuing the client's
-// trace, and carries it in x.r's context. It is named and attributed by
-// the HTTP semantic conventions: "{method} {http.route}".
-func (x *exchange) startTrace() {
-	attrs := []attribute.KeyValue{
-		semconv.HTTPRoute(x.rt.httpRoute),
-		semconv.URLPath(x.path),
-		attribute.String("idemproxy.route", x.rt.name),
-		// The id the app gets as X-Request-Id, which the log lines carry.
-		attribute.String("idemproxy.request_id", x.requestID),
-	}
-	x.r, x.span = x.h.tracing.serverSpan(x.r, x.trusted, x.start, x.r.Method+" "+x.rt.httpRoute, attrs)
-	// The attempt's store calls and lookups are children of the span; it
-	// tells the span what it did.
-	x.ctx = x.r.Context()
-	x.seen = &spanSink{t: x.h.tracing, ctx: x.r.Context(), span: x.span, store: x.h.store}
-	if sc := x.span.SpanContext(); sc.IsValid() {
-		x.trace = claim.TraceContext{TraceID: sc.TraceID(), SpanID: sc.SpanID()}
-	}
-	if sc := x.span.SpanContext(); sc.HasTraceID() {
-		x.traceID = sc.TraceID().String()
-	}
-}
-
 // serverSpan starts a server span for r, continuing the client's trace
 // when its peer is trusted (tracing.trust_incoming), and returns r
 // carrying it. From an untrusted peer the trace context is at most a link:
@@ -194,77 +139,6 @@ func endServerSpan(sp trace.Span, status int) {
 	sp.End()
 }
 
-// endTrace ends the server span with the exchange's outcome.
-func (x *exchange) endTrace() {
-	if x.span == nil {
-		return
-	}
-	attrs := []attribute.KeyValue{
-		attribute.String("idemproxy.outcome", x.outcome),
-		attribute.Bool("idemproxy.replayed", x.outcome == outcomeReplayed),
-		semconv.HTTPResponseStatusCode(x.status),
-	}
-	if x.a != nil && x.a.hashedKey != "" {
-		attrs = append(attrs, attribute.String("idemproxy.key", x.a.hashedKey))
-	}
-	if x.original != "" {
-		attrs = append(attrs, attribute.String("idemproxy.original_request_id", x.original))
-	}
-	x.span.SetAttributes(attrs...)
-	if x.status >= 500 || x.outcome == outcomeStoreError || x.outcome == outcomeFenceLost || x.outcome == outcomeStoreUnavailable || x.outcome == outcomeRecordUnreadable {
-		// error.type (the HTTP conventions): the status from 500 on, else
-		// the outcome that made it an error.
-		errType := x.outcome
-		if x.status >= 500 {
-			errType = strconv.Itoa(x.status)
-		}
-		x.span.SetAttributes(semconv.ErrorTypeKey.String(errType))
-		x.span.SetStatus(codes.Error, x.outcome)
-	}
-	x.span.End()
-}
-
-// linkTo links the request's span to the span of the attempt that
-// claimed rec: the execution a replay, a 409 or a 422 refers to.
-func (s *spanSink) linkTo(rec *claim.Record) {
-	if s.span == nil || rec.Trace.IsZero() {
-		return
-	}
-	sc := trace.NewSpanContext(trace.SpanContextConfig{
-		TraceID:    rec.Trace.TraceID,
-		SpanID:     rec.Trace.SpanID,
-		TraceFlags: trace.FlagsSampled,
-		Remote:     true,
-	})
-	s.span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{
-		attribute.String("idemproxy.link", "execution"),
-		attribute.String("idemproxy.original_request_id", rec.RequestID),
-	}})
-}
-
-// storeSpan records store operation op, which started at start and ended
-// now with err, as a client span the store describes (claim.Span: named
-// after what it sent, with its attributes).
-// A lost lease is an answer, not a failure; every other error marks the
-// span with error.type and an error status.
-func (s *spanSink) storeSpan(op string, start time.Time, err error) {
-	if s.span == nil {
-		return
-	}
-	t := s.t
-	d := s.store.Span(op)
-	_, sp := t.tracer.Start(s.ctx, d.Name,
-		trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithTimestamp(start),
-		trace.WithAttributes(d.Attributes...),
-		trace.WithAttributes(attribute.String("idemproxy.store.operation", op)))
-	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
-		sp.SetAttributes(semconv.ErrorTypeKey.String(storeErrorType(err)))
-		sp.SetStatus(codes.Error, err.Error())
-	}
-	sp.End()
-}
-
 // storeErrorType is a store error's low-cardinality error.type.
 func storeErrorType(err error) string {
 	switch {
@@ -278,25 +152,6 @@ func storeErrorType(err error) string {
 		return "unavailable"
 	}
 	return "_OTHER"
-}
-
-// upstreamSpan starts the client span of an upstream call and puts its
-// traceparent on req, which is the outgoing request ReverseProxy built.
-func (x *exchange) upstreamSpan(req *http.Request) (*http.Request, trace.Span) {
-	defaultPort := "80"
-	if req.URL.Scheme == "https" {
-		defaultPort = "443"
-	}
-	attrs := []attribute.KeyValue{
-		semconv.HTTPRequestMethodKey.String(req.Method),
-		semconv.URLFull(redactedURL(req.URL)),
-	}
-	attrs = append(attrs, hostPort(req.URL.Host, defaultPort)...)
-	ctx, sp := x.h.tracing.tracer.Start(req.Context(), req.Method,
-		trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attrs...))
-	x.h.tracing.propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
-	return req.WithContext(ctx), sp
 }
 
 // redactedURL is u without user info and with the query's values
@@ -341,4 +196,12 @@ func clientErrorType(err error) string {
 		return "cancelled"
 	}
 	return semconv.ErrorType(err).Value.AsString()
+}
+
+func isTimeout(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"time"
 )
 
@@ -31,4 +32,11 @@ func NewTransport() *http.Transport {
 		ExpectContinueTimeout: time.Second,
 		DisableCompression:    true,
 	}
+}
+
+// forwarder is a pair of ReverseProxies to the upstream: protected with
+// the owner's hooks, which settle the claim, and direct for pass-through
+// requests, with none.
+type forwarder struct {
+	protected, direct *httputil.ReverseProxy
 }

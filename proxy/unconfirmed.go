@@ -3,10 +3,9 @@ package proxy
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/claim"
 )
@@ -60,7 +59,9 @@ type pendingClaim struct {
 // unconfirmed holds the pending cleanups of one Handler. Its worker runs
 // only while some are pending.
 type unconfirmed struct {
-	h *Handler
+	store   claim.Store
+	metrics *Metrics
+	log     *slog.Logger
 	// mu guards pending and running.
 	mu      sync.Mutex
 	pending []*pendingClaim
@@ -78,8 +79,8 @@ func (u *unconfirmed) add(route, key string, token claim.Token, until time.Time,
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if len(u.pending) >= maxUnconfirmed {
-		u.h.metrics.unconfirmed.WithLabelValues(unconfirmedGaveUp).Inc()
-		u.h.log.Error("unconfirmed claim not cleaned up: too many pending; a retry frees it once it is seen never forwarded, or it lapses", "route", route, "key", key)
+		u.metrics.unconfirmed.WithLabelValues(unconfirmedGaveUp).Inc()
+		u.log.Error("unconfirmed claim not cleaned up: too many pending; a retry frees it once it is seen never forwarded, or it lapses", "route", route, "key", key)
 		return
 	}
 	now := u.now()
@@ -199,7 +200,7 @@ func (u *unconfirmed) try(p *pendingClaim) (result string, done bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), unconfirmedOpTimeout)
 	defer cancel()
-	found, err := u.h.store.ReleaseUnconfirmed(ctx, p.key, p.token)
+	found, err := u.store.ReleaseUnconfirmed(ctx, p.key, p.token)
 	switch {
 	case err != nil:
 		p.next, p.wait = now.Add(p.wait), min(2*p.wait, unconfirmedMaxWait)
@@ -222,10 +223,10 @@ func (u *unconfirmed) try(p *pendingClaim) (result string, done bool) {
 
 // finish counts and logs p's result and forgets it.
 func (u *unconfirmed) finish(p *pendingClaim, result string) {
-	u.h.metrics.unconfirmed.WithLabelValues(result).Inc()
-	level := u.h.log.Info
+	u.metrics.unconfirmed.WithLabelValues(result).Inc()
+	level := u.log.Info
 	if result == unconfirmedGaveUp {
-		level = u.h.log.Warn
+		level = u.log.Warn
 	}
 	level("unconfirmed claim", "route", p.route, "key", p.key, "result", result)
 	u.mu.Lock()
@@ -252,11 +253,4 @@ func mayHaveWritten(err error) bool {
 		return false
 	}
 	return !errors.Is(err, claim.ErrNotSent)
-}
-
-func newUnconfirmedCounter() *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "idemproxy_unconfirmed_claims_total",
-		Help: "Claims whose reply never came (their SET may have run late), by how they were cleaned up: released, not_found, gave_up, cleared_on_retry.",
-	}, []string{"result"})
 }

@@ -11,8 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -33,35 +31,6 @@ import (
 // by route. The fingerprint covers the body, never the signature headers,
 // which providers renew on every retry. A redelivery then gets the stored
 // answer.
-
-// Webhook is a route's webhook receiver.
-type Webhook struct {
-	// Provider is WebhookStripe, WebhookGitHub, WebhookShopify or
-	// WebhookStandard.
-	Provider string
-	// Secrets are the signing secrets as their files hold them; any one
-	// verifies (rotation).
-	Secrets [][]byte
-	// Tolerance bounds how far a signed timestamp (stripe, standard) may
-	// be from now; zero: 5 minutes.
-	Tolerance time.Duration
-	// Events, for a provider whose event is not signed (github,
-	// shopify), are the events the route accepts; nil: every well-formed
-	// one.
-	Events []string
-}
-
-var (
-	errEventNotAccepted = errors.New("event not accepted")
-	errSigMissing       = errors.New("no signature header")
-	errSigWrong         = errors.New("no signature matches any of the route's secrets")
-	errSigStale         = errors.New("the signed timestamp is outside the route's tolerance")
-)
-
-// webhookPrincipals prefixes the principals of webhook routes: the
-// providers, and the peers whose deliveries are not verified yet. No
-// identity source may assert one.
-const webhookPrincipals = "webhook:"
 
 // principal is the principal of every verified delivery: the provider.
 func (wh *Webhook) principal() string { return webhookPrincipals + wh.Provider }
@@ -143,14 +112,6 @@ func (wh *Webhook) key(d signed, body []byte) (string, error) {
 		return "", errKeyChars
 	}
 	return id, nil
-}
-
-// legacyKey is a key an earlier release stored a delivery under: read,
-// and answered from, for one retention after the store first served the
-// keys that replaced it (change).
-type legacyKey struct {
-	scope, key string
-	change     int // keysV06, keysV07
 }
 
 // legacyKeys are the keys earlier releases stored the delivery under,
@@ -294,25 +255,6 @@ func (a *attempt) useLegacyKey(keys []legacyKey) *reply {
 		}
 	}
 	return nil
-}
-
-// Key changes of webhook routes, by the release that made them.
-const (
-	keysV06 = iota // v0.6.0: keyed by what is signed, scoped by route
-	keysV07        // v0.7.0: a body's digest with the event it is about
-	keyChanges
-)
-
-// keyChangeMarkers name the store's markers (Store.Since) of when it first
-// served a release with each key change.
-var keyChangeMarkers = [keyChanges]string{keysV06: "webhook-keys-v0.6", keysV07: "webhook-keys-v0.7"}
-
-// keyChange is when the store first served a change of webhook keys,
-// read once per process: until one retention after it, the keys the
-// change replaced are looked at too.
-type keyChange struct {
-	since atomic.Int64 // Unix nanoseconds; 0 until read
-	mu    sync.Mutex   // one read at a time
 }
 
 // reading reports whether a, a delivery, still looks for the keys the

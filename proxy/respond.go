@@ -1,0 +1,92 @@
+package proxy
+
+import (
+	"net/http"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// respond writes the reply a step decided, in one place: a problem, a
+// stored record (replayed, or followed while it streams), or the request
+// forwarded unprotected.
+
+// respond writes rep, the answer a step decided, and keeps what finish
+// counts and logs of it. A nil rep was answered already (the owner's
+// forward).
+func (x *exchange) respond(rep *reply) {
+	if rep == nil {
+		return
+	}
+	if rep.record != nil && rep.record.BodyCompressed && !rep.stream {
+		// A stored body is inflated for its replay here, into a buffer
+		// the exchange holds until it is written (inflate).
+		if failed := x.inflate(rep.record); failed != nil {
+			rep = failed
+		}
+	}
+	x.outcome = rep.outcome
+	if rep.detail != "" {
+		x.detail = rep.detail
+	}
+	if x.repeatable() {
+		if v := repeatabilityOf(rep); v != "" {
+			x.w.Header().Set(repeatabilityResult, v)
+		}
+	}
+	switch {
+	case rep.gone:
+	case rep.bypass:
+		x.bypass(rep.body)
+	case rep.record != nil:
+		if rep.replayed {
+			x.original = rep.record.RequestID
+		}
+		if rep.stream {
+			x.follow(rep.record)
+			return
+		}
+		x.writeRecord(rep.record, rep.replayed)
+	default:
+		if x.detail == "" {
+			x.detail = rep.problem.Detail
+		}
+		x.status = rep.problem.Status
+		x.h.problems.write(x.w, rep.problem, x.requestID, x.rt.settings.Problems)
+	}
+}
+
+// writeRecord writes a completed record's response, marked as a replay
+// when replayed.
+func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
+	x.status = rec.Status
+	h := x.w.Header()
+	for k, vs := range rec.Header {
+		h[k] = vs
+	}
+	if replayed {
+		h.Set(replayedHeader, "true")
+		if x.rt.settings.AdvertiseRetention {
+			h.Set(retentionHeader, retentionSeconds(x.rt.settings.Retention))
+		}
+	}
+	x.w.WriteHeader(rec.Status)
+	// Every answer written from the store, whatever its size, within
+	// client.write_timeout: a client with a tiny receive window holds the
+	// socket's buffers full, and a write without a deadline would hold the
+	// handler and the answer for as long as the client likes.
+	_ = x.writeAnswer(http.NewResponseController(x.w), rec.Body)
+}
+
+// bypass forwards the request without protection. body, when not nil, is
+// the already-read request body.
+func (x *exchange) bypass(body []byte) {
+	r := x.r.WithContext(x.r.Context()) // a copy; ReverseProxy clones it again
+	r.Trailer = nil                     // request trailers never reach the upstream of a protected route
+	if body != nil {
+		r.Body = x.lend(body)
+		r.ContentLength = int64(len(body))
+	}
+	sw := &statusWriter{ResponseWriter: x.w}
+	x.fwd.protected.ServeHTTP(sw, r)
+	x.status = sw.status
+}
