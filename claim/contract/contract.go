@@ -84,6 +84,7 @@ var Cases = []Case{
 	{"EpochLoss", testEpochLoss},
 	{"Preload", on(testPreload)},
 	{"Spans", on(testSpans)},
+	{"RefusedOptions", testRefusedOptions},
 	{"SealedStreams", testSealedStreams},
 }
 

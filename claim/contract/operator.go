@@ -2,6 +2,8 @@ package contract
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -9,7 +11,8 @@ import (
 )
 
 // The operator's cases: what the binary asks of a backend beyond the
-// protocol (Preload, Span).
+// protocol (Preload, Span), and the options it builds one with, each
+// honoured or refused at Preload.
 
 // spanOps are operations the proxy names in its store spans.
 var spanOps = []string{"claim", "get", "renew", "complete", "release", "take_over", "free_absent", "stream_append", "stream_end", "stream_read"}
@@ -58,5 +61,30 @@ func testSpans(t *testing.T, s claim.Backend) {
 				t.Errorf("Span(%q) attribute %d became %v after other spans were made, was %v: spans share their attributes' storage", spanOps[i], j, again.Attributes[j], sp.Attributes[j])
 			}
 		}
+	}
+}
+
+// testRefusedOptions: an option a backend takes is honoured, or refused
+// by Preload, which the binary runs before it serves: never taken and
+// ignored. WithWait asks for more replicas than any deployment has, so a
+// backend that honours it reports every claim and completion as
+// acknowledged by fewer.
+func testRefusedOptions(t *testing.T, d Deployment, _ claim.Backend) {
+	ctx := context.Background()
+	var short atomic.Int32
+	s := d.Open(t, "test:refused:"+t.Name()+":", claim.WithWait(100, 20*time.Millisecond, func(string) { short.Add(1) }))
+	if err := s.Preload(ctx); err != nil {
+		if !strings.Contains(err.Error(), "WithWait") {
+			t.Fatalf("Preload refused the store with %v, which does not name the option it refuses (WithWait)", err)
+		}
+		return // refused, before anything is served
+	}
+	rec := NewRecord(t)
+	key := s.Codec().Key("alice", "pay", "waited")
+	if res, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim = %+v, %v", res, err)
+	}
+	if short.Load() == 0 {
+		t.Fatal("WithWait(100 replicas) taken, not refused by Preload, yet no claim was reported acknowledged by fewer: the option is ignored")
 	}
 }

@@ -80,6 +80,9 @@ type Store struct {
 	batch *batcher
 	// rows stores a stream's chunks as rows (claim.WithStreamRows).
 	rows bool
+	// refused, when set, is why an option this store was built with is one
+	// it cannot honour: Preload returns it, before any request is served.
+	refused error
 }
 
 var _ claim.Backend = (*Store)(nil)
@@ -185,6 +188,9 @@ func New(pool *pgxpool.Pool, schema, prefix string, opts ...claim.Option) *Store
 	s := &Store{pool: pool, codec: codec, schema: pgx.Identifier{schema}.Sanitize(), schemaName: schema, node: node}
 	s.clocks = claim.NewClocks(o.Now, s.checkClocks)
 	s.onEpoch, s.rows = o.OnEpoch, o.StreamRows
+	if o.WaitReplicas > 0 {
+		s.refused = errWaitRefused
+	}
 	s.readQuery = "SELECT r.cur, r.pttl, " + s.fn("idem_now") + "() FROM " + s.fn("idem_read") + "($1) r"
 	s.wakeSQL = wakeSQL(s.fn("idem_wake"))
 	s.watch = newListener(pool, s.schema)
@@ -315,9 +321,16 @@ func (s *Store) Close() { s.watch.close() }
 // (store.postgres.create_schema), recording release as its installer.
 func (s *Store) MigrateOnPreload(release string) { s.migrate, s.release = true, release }
 
+// errWaitRefused is why this store refuses claim.WithWait.
+var errWaitRefused = errors.New("pgstore: claim.WithWait (store.wait_replicas) is not honoured on PostgreSQL: which standbys a commit waits for is the server's synchronous_standby_names and synchronous_commit")
+
 // Preload installs the schema when MigrateOnPreload said so, and checks
-// that it is there.
+// that it is there. It fails first when the store was built with an
+// option it cannot honour.
 func (s *Store) Preload(ctx context.Context) error {
+	if s.refused != nil {
+		return s.refused
+	}
 	if s.migrate {
 		if _, err := Install(ctx, s.pool, s.schemaName, s.release); err != nil {
 			return claim.Unavailable("migrate", err)
