@@ -51,7 +51,7 @@ func streamBench(args []string) error {
 	fs.DurationVar(&o.flush, "flush", 0, "idemproxy's routes[].stream_flush_interval")
 	fs.StringVar(&o.out, "out", "", "also write the markdown results to this file")
 	fs.IntVar(&o.rounds, "rounds", 5, "turns the targets take, each with its share of -n")
-	fs.StringVar(&o.profile, "cpuprofile", "", "also write a CPU profile of idemproxy's measured streams to this file")
+	fs.StringVar(&o.profile, "cpuprofile", "", "also write a CPU profile of idemproxy's measured streams to this file, and the floor's to this file + .floor")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -103,7 +103,9 @@ type streamRig struct {
 	// floor's (rounds).
 	floorRatios []float64
 	rtt         time.Duration // Redis' round trip, p50
-	pprofAddr   string
+	// pprofAddr and floorPprof serve idemproxy's and the floor's
+	// profiles, with -cpuprofile.
+	pprofAddr, floorPprof string
 }
 
 func (r *streamRig) stop() {
@@ -163,7 +165,12 @@ func startStreamRig(dir string, o streamOptions) (*streamRig, error) {
 	}
 	r.procs = append(r.procs, idem)
 	floorAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
-	fl, err := start("floor", floorAddr, self, "reverseproxy", "-listen", floorAddr, "-upstream", "http://"+upAddr, "-redis", redisAddr)
+	floorArgs := []string{"reverseproxy", "-listen", floorAddr, "-upstream", "http://" + upAddr, "-redis", redisAddr}
+	if o.profile != "" {
+		r.floorPprof = fmt.Sprintf("127.0.0.1:%d", freePort())
+		floorArgs = append(floorArgs, "-pprof", r.floorPprof)
+	}
+	fl, err := start("floor", floorAddr, self, floorArgs...)
 	if err != nil {
 		return r, err
 	}
@@ -221,8 +228,9 @@ func (r *streamRig) rounds(o streamOptions) ([]streamRow, []float64, error) {
 	if r.pprofAddr != "" {
 		perStream := time.Duration(o.events)*o.gap + 3*time.Millisecond
 		seconds := int((time.Duration(len(r.targets)*o.n) * perStream).Seconds()) + 1
-		profiled = make(chan error, 1)
+		profiled = make(chan error, 2)
 		go func() { profiled <- fetchProfile(r.pprofAddr, seconds, o.profile) }()
+		go func() { profiled <- fetchProfile(r.floorPprof, seconds, o.profile+".floor") }()
 	}
 	rows := make([]streamRow, len(r.targets))
 	for i := range rows {
@@ -250,8 +258,10 @@ func (r *streamRig) rounds(o streamOptions) ([]streamRow, []float64, error) {
 		}
 	}
 	if profiled != nil {
-		if err := <-profiled; err != nil {
-			return nil, nil, err
+		for range 2 {
+			if err := <-profiled; err != nil {
+				return nil, nil, err
+			}
 		}
 	}
 	return rows, ratios, nil
