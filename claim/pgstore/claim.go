@@ -62,26 +62,33 @@ func (s *Store) PlantUnconfirmed(ctx context.Context, key string, rec *claim.Rec
 	return err
 }
 
+// claimCall is one claim's arguments and answer in one allocation: they
+// go to the batch that sends the call, so that the argument list and
+// each destination on its own would be an allocation of its own.
+type claimCall struct {
+	kind   int
+	cur    []byte
+	pttl   *int64
+	nowMS  int64
+	length *int
+
+	args [7]any
+	dst  [5]any
+}
+
 // claim is the claim's round trip.
 func (s *Store) claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error) {
-	value := s.codec.Encode(key, rec)
 	var qkey *string
 	if q.Limit > 0 {
 		qkey = &q.Key
 	}
-	var (
-		kind    int
-		cur     []byte
-		pttl    *int64
-		nowMS   int64
-		length  *int
-		limit   = s.codec.StreamReadLimit()
-		ttl     = (lease + rec.Tail).Milliseconds()
-		qwindow = q.Window.Milliseconds()
-	)
-	if err := s.do(ctx, "claim", "idem_claim", key, false, []any{key, value, ttl, limit, qkey, q.Limit, qwindow}, &kind, &cur, &pttl, &nowMS, &length); err != nil {
+	limit := s.codec.StreamReadLimit()
+	c := &claimCall{args: [7]any{key, s.codec.Encode(key, rec), (lease + rec.Tail).Milliseconds(), limit, qkey, q.Limit, q.Window.Milliseconds()}}
+	c.dst = [5]any{&c.kind, &c.cur, &c.pttl, &c.nowMS, &c.length}
+	if err := s.do(ctx, "claim", "idem_claim", key, false, c.args[:], c.dst[:]...); err != nil {
 		return claim.Result{}, err
 	}
+	kind, cur, pttl, nowMS, length := c.kind, c.cur, c.pttl, c.nowMS, c.length
 	now := time.UnixMilli(nowMS)
 	left := time.Duration(0)
 	if pttl != nil {

@@ -163,13 +163,33 @@ func scanRow(rr *pgconn.ResultReader, m *pgtype.Map, dst []any) error {
 	return nil
 }
 
-// encodeArgs is args in the wire format of sd's parameters.
+// encodeArgs is args in the wire format of sd's parameters, every one
+// of them in one buffer (a buffer per argument was most of a call's
+// allocations). A NULL is a nil parameter; an empty value is not.
 func encodeArgs(m *pgtype.Map, sd *pgconn.StatementDescription, args []any) ([][]byte, error) {
 	params := make([][]byte, len(args))
+	var spans [8][2]int
+	ends := spans[:0]
+	if len(args) > len(spans) {
+		ends = make([][2]int, 0, len(args))
+	}
+	buf := make([]byte, 0, 256) // never nil: an empty value is not NULL
 	for i, a := range args {
-		var err error
-		if params[i], err = m.Encode(sd.ParamOIDs[i], pgtype.BinaryFormatCode, a, nil); err != nil {
+		start := len(buf)
+		out, err := m.Encode(sd.ParamOIDs[i], pgtype.BinaryFormatCode, a, buf)
+		if err != nil {
 			return nil, fmt.Errorf("encode argument %d: %w", i+1, err)
+		}
+		if out == nil { // NULL
+			ends = append(ends, [2]int{-1, -1})
+			continue
+		}
+		buf = out
+		ends = append(ends, [2]int{start, len(buf)})
+	}
+	for i, e := range ends {
+		if e[0] >= 0 {
+			params[i] = buf[e[0]:e[1]:e[1]]
 		}
 	}
 	return params, nil
