@@ -71,6 +71,15 @@ func send(p *pgconn.Pipeline, sql string, sd *pgconn.StatementDescription, param
 	p.SendQueryParams(sql, params, sd.ParamOIDs, binaryFormat, binaryFormat)
 }
 
+// execute runs sql, described by sd, with params on pc: by name when sd
+// is a named statement's.
+func execute(ctx context.Context, pc *pgconn.PgConn, sql string, sd *pgconn.StatementDescription, params [][]byte) *pgconn.ResultReader {
+	if sd.Name != "" {
+		return pc.ExecStatement(ctx, sd, params, binaryFormat, binaryFormat)
+	}
+	return pc.ExecParams(ctx, sql, params, sd.ParamOIDs, binaryFormat, binaryFormat)
+}
+
 // refusedAgain runs call, and once more when the server refused a named
 // statement of it that a pooler routed elsewhere: nothing of it ran, and
 // the store now sends every call unnamed (unnamedAfter).

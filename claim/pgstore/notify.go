@@ -164,15 +164,12 @@ func scanRow(rr *pgconn.ResultReader, m *pgtype.Map, dst []any) error {
 }
 
 // encodeArgs is args in the wire format of sd's parameters, every one
-// of them in one buffer (a buffer per argument was most of a call's
-// allocations). A NULL is a nil parameter; an empty value is not.
+// of them appended to one buffer, as pgx encodes its own (a buffer per
+// argument was most of a call's allocations). A NULL is a nil parameter;
+// an empty value is not. A parameter keeps its bytes when the buffer
+// grows past it: the old array stays behind it, unchanged.
 func encodeArgs(m *pgtype.Map, sd *pgconn.StatementDescription, args []any) ([][]byte, error) {
 	params := make([][]byte, len(args))
-	var spans [8][2]int
-	ends := spans[:0]
-	if len(args) > len(spans) {
-		ends = make([][2]int, 0, len(args))
-	}
 	buf := make([]byte, 0, 256) // never nil: an empty value is not NULL
 	for i, a := range args {
 		start := len(buf)
@@ -180,17 +177,11 @@ func encodeArgs(m *pgtype.Map, sd *pgconn.StatementDescription, args []any) ([][
 		if err != nil {
 			return nil, fmt.Errorf("encode argument %d: %w", i+1, err)
 		}
-		if out == nil { // NULL
-			ends = append(ends, [2]int{-1, -1})
-			continue
+		if out == nil {
+			continue // NULL
 		}
 		buf = out
-		ends = append(ends, [2]int{start, len(buf)})
-	}
-	for i, e := range ends {
-		if e[0] >= 0 {
-			params[i] = buf[e[0]:e[1]:e[1]]
-		}
+		params[i] = buf[start:len(buf):len(buf)]
 	}
 	return params, nil
 }

@@ -276,14 +276,7 @@ func (s *Store) rowOnce(ctx context.Context, fn string, args, dst []any) error {
 		if err != nil {
 			return err
 		}
-		pc := c.Conn().PgConn()
-		var rr *pgconn.ResultReader
-		if sd.Name != "" {
-			rr = pc.ExecStatement(ctx, sd, params, binaryFormat, binaryFormat)
-		} else {
-			rr = pc.ExecParams(ctx, sql, params, sd.ParamOIDs, binaryFormat, binaryFormat)
-		}
-		return scanRow(rr, c.Conn().TypeMap(), fields(dst))
+		return scanRow(execute(ctx, c.Conn().PgConn(), sql, sd, params), c.Conn().TypeMap(), fields(dst))
 	})
 }
 
