@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -168,5 +169,58 @@ func TestWriteTimeoutCutsSmallReplays(t *testing.T) {
 	}
 	if n, err := retries(3 * time.Second); n >= pipelined || err == nil {
 		t.Errorf("a client that read nothing for 3s, client.write_timeout 1s: got %d of %d replays (%v), want it cut", n, pipelined, err)
+	}
+}
+
+// TestWriteTimeoutCutsAStalledStreamOwner, through the real binary: the
+// client of a streamed first attempt that takes nothing is cut once
+// client.write_timeout (1s) passes, while the stream goes on and is
+// stored whole, so that a retry gets all of it; one execution. Before,
+// the owner's writes to its client carried no deadline at all (the owner
+// writes through a gate that refused one): a stalled client held its
+// connection and handler for as long as it stayed connected.
+func TestWriteTimeoutCutsAStalledStreamOwner(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	const events, size = 4096, 4 << 10
+	event := "data: " + strings.Repeat("x", size-8) + "\n\n"
+	var calls atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		for range events {
+			if _, err := io.WriteString(w, event); err != nil {
+				return
+			}
+			http.NewResponseController(w).Flush()
+		}
+	}))
+	defer upstream.Close()
+	sc := startBinary(t, payConfig(upstream.URL, srv.Addr, "  record_format: 4\nclient:\n  write_timeout: 1s\ndefaults:\n  max_response_body: 64MiB\n")+"    stream: auto\n")
+	conn, err := net.Dial("tcp", strings.TrimPrefix(sc.Client, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /payments HTTP/1.1\r\nHost: x\r\nX-Forwarded-User: alice\r\nIdempotency-Key: chat\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	want := strings.Repeat(event, events)
+	poll.Until(t, "the stream is stored whole while its client takes nothing", func() bool {
+		resp, body := postAnswer(t, sc.Client+"/payments", "chat", `{}`)
+		return resp.StatusCode == http.StatusOK && resp.Header.Get("Idempotent-Replayed") == "true" && body == want
+	})
+	time.Sleep(2 * time.Second) // past client.write_timeout, counted from a write that is still waiting
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && string(body) == want {
+		t.Fatalf("the stalled owner's client got the whole stream (%d bytes) and a normal end: it was never cut", len(body))
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("upstream executed %d times, want 1", n)
 	}
 }

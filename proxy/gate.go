@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // gate is the client's ResponseWriter while the owner forwards. The owner's
@@ -105,6 +106,19 @@ func (g *gate) FlushError() error {
 		return nil
 	}
 	return http.NewResponseController(g.w).Flush()
+}
+
+// SetWriteDeadline sets the client's write deadline, unless the gate was
+// closed: a streamed answer's client must take each part within
+// client.write_timeout (pump.go). Without it, ResponseController refused
+// every deadline, and a stalled client was never cut.
+func (g *gate) SetWriteDeadline(t time.Time) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed || g.sealed {
+		return nil
+	}
+	return http.NewResponseController(g.w).SetWriteDeadline(t)
 }
 
 // errGateClosed is what Hijack returns once the client was answered.

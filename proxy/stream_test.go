@@ -695,3 +695,77 @@ func TestBrokenStreamSaysWhy(t *testing.T) {
 		t.Errorf("the broke-off warning %v does not join the request line %v (request_id, route, key)", warning, request)
 	}
 }
+
+// TestStalledStreamClientIsCut: the owner's client of a streamed answer
+// that takes nothing is cut after client.write_timeout, as a replay's is,
+// while the stream goes on, stored whole for the retries. Before, the
+// pump set its write deadline through the owner's gate, which had no
+// SetWriteDeadline: every event's deadline was refused (an error built
+// for nothing each time), and a client that took nothing held its
+// connection and handler for as long as it stayed connected.
+func TestStalledStreamClientIsCut(t *testing.T) {
+	const lines, lineLen = 8192, 1024
+	line := strings.Repeat("x", lineLen-1) + "\n"
+	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusOK)
+		for i := range lines {
+			if _, err := io.WriteString(w, line); err != nil {
+				return
+			}
+			if i%64 == 63 {
+				http.NewResponseController(w).Flush()
+			}
+		}
+	}, func(c *setup) {
+		c.Streams = true
+		c.Routes[0].Stream = true
+		c.Routes[0].MaxResponseBody = 16 << 20
+		c.MaxBufferedBytes, c.PrincipalShare = 64<<20, 64<<20
+		c.WriteTimeout = time.Second
+	})
+	first := e.open(t, "stalled") // its body is not read
+	want := strings.Repeat(line, lines)
+	var retry resp
+	poll.Until(t, "the stream is stored whole", func() bool {
+		retry = e.do(req{user: "alice", key: "stalled", body: `{"prompt":"hi"}`})
+		return retry.status != http.StatusOK || len(retry.body) >= len(want)
+	})
+	if retry.status != http.StatusOK || retry.body != want {
+		t.Fatalf("retry after the upstream finished: %d, %d bytes (want %d)", retry.status, len(retry.body), len(want))
+	}
+	poll.Until(t, "the stalled client's request finishes (cut after client.write_timeout)", func() bool { return e.firstAttemptsDone() == 1 })
+	got, err := io.ReadAll(first.Body)
+	if err == nil && string(got) == want {
+		t.Fatalf("the stalled client got the whole stream and a normal end: it was never cut")
+	}
+	if n := e.ledger.total(); n != 1 {
+		t.Fatalf("upstream executions = %d, want 1", n)
+	}
+}
+
+// firstAttemptsDone counts the requests that finished other than as
+// replays.
+func (e *env) firstAttemptsDone() float64 {
+	e.t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	n := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != "idemproxy_requests_total" {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == "replayed" {
+					continue series
+				}
+			}
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n
+}
