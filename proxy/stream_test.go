@@ -303,14 +303,13 @@ func TestStalledClientNeverCutsTheStream(t *testing.T) {
 	}
 }
 
-func stalledClient(t *testing.T, flush time.Duration) {
-	const lines, lineLen = 8192, 1024
-	line := strings.Repeat("x", lineLen-1) + "\n"
-	finished := make(chan struct{})
-	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
+// ndjson is an upstream that streams line n times, flushing every 64
+// lines, and closes finished once it wrote them all.
+func ndjson(line string, n int, finished chan struct{}) func(http.ResponseWriter, *http.Request) {
+	return func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/x-ndjson")
 		w.WriteHeader(http.StatusOK)
-		for i := range lines {
+		for i := range n {
 			if _, err := io.WriteString(w, line); err != nil {
 				return
 			}
@@ -319,7 +318,14 @@ func stalledClient(t *testing.T, flush time.Duration) {
 			}
 		}
 		close(finished)
-	}, func(c *setup) {
+	}
+}
+
+func stalledClient(t *testing.T, flush time.Duration) {
+	const lines, lineLen = 8192, 1024
+	line := strings.Repeat("x", lineLen-1) + "\n"
+	finished := make(chan struct{})
+	e := newEnv(t, ndjson(line, lines, finished), func(c *setup) {
 		c.Streams = true
 		c.Routes[0].Stream = true
 		c.Routes[0].Lease = time.Second
@@ -706,18 +712,7 @@ func TestBrokenStreamSaysWhy(t *testing.T) {
 func TestStalledStreamClientIsCut(t *testing.T) {
 	const lines, lineLen = 8192, 1024
 	line := strings.Repeat("x", lineLen-1) + "\n"
-	e := newEnv(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/x-ndjson")
-		w.WriteHeader(http.StatusOK)
-		for i := range lines {
-			if _, err := io.WriteString(w, line); err != nil {
-				return
-			}
-			if i%64 == 63 {
-				http.NewResponseController(w).Flush()
-			}
-		}
-	}, func(c *setup) {
+	e := newEnv(t, ndjson(line, lines, make(chan struct{})), func(c *setup) {
 		c.Streams = true
 		c.Routes[0].Stream = true
 		c.Routes[0].MaxResponseBody = 16 << 20
