@@ -175,11 +175,22 @@ func (p *proc) cpuSeconds() float64 {
 // exited is not counted; Go's rarely do. Where schedstat is missing it
 // is cpuSeconds.
 func (p *proc) cpuPrecise() float64 {
-	total := 0.0
+	cpu, _, ok := p.schedstat()
+	if !ok {
+		return p.cpuSeconds()
+	}
+	return cpu
+}
+
+// schedstat sums the schedstat of the threads of the process and its
+// children: seconds on a CPU, and how many times a thread was put on one
+// (each wake-up of a sleeping thread is one; false when it cannot be
+// read).
+func (p *proc) schedstat() (cpu, runs float64, ok bool) {
 	for _, pid := range p.pids() {
 		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 		if err != nil {
-			return p.cpuSeconds()
+			return 0, 0, false
 		}
 		for _, t := range tasks {
 			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
@@ -187,17 +198,18 @@ func (p *proc) cpuPrecise() float64 {
 				continue // exited meanwhile
 			}
 			f := strings.Fields(string(b))
-			if len(f) == 0 {
-				return p.cpuSeconds()
+			if len(f) < 3 {
+				return 0, 0, false
 			}
 			ns, err := strconv.ParseFloat(f[0], 64)
 			if err != nil {
-				return p.cpuSeconds()
+				return 0, 0, false
 			}
-			total += ns / 1e9
+			n, _ := strconv.ParseFloat(f[2], 64)
+			cpu, runs = cpu+ns/1e9, runs+n
 		}
 	}
-	return total
+	return cpu, runs, true
 }
 
 // peakRSS is the sum of VmHWM over the process and its children, in bytes.

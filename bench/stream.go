@@ -188,6 +188,7 @@ type streamRow struct {
 	name                   string
 	first, last            []time.Duration
 	cpu                    float64 // of the proxy, seconds, summed over the rounds
+	runs                   float64 // times the proxy's threads were put on a CPU, summed
 	events                 int
 	attachFirst, attachEnd []time.Duration
 	keys                   []string
@@ -195,9 +196,10 @@ type streamRow struct {
 
 // measure runs count streams of events through t, adding to r.
 func (r *streamRow) measure(t streamTarget, count, events int) error {
-	cpu0 := 0.0
+	cpu0, runs0 := 0.0, 0.0
 	if t.p != nil {
 		cpu0 = t.p.cpuPrecise()
+		_, runs0, _ = t.p.schedstat()
 	}
 	for range count {
 		key := fmt.Sprintf("%s-%d", strings.Fields(t.name)[0], time.Now().UnixNano())
@@ -209,6 +211,8 @@ func (r *streamRow) measure(t streamTarget, count, events int) error {
 	}
 	if t.p != nil {
 		r.cpu += t.p.cpuPrecise() - cpu0
+		_, runs, _ := t.p.schedstat()
+		r.runs += runs - runs0
 	}
 	r.events += count * events
 	return nil
@@ -302,6 +306,13 @@ func streamReport(o streamOptions, rtt time.Duration, rows []streamRow, ratios, 
 			fmt.Fprintf(&b, ", median round %.2f× (from %.2f× to %.2f×)", floorRatios[len(floorRatios)/2], floorRatios[0], floorRatios[len(floorRatios)-1])
 		}
 		b.WriteString("; the target is 1.2× (issue 65).\n")
+	}
+	if rows[1].runs > 0 && rows[2].runs > 0 {
+		fmt.Fprintf(&b, "Thread wake-ups per event (each time one of the proxy's threads was put on a CPU, from schedstat): ReverseProxy %.1f, idemproxy %.1f", rows[1].runs/float64(rows[1].events), rows[2].runs/float64(rows[2].events))
+		if rows[3].runs > 0 {
+			fmt.Fprintf(&b, ", the floor %.1f", rows[3].runs/float64(rows[3].events))
+		}
+		b.WriteString(".\n")
 	}
 	return b.String()
 }
