@@ -331,7 +331,11 @@ return how
 
 // streamAppendScript appends a chunk to the owner's running stream, fenced
 // on its token and the value's length (a resent append is a no-op), and
-// renews the owner's lease. Once the lease ran out on Redis' clock nothing
+// renews the owner's lease: always for a renewal alone, and with a chunk
+// once a sixth of the lease went by since it was last renewed (an append
+// per event rewrote the lease's slot for every event; the owner renews a
+// third of the lease after its last append, so at least half of the lease
+// is left when it does). Once the lease ran out on Redis' clock nothing
 // more is appended: the stream is marked aborted, as readers already take
 // it.
 //
@@ -344,7 +348,8 @@ local cur = redis.call('GETRANGE', KEYS[1], 0, 73)
 if cur == '' then return {0} end
 if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] or string.byte(cur, 2) ~= 3 then return {-1} end
 if string.byte(cur, 70) ~= 0 then return {-2} end
-if rd8(cur, 60) < now then
+local ends = rd8(cur, 60)
+if ends < now then
   redis.call('SETRANGE', KEYS[1], 69, '\2')
   redis.pcall(ARGV[5], KEYS[1], '')
   return {-3}
@@ -352,7 +357,10 @@ end
 local n = redis.call('STRLEN', KEYS[1])
 if n ~= tonumber(ARGV[2]) then return {-5, n} end
 if #ARGV[3] > 0 then n = redis.call('APPEND', KEYS[1], ARGV[3]) end
-redis.call('SETRANGE', KEYS[1], 59, be8(now + tonumber(ARGV[4])))
+local lease = tonumber(ARGV[4])
+if #ARGV[3] == 0 or ends < now + lease - lease / 6 then
+  redis.call('SETRANGE', KEYS[1], 59, be8(now + lease))
+end
 if #ARGV[3] > 0 then redis.pcall(ARGV[5], KEYS[1], '') end
 return {1, n}
 `)
