@@ -230,13 +230,14 @@ func (s *Store) together(ctx context.Context, batch []*op) error {
 		p.Close()
 		return err
 	}
+	var wakeErr error
 	if len(wakes) > 0 {
-		if err := s.readWakes(p); err != nil {
-			s.notifyFailures.Add(1)
-			s.unnamedAfter(err)
-		}
+		wakeErr = s.readWakes(p)
 	}
 	p.Close() // every answer that decides anything is read
+	if wakeErr != nil && !(s.unnamedAfter(wakeErr) && s.wakeAgain(ctx, c.Conn(), wakes)) {
+		s.notifyFailures.Add(1)
+	}
 	return nil
 }
 

@@ -27,7 +27,8 @@ import (
 // it ran (in a batch, nothing of the batch committed). The store then
 // sends every call unnamed from then on, says so once (OnUnnamed), and
 // runs the refused operation again, unnamed: the caller sees nothing but
-// one more round trip.
+// one more round trip. A wake-up refused so, after its writes committed,
+// is sent again unnamed (wakeAgain), so that no waiter misses it.
 
 // statement is how sql goes out on c: named unless the store fell back
 // (above); unnamed, its description is asked once per store.

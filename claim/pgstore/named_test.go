@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemproxy/idemproxy/claim"
@@ -121,5 +122,74 @@ func TestNamedStatementsLostFallBack(t *testing.T) {
 				t.Errorf("named %v, told %d times, want unnamed and told once", s.Named(), told)
 			}
 		})
+	}
+}
+
+// TestLostWakeStatementWakesAgain: a wake-up whose named statement the
+// server does not have (a transaction pooler handed the session another
+// server connection after the write's Sync; here the statement is
+// deallocated under the store) is sent again, unnamed, and the waiter is
+// woken. Before, the write stood and its wake-up was dropped: through
+// PgBouncer under load, one contract run in five waited in vain for the
+// wake-up of a settled orphan.
+func TestLostWakeStatementWakesAgain(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, srv.URL+"&pool_max_conns=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := Migrate(ctx, pool, "idemproxy"); err != nil {
+		t.Fatal(err)
+	}
+	direct, err := pgx.ParseConfig(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(pool, "idemproxy", "wake:")
+	s.ListenWith(direct) // the pool's one connection stays the store's
+	t.Cleanup(s.Close)
+	claimed := func(key string) *claim.Record {
+		t.Helper()
+		rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
+		rec.Token[0] = byte(len(key))
+		if res, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+			t.Fatalf("claim %s: %+v, %v", key, res, err)
+		}
+		return rec
+	}
+	complete := func(key string, rec *claim.Record) {
+		t.Helper()
+		done := *rec
+		done.State, done.Status, done.Body, done.Completed = claim.Completed, 201, []byte(key), time.Now()
+		if _, err := s.Complete(ctx, key, &done, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	complete("wake:warm", claimed("wake:warm")) // the write's and the wake-up's statements prepared
+	w := s.Watch(ctx, "wake:k")
+	defer w.Stop()
+	<-w.C() // live
+	rec := claimed("wake:k")
+	err = pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
+		var name string
+		if err := c.QueryRow(ctx, "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'SELECT %.idem_v2_wake(%' AND statement NOT LIKE '%pg_prepared_statements%'").Scan(&name); err != nil {
+			return err
+		}
+		_, err := c.Conn().PgConn().Exec(ctx, `DEALLOCATE "`+name+`"`).ReadAll()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	complete("wake:k", rec)
+	select {
+	case <-w.C():
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the waiter was not woken: the wake-up refused as a named statement was dropped (notify failures %d)", s.NotifyFailures())
+	}
+	if s.Named() || s.NotifyFailures() != 0 {
+		t.Errorf("named %v, notify failures %d: want unnamed, none", s.Named(), s.NotifyFailures())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -108,11 +109,29 @@ func (s *Store) pipeline(ctx context.Context, c *pgxpool.Conn, sql string, args 
 		// The write's answer was read whole before this: it stands.
 		notifyErr = closeErr
 	}
-	if notifyErr != nil {
+	if notifyErr != nil && !(s.unnamedAfter(notifyErr) && s.wakeAgain(ctx, c.Conn(), []string{key})) {
 		s.notifyFailures.Add(1)
-		s.unnamedAfter(notifyErr)
 	}
 	return writeErr
+}
+
+// wakeAgain sends the wake-up of keys once more, on its own, after the
+// server refused it as a named statement that a pooler routed elsewhere
+// (unnamedAfter; the store sends unnamed from then on). The wake-up runs
+// after its writes' Sync, where a transaction pooler may hand the
+// session another server connection: the writes committed, and their
+// waiters must still hear of them. It reports whether it went out.
+func (s *Store) wakeAgain(ctx context.Context, c *pgx.Conn, keys []string) bool {
+	sd, err := s.statement(ctx, c, s.wakeSQL)
+	if err != nil {
+		return false
+	}
+	k, err := c.TypeMap().Encode(pgtype.TextArrayOID, pgtype.BinaryFormatCode, keys, nil)
+	if err != nil {
+		return false
+	}
+	_, err = execute(ctx, c.PgConn(), s.wakeSQL, sd, [][]byte{k}).Close()
+	return err == nil
 }
 
 // readRow reads the next result of p: one row, scanned into dst (nothing
