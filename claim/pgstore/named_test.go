@@ -16,6 +16,13 @@ import (
 // installed.
 func namedPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
+	pool, _ := namedPoolAt(t)
+	return pool
+}
+
+// namedPoolAt is namedPool and the server's URL.
+func namedPoolAt(t *testing.T) (*pgxpool.Pool, string) {
+	t.Helper()
 	srv := pgtest.Start(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, srv.URL+"&pool_max_conns=1")
@@ -26,7 +33,27 @@ func namedPool(t *testing.T) *pgxpool.Pool {
 	if err := Migrate(ctx, pool, "idemproxy"); err != nil {
 		t.Fatal(err)
 	}
-	return pool
+	return pool, srv.URL
+}
+
+// claimKey claims key on s for a new owner (its token's first byte the
+// key's length), failing t unless it is claimed.
+func claimKey(t *testing.T, s *Store, key string) *claim.Record {
+	t.Helper()
+	rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
+	rec.Token[0] = byte(len(key))
+	if res, err := s.Claim(context.Background(), key, rec, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim %s: %+v, %v", key, res, err)
+	}
+	return rec
+}
+
+// completeKey completes rec's claim of key on s: 201, the key as body.
+func completeKey(s *Store, key string, rec *claim.Record) error {
+	done := *rec
+	done.State, done.Status, done.Body, done.Completed = claim.Completed, 201, []byte(key), time.Now()
+	_, err := s.Complete(context.Background(), key, &done, time.Hour)
+	return err
 }
 
 // TestCallsGoOutNamed: the schema's calls are prepared on the connection
@@ -72,21 +99,6 @@ func TestNamedStatementsLostFallBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	claimed := func(s *Store, key string) *claim.Record {
-		t.Helper()
-		rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
-		rec.Token[0] = byte(len(key))
-		if res, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
-			t.Fatalf("claim %s: %+v, %v", key, res, err)
-		}
-		return rec
-	}
-	complete := func(s *Store, key string, rec *claim.Record) error {
-		done := *rec
-		done.State, done.Status, done.Body, done.Completed = claim.Completed, 201, []byte(key), time.Now()
-		_, err := s.Complete(ctx, key, &done, time.Hour)
-		return err
-	}
 	for _, path := range []string{"alone", "notify", "batch"} {
 		t.Run(path, func(t *testing.T) {
 			s := New(pool, "idemproxy", path+":")
@@ -94,17 +106,17 @@ func TestNamedStatementsLostFallBack(t *testing.T) {
 			told := 0
 			s.OnUnnamed(func(error) { told++ })
 			warm := path + ":warm"
-			if err := complete(s, warm, claimed(s, warm)); err != nil { // both statements prepared
+			if err := completeKey(s, warm, claimKey(t, s, warm)); err != nil { // both statements prepared
 				t.Fatal(err)
 			}
 			switch path {
 			case "alone":
 				lose()
-				claimed(s, path+":k")
+				claimKey(t, s, path+":k")
 			case "notify":
-				rec := claimed(s, path+":k")
+				rec := claimKey(t, s, path+":k")
 				lose()
-				if err := complete(s, path+":k", rec); err != nil {
+				if err := completeKey(s, path+":k", rec); err != nil {
 					t.Fatalf("complete after the statement was lost: %v", err)
 				}
 			case "batch":
@@ -133,45 +145,22 @@ func TestNamedStatementsLostFallBack(t *testing.T) {
 // PgBouncer under load, one contract run in five waited in vain for the
 // wake-up of a settled orphan.
 func TestLostWakeStatementWakesAgain(t *testing.T) {
-	srv := pgtest.Start(t)
+	pool, url := namedPoolAt(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, srv.URL+"&pool_max_conns=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := Migrate(ctx, pool, "idemproxy"); err != nil {
-		t.Fatal(err)
-	}
-	direct, err := pgx.ParseConfig(srv.URL)
+	direct, err := pgx.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := New(pool, "idemproxy", "wake:")
 	s.ListenWith(direct) // the pool's one connection stays the store's
 	t.Cleanup(s.Close)
-	claimed := func(key string) *claim.Record {
-		t.Helper()
-		rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
-		rec.Token[0] = byte(len(key))
-		if res, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
-			t.Fatalf("claim %s: %+v, %v", key, res, err)
-		}
-		return rec
+	if err := completeKey(s, "wake:warm", claimKey(t, s, "wake:warm")); err != nil { // the write's and the wake-up's statements prepared
+		t.Fatal(err)
 	}
-	complete := func(key string, rec *claim.Record) {
-		t.Helper()
-		done := *rec
-		done.State, done.Status, done.Body, done.Completed = claim.Completed, 201, []byte(key), time.Now()
-		if _, err := s.Complete(ctx, key, &done, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-	}
-	complete("wake:warm", claimed("wake:warm")) // the write's and the wake-up's statements prepared
 	w := s.Watch(ctx, "wake:k")
 	defer w.Stop()
 	<-w.C() // live
-	rec := claimed("wake:k")
+	rec := claimKey(t, s, "wake:k")
 	err = pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
 		var name string
 		if err := c.QueryRow(ctx, "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'SELECT %.idem_v2_wake(%' AND statement NOT LIKE '%pg_prepared_statements%'").Scan(&name); err != nil {
@@ -183,7 +172,9 @@ func TestLostWakeStatementWakesAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	complete("wake:k", rec)
+	if err := completeKey(s, "wake:k", rec); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case <-w.C():
 	case <-time.After(5 * time.Second):

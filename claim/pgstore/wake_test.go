@@ -34,18 +34,8 @@ func TestWakeUpsOnlyForWaitedKeys(t *testing.T) {
 	if _, err := raw.Exec(ctx, "LISTEN idemproxy"); err != nil {
 		t.Fatal(err)
 	}
-	claimed := func(key string) *claim.Record {
-		rec := &claim.Record{State: claim.InProgress, Created: time.Now()}
-		rec.Token[0] = byte(len(key))
-		if res, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
-			t.Fatalf("claim %s: %+v, %v", key, res, err)
-		}
-		return rec
-	}
 	complete := func(key string, rec *claim.Record) {
-		done := *rec
-		done.State, done.Status, done.Body, done.Completed = claim.Completed, 201, []byte(key), time.Now()
-		if _, err := s.Complete(ctx, key, &done, time.Hour); err != nil {
+		if err := completeKey(s, key, rec); err != nil {
 			t.Fatalf("complete %s: %v", key, err)
 		}
 	}
@@ -64,7 +54,7 @@ func TestWakeUpsOnlyForWaitedKeys(t *testing.T) {
 		if together {
 			unwaited, waited = unwaited+"-batch", waited+"-batch"
 		}
-		a, b := claimed(unwaited), claimed(waited)
+		a, b := claimKey(t, s, unwaited), claimKey(t, s, waited)
 		w := s.Watch(ctx, waited)
 		if together {
 			da, db := *a, *b
