@@ -248,3 +248,63 @@ func BenchmarkPumpEvent(b *testing.B) {
 	b.StopTimer()
 	o.stream.wait()
 }
+
+// TestTakeoverAfterKeepingUp: a client that kept up long enough for the
+// takeover timer to look only every streamLookMax, and then stops taking
+// parts without going away, is still taken over: the upstream's next
+// events are read and stored without it.
+func TestTakeoverAfterKeepingUp(t *testing.T) {
+	f := &pumpStore{t: t}
+	o, body, up := startPump(t, f)
+	event := []byte("data: x\n\n")
+	buf := make([]byte, 4096)
+	go func() { // an event every 5 ms, for 200 ms
+		for range 40 {
+			time.Sleep(5 * time.Millisecond)
+			_, _ = up.Write(event)
+		}
+	}()
+	for got := 0; got < 40*len(event); { // the client waits in Read for each
+		n, err := body.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += n
+	}
+	o.stream.mu.Lock()
+	look := o.stream.look
+	o.stream.mu.Unlock()
+	if look != streamLookMax {
+		t.Fatalf("after 200 ms of a client in Read the timer looks every %v, want %v", look, streamLookMax)
+	}
+	done := make(chan struct{})
+	go func() { // the client takes nothing more: only the pump's own goroutine reads
+		defer close(done)
+		for range 3 {
+			_, _ = up.Write(event)
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream was not read once the client stopped taking parts: no takeover")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f.mu.Lock()
+		n := len(f.stored)
+		f.mu.Unlock()
+		if n == 43*len(event) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stored %d bytes, want %d", n, 43*len(event))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	up.Close()
+	if how := o.stream.wait(); how != claim.StreamEnded {
+		t.Fatalf("the stream ended %v", how)
+	}
+	body.Close()
+}
