@@ -155,7 +155,7 @@ func (s *Store) eval(ctx context.Context, script *redis.Script, key string, size
 	if err := s.exec(ctx, size, cmd); err != nil {
 		return redis.NewCmdResult(nil, err)
 	}
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+	if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") { // HasErrorPrefix allocates
 		return script.Eval(ctx, s.client, []string{key}, args...)
 	}
 	return cmd

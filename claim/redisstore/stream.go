@@ -35,21 +35,21 @@ func (s *Store) StreamStart(ctx context.Context, key string, rec *claim.Record, 
 func (s *Store) StreamAppend(ctx context.Context, key string, token claim.Token, at int, data []byte, lease time.Duration) (int, error) {
 	data = s.codec.Chunk(key, token, at, data)
 	run, wait := s.evalWrite(ctx, streamAppendScript, key, len(data), token[:], at, data, lease.Milliseconds(), s.watch.publishCommand())
-	v, err := run.Int64Slice()
+	v, err := run.Int64()
 	if err != nil {
 		return 0, s.unavailable("stream append", err)
 	}
 	switch {
-	case len(v) == 2 && v[0] == 1:
+	case v > 0:
 		s.checkWait("complete", wait)
-		return int(v[1]), nil
-	case len(v) == 2 && v[0] == -5 && int(v[1]) == at+len(data) && len(data) > 0:
+		return int(v), nil
+	case v <= -appendOther && int(-appendOther-v) == at+len(data) && len(data) > 0:
 		// Resent after its reply was lost: the first send landed (only
 		// the token's owner appends, one append at a time).
 		return at + len(data), nil
-	case len(v) == 2 && v[0] == -5:
-		return 0, &claim.StreamLengthError{Len: int(v[1])}
-	case len(v) >= 1 && (v[0] == -2 || v[0] == -3):
+	case v <= -appendOther:
+		return 0, &claim.StreamLengthError{Len: int(-appendOther - v)}
+	case v == -2 || v == -3:
 		return 0, fmt.Errorf("stream append: %w", claim.ErrStreamOver)
 	}
 	return 0, fmt.Errorf("stream append: %w", claim.ErrLeaseLost)
