@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/idemproxy/idemproxy/claim"
 )
 
@@ -47,7 +49,7 @@ type streamPump struct {
 	o     *owner
 	body  io.ReadCloser // the upstream's
 	start time.Time
-	buf   []byte // the read buffer, the pumping goroutine's (no coalescer)
+	buf   *[streamReadBuf]byte // the read buffer, the pumping goroutine's (no coalescer), from readBufs
 	// coalesce, on a route with a stream_flush_interval, reads the
 	// upstream and gives the pump at most one part per interval.
 	coalesce *coalescer
@@ -65,6 +67,14 @@ type streamPump struct {
 	first  bool
 	tooBig bool
 	renew  *time.Timer
+	// call is the context appends and renewals run on, made again once
+	// less than half of settleTimeout is left of it (callCtx); done with
+	// it, end cancels it.
+	call       context.Context
+	callCancel context.CancelFunc
+	callEnds   time.Time
+	// chunks is idemproxy_stream_chunks_total's series of the route.
+	chunks prometheus.Counter
 
 	mu      sync.Mutex
 	cond    *sync.Cond // signals out's growth and room, pumping's end
@@ -145,12 +155,12 @@ func (o *owner) startStream(resp *http.Response) bool {
 	}
 	o.settle(func() *reply { return settled(outcomeStored, detailStreamed) })
 	p := &streamPump{o: o, body: resp.Body, at: at, start: x.start, lastWrite: time.Now(),
-		done: make(chan struct{}), rc: http.NewResponseController(x.w)}
+		done: make(chan struct{}), rc: http.NewResponseController(x.w), chunks: x.h.metrics.streamChunks.WithLabelValues(x.rt.name)}
 	p.cond = sync.NewCond(&p.mu)
 	if s.StreamFlushInterval > 0 {
 		p.coalesce = newCoalescer(resp.Body, s.StreamFlushInterval, streamReadBuf, streamPending, p.hold, p.release)
 	} else {
-		p.buf = make([]byte, streamReadBuf)
+		p.buf = readBufs.Get().(*[streamReadBuf]byte)
 		p.hold(streamReadBuf)
 	}
 	o.stream = p
@@ -165,8 +175,11 @@ func (o *owner) startStream(resp *http.Response) bool {
 	return true
 }
 
-// streamReadBuf is the pump's read buffer.
+// streamReadBuf is the pump's read buffer, kept in readBufs between
+// streams.
 const streamReadBuf = 32 << 10
+
+var readBufs = sync.Pool{New: func() any { return new([streamReadBuf]byte) }}
 
 // hold counts n more bytes the pump holds in the buffer budget; release
 // gives n back.
@@ -192,7 +205,7 @@ func (p *streamPump) pump() {
 		chunk, err = p.coalesce.next() // counted in the budget already
 	} else {
 		var n int
-		n, err = p.body.Read(p.buf)
+		n, err = p.body.Read(p.buf[:])
 		chunk = slices.Clone(p.buf[:n]) // the store may hold it past a timed-out send
 		p.hold(n)
 	}
@@ -290,7 +303,7 @@ func (p *streamPump) append(chunk []byte) bool {
 		return true
 	}
 	from := p.at
-	err := x.a.retried("stream_append", func(ctx context.Context) error {
+	err := x.a.retriedOn(p.callCtx, "stream_append", func(ctx context.Context) error {
 		n, err := x.h.store.StreamAppend(ctx, x.a.hashedKey, p.o.held.rec.Token, p.at, chunk, s.Lease)
 		if err == nil {
 			p.at = n
@@ -305,7 +318,7 @@ func (p *streamPump) append(chunk []byte) bool {
 	p.lastWrite = time.Now()
 	if len(chunk) > 0 {
 		p.stored += int64(len(chunk))
-		x.h.metrics.streamChunks.WithLabelValues(x.rt.name).Inc()
+		p.chunks.Inc()
 		if !p.first {
 			p.first = true
 			x.h.metrics.streamFirstByte.WithLabelValues(x.rt.name).Observe(time.Since(p.start).Seconds())
@@ -335,7 +348,7 @@ func (p *streamPump) hand(chunk []byte, from, to int) {
 		p.release(len(chunk)) // nobody takes it
 	case p.lagging && from == p.lagFrom && len(p.out) == 0:
 		p.lagging = false // it read back all there was: caught up
-		p.out = append(p.out, chunk...)
+		p.take(chunk)
 	case from >= 0 && (p.lagging || len(p.out)+len(chunk) > streamPending):
 		if !p.lagging {
 			p.lagging, p.lagFrom = true, from
@@ -346,9 +359,35 @@ func (p *streamPump) hand(chunk []byte, from, to int) {
 		}
 		p.release(len(chunk)) // the client reads it from the store
 	default:
-		p.out = append(p.out, chunk...)
+		p.take(chunk)
 	}
 	p.cond.Broadcast()
+}
+
+// take adds chunk, which the pump read (or coalesced) for itself, to out
+// (p.mu held): as out itself when out is empty, so that the owner's
+// client's part is not copied once more on its way.
+func (p *streamPump) take(chunk []byte) {
+	if len(p.out) == 0 {
+		p.out = chunk
+		return
+	}
+	p.out = append(p.out, chunk...)
+}
+
+// callCtx is the context of the pump's next store call (p.storeMu held):
+// bounded as settleCtx is, but one for many calls, each of which has
+// between half of settleTimeout and all of it. A context and its timer
+// per event woke the runtime's timers for every event.
+func (p *streamPump) callCtx() (context.Context, context.CancelFunc) {
+	if p.call == nil || time.Until(p.callEnds) < settleTimeout/2 {
+		if p.callCancel != nil {
+			p.callCancel() // no call runs on it: they are serialized by storeMu
+		}
+		p.callEnds = time.Now().Add(settleTimeout)
+		p.call, p.callCancel = context.WithDeadline(context.Background(), p.callEnds)
+	}
+	return p.call, func() {}
 }
 
 // end records how the stream ended (a normal end only once every chunk
@@ -360,6 +399,9 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 	x := p.o.x
 	p.ended = true
 	p.renew.Stop()
+	if p.callCancel != nil {
+		defer p.callCancel()
+	}
 	if !p.tooBig {
 		at := -1
 		if how == claim.StreamEnded {
@@ -416,6 +458,8 @@ func (p *streamPump) finishLocked() {
 	p.closed = true
 	if p.buf != nil {
 		p.release(streamReadBuf)
+		readBufs.Put(p.buf) // nobody pumps any more
+		p.buf = nil
 	}
 	close(p.done)
 }

@@ -29,6 +29,7 @@ type pumpStore struct {
 	delay time.Duration // each append's, to widen the windows turns change hands in
 
 	mu      sync.Mutex
+	left    []time.Duration // how long each append's context had left, or -1: no deadline
 	stored  []byte
 	end     claim.StreamEnd
 	ended   bool
@@ -39,7 +40,11 @@ func (f *pumpStore) StreamStart(context.Context, string, *claim.Record, time.Dur
 	return 0, nil
 }
 
-func (f *pumpStore) StreamAppend(_ context.Context, _ string, _ claim.Token, at int, data []byte, _ time.Duration) (int, error) {
+func (f *pumpStore) StreamAppend(ctx context.Context, _ string, _ claim.Token, at int, data []byte, _ time.Duration) (int, error) {
+	left := time.Duration(-1)
+	if d, ok := ctx.Deadline(); ok {
+		left = time.Until(d)
+	}
 	if f.writing.Add(1) != 1 {
 		f.t.Error("two appends at once: the pump's turns overlap")
 	}
@@ -50,6 +55,7 @@ func (f *pumpStore) StreamAppend(_ context.Context, _ string, _ claim.Token, at 
 	if at != len(f.stored) {
 		f.t.Errorf("append at %d, the stored value ends at %d", at, len(f.stored))
 	}
+	f.left = append(f.left, left)
 	f.stored = append(f.stored, data...)
 	return len(f.stored), nil
 }
@@ -307,4 +313,32 @@ func TestTakeoverAfterKeepingUp(t *testing.T) {
 		t.Fatalf("the stream ended %v", how)
 	}
 	body.Close()
+}
+
+// TestPumpCallsBounded: the pump's appends share a context (one per
+// stream, not one per event), and each still has between half of
+// settleTimeout and all of it left when it starts.
+func TestPumpCallsBounded(t *testing.T) {
+	f := &pumpStore{t: t}
+	o, body, up := startPump(t, f)
+	go func() {
+		for range 200 {
+			_, _ = up.Write([]byte("data: x\n\n"))
+		}
+		up.Close()
+	}()
+	if _, err := io.Copy(io.Discard, body); err != nil {
+		t.Fatal(err)
+	}
+	o.stream.wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.left) == 0 {
+		t.Fatal("no append")
+	}
+	for i, left := range f.left {
+		if left < settleTimeout/2 || left > settleTimeout {
+			t.Fatalf("append %d had %v left, want between %v and %v", i, left, settleTimeout/2, settleTimeout)
+		}
+	}
 }

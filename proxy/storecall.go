@@ -37,7 +37,7 @@ func (a *attempt) detached(op string, call func(context.Context) error) error {
 // observeStore times store operation op, which started at start, and
 // traces it.
 func (a *attempt) observeStore(op string, start time.Time, err error) {
-	a.h.metrics.storeSeconds.WithLabelValues(op).Observe(time.Since(start).Seconds())
+	a.h.metrics.storeTime(op).Observe(time.Since(start).Seconds())
 	if a.seen != nil {
 		a.seen.storeSpan(op, start, err)
 	}
@@ -51,10 +51,18 @@ func (a *attempt) observeStore(op string, start time.Time, err error) {
 // unreadable, a stream out of step) is returned at once: retrying cannot
 // help.
 func (a *attempt) retried(op string, call func(context.Context) error) error {
+	return a.retriedOn(settleCtx, op, call)
+}
+
+// retriedOn is retried with each try on a context from newCtx.
+func (a *attempt) retriedOn(newCtx func() (context.Context, context.CancelFunc), op string, call func(context.Context) error) error {
 	var err error
 	for _, wait := range storeRetryWaits {
 		time.Sleep(wait)
-		if err = a.detached(op, call); err == nil || !errors.Is(err, claim.ErrUnavailable) {
+		ctx, cancel := newCtx()
+		err = a.storeOp(ctx, op, call)
+		cancel()
+		if err == nil || !errors.Is(err, claim.ErrUnavailable) {
 			return err
 		}
 		a.h.storeError(op)
