@@ -16,35 +16,28 @@ import (
 // goes out at once, after every line before it, so that anomalies are never
 // held back. What a kill -9 loses: the routine lines of the last
 // logFlushEvery at most; a normal exit (SIGTERM, a start-up error) writes
-// everything.
+// everything. The flush is a timer set when a line comes to an empty
+// buffer, not a ticker: an idle sidecar is not woken ten times a second.
 const (
 	logFlushEvery = 100 * time.Millisecond
 	logBufferSize = 64 << 10
 )
 
-// logBuffer holds lines for w and writes them out on a tick.
+// logBuffer holds lines for w and writes them out logFlushEvery after the
+// first of them.
 type logBuffer struct {
-	mu   sync.Mutex // guards buf and writes to w, in order
-	w    io.Writer
-	buf  []byte
-	done chan struct{}
-	quit sync.WaitGroup
+	mu      sync.Mutex // guards what follows and writes to w, in order
+	w       io.Writer
+	buf     []byte
+	timer   *time.Timer
+	armed   bool // timer is set: lines are held
+	stopped bool
 }
 
 func newLogBuffer(w io.Writer) *logBuffer {
-	b := &logBuffer{w: w, buf: make([]byte, 0, logBufferSize), done: make(chan struct{})}
-	b.quit.Go(func() {
-		t := time.NewTicker(logFlushEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-b.done:
-				return
-			case <-t.C:
-				b.flush()
-			}
-		}
-	})
+	b := &logBuffer{w: w, buf: make([]byte, 0, logBufferSize)}
+	b.timer = time.AfterFunc(time.Hour, b.flush)
+	b.timer.Stop()
 	return b
 }
 
@@ -55,10 +48,14 @@ func (b *logBuffer) Write(p []byte) (int, error) {
 	if len(b.buf)+len(p) > logBufferSize {
 		b.flushLocked()
 	}
-	if len(p) > logBufferSize {
+	if len(p) > logBufferSize || b.stopped {
 		return b.w.Write(p)
 	}
 	b.buf = append(b.buf, p...)
+	if !b.armed {
+		b.armed = true
+		b.timer.Reset(logFlushEvery)
+	}
 	return len(p), nil
 }
 
@@ -68,18 +65,23 @@ func (b *logBuffer) flush() {
 	b.flushLocked()
 }
 
+// flushLocked writes what is held (b.mu held); the timer fires for
+// nothing when it was set.
 func (b *logBuffer) flushLocked() {
 	if len(b.buf) > 0 {
 		_, _ = b.w.Write(b.buf) // stderr: nowhere to report a failed write
 		b.buf = b.buf[:0]
 	}
+	b.armed = false
 }
 
-// stop ends the tick and writes what is held.
+// stop writes what is held; lines after it are written at once.
 func (b *logBuffer) stop() {
-	close(b.done)
-	b.quit.Wait()
-	b.flush()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stopped = true
+	b.timer.Stop()
+	b.flushLocked()
 }
 
 // flushing writes a warning or an error, and everything held before it,

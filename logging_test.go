@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/internal/syncbuf"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -56,4 +57,28 @@ func TestRequestLinesTakenEncoded(t *testing.T) {
 		t.Error("a handler with attributes of its own took an encoded line (it would lack them)")
 	}
 	lines.stop()
+}
+
+// A routine line goes out by itself, logFlushEvery after it came, with
+// nothing else logged; once written nothing more is set to wake the
+// process (the flush was a ticker, ten wake-ups a second when idle).
+func TestLogBufferFlushesHeldLines(t *testing.T) {
+	var out syncbuf.Buffer
+	lines := newLogBuffer(&out)
+	defer lines.stop()
+	log := slog.New(flushing{next: slog.NewJSONHandler(lines, nil), lines: lines})
+	log.Info("alone")
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(out.String(), `"alone"`) {
+		if time.Now().After(deadline) {
+			t.Fatal("a held routine line was never written")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	lines.mu.Lock()
+	armed := lines.armed
+	lines.mu.Unlock()
+	if armed {
+		t.Fatal("the flush timer is still set with nothing held")
+	}
 }
