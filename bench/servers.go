@@ -116,6 +116,7 @@ func serveReverseProxy(args []string) error {
 	target := fs.String("upstream", "", "")
 	redisAddr := fs.String("redis", "", "add the floor of idempotency: two Redis round trips per keyed request")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof here, to profile the baseline as the sidecar is profiled")
+	storeCalls := fs.Bool("store-floor", false, "with -redis: store streams with idemproxy's own Redis store calls (storeFloor)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -145,7 +146,12 @@ func serveReverseProxy(args []string) error {
 		BufferPool: &bufferPool{pool: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}},
 	}
 	var h http.Handler = rp
-	if *redisAddr != "" {
+	switch {
+	case *redisAddr != "" && *storeCalls:
+		if h, err = newStoreFloor(rp, *redisAddr); err != nil {
+			return err
+		}
+	case *redisAddr != "":
 		h = newFloor(rp, *redisAddr)
 	}
 	srv := &http.Server{Addr: *listen, Handler: h, ReadHeaderTimeout: 5 * time.Second}

@@ -35,6 +35,7 @@ type streamOptions struct {
 	n, events, size, rounds int
 	gap, flush              time.Duration
 	out, profile            string
+	storeFloor              bool
 }
 
 // streamBench (go run ./bench stream) measures a streamed answer (server-
@@ -51,6 +52,7 @@ func streamBench(args []string) error {
 	fs.DurationVar(&o.flush, "flush", 0, "idemproxy's routes[].stream_flush_interval")
 	fs.StringVar(&o.out, "out", "", "also write the markdown results to this file")
 	fs.IntVar(&o.rounds, "rounds", 5, "turns the targets take, each with its share of -n")
+	fs.BoolVar(&o.storeFloor, "store-floor", false, "also measure ReverseProxy with idemproxy's own Redis store calls (claim, head, a fenced append per read, end), to split idemproxy's cost over the floor into the store protocol's and the proxy's own")
 	fs.StringVar(&o.profile, "cpuprofile", "", "also write a CPU profile of idemproxy's measured streams to this file, and the floor's to this file + .floor")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -78,7 +80,7 @@ func streamBench(args []string) error {
 		}
 		idemRow.attachFirst, idemRow.attachEnd = append(idemRow.attachFirst, f), append(idemRow.attachEnd, l)
 	}
-	report := streamReport(o, rig.rtt, rows, ratios, rig.floorRatios)
+	report := streamReport(o, rig.rtt, rows, ratios, rig.floorRatios, rig.storeRatios)
 	fmt.Print(report)
 	if o.out != "" {
 		return os.WriteFile(o.out, []byte(report), 0o644)
@@ -100,9 +102,9 @@ type streamRig struct {
 	procs   []*proc
 	targets []streamTarget
 	// floorRatios are each round's idemproxy CPU per event over the
-	// floor's (rounds).
-	floorRatios []float64
-	rtt         time.Duration // Redis' round trip, p50
+	// floor's (rounds); storeRatios over the store floor's (-store-floor).
+	floorRatios, storeRatios []float64
+	rtt                      time.Duration // Redis' round trip, p50
 	// pprofAddr and floorPprof serve idemproxy's and the floor's
 	// profiles, with -cpuprofile.
 	pprofAddr, floorPprof string
@@ -180,6 +182,14 @@ func startStreamRig(dir string, o streamOptions) (*streamRig, error) {
 		{"idemproxy (stream: auto, record_format 4)", idem, idem.addr},
 		{"floor (ReverseProxy, a SET NX claim, one APPEND per read)", fl, floorAddr},
 	}
+	if o.storeFloor {
+		sfAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
+		sf, err := start("store floor", sfAddr, self, "reverseproxy", "-listen", sfAddr, "-upstream", "http://"+upAddr, "-redis", redisAddr, "-store-floor")
+		if err != nil {
+			return r, err
+		}
+		r.targets = append(r.targets, streamTarget{"store floor (ReverseProxy, idemproxy's Redis store calls: claim, head, a fenced append per read, end)", sf, sfAddr})
+	}
 	return r, nil
 }
 
@@ -246,7 +256,7 @@ func (r *streamRig) rounds(o streamOptions) ([]streamRow, []float64, error) {
 		if round < o.n%o.rounds {
 			count++
 		}
-		var cpu [4]float64
+		cpu := make([]float64, len(r.targets))
 		for i, t := range r.targets {
 			before := rows[i].cpu
 			if err := rows[i].measure(t, count, o.events); err != nil {
@@ -260,6 +270,9 @@ func (r *streamRig) rounds(o streamOptions) ([]streamRow, []float64, error) {
 		if cpu[3] > 0 {
 			r.floorRatios = append(r.floorRatios, cpu[2]/cpu[3])
 		}
+		if len(cpu) > 4 && cpu[4] > 0 {
+			r.storeRatios = append(r.storeRatios, cpu[2]/cpu[4])
+		}
 	}
 	if profiled != nil {
 		for range 2 {
@@ -272,7 +285,7 @@ func (r *streamRig) rounds(o streamOptions) ([]streamRow, []float64, error) {
 }
 
 // streamReport is bench stream's markdown.
-func streamReport(o streamOptions, rtt time.Duration, rows []streamRow, ratios, floorRatios []float64) string {
+func streamReport(o streamOptions, rtt time.Duration, rows []streamRow, ratios, floorRatios, storeRatios []float64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Streams of %d events of %d bytes, %s apart (one flush each), %d per target in %d rounds, one client at a time; idemproxy's stream_flush_interval %s; Redis round trip p50 %s. %s\n\n",
 		o.events, o.size, o.gap, o.n, o.rounds, o.flush, rtt.Round(time.Microsecond), machine())
@@ -307,14 +320,39 @@ func streamReport(o streamOptions, rtt time.Duration, rows []streamRow, ratios, 
 		}
 		b.WriteString("; the target is 1.2× (issue 65).\n")
 	}
+	if len(rows) > 4 {
+		storeFloorReport(&b, rows, storeRatios)
+	}
 	if rows[1].runs > 0 && rows[2].runs > 0 {
 		fmt.Fprintf(&b, "Thread wake-ups per event (each time one of the proxy's threads was put on a CPU, from schedstat): ReverseProxy %.1f, idemproxy %.1f", rows[1].runs/float64(rows[1].events), rows[2].runs/float64(rows[2].events))
 		if rows[3].runs > 0 {
 			fmt.Fprintf(&b, ", the floor %.1f", rows[3].runs/float64(rows[3].events))
 		}
+		if len(rows) > 4 && rows[4].runs > 0 {
+			fmt.Fprintf(&b, ", the store floor %.1f", rows[4].runs/float64(rows[4].events))
+		}
 		b.WriteString(".\n")
 	}
 	return b.String()
+}
+
+// storeFloorReport splits idemproxy's CPU per event over its floor in
+// two: the store floor's over the floor (what the store's protocol costs:
+// the fenced append and its time on Redis), and idemproxy's over the store
+// floor (what the proxy itself costs), each over the whole run and by
+// round.
+func storeFloorReport(b *strings.Builder, rows []streamRow, storeRatios []float64) {
+	perEvent := func(r streamRow) float64 { return r.cpu / float64(r.events) }
+	if rows[4].cpu == 0 || rows[3].cpu == 0 || rows[2].cpu == 0 {
+		return
+	}
+	fmt.Fprintf(b, "CPU per event, the store floor over the floor (the store's protocol: the fenced append, on Redis and in the client): %.2f×; idemproxy over the store floor (the proxy's own): %.2f× over the whole run",
+		perEvent(rows[4])/perEvent(rows[3]), perEvent(rows[2])/perEvent(rows[4]))
+	if len(storeRatios) > 0 {
+		slices.Sort(storeRatios)
+		fmt.Fprintf(b, ", median round %.2f× (from %.2f× to %.2f×)", storeRatios[len(storeRatios)/2], storeRatios[0], storeRatios[len(storeRatios)-1])
+	}
+	b.WriteString(".\n")
 }
 
 // streamClient opens a connection per stream, as an EventSource does: a

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"time"
+
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/redisstore"
+)
+
+// storeFloor is the stream floor with idemproxy's own store calls in
+// place of the plain ones (bench stream -store-floor): ReverseProxy, a
+// claim, the stream's head, one fenced append per read and the end, each
+// through the Redis store idemproxy runs (claim/redisstore), and nothing
+// else of idemproxy's. idemproxy over it is what the proxy itself costs;
+// it over the floor is what the store's protocol costs (the fence of
+// each append, on Redis' time and the client's).
+type storeFloor struct {
+	rp    *httputil.ReverseProxy
+	store *redisstore.Store
+}
+
+// storeFloorLease is the lease the store floor claims and renews with:
+// long enough for any bench stream, so that it never renews by itself.
+const storeFloorLease = time.Minute
+
+func newStoreFloor(rp *httputil.ReverseProxy, addr string) (*storeFloor, error) {
+	c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{addr}})
+	if err != nil {
+		return nil, err
+	}
+	f := &storeFloor{rp: rp, store: redisstore.New(c, "storefloor:")}
+	rp.ModifyResponse = f.stream
+	return f, nil
+}
+
+// storeFloorClaim is a claimed key and its owner's record, in the
+// request's context.
+type storeFloorClaim struct {
+	key string
+	rec *claim.Record
+}
+
+func (f *storeFloor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	if key == "" {
+		f.rp.ServeHTTP(w, r)
+		return
+	}
+	hashed := f.store.Codec().Key("bench", "stream", key)
+	rec := &claim.Record{State: claim.InProgress, Created: time.Now(), RequestID: "0123456789abcdef0123456789abcdef"}
+	rand.Read(rec.Token[:])
+	res, err := f.store.Claim(r.Context(), hashed, rec, storeFloorLease, claim.Quota{})
+	switch {
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+	case !res.Claimed:
+		http.Error(w, "the key is taken", http.StatusConflict) // bench stream never retries
+	default:
+		ctx := context.WithValue(r.Context(), storeFloorClaim{}, storeFloorClaim{hashed, rec})
+		f.rp.ServeHTTP(w, r.WithContext(ctx))
+	}
+}
+
+// stream stores a streamed answer's head in place of the claim, and has
+// every read of its body appended, fenced, before ReverseProxy writes it.
+func (f *storeFloor) stream(resp *http.Response) error {
+	c, ok := resp.Request.Context().Value(storeFloorClaim{}).(storeFloorClaim)
+	if !ok {
+		return nil
+	}
+	head := *c.rec
+	head.State, head.Status = claim.Streamed, resp.StatusCode
+	head.Header = http.Header{"Content-Type": resp.Header.Values("Content-Type")}
+	at, err := f.store.StreamStart(resp.Request.Context(), c.key, &head, time.Hour, storeFloorLease)
+	if err != nil {
+		return err
+	}
+	resp.Body = &fencedAppending{ReadCloser: resp.Body, ctx: resp.Request.Context(), store: f.store, key: c.key, token: head.Token, at: at}
+	return nil
+}
+
+// fencedAppending is a streamed answer's body in the store floor: every
+// read is appended with idemproxy's fenced append before it is written
+// on, and the end is recorded at the upstream's end.
+type fencedAppending struct {
+	io.ReadCloser
+	ctx   context.Context
+	store *redisstore.Store
+	key   string
+	token claim.Token
+	at    int
+}
+
+func (a *fencedAppending) Read(p []byte) (int, error) {
+	n, err := a.ReadCloser.Read(p)
+	if n > 0 {
+		at, serr := a.store.StreamAppend(a.ctx, a.key, a.token, a.at, p[:n], storeFloorLease)
+		if serr != nil {
+			return 0, serr
+		}
+		a.at = at
+	}
+	if errors.Is(err, io.EOF) {
+		if serr := a.store.StreamFinish(a.ctx, a.key, a.token, claim.StreamEnded, a.at); serr != nil {
+			return n, serr
+		}
+	}
+	return n, err
+}
