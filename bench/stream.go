@@ -314,10 +314,7 @@ func streamReport(o streamOptions, rtt time.Duration, rows []streamRow, ratios, 
 	if fl := rows[3]; fl.cpu > 0 && rows[2].cpu > 0 {
 		whole := rows[2].cpu / float64(rows[2].events) / (fl.cpu / float64(fl.events))
 		fmt.Fprintf(&b, "CPU per event, idemproxy over its floor (stored before sent costs one store round trip per read: ReverseProxy, a SET NX claim and one APPEND per read): %.2f× over the whole run", whole)
-		if len(floorRatios) > 0 {
-			slices.Sort(floorRatios)
-			fmt.Fprintf(&b, ", median round %.2f× (from %.2f× to %.2f×)", floorRatios[len(floorRatios)/2], floorRatios[0], floorRatios[len(floorRatios)-1])
-		}
+		byRound(&b, floorRatios)
 		b.WriteString("; the target is 1.2× (issue 65).\n")
 	}
 	if len(rows) > 4 {
@@ -348,11 +345,18 @@ func storeFloorReport(b *strings.Builder, rows []streamRow, storeRatios []float6
 	}
 	fmt.Fprintf(b, "CPU per event, the store floor over the floor (the store's protocol: the fenced append, on Redis and in the client): %.2f×; idemproxy over the store floor (the proxy's own): %.2f× over the whole run",
 		perEvent(rows[4])/perEvent(rows[3]), perEvent(rows[2])/perEvent(rows[4]))
-	if len(storeRatios) > 0 {
-		slices.Sort(storeRatios)
-		fmt.Fprintf(b, ", median round %.2f× (from %.2f× to %.2f×)", storeRatios[len(storeRatios)/2], storeRatios[0], storeRatios[len(storeRatios)-1])
-	}
+	byRound(b, storeRatios)
 	b.WriteString(".\n")
+}
+
+// byRound adds the median round's ratio and the range of ratios, when
+// there are any.
+func byRound(b *strings.Builder, ratios []float64) {
+	if len(ratios) == 0 {
+		return
+	}
+	slices.Sort(ratios)
+	fmt.Fprintf(b, ", median round %.2f× (from %.2f× to %.2f×)", ratios[len(ratios)/2], ratios[0], ratios[len(ratios)-1])
 }
 
 // streamClient opens a connection per stream, as an EventSource does: a
