@@ -342,8 +342,12 @@ return how
 // It runs for every streamed event, so it is written for Redis' time
 // (BenchmarkStreamAppend): a number passed to redis.call is formatted
 // with printf and parsed back (offsets are string literals here), a
-// table returned costs more than a number (one number answers), and a
-// helper defined in the script is a closure made on every call.
+// table returned costs more than a number (one number answers), a
+// helper defined in the script is a closure made on every call, and the
+// length is fenced on APPEND's answer, not read first with STRLEN (a
+// command less; 7.7 -> 7.3 µs): an append that finds another length (a
+// resent one whose first send landed) puts the value back as it was,
+// TTL kept, copying it once on that rare path.
 //
 // KEYS[1] key; ARGV[1] token; ARGV[2] the length expected; ARGV[3] the
 // chunk (empty: a renewal); ARGV[4] lease ms; ARGV[5] the publish command.
@@ -364,9 +368,19 @@ if ends < now then
   redis.pcall(ARGV[5], KEYS[1], '')
   return -3
 end
-local n = redis.call('STRLEN', KEYS[1])
-if n ~= tonumber(ARGV[2]) then return -16 - n end
 local data = ARGV[3]
+local n
+if #data > 0 then
+  n = redis.call('APPEND', KEYS[1], data)
+  local was = n - #data
+  if was ~= tonumber(ARGV[2]) then
+    redis.call('SET', KEYS[1], redis.call('GETRANGE', KEYS[1], '0', tostring(was - 1)), 'KEEPTTL')
+    return -16 - was
+  end
+else
+  n = redis.call('STRLEN', KEYS[1])
+  if n ~= tonumber(ARGV[2]) then return -16 - n end
+end
 local lease = tonumber(ARGV[4])
 if #data == 0 or ends < now + lease - lease / 6 then
   local x, s = now + lease, ''
@@ -376,10 +390,7 @@ if #data == 0 or ends < now + lease - lease / 6 then
   end
   redis.call('SETRANGE', KEYS[1], '59', s)
 end
-if #data > 0 then
-  n = redis.call('APPEND', KEYS[1], data)
-  redis.pcall(ARGV[5], KEYS[1], '')
-end
+if #data > 0 then redis.pcall(ARGV[5], KEYS[1], '') end
 return n
 `)
 

@@ -55,3 +55,49 @@ func TestStreamReadLimit(t *testing.T) {
 		t.Fatalf("without the limit = %+v, %v; want the stream read back", res, err)
 	}
 }
+
+// TestAppendAtAnotherLengthWritesNothing: the fenced append appends first
+// and checks the length it finds after (one command less for every
+// event), so an append at another length (a resent one whose first send
+// landed, or a wrong one) puts the value back as it was: the same bytes
+// and the record's TTL, on real Redis.
+func TestAppendAtAnotherLengthWritesNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer c.Close()
+	ctx := context.Background()
+	s := redisstore.New(c, "idem:")
+	defer s.Close()
+	key := s.Codec().Key("alice", "chat", "resent")
+	owner := contract.NewRecord(t)
+	if res, err := s.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim = %+v, %v", res, err)
+	}
+	head := *owner
+	head.State, head.Status = claim.Streamed, 200
+	at, err := s.StreamStart(ctx, key, &head, time.Hour, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.StreamAppend(ctx, key, head.Token, at, []byte("data: 1\n\n"), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := c.Get(ctx, key).Val()
+	for _, tc := range []struct {
+		at   int
+		data string
+	}{{at, "data: 1\n\n"}, {n + 1, "x"}, {n - 1, strings.Repeat("y", 300)}} {
+		got, err := s.StreamAppend(ctx, key, head.Token, tc.at, []byte(tc.data), time.Minute)
+		var le *claim.StreamLengthError
+		if !(tc.at == at && err == nil && got == n) && !(errors.As(err, &le) && le.Len == n) {
+			t.Fatalf("append of %d bytes at %d over %d = %d, %v", len(tc.data), tc.at, n, got, err)
+		}
+		if v := c.Get(ctx, key).Val(); v != want {
+			t.Fatalf("append at %d: the value is %q, want it as it was, %q", tc.at, v, want)
+		}
+		if ttl := c.PTTL(ctx, key).Val(); ttl < 59*time.Minute {
+			t.Fatalf("append at %d: PTTL %v, want the record's hour kept", tc.at, ttl)
+		}
+	}
+}
