@@ -108,6 +108,33 @@ func NewRecord(t *testing.T) *claim.Record {
 	return r
 }
 
+// StartedStream claims key for a new record and starts its streamed
+// answer (200, an hour's retention, a minute's lease): the owner's head
+// and the length to append at.
+func StartedStream(t *testing.T, s claim.Backend, key string) (claim.Record, int) {
+	t.Helper()
+	head := claimedHead(t, s, key)
+	at, err := s.StreamStart(context.Background(), key, &head, time.Hour, time.Minute)
+	if err != nil {
+		t.Fatalf("StreamStart = %d, %v", at, err)
+	}
+	return head, at
+}
+
+// claimedHead claims key for a new record and returns the head of its
+// streamed answer (200, text/event-stream), not started yet.
+func claimedHead(t *testing.T, s claim.Backend, key string) claim.Record {
+	t.Helper()
+	owner := NewRecord(t)
+	if res, err := s.Claim(context.Background(), key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
+		t.Fatalf("claim = %+v, %v", res, err)
+	}
+	head := *owner
+	head.State, head.Status = claim.Streamed, 200
+	head.Header = http.Header{"Content-Type": {"text/event-stream"}}
+	return head
+}
+
 // Completed is r completed with a 201, two headers and body.
 func Completed(r *claim.Record, body string) *claim.Record {
 	c := *r

@@ -6,7 +6,6 @@ package contract
 import (
 	"context"
 	"errors"
-	"net/http"
 	"testing"
 	"time"
 
@@ -22,13 +21,7 @@ import (
 func testStreamedRecords(t *testing.T, s claim.Backend) {
 	ctx := context.Background()
 	key := s.Codec().Key("alice", "chat", "k1")
-	owner := NewRecord(t)
-	if res, err := s.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
-		t.Fatalf("claim = %+v, %v", res, err)
-	}
-	head := *owner
-	head.State, head.Status = claim.Streamed, 200
-	head.Header = http.Header{"Content-Type": {"text/event-stream"}}
+	head := claimedHead(t, s, key)
 	stranger := head
 	stranger.Token[0]++
 	if _, err := s.StreamStart(ctx, key, &stranger, time.Hour, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
@@ -55,7 +48,9 @@ func testStreamedRecords(t *testing.T, s claim.Backend) {
 	if _, err := s.StreamAppend(ctx, key, head.Token, n+1, []byte("x"), time.Minute); !errors.As(err, &le) || le.Len != n {
 		t.Fatalf("an append at the wrong length = %v, want StreamLengthError{%d}", err, n)
 	}
-	if err := s.Renew(ctx, key, owner, time.Minute); err != nil {
+	owner := head // the claim the stream replaced
+	owner.State, owner.Status, owner.Header = claim.InProgress, 0, nil
+	if err := s.Renew(ctx, key, &owner, time.Minute); err != nil {
 		t.Fatalf("the old claim's renewal racing the stream = %v, want nil (as after a completion)", err)
 	}
 	rec, _, err := s.Get(ctx, key)

@@ -424,16 +424,7 @@ func TestStreamWALGrowsWithItsLength(t *testing.T) {
 	s := pgstore.New(pool, "idemproxy", "wal:", claim.WithStreamRows(true))
 	t.Cleanup(s.Close)
 	key := s.Codec().Key("alice", "chat", "long")
-	owner := contract.NewRecord(t)
-	if res, err := s.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
-		t.Fatalf("claim = %+v, %v", res, err)
-	}
-	head := *owner
-	head.State, head.Status = claim.Streamed, 200
-	at, err := s.StreamStart(ctx, key, &head, time.Hour, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	head, at := contract.StartedStream(t, s, key)
 	lsn := func() (n int64) {
 		if err := pool.QueryRow(ctx, "SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_insert_lsn(), '0/0')::bigint").Scan(&n); err != nil {
 			t.Fatal(err)
@@ -449,6 +440,7 @@ func TestStreamWALGrowsWithItsLength(t *testing.T) {
 			event[j] = byte(rng.Uint32())
 		}
 		event[0] = byte(i)
+		var err error
 		if at, err = s.StreamAppend(ctx, key, head.Token, at, event, time.Minute); err != nil {
 			t.Fatalf("append %d: %v", i, err)
 		}

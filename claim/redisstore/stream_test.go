@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"errors"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -28,24 +27,14 @@ func TestStreamReadLimit(t *testing.T) {
 	s := redisstore.New(c, "idem:")
 	defer s.Close()
 	key := s.Codec().Key("alice", "chat", "long")
-	owner := contract.NewRecord(t)
-	if res, err := s.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
-		t.Fatalf("claim = %+v, %v", res, err)
-	}
-	head := *owner
-	head.State, head.Status = claim.Streamed, 200
-	head.Header = http.Header{"Content-Type": {"text/event-stream"}}
-	at, err := s.StreamStart(ctx, key, &head, time.Hour, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	head, at := contract.StartedStream(t, s, key)
 	if _, err := s.StreamAppend(ctx, key, head.Token, at, []byte(strings.Repeat("x", 4096)), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	limited := redisstore.New(c, "idem:", claim.WithStreamReadLimit(1024))
 	defer limited.Close()
 	retry := contract.NewRecord(t)
-	_, err = limited.Claim(ctx, key, retry, time.Minute, claim.Quota{})
+	_, err := limited.Claim(ctx, key, retry, time.Minute, claim.Quota{})
 	var re *claim.RecordError
 	if !errors.As(err, &re) || re.Reason != claim.ReasonTooLarge || !errors.Is(err, claim.ErrCorrupt) {
 		t.Fatalf("claiming a 4 KiB stream with a 1 KiB read limit = %v, want a too_large RecordError", err)
@@ -69,16 +58,7 @@ func TestAppendAtAnotherLengthWritesNothing(t *testing.T) {
 	s := redisstore.New(c, "idem:")
 	defer s.Close()
 	key := s.Codec().Key("alice", "chat", "resent")
-	owner := contract.NewRecord(t)
-	if res, err := s.Claim(ctx, key, owner, time.Minute, claim.Quota{}); err != nil || !res.Claimed {
-		t.Fatalf("claim = %+v, %v", res, err)
-	}
-	head := *owner
-	head.State, head.Status = claim.Streamed, 200
-	at, err := s.StreamStart(ctx, key, &head, time.Hour, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	head, at := contract.StartedStream(t, s, key)
 	n, err := s.StreamAppend(ctx, key, head.Token, at, []byte("data: 1\n\n"), time.Minute)
 	if err != nil {
 		t.Fatal(err)
