@@ -58,7 +58,10 @@ func runSize(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	switch *store {
 	case "redis":
 	case "postgres":
-		sizePostgres(l, stdout)
+		if *f.checkpoint <= 0 {
+			return fmt.Errorf("size: --checkpoint-interval must be positive, got %v", *f.checkpoint)
+		}
+		sizePostgres(l, *f.checkpoint, stdout)
 		return nil
 	default:
 		return fmt.Errorf("size: --store: %q is neither redis nor postgres", *store)
@@ -72,7 +75,10 @@ func runSize(_ context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // sizeFlagValues are the string flags of idemproxy size.
-type sizeFlagValues struct{ compression, shard, path, store *string }
+type sizeFlagValues struct {
+	compression, shard, path, store *string
+	checkpoint                      *time.Duration
+}
 
 // sizeFlags declares idemproxy size's flags on fs, the load's into l.
 func sizeFlags(fs *flag.FlagSet, l *sizing.Load) sizeFlagValues {
@@ -94,6 +100,7 @@ func sizeFlags(fs *flag.FlagSet, l *sizing.Load) sizeFlagValues {
 	fs.Float64Var(&l.TargetCPU, "cpu-target", 0.5, "share of a master's core its commands may use")
 	f.path = fs.String("config", "", "read retention, lease, max_response_body and sealing from this config")
 	f.store = fs.String("store", "redis", "redis, or postgres: the PostgreSQL store's disk, WAL and writes instead of Redis' memory and masters; with -config, the store it configures")
+	f.checkpoint = fs.Duration("checkpoint-interval", 5*time.Minute, "with --store postgres: how often the server checkpoints (checkpoint_timeout, unless max_wal_size forces them sooner); the first change of an index page after each is logged whole")
 	return f
 }
 
@@ -139,15 +146,44 @@ func fromConfig(l *sizing.Load, cfg *config.Config, set map[string]bool) {
 const (
 	pgDiskPerRecord = 1747 - 1024
 	pgWALPerKey     = 849 + 1635 + 147 - 1024
+
+	// Full-page images (bench pgunits -existing N, docs/scaling.md): a
+	// claim inserts into the key's index (pgKeyIndexBytes per record) at
+	// a random place, as keys are hashes, and the first change of each
+	// index page after a checkpoint logs the whole page (pgImageBytes,
+	// and pgImageZstd times that under wal_compression = zstd). Claims
+	// measured pgImagesPerTouch images for each first touch of a page the
+	// model below counts (page splits log more): at 500,000 and 2,000,000
+	// records, 1.02 and 1.22 images per claim against 0.74 and 0.92 first
+	// touches.
+	pgKeyIndexBytes  = 125
+	pgImageBytes     = 6270
+	pgImageZstd      = 0.41
+	pgImagesPerTouch = 1.33
 )
 
-// sizePostgres prints what load l asks of the PostgreSQL store: records
-// held, disk, WAL and transactions per second.
-func sizePostgres(l sizing.Load, stdout io.Writer) {
+// pgImagesPerClaim is how many index pages a claim logs whole, on
+// average, when records are held and perInterval claims come between two
+// checkpoints: of P pages, perInterval random inserts touch
+// P(1 - e^(-perInterval/P)) for the first time.
+func pgImagesPerClaim(records, perInterval float64) float64 {
+	pages := records * pgKeyIndexBytes / 8192
+	if pages < 1 || perInterval <= 0 {
+		return 0
+	}
+	return pgImagesPerTouch * pages / perInterval * (1 - math.Exp(-perInterval/pages))
+}
+
+// sizePostgres prints what load l asks of the PostgreSQL store, the
+// server checkpointing every checkpoint: records held, disk, WAL and
+// transactions per second.
+func sizePostgres(l sizing.Load, checkpoint time.Duration, stdout io.Writer) {
 	records := l.NewKeysPerSecond * l.Retention.Seconds()
 	body := float64(l.ResponseBytes)
 	disk := records * (pgDiskPerRecord + body)
-	wal := l.NewKeysPerSecond * (pgWALPerKey + body)
+	images := pgImagesPerClaim(records, l.NewKeysPerSecond*checkpoint.Seconds()) * pgImageBytes
+	perKey := pgWALPerKey + body + images
+	wal := l.NewKeysPerSecond * perKey
 	// A claim and a completion per new key, a renewal every lease/3 of
 	// the upstream call, a read per replay.
 	writes := l.NewKeysPerSecond * (2 + math.Floor(l.UpstreamLatency.Seconds()/(l.Lease.Seconds()/3)))
@@ -155,7 +191,8 @@ func sizePostgres(l sizing.Load, stdout io.Writer) {
 	fmt.Fprintf(stdout, "PostgreSQL store: %.0f new keys/s kept %s (%.0f-byte answers)\n", l.NewKeysPerSecond, l.Retention, body)
 	fmt.Fprintf(stdout, "  records held: %.0f\n", records)
 	fmt.Fprintf(stdout, "  disk (table, indexes, TOAST): %s, at %.0f bytes per record\n", humanBytes(disk), pgDiskPerRecord+body)
-	fmt.Fprintf(stdout, "  WAL: %s/s, at %.0f bytes per key (claim, completion, expiry)\n", humanBytes(wal), pgWALPerKey+body)
+	fmt.Fprintf(stdout, "  WAL: %s/s, at %.0f bytes per key (claim, completion, expiry; %.0f of them index pages logged whole after each checkpoint, every %v)\n", humanBytes(wal), perKey, images, checkpoint)
+	fmt.Fprintf(stdout, "  WAL with wal_compression = zstd (those images %.2f× as large): %s/s\n", pgImageZstd, humanBytes(l.NewKeysPerSecond*(perKey-images*(1-pgImageZstd))))
 	fmt.Fprintf(stdout, "  writes: %.0f transactions/s (each a commit); replays: %.0f reads/s\n", writes, reads)
 	fmt.Fprintln(stdout, "Unit costs measured on one 2-core VM with PostgreSQL 15 (docs/scaling.md); re-measure on yours with `go run ./bench pgunits`.")
 }

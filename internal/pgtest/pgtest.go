@@ -388,3 +388,35 @@ func (s *Server) PID() int {
 
 // Logs is what postgres wrote.
 func (s *Server) Logs() string { return s.log.String() }
+
+// WAL is what the server wrote between two WAL positions, by pg_waldump:
+// its records, the bytes of those records, and the bytes of the full-page
+// images among them (a page's first change after a checkpoint logs the
+// whole page).
+type WAL struct {
+	Records, RecordBytes, FPIBytes, FPIs int64
+}
+
+// WALBetween reads the WAL between LSNs from and to (as the server prints
+// them, 0/16B3F28) with pg_waldump --stats.
+func (s *Server) WALBetween(from, to string) (WAL, error) {
+	out, err := exec.Command(filepath.Join(s.bin, "pg_waldump"), "--stats", "-p", filepath.Join(s.dir, "data", "pg_wal"), "-s", from, "-e", to).CombinedOutput()
+	if err != nil {
+		return WAL{}, fmt.Errorf("pg_waldump: %v\n%s", err, out)
+	}
+	for line := range strings.SplitSeq(string(out), "\n") {
+		f := strings.Fields(line)
+		// Total  N  record-size [%]  FPI-size [%]  combined [100%]
+		if len(f) >= 5 && f[0] == "Total" {
+			var w WAL
+			if _, err := fmt.Sscan(f[1]+" "+f[2]+" "+f[4], &w.Records, &w.RecordBytes, &w.FPIBytes); err != nil {
+				return WAL{}, err
+			}
+			// Each image is a block reference marked FPW in the records.
+			recs, err := exec.Command(filepath.Join(s.bin, "pg_waldump"), "-p", filepath.Join(s.dir, "data", "pg_wal"), "-s", from, "-e", to).Output()
+			w.FPIs = int64(strings.Count(string(recs), " FPW"))
+			return w, err
+		}
+	}
+	return WAL{}, fmt.Errorf("pg_waldump: no Total line in\n%s", out)
+}
