@@ -19,7 +19,9 @@ import (
 // pgUnits (go run ./bench pgunits) measures what the PostgreSQL store
 // costs on disk: the bytes a settled record takes in the records table
 // (with its indexes and TOAST) and the WAL each operation writes (a
-// claim, a completion, an expiry), over n keys with answers of size bytes.
+// claim, a completion, an expiry, and the vacuums after them), over n
+// keys with answers of size bytes, each phase's pages logged whole read
+// with pg_waldump; -existing fills the table first, as a large one is.
 // -set and -alter measure what a server setting or a change to the
 // tables would save (a fillfactor, an index dropped, wal_compression).
 func pgUnits(args []string) error {
@@ -43,7 +45,8 @@ func pgUnits(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	pg, err := pgtest.Launch(settings...)
+	// WAL is kept for pg_waldump to read each phase's after the checkpoints.
+	pg, err := pgtest.Launch(append([]string{"wal_keep_size", "8GB"}, settings...)...)
 	if err != nil {
 		return err
 	}
@@ -117,8 +120,14 @@ FROM generate_series(1, $1) i`, *existing, *size+300); err != nil {
 		}
 	}
 	afterCompletes := wal()
-	bytes1 := tableBytes()
-	beforeExpiry := wal()               // not the vacuum tableBytes ran
+	bytes1 := tableBytes() // its vacuum of the claims' old versions: below
+	afterFirstVacuum := wal()
+	// Records expire long after they were written, checkpoints later: the
+	// delete is the first change of their pages since one.
+	if _, err := pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		return err
+	}
+	beforeExpiry := wal()
 	time.Sleep(1100 * time.Millisecond) // every record's retention (1 s) over
 	for {
 		gone, err := s.Expire(ctx, 5000)
@@ -130,6 +139,8 @@ FROM generate_series(1, $1) i`, *existing, *size+300); err != nil {
 		}
 	}
 	afterExpiry := wal()
+	tableBytes() // the vacuum that removes the expired rows' index entries
+	afterVacuum := wal()
 	fmt.Fprintf(os.Stdout, "PostgreSQL store, %d keys, %d-byte answers:\n", *n, *size)
 	fmt.Fprintf(os.Stdout, "  on disk per settled record (table, indexes, TOAST): %.0f bytes\n", float64(bytes1-bytes0)/float64(*n))
 	var keyIndex, records int64
@@ -138,6 +149,8 @@ FROM generate_series(1, $1) i`, *existing, *size+300); err != nil {
 	}
 	fmt.Fprintf(os.Stdout, "  WAL per claim: %s; per completion: %s; per expiry: %s\n",
 		perKey(pg, before, afterClaims, *n), perKey(pg, afterClaims, afterCompletes, *n), perKey(pg, beforeExpiry, afterExpiry, *n))
+	fmt.Fprintf(os.Stdout, "  WAL of vacuum per key: %s of the completions' old versions (no checkpoint between), %s after the expiry\n",
+		perKey(pg, afterCompletes, afterFirstVacuum, *n), perKey(pg, afterExpiry, afterVacuum, *n))
 	// A backend reports its counts at most once a second, and an idle one
 	// within 10 s: wait for all the completions' (up to 15 s).
 	var upd, hot int64
