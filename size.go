@@ -163,10 +163,12 @@ const (
 
 	// pgExpiryImageBytes: a record expires checkpoints after it was
 	// written, so its delete is the first change of its heap page since
-	// one, and the page (about five records) is logged whole: 0.17 pages
-	// of 7,700 bytes per key, measured over small and large tables alike.
-	// Not counted under zstd's factor: heap pages hold the answers, whose
-	// compression is yours (the bench's bodies compress 14x).
+	// one, and the page (about five records of 1 KiB answers) is logged
+	// whole: 0.17 pages of 7,700 bytes per key, measured over small and
+	// large tables alike. A page's share per record grows with the
+	// record, so it is scaled by the record's size on disk. Not counted
+	// under zstd's factor: heap pages hold the answers, whose compression
+	// is yours (the bench's bodies compress 14x).
 	pgExpiryImageBytes = 1284
 )
 
@@ -192,7 +194,7 @@ func sizePostgres(l sizing.Load, checkpoint time.Duration, stdout io.Writer) {
 	images := pgImagesPerClaim(records, l.NewKeysPerSecond*checkpoint.Seconds()) * pgImageBytes
 	expiry := 0.0
 	if l.Retention > checkpoint {
-		expiry = pgExpiryImageBytes
+		expiry = pgExpiryImageBytes * (pgDiskPerRecord + body) / (pgDiskPerRecord + 1024)
 	}
 	perKey := pgWALPerKey + body + images + expiry
 	wal := l.NewKeysPerSecond * perKey

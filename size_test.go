@@ -104,6 +104,11 @@ func TestSizePostgres(t *testing.T) {
 	// A small index is logged whole once per checkpoint, less often
 	// with a longer interval; records kept for less than one interval
 	// expire on pages already logged; a non-positive interval is refused.
+	out.Reset()
+	if err := run(context.Background(), []string{"size", "--store", "postgres", "--new-keys-per-second", "1000", "--retention", "24h", "--response-bytes", "200"}, &out, &errb); err != nil ||
+		!strings.Contains(out.String(), "7458 bytes of the key's index at the claim, 678 of the table at the expiry") {
+		t.Errorf("size with 200-byte answers: %v\n%s\nwant the expiry's page share of a smaller record", err, out.String())
+	}
 	for _, c := range []struct{ retention, interval, want string }{
 		{"1h", "30m", "at 4169 bytes per key (claim, completion, expiry; pages logged whole at their first change after each checkpoint, every 30m0s: 254 bytes of the key's index at the claim, 1284 of the table at the expiry"},
 		{"10m", "30m", "at 2673 bytes per key (claim, completion, expiry; pages logged whole at their first change after each checkpoint, every 30m0s: 42 bytes of the key's index at the claim, 0 of the table at the expiry"},
