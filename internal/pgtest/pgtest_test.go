@@ -39,3 +39,38 @@ func TestStartKillRestart(t *testing.T) {
 		t.Fatalf("after kill -9 and restart: %q, %v; want the committed row", v, err)
 	}
 }
+
+// TestWALBetween: the WAL of a page's first change after a checkpoint
+// holds its image; a second change of the same page, before the next
+// checkpoint, holds none.
+func TestWALBetween(t *testing.T) {
+	s := pgtest.Start(t)
+	ctx := context.Background()
+	conn := s.Conn(t)
+	if _, err := conn.Exec(ctx, "CREATE TABLE t (k int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'a'); CHECKPOINT"); err != nil {
+		t.Fatal(err)
+	}
+	lsn := func() (at string) {
+		if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	change := func(v string) pgtest.WAL {
+		from := lsn()
+		if _, err := conn.Exec(ctx, "UPDATE t SET v = $1 WHERE k = 1", v); err != nil {
+			t.Fatal(err)
+		}
+		w, err := s.WALBetween(from, lsn())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	if first := change("b"); first.Records == 0 || first.FPIs == 0 || first.FPIBytes == 0 {
+		t.Errorf("the first change after a checkpoint: %+v, want records and a page image", first)
+	}
+	if second := change("c"); second.Records == 0 || second.FPIs != 0 || second.FPIBytes != 0 {
+		t.Errorf("a second change of the page: %+v, want records and no image", second)
+	}
+}
