@@ -16,18 +16,27 @@ import (
 	"github.com/idemproxy/idemproxy/claim/redisstore"
 )
 
+// startedOnRedis starts a real Redis, a store on it (closed with t) and
+// a stream under the idempotency key id: the client, the store, the
+// stored key, the owner's head and the length to append at.
+func startedOnRedis(t *testing.T, id string) (*redis.Client, *redisstore.Store, string, claim.Record, int) {
+	t.Helper()
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { c.Close() })
+	s := redisstore.New(c, "idem:")
+	t.Cleanup(s.Close)
+	key := s.Codec().Key("alice", "chat", id)
+	head, at := contract.StartedStream(t, s, key)
+	return c, s, key, head, at
+}
+
 // A streamed record longer than a store reads back (WithStreamReadLimit)
 // is never transferred: the claim answers a RecordError (too_large) and
 // claims nothing; a store without the bound reads it as before (issue 55).
 func TestStreamReadLimit(t *testing.T) {
-	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c, s, key, head, at := startedOnRedis(t, "long")
 	ctx := context.Background()
-	s := redisstore.New(c, "idem:")
-	defer s.Close()
-	key := s.Codec().Key("alice", "chat", "long")
-	head, at := contract.StartedStream(t, s, key)
 	if _, err := s.StreamAppend(ctx, key, head.Token, at, []byte(strings.Repeat("x", 4096)), time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -51,14 +60,8 @@ func TestStreamReadLimit(t *testing.T) {
 // landed, or a wrong one) puts the value back as it was: the same bytes
 // and the record's TTL, on real Redis.
 func TestAppendAtAnotherLengthWritesNothing(t *testing.T) {
-	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
-	defer c.Close()
+	c, s, key, head, at := startedOnRedis(t, "resent")
 	ctx := context.Background()
-	s := redisstore.New(c, "idem:")
-	defer s.Close()
-	key := s.Codec().Key("alice", "chat", "resent")
-	head, at := contract.StartedStream(t, s, key)
 	n, err := s.StreamAppend(ctx, key, head.Token, at, []byte("data: 1\n\n"), time.Minute)
 	if err != nil {
 		t.Fatal(err)
