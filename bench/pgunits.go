@@ -144,7 +144,7 @@ FROM generate_series(1, $1) i`, *existing, *size+300); err != nil {
 	fmt.Fprintf(os.Stdout, "PostgreSQL store, %d keys, %d-byte answers:\n", *n, *size)
 	fmt.Fprintf(os.Stdout, "  on disk per settled record (table, indexes, TOAST): %.0f bytes\n", float64(bytes1-bytes0)/float64(*n))
 	var keyIndex, records int64
-	if err := pool.QueryRow(ctx, "SELECT pg_relation_size('idemproxy.records_pkey'), (SELECT count(*) FROM idemproxy.records)").Scan(&keyIndex, &records); err == nil {
+	if err := pool.QueryRow(ctx, "SELECT pg_relation_size('idemproxy.records_pkey'), (SELECT count(*) FROM idemproxy.records)").Scan(&keyIndex, &records); err == nil && records > 0 {
 		fmt.Fprintf(os.Stdout, "  the key's index: %d pages for %d records (%.0f bytes per record)\n", keyIndex/8192, records, float64(keyIndex)/float64(records))
 	}
 	fmt.Fprintf(os.Stdout, "  WAL per claim: %s; per completion: %s; per expiry: %s\n",
