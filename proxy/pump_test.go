@@ -30,6 +30,7 @@ type pumpStore struct {
 
 	mu      sync.Mutex
 	left    []time.Duration // how long each append's context had left, or -1: no deadline
+	ends    []time.Time     // each append's context's deadline (zero: none)
 	stored  []byte
 	end     claim.StreamEnd
 	ended   bool
@@ -42,7 +43,8 @@ func (f *pumpStore) StreamStart(context.Context, string, *claim.Record, time.Dur
 
 func (f *pumpStore) StreamAppend(ctx context.Context, _ string, _ claim.Token, at int, data []byte, _ time.Duration) (int, error) {
 	left := time.Duration(-1)
-	if d, ok := ctx.Deadline(); ok {
+	d, ok := ctx.Deadline()
+	if ok {
 		left = time.Until(d)
 	}
 	if f.writing.Add(1) != 1 {
@@ -55,7 +57,7 @@ func (f *pumpStore) StreamAppend(ctx context.Context, _ string, _ claim.Token, a
 	if at != len(f.stored) {
 		f.t.Errorf("append at %d, the stored value ends at %d", at, len(f.stored))
 	}
-	f.left = append(f.left, left)
+	f.left, f.ends = append(f.left, left), append(f.ends, d)
 	f.stored = append(f.stored, data...)
 	return len(f.stored), nil
 }
@@ -320,9 +322,10 @@ func TestTakeoverAfterKeepingUp(t *testing.T) {
 // settleTimeout and all of it left when it starts.
 func TestPumpCallsBounded(t *testing.T) {
 	f := &pumpStore{t: t}
+	start := time.Now()
 	o, body, up := startPump(t, f)
 	go func() {
-		for range 200 {
+		for range 200 { // a pipe: each event is one read, one append
 			_, _ = up.Write([]byte("data: x\n\n"))
 		}
 		up.Close()
@@ -331,6 +334,7 @@ func TestPumpCallsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	o.stream.wait()
+	elapsed := time.Since(start)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if len(f.left) == 0 {
@@ -340,5 +344,15 @@ func TestPumpCallsBounded(t *testing.T) {
 		if left < settleTimeout/2 || left > settleTimeout {
 			t.Fatalf("append %d had %v left, want between %v and %v", i, left, settleTimeout/2, settleTimeout)
 		}
+	}
+	// Shared: a context is made again only once half of settleTimeout
+	// went by, so the appends saw at most one deadline per half of it
+	// (a context per append gives each its own).
+	deadlines := map[time.Time]bool{}
+	for _, d := range f.ends {
+		deadlines[d] = true
+	}
+	if most := 1 + int(elapsed/(settleTimeout/2)); len(deadlines) > most {
+		t.Fatalf("%d appends over %v ran on %d contexts, want at most %d: one per stream, made again every %v", len(f.ends), elapsed.Round(time.Millisecond), len(deadlines), most, settleTimeout/2)
 	}
 }
