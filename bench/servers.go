@@ -117,6 +117,7 @@ func serveReverseProxy(args []string) error {
 	redisAddr := fs.String("redis", "", "add the floor of idempotency: two Redis round trips per keyed request")
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof here, to profile the baseline as the sidecar is profiled")
 	storeCalls := fs.Bool("store-floor", false, "with -redis: store streams with idemproxy's own Redis store calls (storeFloor)")
+	native := fs.Bool("native-append", false, "with -store-floor: append each read with one XADD in place of the fenced script (nativeStream)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -148,7 +149,7 @@ func serveReverseProxy(args []string) error {
 	var h http.Handler = rp
 	switch {
 	case *redisAddr != "" && *storeCalls:
-		if h, err = newStoreFloor(rp, *redisAddr); err != nil {
+		if h, err = newStoreFloor(rp, *redisAddr, *native); err != nil {
 			return err
 		}
 	case *redisAddr != "":

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -35,7 +36,7 @@ type streamOptions struct {
 	n, events, size, rounds int
 	gap, flush              time.Duration
 	out, profile            string
-	storeFloor              bool
+	storeFloor, nativeFloor bool
 }
 
 // streamBench (go run ./bench stream) measures a streamed answer (server-
@@ -53,11 +54,15 @@ func streamBench(args []string) error {
 	fs.StringVar(&o.out, "out", "", "also write the markdown results to this file")
 	fs.IntVar(&o.rounds, "rounds", 5, "turns the targets take, each with its share of -n")
 	fs.BoolVar(&o.storeFloor, "store-floor", false, "also measure ReverseProxy with idemproxy's own Redis store calls (claim, head, a fenced append per read, end), to split idemproxy's cost over the floor into the store protocol's and the proxy's own")
+	fs.BoolVar(&o.nativeFloor, "native-floor", false, "with -store-floor: also measure the store floor with each read appended by one native XADD in place of the fenced script (an experiment: what a stream form without the script would cost)")
 	fs.StringVar(&o.profile, "cpuprofile", "", "also write a CPU profile of idemproxy's measured streams to this file, and the floor's to this file + .floor")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	o.rounds = max(o.rounds, 1)
+	if o.nativeFloor && !o.storeFloor {
+		return errors.New("bench stream: -native-floor measures beside the store floor: add -store-floor")
+	}
 	dir, err := os.MkdirTemp("", "idemproxy-bench-stream-")
 	if err != nil {
 		return err
@@ -182,14 +187,24 @@ func startStreamRig(dir string, o streamOptions) (*streamRig, error) {
 		{"idemproxy (stream: auto, record_format 4)", idem, idem.addr},
 		{"floor (ReverseProxy, a SET NX claim, one APPEND per read)", fl, floorAddr},
 	}
-	if o.storeFloor {
-		sfAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
-		sf, err := start("store floor", sfAddr, self, "reverseproxy", "-listen", sfAddr, "-upstream", "http://"+upAddr, "-redis", redisAddr, "-store-floor")
-		if err != nil {
+	if !o.storeFloor {
+		return r, nil
+	}
+	floors := []streamTarget{{name: "store floor (ReverseProxy, idemproxy's Redis store calls: claim, head, a fenced append per read, end)"}}
+	if o.nativeFloor {
+		floors = append(floors, streamTarget{name: "native store floor (the store floor with one XADD per read in place of the fenced append: an experiment)"})
+	}
+	for i := range floors {
+		args := []string{"reverseproxy", "-upstream", "http://" + upAddr, "-redis", redisAddr, "-store-floor"}
+		if i == 1 {
+			args = append(args, "-native-append")
+		}
+		floors[i].addr = fmt.Sprintf("127.0.0.1:%d", freePort())
+		if floors[i].p, err = start(strings.Fields(floors[i].name)[0], floors[i].addr, self, append(args, "-listen", floors[i].addr)...); err != nil {
 			return r, err
 		}
-		r.targets = append(r.targets, streamTarget{"store floor (ReverseProxy, idemproxy's Redis store calls: claim, head, a fenced append per read, end)", sf, sfAddr})
 	}
+	r.targets = append(r.targets, floors...)
 	return r, nil
 }
 
@@ -328,6 +343,9 @@ func streamReport(o streamOptions, rtt time.Duration, rows []streamRow, ratios, 
 		if len(rows) > 4 && rows[4].runs > 0 {
 			fmt.Fprintf(&b, ", the store floor %.1f", rows[4].runs/float64(rows[4].events))
 		}
+		if len(rows) > 5 && rows[5].runs > 0 {
+			fmt.Fprintf(&b, ", the native store floor %.1f", rows[5].runs/float64(rows[5].events))
+		}
 		b.WriteString(".\n")
 	}
 	return b.String()
@@ -347,6 +365,9 @@ func storeFloorReport(b *strings.Builder, rows []streamRow, storeRatios []float6
 		perEvent(rows[4])/perEvent(rows[3]), perEvent(rows[2])/perEvent(rows[4]))
 	byRound(b, storeRatios)
 	b.WriteString(".\n")
+	if len(rows) > 5 && rows[5].cpu > 0 {
+		fmt.Fprintf(b, "CPU per event, the native store floor (one XADD per read, no script) over the floor: %.2f×.\n", perEvent(rows[5])/perEvent(rows[3]))
+	}
 }
 
 // byRound adds the median round's ratio and the range of ratios, when
