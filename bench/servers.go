@@ -221,7 +221,8 @@ func (f *floor) complete(resp *http.Response) error {
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		// A stream's floor (issue 65): each read of the answer stored
 		// before it is sent, one APPEND per read, nothing else.
-		resp.Body = &appending{ReadCloser: resp.Body, ctx: resp.Request.Context(), rdb: f.rdb, key: kt[0] + ":stream"}
+		ctx, key := resp.Request.Context(), kt[0]+":stream"
+		resp.Body = &appending{ReadCloser: resp.Body, add: func(p []byte) error { return f.rdb.Append(ctx, key, string(p)).Err() }}
 		return nil
 	}
 	body, err := io.ReadAll(resp.Body)
@@ -236,20 +237,25 @@ func (f *floor) complete(resp *http.Response) error {
 	return nil
 }
 
-// appending is a streamed answer's body in the floor: every read is
-// appended to the key's value before ReverseProxy writes it on.
+// appending is a streamed answer's body in the floors: every read is
+// stored (add) before ReverseProxy writes it on, and the end, when the
+// floor records one (end, or nil), at the upstream's end.
 type appending struct {
 	io.ReadCloser
-	ctx context.Context
-	rdb *redis.Client
-	key string
+	add func(p []byte) error
+	end func() error
 }
 
 func (a *appending) Read(p []byte) (int, error) {
 	n, err := a.ReadCloser.Read(p)
 	if n > 0 {
-		if serr := a.rdb.Append(a.ctx, a.key, string(p[:n])).Err(); serr != nil {
+		if serr := a.add(p[:n]); serr != nil {
 			return 0, serr
+		}
+	}
+	if errors.Is(err, io.EOF) && a.end != nil {
+		if serr := a.end(); serr != nil {
+			return n, serr
 		}
 	}
 	return n, err

@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"errors"
-	"io"
 	"net/http"
 	"net/http/httputil"
 	"strconv"
@@ -27,7 +25,7 @@ type storeFloor struct {
 	rp    *httputil.ReverseProxy
 	store *redisstore.Store
 	// native, with -native-append, appends each read with one native
-	// command in place of the fenced script (nativeAppending).
+	// command in place of the fenced script (nativeStream).
 	native *redis.Client
 }
 
@@ -77,7 +75,8 @@ func (f *storeFloor) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // stream stores a streamed answer's head in place of the claim, and has
-// every read of its body appended, fenced, before ReverseProxy writes it.
+// every read of its body appended, fenced, before ReverseProxy writes it,
+// and the end recorded at the upstream's end.
 func (f *storeFloor) stream(resp *http.Response) error {
 	c, ok := resp.Request.Context().Value(storeFloorClaim{}).(storeFloorClaim)
 	if !ok {
@@ -93,37 +92,18 @@ func (f *storeFloor) stream(resp *http.Response) error {
 	if f.native != nil {
 		return f.nativeStream(resp, c.key, head.Token, at)
 	}
-	resp.Body = &fencedAppending{ReadCloser: resp.Body, ctx: resp.Request.Context(), store: f.store, key: c.key, token: head.Token, at: at}
+	ctx, token := resp.Request.Context(), head.Token
+	resp.Body = &appending{ReadCloser: resp.Body,
+		add: func(p []byte) error {
+			n, err := f.store.StreamAppend(ctx, c.key, token, at, p, storeFloorLease)
+			if err == nil {
+				at = n
+			}
+			return err
+		},
+		end: func() error { return f.store.StreamFinish(ctx, c.key, token, claim.StreamEnded, at) },
+	}
 	return nil
-}
-
-// fencedAppending is a streamed answer's body in the store floor: every
-// read is appended with idemproxy's fenced append before it is written
-// on, and the end is recorded at the upstream's end.
-type fencedAppending struct {
-	io.ReadCloser
-	ctx   context.Context
-	store *redisstore.Store
-	key   string
-	token claim.Token
-	at    int
-}
-
-func (a *fencedAppending) Read(p []byte) (int, error) {
-	n, err := a.ReadCloser.Read(p)
-	if n > 0 {
-		at, serr := a.store.StreamAppend(a.ctx, a.key, a.token, a.at, p[:n], storeFloorLease)
-		if serr != nil {
-			return 0, serr
-		}
-		a.at = at
-	}
-	if errors.Is(err, io.EOF) {
-		if serr := a.store.StreamFinish(a.ctx, a.key, a.token, claim.StreamEnded, a.at); serr != nil {
-			return n, serr
-		}
-	}
-	return n, err
 }
 
 // nativeStream has every read of a streamed answer appended with one
@@ -145,36 +125,18 @@ func (f *storeFloor) nativeStream(resp *http.Response, key string, token claim.T
 	if err := f.native.PExpire(ctx, chunks, time.Hour).Err(); err != nil {
 		return err
 	}
-	resp.Body = &nativeAppending{ReadCloser: resp.Body, ctx: ctx, f: f, key: key, chunks: chunks, token: token, head: at, at: at}
+	// The end is fenced on the record's own length: the chunks are not in it.
+	head := at
+	resp.Body = &appending{ReadCloser: resp.Body,
+		add: func(p []byte) error {
+			id := strconv.Itoa(at+len(p)) + "-0"
+			if err := f.native.XAdd(ctx, &redis.XAddArgs{Stream: chunks, NoMkStream: true, ID: id, Values: []any{"d", p}}).Err(); err != nil {
+				return err
+			}
+			at += len(p)
+			return nil
+		},
+		end: func() error { return f.store.StreamFinish(ctx, key, token, claim.StreamEnded, head) },
+	}
 	return nil
-}
-
-// nativeAppending is a streamed answer's body in the native store floor:
-// every read is appended with one XADD before it is written on, and the
-// end is recorded in the record at the upstream's end (fenced on the
-// record's own length: the chunks are not in it).
-type nativeAppending struct {
-	io.ReadCloser
-	ctx         context.Context
-	f           *storeFloor
-	key, chunks string
-	token       claim.Token
-	head, at    int
-}
-
-func (a *nativeAppending) Read(p []byte) (int, error) {
-	n, err := a.ReadCloser.Read(p)
-	if n > 0 {
-		id := strconv.Itoa(a.at+n) + "-0"
-		if serr := a.f.native.XAdd(a.ctx, &redis.XAddArgs{Stream: a.chunks, NoMkStream: true, ID: id, Values: []any{"d", p[:n]}}).Err(); serr != nil {
-			return 0, serr
-		}
-		a.at += n
-	}
-	if errors.Is(err, io.EOF) {
-		if serr := a.f.store.StreamFinish(a.ctx, a.key, a.token, claim.StreamEnded, a.head); serr != nil {
-			return n, serr
-		}
-	}
-	return n, err
 }

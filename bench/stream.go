@@ -190,21 +190,23 @@ func startStreamRig(dir string, o streamOptions) (*streamRig, error) {
 	if !o.storeFloor {
 		return r, nil
 	}
-	floors := []streamTarget{{name: "store floor (ReverseProxy, idemproxy's Redis store calls: claim, head, a fenced append per read, end)"}}
-	if o.nativeFloor {
-		floors = append(floors, streamTarget{name: "native store floor (the store floor with one XADD per read in place of the fenced append: an experiment)"})
+	type floorTarget struct {
+		name string
+		args []string // beyond the store floor's
 	}
-	for i := range floors {
-		args := []string{"reverseproxy", "-upstream", "http://" + upAddr, "-redis", redisAddr, "-store-floor"}
-		if i == 1 {
-			args = append(args, "-native-append")
-		}
-		floors[i].addr = fmt.Sprintf("127.0.0.1:%d", freePort())
-		if floors[i].p, err = start(strings.Fields(floors[i].name)[0], floors[i].addr, self, append(args, "-listen", floors[i].addr)...); err != nil {
+	floors := []floorTarget{{"store floor (ReverseProxy, idemproxy's Redis store calls: claim, head, a fenced append per read, end)", nil}}
+	if o.nativeFloor {
+		floors = append(floors, floorTarget{"native store floor (the store floor with one XADD per read in place of the fenced append: an experiment)", []string{"-native-append"}})
+	}
+	for _, fl := range floors {
+		addr := fmt.Sprintf("127.0.0.1:%d", freePort())
+		args := append([]string{"reverseproxy", "-listen", addr, "-upstream", "http://" + upAddr, "-redis", redisAddr, "-store-floor"}, fl.args...)
+		p, err := start(strings.Fields(fl.name)[0], addr, self, args...)
+		if err != nil {
 			return r, err
 		}
+		r.targets = append(r.targets, streamTarget{fl.name, p, addr})
 	}
-	r.targets = append(r.targets, floors...)
 	return r, nil
 }
 
