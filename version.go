@@ -12,7 +12,7 @@ import (
 // building without .git and with -buildvcs=false). Without a stamped
 // revision, the VCS stamp of the build info is used.
 var (
-	version  = "v0.8.0-dev"
+	version  = "v0.9.0-dev"
 	revision = ""
 )
 

@@ -94,8 +94,9 @@ func TestChartOnPostgres(t *testing.T) {
 
 // TestChartRefusesWhatItsImageCannotRun (issue 64): keys a later release
 // added are refused when the chart renders, naming the release that
-// reads them, while the chart runs an older image (its appVersion, or
-// image.tag); with image.tag at that release they render.
+// reads them, while the chart runs an older image (image.tag v0.7.0;
+// before the v0.8.0 cut, its appVersion); with the chart's own image
+// (v0.8.0 or later) they render.
 func TestChartRefusesWhatItsImageCannotRun(t *testing.T) {
 	chrt, err := loader.Load(chartDir)
 	if err != nil {
@@ -117,16 +118,16 @@ func TestChartRefusesWhatItsImageCannotRun(t *testing.T) {
 	const events = "config:\n  routes:\n    - name: gh\n      match: \"POST /webhooks/github\"\n      webhook: {provider: github, secret_files: [/s], events: [push]}\n"
 	const format5 = "config:\n  store:\n    record_format: 5\n"
 	for name, values := range map[string]string{"postgres.listenUrl": listen, "webhook.events": events, "store.record_format 5": format5} {
-		if _, err := render(values); err == nil || !strings.Contains(err.Error(), "needs idemproxy v0.8.0 or later") || !strings.Contains(err.Error(), chartAppVersion(t)) {
-			t.Errorf("%s with the chart's image %s: %v, want it refused naming v0.8.0", name, chartAppVersion(t), err)
+		if _, err := render(values + "image:\n  tag: v0.7.0\n"); err == nil || !strings.Contains(err.Error(), "needs idemproxy v0.8.0 or later") || !strings.Contains(err.Error(), "v0.7.0") {
+			t.Errorf("%s with image.tag v0.7.0: %v, want it refused naming v0.8.0", name, err)
 		}
-		files, err := render(values + "image:\n  tag: v0.8.0\n")
+		files, err := render(values)
 		if err != nil {
-			t.Errorf("%s with image.tag v0.8.0: %v", name, err)
+			t.Errorf("%s with the chart's image %s: %v", name, chartAppVersion(t), err)
 			continue
 		}
 		if cfg := files["idemproxy/templates/configmap.yaml"]; !strings.Contains(cfg, "listen_url") && !strings.Contains(cfg, "events") && !strings.Contains(cfg, "record_format: 5") {
-			t.Errorf("%s with image.tag v0.8.0 rendered no such key:\n%s", name, cfg)
+			t.Errorf("%s with the chart's image %s rendered no such key:\n%s", name, chartAppVersion(t), cfg)
 		}
 	}
 }

@@ -96,6 +96,13 @@ func TestManifestsFollowTheRelease(t *testing.T) {
 			t.Errorf("testdata/parent depends on idemproxy %s, the chart is %s", d.Version, c.Metadata.Version)
 		}
 	}
+	readme, err := os.ReadFile(filepath.Join(chartDir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dep := "{name: idemproxy, version: " + c.Metadata.Version + ","; !strings.Contains(string(readme), dep) {
+		t.Errorf("the chart's README.md does not show the dependency as %q: its example names another version", dep)
+	}
 }
 
 // previousChart extracts the chart of the release PREVIOUS_RELEASE names
