@@ -73,9 +73,9 @@ func Fields() []Field {
 		{"version", offVersion, 1}, {"state", offState, 1}, {"flags", offFlags, 1},
 		{"token", offToken, len(Token{})}, {"fingerprint", offFingerprint, len(Fingerprint{})},
 		{"created", offCreated, 8}, {"completed", offCompleted, 8}, {"status", offStatus, 2},
-		{"mark", offStatus, 1}, {"status low byte", offStatus + 1, 1},
-		{"stream end", offStreamEnd, 1}, {"stream head length", offStreamHead, 4},
-		{"stream head", 0, streamPrefix},
+		{"mark", offStatus, 1}, {"statusLow", offStatus + 1, 1},
+		{"streamEnd", offStreamEnd, 1}, {"streamHeadLen", offStreamHead, 4},
+		{"streamHead", 0, streamPrefix},
 	}
 }
 

@@ -10,11 +10,14 @@ import (
 	"github.com/idemproxy/idemproxy/claim"
 )
 
-// The record's fixed offsets are spelt out three times: in Go
-// (claim.Fields), in the Lua scripts and in schema.sql. CheckOffsets holds
-// a script to the Go declaration: every byte range a script reads or
-// writes by a literal offset must begin where a field of claim.Fields
-// begins, end where one ends, and hold no byte that no field covers.
+// The record's fixed offsets have one source, claim.Fields. The Lua
+// scripts, schema.sql and the SQL a backend builds in Go name the fields
+// they read by placeholders ({{rec.token}}) that claim.LuaLayout and
+// claim.SQLLayout render. CheckNoOffsets holds a copy's source to that:
+// it may spell out no offset of its own. CheckOffsets holds the rendered
+// text to the declaration: every byte range it reads or writes by a
+// literal offset must begin where a field of claim.Fields begins, end
+// where one ends, and hold no byte that no field covers.
 
 // offsetForms are the ways the scripts name a byte range by literal
 // numbers, each with how to turn its numbers into a 0-based [start, end).
@@ -25,14 +28,22 @@ var offsetForms = []struct {
 }{
 	// Lua, 1-based and inclusive.
 	{re: regexp.MustCompile(`string\.byte\(\w+, (\d+)\)`), rng: func(n []int) (int, int) { return n[0] - 1, n[0] }},
+	{re: regexp.MustCompile(`string\.byte\(\w+, (\d+), (\d+)\)`), rng: func(n []int) (int, int) { return n[0] - 1, n[1] }},
 	{re: regexp.MustCompile(`string\.sub\(\w+, (\d+), (\d+)\)`), rng: func(n []int) (int, int) { return n[0] - 1, n[1] }},
 	{re: regexp.MustCompile(`string\.sub\(\w+, (\d+)\)`), rng: func(n []int) (int, int) { return n[0] - 1, -1 }, ended: true},
+	{re: regexp.MustCompile(`rd8\(\w+, (\d+)\)`), rng: func(n []int) (int, int) { return n[0] - 1, n[0] + 7 }},
+	// Redis' GETRANGE (0-based, inclusive) and SETRANGE (0-based, to the
+	// value's end or the bytes written), numbers quoted or not.
+	{re: regexp.MustCompile(`'GETRANGE', KEYS\[1\], '?(\d+)'?, '?(\d+)'?\)`), rng: func(n []int) (int, int) { return n[0], n[1] + 1 }},
+	{re: regexp.MustCompile(`'GETRANGE', KEYS\[1\], '?(\d+)'?, [^'\d]`), rng: func(n []int) (int, int) { return n[0], -1 }, ended: true},
+	{re: regexp.MustCompile(`'SETRANGE', KEYS\[1\], '?(\d+)'?,`), rng: func(n []int) (int, int) { return n[0], -1 }, ended: true},
 	// SQL: substring and overlay 1-based, get_byte and set_byte 0-based,
-	// idem_rd8 (8 bytes) 1-based, a length compared with a literal.
+	// substring(v, from, for) as the SQL built in Go writes it, a length
+	// compared with a literal. (idem_rd8, 1-based, is rd8 above.)
 	{re: regexp.MustCompile(`FROM (\d+) FOR (\d+)\)`), rng: func(n []int) (int, int) { return n[0] - 1, n[0] - 1 + n[1] }},
 	{re: regexp.MustCompile(`[gs]et_byte\(\w+, (\d+)`), rng: func(n []int) (int, int) { return n[0], n[0] + 1 }},
-	{re: regexp.MustCompile(`idem_rd8\(\w+, (\d+)\)`), rng: func(n []int) (int, int) { return n[0] - 1, n[0] + 7 }},
-	{re: regexp.MustCompile(`length\(\w+\) *(?:<|>=|<=|>|=|<>) *(\d+)`), rng: func(n []int) (int, int) { return 0, n[0] }},
+	{re: regexp.MustCompile(`substring\(\w+(?:\.\w+)?, (\d+), (\d+)\)`), rng: func(n []int) (int, int) { return n[0] - 1, n[0] - 1 + n[1] }},
+	{re: regexp.MustCompile(`length\(\w+(?:\.\w+)?\) *(?:<|>=|<=|>|=|<>) *(\d+)`), rng: func(n []int) (int, int) { return 0, n[0] }},
 }
 
 // CheckOffsets fails t for every literal offset in script (named what)
@@ -80,4 +91,23 @@ func endText(end int, ended bool) string {
 		return "the end"
 	}
 	return fmt.Sprint(end)
+}
+
+// CheckNoOffsets fails t for every offset that src, the source of a copy
+// of the layout (named what), spells out as a number instead of naming
+// its field ({{rec.NAME}}, rendered from claim.Fields); it returns how
+// many placeholders src has. A length compared with 0 is no offset.
+func CheckNoOffsets(t *testing.T, what, src string) int {
+	t.Helper()
+	for i, line := range strings.Split(src, "\n") {
+		for _, form := range offsetForms {
+			for _, m := range form.re.FindAllStringSubmatch(line, -1) {
+				if len(m) == 2 && m[1] == "0" && strings.HasPrefix(m[0], "length(") {
+					continue
+				}
+				t.Errorf("%s:%d: %q spells out an offset of a stored value: name its field instead ({{rec.NAME}}, claim.Fields): %s", what, i+1, m[0], strings.TrimSpace(line))
+			}
+		}
+	}
+	return strings.Count(src, "{{rec.")
 }

@@ -81,8 +81,13 @@ func (s *Store) replayFirst(call string) string {
 		" ELSE ROW(2, r.value, NULL::bigint, n.now_ms, NULL::int) END" +
 		" FROM (SELECT pg_catalog.floor(EXTRACT(epoch FROM pg_catalog.clock_timestamp()) * 1000)::bigint AS now_ms) n" +
 		" LEFT JOIN " + s.schema + ".records r ON r.key = $1 AND r.expires_ms > n.now_ms" +
-		" AND pg_catalog.substring(r.value, 2, 1) = '\\x02'::bytea"
+		" AND pg_catalog.substring(r.value, " + settledTest
 }
+
+// settledTest is the rest of replayFirst's test of the state byte: its
+// position from the codec's declaration (claim.Fields), a completed
+// record's state.
+var settledTest = claim.SQLLayout("{{rec.state.at}}, {{rec.state.len}}) = '\\x02'::bytea")
 
 // claimCall is one claim's arguments and answer in one allocation: they
 // go to the batch that sends the call, so that the argument list and

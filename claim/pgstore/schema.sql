@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS {{schema}}.records (
 CREATE INDEX IF NOT EXISTS records_expires_ms ON {{schema}}.records (expires_ms);
 -- The claims in progress (state byte 1), so that the oldest is found
 -- without a scan (idem_cleanup).
-CREATE INDEX IF NOT EXISTS records_in_progress ON {{schema}}.records (expires_ms) WHERE substring(value FROM 2 FOR 1) = '\x01'::bytea;
+CREATE INDEX IF NOT EXISTS records_in_progress ON {{schema}}.records (expires_ms) WHERE substring(value {{rec.state}}) = '\x01'::bytea;
 
 -- A stream's chunks as rows of their own (store.record_format 5): an
 -- append inserts one row instead of rewriting the whole value, so a
@@ -80,11 +80,11 @@ LANGUAGE sql VOLATILE AS $$ SELECT floor(extract(epoch FROM clock_timestamp()) *
 
 -- A value's state byte; -1 for a value too short to have one.
 CREATE OR REPLACE FUNCTION {{schema}}.idem_state(v bytea) RETURNS int
-LANGUAGE sql IMMUTABLE AS $$ SELECT CASE WHEN length(v) >= 2 THEN get_byte(v, 1) ELSE -1 END $$;
+LANGUAGE sql IMMUTABLE AS $$ SELECT CASE WHEN length(v) >= {{rec.state.end}} THEN get_byte(v, {{rec.state.off}}) ELSE -1 END $$;
 
 -- Whether v is a record of ours (version 1) owned by token tok.
 CREATE OR REPLACE FUNCTION {{schema}}.idem_ours(v bytea, tok bytea) RETURNS bool
-LANGUAGE sql IMMUTABLE AS $$ SELECT length(v) >= 19 AND get_byte(v, 0) = 1 AND substring(v FROM 4 FOR 16) = tok $$;
+LANGUAGE sql IMMUTABLE AS $$ SELECT length(v) >= {{rec.token.end}} AND get_byte(v, {{rec.version.off}}) = 1 AND substring(v {{rec.token}}) = tok $$;
 
 -- The live value under k, its row locked; NULL when there is none or it
 -- expired (then its row, locked, is there to be overwritten).
@@ -122,7 +122,7 @@ END $$;
 CREATE OR REPLACE FUNCTION {{schema}}.idem_len(k text, v bytea) RETURNS bigint
 LANGUAGE sql STABLE AS $$
   SELECT COALESCE((SELECT c.at + length(c.data) FROM {{schema}}.chunks c
-    WHERE c.key = k AND c.tok = substring(v FROM 4 FOR 16) ORDER BY c.at DESC LIMIT 1), length(v))
+    WHERE c.key = k AND c.tok = substring(v {{rec.token}}) ORDER BY c.at DESC LIMIT 1), length(v))
 $$;
 
 -- A record's whole value: a stream's with its chunk rows; any other as
@@ -130,7 +130,7 @@ $$;
 CREATE OR REPLACE FUNCTION {{schema}}.idem_whole(k text, v bytea) RETURNS bytea
 LANGUAGE sql STABLE AS $$
   SELECT CASE WHEN v IS NULL OR {{schema}}.idem_state(v) <> 3 THEN v ELSE v || COALESCE((SELECT string_agg(c.data, ''::bytea ORDER BY c.at)
-    FROM {{schema}}.chunks c WHERE c.key = k AND c.tok = substring(v FROM 4 FOR 16)), ''::bytea) END
+    FROM {{schema}}.chunks c WHERE c.key = k AND c.tok = substring(v {{rec.token}})), ''::bytea) END
 $$;
 
 -- Appends chunk to the stream whose row (cur, locked) holds k at its
@@ -142,11 +142,11 @@ LANGUAGE plpgsql AS $$
 BEGIN
   IF length(chunk) > 0 AND (rows OR n <> length(cur)) THEN
     INSERT INTO {{schema}}.chunks (key, tok, at, data, expires_ms)
-      SELECT k, substring(cur FROM 4 FOR 16), n, chunk, r.expires_ms FROM {{schema}}.records r WHERE r.key = k;
-    UPDATE {{schema}}.records SET value = overlay(cur PLACING int8send(lease_until) FROM 60 FOR 8) WHERE key = k;
+      SELECT k, substring(cur {{rec.token}}), n, chunk, r.expires_ms FROM {{schema}}.records r WHERE r.key = k;
+    UPDATE {{schema}}.records SET value = overlay(cur PLACING int8send(lease_until) {{rec.completed}}) WHERE key = k;
     RETURN n + length(chunk);
   END IF;
-  UPDATE {{schema}}.records SET value = overlay(cur || chunk PLACING int8send(lease_until) FROM 60 FOR 8) WHERE key = k;
+  UPDATE {{schema}}.records SET value = overlay(cur || chunk PLACING int8send(lease_until) {{rec.completed}}) WHERE key = k;
   RETURN n + length(chunk);
 END $$;
 
@@ -173,7 +173,7 @@ BEGIN
   IF NOT FOUND THEN
     INSERT INTO {{schema}}.records (key, value, expires_ms) VALUES (k, v, now_ms + ttl) ON CONFLICT (key) DO NOTHING;
     claimed := FOUND;
-  ELSIF exp > now_ms AND length(cur) >= 2 AND get_byte(cur, 1) = 2 THEN
+  ELSIF exp > now_ms AND length(cur) >= {{rec.state.end}} AND get_byte(cur, {{rec.state.off}}) = 2 THEN
     kind := 2;
     RETURN;
   ELSIF exp > now_ms AND {{schema}}.idem_state(cur) = 3 AND NOT (lim > 0 AND {{schema}}.idem_len(k, cur) > lim) THEN
@@ -246,9 +246,9 @@ BEGIN
   IF cur IS NULL THEN RETURN 0; END IF;
   IF NOT {{schema}}.idem_ours(cur, tok) THEN RETURN -1; END IF;
   IF {{schema}}.idem_state(cur) <> 1 THEN RETURN -2; END IF;
-  IF length(cur) >= 68 THEN
-    m := get_byte(cur, 67);
-    IF m >= 64 AND m < 128 THEN cur := set_byte(cur, 67, m + 64); END IF;
+  IF length(cur) >= {{rec.mark.end}} THEN
+    m := get_byte(cur, {{rec.mark.off}});
+    IF m >= 64 AND m < 128 THEN cur := set_byte(cur, {{rec.mark.off}}, m + 64); END IF;
   END IF;
   UPDATE {{schema}}.records SET value = cur, expires_ms = now_ms + ttl WHERE key = k;
   RETURN 1;
@@ -261,7 +261,7 @@ DECLARE cur bytea;
 BEGIN
   SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, {{schema}}.idem_now()) g;
   IF cur IS NULL THEN RETURN 0; END IF;
-  IF NOT {{schema}}.idem_ours(cur, tok) OR {{schema}}.idem_state(cur) <> 1 OR length(cur) < 69 OR substring(cur FROM 68 FOR 2) <> slot THEN RETURN -1; END IF;
+  IF NOT {{schema}}.idem_ours(cur, tok) OR {{schema}}.idem_state(cur) <> 1 OR length(cur) < {{rec.status.end}} OR substring(cur {{rec.status}}) <> slot THEN RETURN -1; END IF;
   PERFORM {{schema}}.idem_del(k);
   RETURN 1;
 END $$;
@@ -275,8 +275,8 @@ BEGIN
   -- The common case, our live claim, is one fenced update, written out
   -- as idem_claim's are.
   UPDATE {{schema}}.records r SET value = v, expires_ms = now_ms + ttl
-    WHERE r.key = k AND r.expires_ms > now_ms AND length(r.value) >= 19 AND get_byte(r.value, 0) = 1
-      AND substring(r.value FROM 4 FOR 16) = tok AND get_byte(r.value, 1) = 1;
+    WHERE r.key = k AND r.expires_ms > now_ms AND length(r.value) >= {{rec.token.end}} AND get_byte(r.value, {{rec.version.off}}) = 1
+      AND substring(r.value {{rec.token}}) = tok AND get_byte(r.value, {{rec.state.off}}) = 1;
   IF FOUND THEN RETURN 1; END IF;
   SELECT g.cur, g.present INTO cur, present FROM {{schema}}.idem_get(k, now_ms) g;
   IF cur IS NULL THEN
@@ -296,8 +296,8 @@ DECLARE now_ms bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bi
 BEGIN
   -- Our live claim: one fenced delete, written out as idem_complete's.
   DELETE FROM {{schema}}.records r
-    WHERE r.key = k AND r.expires_ms > now_ms AND length(r.value) >= 19 AND get_byte(r.value, 0) = 1
-      AND substring(r.value FROM 4 FOR 16) = tok AND get_byte(r.value, 1) = 1;
+    WHERE r.key = k AND r.expires_ms > now_ms AND length(r.value) >= {{rec.token.end}} AND get_byte(r.value, {{rec.version.off}}) = 1
+      AND substring(r.value {{rec.token}}) = tok AND get_byte(r.value, {{rec.state.off}}) = 1;
   IF FOUND THEN RETURN 1; END IF;
   SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, now_ms) g;
   IF cur IS NULL THEN RETURN 0; END IF;
@@ -371,7 +371,7 @@ DECLARE cur bytea;
 BEGIN
   SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, {{schema}}.idem_now()) g;
   IF cur IS NULL THEN RETURN 0; END IF;
-  IF length(cur) < 2 OR get_byte(cur, 0) <> 1 OR get_byte(cur, 1) <> st THEN RETURN -1; END IF;
+  IF length(cur) < {{rec.state.end}} OR get_byte(cur, {{rec.version.off}}) <> 1 OR get_byte(cur, {{rec.state.off}}) <> st THEN RETURN -1; END IF;
   PERFORM {{schema}}.idem_del(k);
   DELETE FROM {{schema}}.chunks WHERE key = k;
   RETURN 1;
@@ -395,7 +395,7 @@ BEGIN
     IF {{schema}}.idem_state(cur) = 3 THEN RETURN 3; END IF;
     IF {{schema}}.idem_state(cur) <> 1 THEN RETURN -2; END IF;
   END IF;
-  v := overlay(head PLACING int8send(now_ms + lease) FROM 60 FOR 8);
+  v := overlay(head PLACING int8send(now_ms + lease) {{rec.completed}});
   IF NOT {{schema}}.idem_put(k, v, ttl, now_ms, present) THEN RETURN -1; END IF;
   RETURN how;
 END $$;
@@ -413,10 +413,10 @@ DECLARE now_ms bigint := {{schema}}.idem_now(); cur bytea;
 BEGIN
   SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, now_ms) g;
   IF cur IS NULL THEN res := 0; RETURN; END IF;
-  IF NOT {{schema}}.idem_ours(cur, tok) OR {{schema}}.idem_state(cur) <> 3 OR length(cur) < 74 THEN res := -1; RETURN; END IF;
-  IF get_byte(cur, 69) <> 0 THEN res := -2; RETURN; END IF;
-  IF {{schema}}.idem_rd8(cur, 60) < now_ms THEN
-    UPDATE {{schema}}.records SET value = set_byte(value, 69, 2) WHERE key = k;
+  IF NOT {{schema}}.idem_ours(cur, tok) OR {{schema}}.idem_state(cur) <> 3 OR length(cur) < {{rec.streamHead.end}} THEN res := -1; RETURN; END IF;
+  IF get_byte(cur, {{rec.streamEnd.off}}) <> 0 THEN res := -2; RETURN; END IF;
+  IF {{schema}}.idem_rd8(cur, {{rec.completed.at}}) < now_ms THEN
+    UPDATE {{schema}}.records SET value = set_byte(value, {{rec.streamEnd.off}}, 2) WHERE key = k;
     res := -3; RETURN;
   END IF;
   n := {{schema}}.idem_len(k, cur);
@@ -433,23 +433,23 @@ DECLARE now_ms bigint := {{schema}}.idem_now(); cur bytea; was int;
 BEGIN
   SELECT g.cur INTO cur FROM {{schema}}.idem_get(k, now_ms) g;
   IF cur IS NULL THEN res := 0; RETURN; END IF;
-  IF NOT {{schema}}.idem_ours(cur, tok) OR {{schema}}.idem_state(cur) <> 3 OR length(cur) < 74 THEN res := -1; RETURN; END IF;
-  was := get_byte(cur, 69);
+  IF NOT {{schema}}.idem_ours(cur, tok) OR {{schema}}.idem_state(cur) <> 3 OR length(cur) < {{rec.streamHead.end}} THEN res := -1; RETURN; END IF;
+  was := get_byte(cur, {{rec.streamEnd.off}});
   IF was <> 0 THEN
     IF was = e THEN res := 1; ELSE res := -2; END IF;
     RETURN;
   END IF;
   n := {{schema}}.idem_len(k, cur);
   IF at >= 0 AND n <> at THEN res := -5; RETURN; END IF;
-  IF e = 1 AND {{schema}}.idem_rd8(cur, 60) < now_ms THEN
-    UPDATE {{schema}}.records SET value = set_byte(value, 69, 2) WHERE key = k;
+  IF e = 1 AND {{schema}}.idem_rd8(cur, {{rec.completed.at}}) < now_ms THEN
+    UPDATE {{schema}}.records SET value = set_byte(value, {{rec.streamEnd.off}}, 2) WHERE key = k;
     res := -2; RETURN;
   END IF;
-  cur := set_byte(cur, 69, e);
+  cur := set_byte(cur, {{rec.streamEnd.off}}, e);
   IF e = 1 AND last IS NOT NULL AND length(last) > 0 THEN
     PERFORM {{schema}}.idem_put_chunk(k, cur, n, last, rows, now_ms);
   ELSE
-    UPDATE {{schema}}.records SET value = overlay(cur PLACING int8send(now_ms) FROM 60 FOR 8) WHERE key = k;
+    UPDATE {{schema}}.records SET value = overlay(cur PLACING int8send(now_ms) {{rec.completed}}) WHERE key = k;
   END IF;
   res := 1;
 END $$;
@@ -463,14 +463,14 @@ BEGIN
   now_ms := {{schema}}.idem_now();
   SELECT r.value INTO cur FROM {{schema}}.records r WHERE r.key = k AND r.expires_ms > now_ms;
   IF NOT FOUND THEN head := ''::bytea; n := 0; data := ''::bytea; RETURN; END IF;
-  head := substring(cur FROM 1 FOR 74);
+  head := substring(cur {{rec.streamHead}});
   n := {{schema}}.idem_len(k, cur);
   data := ''::bytea;
   IF off < length(cur) THEN data := substring(cur FROM (off + 1)::int FOR max_n::int); END IF;
   base := off + length(data);
   IF base >= n OR length(data) >= max_n THEN RETURN; END IF;
   -- The rest from the chunk rows: the one that holds byte base, and on.
-  t := substring(cur FROM 4 FOR 16);
+  t := substring(cur {{rec.token}});
   SELECT max(c.at) INTO first_at FROM {{schema}}.chunks c WHERE c.key = k AND c.tok = t AND c.at <= base;
   IF first_at IS NULL THEN RETURN; END IF;
   SELECT string_agg(c.data, ''::bytea ORDER BY c.at) INTO buf FROM {{schema}}.chunks c
@@ -590,8 +590,8 @@ BEGIN
   now_ms := {{schema}}.idem_now();
   SELECT count(*) INTO expired FROM (SELECT 1 FROM {{schema}}.records WHERE expires_ms <= now_ms LIMIT 10000) e;
   SELECT now_ms - min(expires_ms) INTO lag_ms FROM {{schema}}.records WHERE expires_ms <= now_ms;
-  SELECT now_ms - min({{schema}}.idem_rd8(value, 52)) INTO oldest_claim_ms FROM {{schema}}.records
-    WHERE substring(value FROM 2 FOR 1) = '\x01'::bytea AND expires_ms > now_ms AND length(value) >= 59;
+  SELECT now_ms - min({{schema}}.idem_rd8(value, {{rec.created.at}})) INTO oldest_claim_ms FROM {{schema}}.records
+    WHERE substring(value {{rec.state}}) = '\x01'::bytea AND expires_ms > now_ms AND length(value) >= {{rec.created.end}};
   SELECT greatest(c.reltuples, 0)::bigint INTO est_rows FROM pg_class c WHERE c.oid = '{{schema}}.records'::regclass;
 END $$;
 

@@ -38,7 +38,12 @@ import (
 )
 
 //go:embed schema.sql
-var schemaSQL string
+var schemaSource string
+
+// schemaSQL is schema.sql with the record's fields rendered
+// (claim.SQLLayout): the functions name the fields they read, and the
+// offsets come from the codec's one declaration.
+var schemaSQL = claim.SQLLayout(schemaSource)
 
 // Store keeps claims in PostgreSQL.
 type Store struct {

@@ -1,12 +1,21 @@
 package redisstore
 
-import "github.com/redis/go-redis/v9"
+import (
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/claim"
+)
+
+// newScript is the script src with the record's fields rendered
+// (claim.LuaLayout): the scripts name the fields they read, and the
+// offsets come from the codec's one declaration.
+func newScript(src string) *redis.Script { return redis.NewScript(claim.LuaLayout(src)) }
 
 // The scripts compare-then-act atomically on one key, so each is safe on a
 // Cluster and under go-redis' automatic retries. They read the fixed header
-// of a stored value (see record.go): byte 1 is the version, byte 2 the
-// state, bytes 4..19 the owner token. A value with another version is never
-// overwritten or deleted.
+// of a stored value (claim.Fields: the version, the state, the owner
+// token, ...), named by placeholders ({{rec.token}}) that newScript
+// renders. A value with another version is never overwritten or deleted.
 
 // claimScript is the claim: it sets the key if absent, or returns the
 // current value, and in both cases the key's PTTL and Redis' clock, read
@@ -28,14 +37,14 @@ import "github.com/redis/go-redis/v9"
 // {value, pttl, seconds, microseconds} for a record in progress,
 // {0, length} for a streamed record longer than ARGV[3], or {value} for
 // any other.
-var claimScript = redis.NewScript(`
+var claimScript = newScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   cur = 1
-elseif string.byte(cur, 2) ~= 1 then
+elseif string.byte(cur, {{rec.state}}) ~= 1 then
   local limit = tonumber(ARGV[3]) or 0
-  if limit > 0 and string.byte(cur, 2) == 3 and #cur > limit then return {0, #cur} end
+  if limit > 0 and string.byte(cur, {{rec.state}}) == 3 and #cur > limit then return {0, #cur} end
   return {cur}
 end
 local t = redis.call('TIME')
@@ -47,7 +56,7 @@ return {cur, redis.call('PTTL', KEYS[1]), t[1], t[2]}
 // (mark.go).
 //
 // KEYS[1] key. Returns {pttl, TIME's seconds, TIME's microseconds}.
-var ttlScript = redis.NewScript(`
+var ttlScript = newScript(`
 local t = redis.call('TIME')
 return {redis.call('PTTL', KEYS[1]), t[1], t[2]}
 `)
@@ -59,14 +68,14 @@ return {redis.call('PTTL', KEYS[1]), t[1], t[2]}
 //
 // KEYS[1] key; ARGV[1] token; ARGV[2] lease ms.
 // Returns 1 renewed, 0 gone, -1 owned by someone else, -2 already completed.
-var renewScript = redis.NewScript(`
+var renewScript = newScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then return 0 end
-if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
-if string.byte(cur, 2) ~= 1 then return -2 end
-local m = string.byte(cur, 68) or 0
+if string.byte(cur, {{rec.version}}) ~= 1 or string.sub(cur, {{rec.token}}) ~= ARGV[1] then return -1 end
+if string.byte(cur, {{rec.state}}) ~= 1 then return -2 end
+local m = string.byte(cur, {{rec.mark}}) or 0
 if m >= 64 and m < 128 then
-  redis.call('SET', KEYS[1], string.sub(cur, 1, 67) .. string.char(m + 64) .. string.sub(cur, 69), 'PX', ARGV[2])
+  redis.call('SET', KEYS[1], string.sub(cur, {{rec.version.at}}, {{rec.completed.last}}) .. string.char(m + 64) .. string.sub(cur, {{rec.statusLow.at}}), 'PX', ARGV[2])
 else
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -80,10 +89,10 @@ return 1
 // KEYS[1] key; ARGV[1] token; ARGV[2] the status slot seen (2 bytes);
 // ARGV[3] the publish command.
 // Returns 1 released, 0 gone, -1 changed.
-var releaseUnforwardedScript = redis.NewScript(`
+var releaseUnforwardedScript = newScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then return 0 end
-if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] or string.byte(cur, 2) ~= 1 or string.sub(cur, 68, 69) ~= ARGV[2] then return -1 end
+if string.byte(cur, {{rec.version}}) ~= 1 or string.sub(cur, {{rec.token}}) ~= ARGV[1] or string.byte(cur, {{rec.state}}) ~= 1 or string.sub(cur, {{rec.status}}) ~= ARGV[2] then return -1 end
 redis.call('DEL', KEYS[1])
 redis.pcall(ARGV[3], KEYS[1], '')
 return 1
@@ -98,15 +107,15 @@ return 1
 // retention ms; ARGV[4] the publish command (see watch.go).
 // Returns 1 stored, 2 stored after the lease lapsed, 3 already stored by us
 // (a resent command), -1 owned by someone else.
-var completeScript = redis.NewScript(`
+var completeScript = newScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   redis.pcall(ARGV[4], KEYS[1], '')
   return 2
 end
-if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
-if string.byte(cur, 2) == 2 then return 3 end
+if string.byte(cur, {{rec.version}}) ~= 1 or string.sub(cur, {{rec.token}}) ~= ARGV[1] then return -1 end
+if string.byte(cur, {{rec.state}}) == 2 then return 3 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.pcall(ARGV[4], KEYS[1], '')
 return 1
@@ -117,11 +126,11 @@ return 1
 //
 // KEYS[1] key; ARGV[1] token; ARGV[2] the publish command.
 // Returns 1 released, 0 already gone, -1 owned by someone else, -2 completed.
-var releaseScript = redis.NewScript(`
+var releaseScript = newScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then return 0 end
-if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
-if string.byte(cur, 2) ~= 1 then return -2 end
+if string.byte(cur, {{rec.version}}) ~= 1 or string.sub(cur, {{rec.token}}) ~= ARGV[1] then return -1 end
+if string.byte(cur, {{rec.state}}) ~= 1 then return -2 end
 redis.call('DEL', KEYS[1])
 redis.pcall(ARGV[2], KEYS[1], '')
 return 1
@@ -140,11 +149,11 @@ return 1
 // be off (ms).
 // Returns 1 settled, 0 gone, -1 owned by someone else, -2 completed, -3
 // the owner renewed its lease.
-var orphanScript = redis.NewScript(`
+var orphanScript = newScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then return 0 end
-if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
-if string.byte(cur, 2) ~= 1 then return -2 end
+if string.byte(cur, {{rec.version}}) ~= 1 or string.sub(cur, {{rec.token}}) ~= ARGV[1] then return -1 end
+if string.byte(cur, {{rec.state}}) ~= 1 then return -2 end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl > tonumber(ARGV[4]) then return -3 end
 local exp = tonumber(ARGV[6])
@@ -181,11 +190,11 @@ var scripts = []*redis.Script{claimScript, ttlScript, epochScript, epochLostScri
 // (ms).
 // Returns {1, since ms, now ms} taken over, {0} gone, {-1} changed, {-3}
 // the orphan's owner renewed its lease.
-var takeOverScript = redis.NewScript(`
+var takeOverScript = newScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then return {0} end
-local state = string.byte(cur, 2)
-if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] or (state ~= 1 and state ~= 2) then return {-1} end
+local state = string.byte(cur, {{rec.state}})
+if string.byte(cur, {{rec.version}}) ~= 1 or string.sub(cur, {{rec.token}}) ~= ARGV[1] or (state ~= 1 and state ~= 2) then return {-1} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local since
@@ -217,10 +226,10 @@ return {1, since, now}
 // offset allowed between the clocks (ms).
 // Returns {1} freed, {0} gone, {-1} changed, {-4, ms still to wait}, {-6,
 // the offset ms} the clocks disagree.
-var freeAbsentScript = redis.NewScript(`
+var freeAbsentScript = newScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then return {0} end
-if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] or string.byte(cur, 2) ~= 1 then return {-1} end
+if string.byte(cur, {{rec.version}}) ~= 1 or string.sub(cur, {{rec.token}}) ~= ARGV[1] or string.byte(cur, {{rec.state}}) ~= 1 then return {-1} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local skew = now - tonumber(ARGV[5])
@@ -239,10 +248,10 @@ return {1}
 // KEYS[1] key; ARGV[1] state byte (1 in progress, 2 completed); ARGV[2]
 // the publish command.
 // Returns 1 deleted, 0 gone, -1 in another state or not a record of ours.
-var forgetScript = redis.NewScript(`
+var forgetScript = newScript(`
 local cur = redis.call('GET', KEYS[1])
 if not cur then return 0 end
-if string.byte(cur, 1) ~= 1 or string.byte(cur, 2) ~= tonumber(ARGV[1]) then return -1 end
+if string.byte(cur, {{rec.version}}) ~= 1 or string.byte(cur, {{rec.state}}) ~= tonumber(ARGV[1]) then return -1 end
 redis.call('DEL', KEYS[1])
 redis.pcall(ARGV[2], KEYS[1], '')
 return 1
@@ -259,7 +268,7 @@ return 1
 // KEYS[1] the marker; ARGV[1] "lost" or "new"; ARGV[2] the caller's clock,
 // microseconds since the Unix epoch. Returns {created (0/1), its value:
 // microseconds, then ":lost" for an epoch after a loss}.
-var epochScript = redis.NewScript(`
+var epochScript = newScript(`
 local v = redis.call('GET', KEYS[1])
 if v then return {0, v} end
 local t = redis.call('TIME')
@@ -275,7 +284,7 @@ return {1, redis.call('GET', KEYS[1])}
 // still the one the caller read.
 //
 // KEYS[1] the marker; ARGV[1] its value as read (without ":lost").
-var epochLostScript = redis.NewScript(`
+var epochLostScript = newScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[1] .. ':lost')
 end
@@ -312,18 +321,18 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // ARGV[4] lease ms; ARGV[5] the publish command.
 // Returns 1 started, 2 started after the lease lapsed, 3 already started
 // by us (resent), -1 owned by someone else, -2 completed.
-var streamStartScript = redis.NewScript(streamLua + `
-local cur = redis.call('GETRANGE', KEYS[1], 0, 18)
+var streamStartScript = newScript(streamLua + `
+local cur = redis.call('GETRANGE', KEYS[1], {{rec.version.off}}, {{rec.token.offlast}})
 local how = 1
 if cur == '' then
   how = 2
 else
-  if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
-  if string.byte(cur, 2) == 3 then return 3 end
-  if string.byte(cur, 2) ~= 1 then return -2 end
+  if string.byte(cur, {{rec.version}}) ~= 1 or string.sub(cur, {{rec.token}}) ~= ARGV[1] then return -1 end
+  if string.byte(cur, {{rec.state}}) == 3 then return 3 end
+  if string.byte(cur, {{rec.state}}) ~= 1 then return -2 end
 end
 local v = ARGV[2]
-v = string.sub(v, 1, 59) .. be8(now + tonumber(ARGV[4])) .. string.sub(v, 68)
+v = string.sub(v, {{rec.version.at}}, {{rec.created.last}}) .. be8(now + tonumber(ARGV[4])) .. string.sub(v, {{rec.status.at}})
 redis.call('SET', KEYS[1], v, 'PX', ARGV[3])
 redis.pcall(ARGV[5], KEYS[1], '')
 return how
@@ -353,18 +362,18 @@ return how
 // chunk (empty: a renewal); ARGV[4] lease ms; ARGV[5] the publish command.
 // Returns the new length (> 0), 0 gone, -1 not ours, -2 ended, -3 the
 // lease had run out, or -16 - length: another length (appendOther).
-var streamAppendScript = redis.NewScript(`
-local cur = redis.call('GETRANGE', KEYS[1], '0', '73')
+var streamAppendScript = newScript(`
+local cur = redis.call('GETRANGE', KEYS[1], '{{rec.version.off}}', '{{rec.streamHead.offlast}}')
 if cur == '' then return 0 end
-local v, st = string.byte(cur, 1, 2)
-if v ~= 1 or st ~= 3 or string.sub(cur, 4, 19) ~= ARGV[1] then return -1 end
-local a, b, c, d, e, f, g, h, _, _, over = string.byte(cur, 60, 70)
+local v, st = string.byte(cur, {{rec.version.at}}, {{rec.state.at}})
+if v ~= 1 or st ~= 3 or string.sub(cur, {{rec.token}}) ~= ARGV[1] then return -1 end
+local a, b, c, d, e, f, g, h, _, _, over = string.byte(cur, {{rec.completed.at}}, {{rec.streamEnd.at}})
 if over ~= 0 then return -2 end
 local ends = ((((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f) * 256 + g) * 256 + h
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if ends < now then
-  redis.call('SETRANGE', KEYS[1], '69', '\2')
+  redis.call('SETRANGE', KEYS[1], '{{rec.streamEnd.off}}', '\2')
   redis.pcall(ARGV[5], KEYS[1], '')
   return -3
 end
@@ -374,7 +383,7 @@ if #data > 0 then
   n = redis.call('APPEND', KEYS[1], data)
   local was = n - #data
   if was ~= tonumber(ARGV[2]) then
-    redis.call('SET', KEYS[1], redis.call('GETRANGE', KEYS[1], '0', tostring(was - 1)), 'KEEPTTL')
+    redis.call('SET', KEYS[1], redis.call('GETRANGE', KEYS[1], '{{rec.version.off}}', tostring(was - 1)), 'KEEPTTL')
     return -16 - was
   end
 else
@@ -388,7 +397,7 @@ if #data == 0 or ends < now + lease - lease / 6 then
     s = string.char(x % 256) .. s
     x = math.floor(x / 256)
   end
-  redis.call('SETRANGE', KEYS[1], '59', s)
+  redis.call('SETRANGE', KEYS[1], '{{rec.completed.off}}', s)
 end
 if #data > 0 then redis.pcall(ARGV[5], KEYS[1], '') end
 return n
@@ -409,12 +418,12 @@ const appendOther = 16
 // frame), or empty.
 // Returns {1} recorded (or already, the same), {0} gone, {-1} not ours,
 // {-2} ended otherwise, {-5, length} another length.
-var streamEndScript = redis.NewScript(streamLua + `
-local cur = redis.call('GETRANGE', KEYS[1], 0, 73)
+var streamEndScript = newScript(streamLua + `
+local cur = redis.call('GETRANGE', KEYS[1], {{rec.version.off}}, {{rec.streamHead.offlast}})
 if cur == '' then return {0} end
-if string.byte(cur, 1) ~= 1 or string.sub(cur, 4, 19) ~= ARGV[1] or string.byte(cur, 2) ~= 3 then return {-1} end
+if string.byte(cur, {{rec.version}}) ~= 1 or string.sub(cur, {{rec.token}}) ~= ARGV[1] or string.byte(cur, {{rec.state}}) ~= 3 then return {-1} end
 local e = tonumber(ARGV[2])
-local was = string.byte(cur, 70)
+local was = string.byte(cur, {{rec.streamEnd}})
 if was ~= 0 then
   if was == e then return {1} end
   return {-2}
@@ -424,14 +433,14 @@ if at >= 0 then
   local n = redis.call('STRLEN', KEYS[1])
   if n ~= at then return {-5, n} end
 end
-if e == 1 and rd8(cur, 60) < now then
-  redis.call('SETRANGE', KEYS[1], 69, '\2')
+if e == 1 and rd8(cur, {{rec.completed.at}}) < now then
+  redis.call('SETRANGE', KEYS[1], {{rec.streamEnd.off}}, '\2')
   redis.pcall(ARGV[4], KEYS[1], '')
   return {-2}
 end
 if e == 1 and ARGV[5] and #ARGV[5] > 0 then redis.call('APPEND', KEYS[1], ARGV[5]) end
-redis.call('SETRANGE', KEYS[1], 69, string.char(e))
-redis.call('SETRANGE', KEYS[1], 59, be8(now))
+redis.call('SETRANGE', KEYS[1], {{rec.streamEnd.off}}, string.char(e))
+redis.call('SETRANGE', KEYS[1], {{rec.completed.off}}, be8(now))
 redis.pcall(ARGV[4], KEYS[1], '')
 return {1}
 `)
@@ -442,8 +451,8 @@ return {1}
 //
 // KEYS[1] key; ARGV[1] offset (0-based); ARGV[2] at most this many bytes.
 // Returns {the first 74 bytes, the value's length, the bytes, now ms}.
-var streamReadScript = redis.NewScript(streamLua + `
-local head = redis.call('GETRANGE', KEYS[1], 0, 73)
+var streamReadScript = newScript(streamLua + `
+local head = redis.call('GETRANGE', KEYS[1], {{rec.version.off}}, {{rec.streamHead.offlast}})
 local n = redis.call('STRLEN', KEYS[1])
 local from = tonumber(ARGV[1])
 local data = ''
