@@ -9,6 +9,7 @@
 package contract
 
 import (
+	"fmt"
 	"context"
 	"crypto/rand"
 	"net/http"
@@ -144,6 +145,27 @@ func Completed(r *claim.Record, body string) *claim.Record {
 	c.Header = http.Header{"Content-Type": {"application/json"}, "X-Charge": {"a", "b"}}
 	c.Body = []byte(body)
 	return &c
+}
+
+// whileLive runs try, a case's steps that claim a key with lease and then
+// act on the claim as a live one, on fresh keys until one try ran within
+// the lease, and returns that key; try returns the checks of what it
+// saw, which run only then. A try that took the whole lease (a loaded
+// machine's scheduler can outlast 200 ms) says nothing of the store: its
+// claim may have lapsed before the steps that count on it ran.
+func whileLive(t *testing.T, s claim.Backend, lease time.Duration, try func(key string) (check func())) string {
+	t.Helper()
+	for i := range 20 {
+		key := s.Codec().Key("alice", "route", fmt.Sprintf("live-%d", i))
+		start := time.Now()
+		check := try(key)
+		if time.Since(start) < lease {
+			check()
+			return key
+		}
+	}
+	t.Fatalf("20 tries each took longer than their %s lease", lease)
+	return ""
 }
 
 // WaitClaimed claims key for rec, retrying while a lease that is about

@@ -18,22 +18,30 @@ import (
 // one; renewals keep the tail.
 func testTailOutlivesLease(t *testing.T, s claim.Backend) {
 	ctx := context.Background()
-	key := s.Codec().Key("alice", "route", "k1")
-	owner := NewRecord(t)
-	owner.Tail = time.Hour
-	if res, err := s.Claim(ctx, key, owner, 300*time.Millisecond, claim.Quota{}); err != nil || !res.Claimed {
-		t.Fatalf("claim = %+v, %v", res, err)
-	}
-	res, err := s.Claim(ctx, key, NewRecord(t), time.Second, claim.Quota{})
-	if err != nil || res.Claimed || res.Existing.Tail != time.Hour {
-		t.Fatalf("second claim = %+v, %v; want the owner's record with its tail", res, err)
-	}
-	if res.TTL <= 0 || res.TTL > 300*time.Millisecond || res.Existing.Orphaned(res.TTL) {
-		t.Fatalf("lease left = %s, want within the 300ms lease, not orphaned", res.TTL)
-	}
-	if err := s.Renew(ctx, key, owner, 300*time.Millisecond); err != nil {
-		t.Fatal(err)
-	}
+	lease := 300 * time.Millisecond
+	var owner *claim.Record
+	key := whileLive(t, s, lease, func(key string) func() {
+		owner = NewRecord(t)
+		owner.Tail = time.Hour
+		if res, err := s.Claim(ctx, key, owner, lease, claim.Quota{}); err != nil || !res.Claimed {
+			t.Fatalf("claim = %+v, %v", res, err)
+		}
+		res, err := s.Claim(ctx, key, NewRecord(t), time.Second, claim.Quota{})
+		renewed := s.Renew(ctx, key, owner, lease)
+		return func() {
+			if err != nil || res.Claimed || res.Existing.Tail != time.Hour {
+				t.Fatalf("second claim = %+v, %v; want the owner's record with its tail", res, err)
+			}
+			if res.TTL <= 0 || res.TTL > lease || res.Existing.Orphaned(res.TTL) {
+				t.Fatalf("lease left = %s, want within the %s lease, not orphaned", res.TTL, lease)
+			}
+			if renewed != nil {
+				t.Fatal(renewed)
+			}
+		}
+	})
+	var res claim.Result
+	var err error
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		res, err = s.Claim(ctx, key, NewRecord(t), time.Second, claim.Quota{})
@@ -58,17 +66,21 @@ func testTailOutlivesLease(t *testing.T, s claim.Backend) {
 // its lease is still over.
 func testSettleOrphanFenced(t *testing.T, s claim.Backend) {
 	ctx := context.Background()
-	key := s.Codec().Key("alice", "route", "k1")
-	owner := NewRecord(t)
+	lease := 200 * time.Millisecond
+	owner, settler := NewRecord(t), NewRecord(t)
 	owner.Tail = time.Hour
-	if _, err := s.Claim(ctx, key, owner, 200*time.Millisecond, claim.Quota{}); err != nil {
-		t.Fatal(err)
-	}
-	settler := NewRecord(t)
 	outcome := Completed(settler, "outcome unknown")
-	if err := s.SettleOrphan(ctx, key, owner, outcome, time.Hour); !errors.Is(err, claim.ErrLeaseLost) {
-		t.Fatalf("settling a live owner's record = %v, want ErrLeaseLost", err)
-	}
+	key := whileLive(t, s, lease, func(key string) func() {
+		if _, err := s.Claim(ctx, key, owner, lease, claim.Quota{}); err != nil {
+			t.Fatal(err)
+		}
+		err := s.SettleOrphan(ctx, key, owner, outcome, time.Hour)
+		return func() {
+			if !errors.Is(err, claim.ErrLeaseLost) {
+				t.Fatalf("settling a live owner's record = %v, want ErrLeaseLost", err)
+			}
+		}
+	})
 	other := NewRecord(t)
 	other.Tail = time.Hour
 	poll.Until(t, "the owner's lease runs out", func() bool {
@@ -189,18 +201,23 @@ func testReleaseUnconfirmed(t *testing.T, s claim.Backend, lease time.Duration) 
 // age asked for has passed on Redis' clock.
 func testTakeOverFenced(t *testing.T, s claim.Backend) {
 	ctx := context.Background()
-	key := s.Codec().Key("alice", "route", "k1")
-	owner := NewRecord(t)
-	owner.Tail = time.Hour
-	res, err := s.Claim(ctx, key, owner, 200*time.Millisecond, claim.Quota{})
-	if err != nil || !res.Claimed || res.SetAt().IsZero() {
-		t.Fatalf("claim = %+v, %v; want claimed, with its SET's time", res, err)
-	}
-	taker := NewRecord(t)
-	taker.Tail = time.Hour
-	if _, err := s.TakeOver(ctx, key, owner, taker, time.Minute, time.Time{}); !errors.Is(err, claim.ErrLeaseLost) {
-		t.Fatalf("taking over a live owner's claim = %v, want ErrLeaseLost", err)
-	}
+	lease := 200 * time.Millisecond
+	owner, taker := NewRecord(t), NewRecord(t)
+	owner.Tail, taker.Tail = time.Hour, time.Hour
+	var res claim.Result
+	key := whileLive(t, s, lease, func(key string) func() {
+		var err error
+		res, err = s.Claim(ctx, key, owner, lease, claim.Quota{})
+		if err != nil || !res.Claimed || res.SetAt().IsZero() {
+			t.Fatalf("claim = %+v, %v; want claimed, with its SET's time", res, err)
+		}
+		_, err = s.TakeOver(ctx, key, owner, taker, time.Minute, time.Time{})
+		return func() {
+			if !errors.Is(err, claim.ErrLeaseLost) {
+				t.Fatalf("taking over a live owner's claim = %v, want ErrLeaseLost", err)
+			}
+		}
+	})
 	poll.Until(t, "the owner's lease runs out", func() bool {
 		got, left, err := s.Get(ctx, key)
 		return err == nil && got != nil && got.Orphaned(left)

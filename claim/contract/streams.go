@@ -27,7 +27,9 @@ func testStreamedRecords(t *testing.T, s claim.Backend) {
 	if _, err := s.StreamStart(ctx, key, &stranger, time.Hour, time.Minute); !errors.Is(err, claim.ErrLeaseLost) {
 		t.Fatalf("a stream started by another token = %v, want ErrLeaseLost", err)
 	}
-	at, err := s.StreamStart(ctx, key, &head, time.Hour, 300*time.Millisecond)
+	// A lease the appends below renew (each asks a minute), long enough
+	// for a loaded machine to get to them before it runs out.
+	at, err := s.StreamStart(ctx, key, &head, time.Hour, 2*time.Second)
 	if err != nil || at <= 0 {
 		t.Fatalf("StreamStart = %d, %v", at, err)
 	}
