@@ -9,9 +9,9 @@
 package contract
 
 import (
-	"fmt"
 	"context"
 	"crypto/rand"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
