@@ -72,7 +72,19 @@ func testWatchOrphanAndStop(t *testing.T, s claim.Backend, w claim.Watch, key st
 	}
 	watchWoken(t, w, "settling an orphan")
 
+	// A wake-up that came and was not read goes with Stop: a second watch
+	// of the key, woken by the same operation in the same step, tells it
+	// came (issue 77: a wake-up left unread, delivered after Stop, failed
+	// this case through PgBouncer).
+	twin := s.Watch(ctx, key)
+	defer twin.Stop()
+	watchWoken(t, twin, "the channel went live")
+	if err := s.Forget(ctx, key, claim.Completed); err != nil {
+		t.Fatal(err)
+	}
+	watchWoken(t, twin, "forget")
 	w.Stop()
+	watchQuiet(t, w, "a wake-up it had not read before Stop")
 	other := s.Codec().Key("alice", "route", "other")
 	w2 := s.Watch(ctx, other)
 	defer w2.Stop()

@@ -91,6 +91,10 @@ func (w *keyWatch) Stop() {
 	l := w.l
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// Nothing wakes w once it is out of waiters (wakes run under l.mu);
+	// one that came before, unread, goes with it: a stopped watch is not
+	// woken.
+	defer w.drain()
 	set := l.waiters[w.key]
 	if set == nil {
 		return
@@ -116,6 +120,14 @@ func (l *listener) deregister(key string, reg *registration) {
 	ctx, cancel := context.WithTimeout(context.Background(), registerWait)
 	defer cancel()
 	_, _ = l.pool.Exec(ctx, l.unregister, key, reg.id)
+}
+
+// drain drops w's pending wake-up, if any.
+func (w *keyWatch) drain() {
+	select {
+	case <-w.c:
+	default:
+	}
 }
 
 // wake sends w one pending wake-up.

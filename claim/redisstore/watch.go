@@ -130,6 +130,15 @@ func (wt *keyWatch) Stop() {
 	w := wt.w
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	// Nothing wakes wt once it is out of waiters (wakes run under w.mu);
+	// one that came before, unread, goes with it: a stopped watch is not
+	// woken.
+	defer func() {
+		select {
+		case <-wt.c:
+		default:
+		}
+	}()
 	st := wt.sub.channels[wt.channel]
 	if st == nil {
 		return
