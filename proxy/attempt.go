@@ -15,14 +15,14 @@ func (a *attempt) newClaim(fp claim.Fingerprint) *claim.Record {
 	rec := &claim.Record{
 		State:       claim.InProgress,
 		Fingerprint: fp,
-		Created:     a.h.now(),
+		Created:     a.p.now(),
 		RequestID:   a.requestID,
 		Trace:       a.trace,
 		// A request that says when it was first sent learns of a store
 		// that lost its data in its own claim's round trip.
 		ReadEpoch: a.hasFirstSent,
 	}
-	_, _ = io.ReadFull(a.h.rand, rec.Token[:])
+	_, _ = io.ReadFull(a.p.rand, rec.Token[:])
 	if a.rt.settings.Unknown == Fail || a.rt.settings.Reconcile != nil {
 		// The claim outlives its lease, so that an owner that vanishes
 		// leaves an orphan the next attempt settles (or asks the upstream
@@ -51,7 +51,7 @@ func (a *attempt) ownOrAnswer(rec *claim.Record, body []byte, authorize func() *
 			// Made, then freed before it was confirmed (redisstore.Store.Claim):
 			// claim again, under a new token, so that nothing fenced on
 			// the freed claim's token can touch the new one.
-			_, _ = io.ReadFull(a.h.rand, rec.Token[:])
+			_, _ = io.ReadFull(a.p.rand, rec.Token[:])
 			continue
 		}
 		if err != nil {
@@ -90,7 +90,7 @@ func (a *attempt) owned(res claim.Result, rec *claim.Record) (*holding, *reply) 
 	if rep := a.refuseUnrecorded(rec); rep != nil {
 		return nil, rep
 	}
-	sl, refused := a.h.forwarding.take(a.rt.name, a.principal, a.rt.settings.MaxInFlight, a.rt.settings.MaxInFlightShare)
+	sl, refused := a.p.forwarding.take(a.rt.name, a.principal, a.rt.settings.MaxInFlight, a.rt.settings.MaxInFlightShare)
 	if sl == nil {
 		return nil, a.shed(rec, refused)
 	}
@@ -104,7 +104,7 @@ func (a *attempt) owned(res claim.Result, rec *claim.Record) (*holding, *reply) 
 // says to claim the key again (freed, or changed under us).
 func (a *attempt) fromExisting(res claim.Result, rec *claim.Record, waitUntil time.Time, settle bool) (rep *reply, again bool) {
 	existing, ttl := res.Existing, res.TTL
-	if existing.State == claim.InProgress && a.h.codec.SameRequest(existing, rec.Fingerprint) && !existing.Orphaned(ttl) && time.Now().Before(waitUntil) {
+	if existing.State == claim.InProgress && a.p.codec.SameRequest(existing, rec.Fingerprint) && !existing.Orphaned(ttl) && time.Now().Before(waitUntil) {
 		var err error
 		existing, ttl, err = a.wait(waitUntil)
 		if err != nil {
@@ -119,7 +119,7 @@ func (a *attempt) fromExisting(res claim.Result, rec *claim.Record, waitUntil ti
 	if reconcile {
 		// Seen orphaned on this sidecar's own clock from now on: freeAbsent
 		// counts absent_after from then too (orphans).
-		a.h.orphans.see(a.hashedKey)
+		a.p.orphans.see(a.hashedKey)
 	}
 	if rep := a.ownerAlive(existing, rec, ttl); rep != nil {
 		return rep, false
@@ -128,7 +128,7 @@ func (a *attempt) fromExisting(res claim.Result, rec *claim.Record, waitUntil ti
 		rep, _ := r.reconcileExisting(existing, rec, since)
 		return rep, rep == nil // nil: freed, or changed under us
 	}
-	if a.h.codec.SameRequest(existing, rec.Fingerprint) && existing.Orphaned(ttl) && settle {
+	if a.p.codec.SameRequest(existing, rec.Fingerprint) && existing.Orphaned(ttl) && settle {
 		rep := a.settleOrphan(existing)
 		return rep, rep == nil // nil: the key changed under us
 	}
@@ -143,10 +143,10 @@ func (a *attempt) fromExisting(res claim.Result, rec *claim.Record, waitUntil ti
 // nil when existing may be acted on as it is: not orphaned, or its owner
 // gone.
 func (a *attempt) ownerAlive(existing, rec *claim.Record, ttl time.Duration) *reply {
-	if existing.State != claim.InProgress || !a.h.codec.SameRequest(existing, rec.Fingerprint) {
+	if existing.State != claim.InProgress || !a.p.codec.SameRequest(existing, rec.Fingerprint) {
 		return nil
 	}
-	gone, wait := a.h.liveness.see(a.hashedKey, existing, max(a.rt.settings.Lease, existing.Lease))
+	gone, wait := a.p.liveness.see(a.hashedKey, existing, max(a.rt.settings.Lease, existing.Lease))
 	if gone || !existing.Orphaned(ttl) {
 		return nil
 	}
@@ -157,13 +157,13 @@ func (a *attempt) ownerAlive(existing, rec *claim.Record, ttl time.Duration) *re
 // already: its claim is released (nothing was forwarded, so a retry
 // really retries) and the client told when to come back.
 func (a *attempt) shed(rec *claim.Record, refused string) *reply {
-	err := a.detached("release", func(ctx context.Context) error { return a.h.store.Release(ctx, a.hashedKey, rec.Token) })
+	err := a.detached("release", func(ctx context.Context) error { return a.p.store.Release(ctx, a.hashedKey, rec.Token) })
 	detail := "the route forwards max_in_flight requests already; nothing was forwarded and the key is free, retry later"
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
 		// Nothing was forwarded: the cleanup deletes the claim once the
 		// store answers.
 		a.h.storeError("release")
-		a.h.unconfirmed.releaseFailed(a.rt.name, a.hashedKey, rec, a.claimedAt, a.rt.settings.Lease, err)
+		a.p.unconfirmed.releaseFailed(a.rt.name, a.hashedKey, rec, a.claimedAt, a.rt.settings.Lease, err)
 		detail = "the route forwards max_in_flight requests already; nothing was forwarded, retry later"
 	}
 	if refused != refusedCap {
@@ -181,10 +181,10 @@ func (a *attempt) shed(rec *claim.Record, refused string) *reply {
 // nothing, when the key changed first.
 func (a *attempt) settleOrphan(orphan *claim.Record) *reply {
 	a.linkTo(orphan)
-	rec := a.h.outcomeUnknownRecord(orphan, claim.Token{}, a.h.now(), true, a.rt.settings.Problems, false, time.Time{})
-	_, _ = io.ReadFull(a.h.rand, rec.Token[:])
+	rec := outcomeUnknownRecord(a.rt, orphan, claim.Token{}, a.p.now(), true, false, time.Time{})
+	_, _ = io.ReadFull(a.p.rand, rec.Token[:])
 	err := a.detached("complete", func(ctx context.Context) error {
-		return a.h.store.SettleOrphan(ctx, a.hashedKey, orphan, rec, a.rt.settings.Retention)
+		return a.p.store.SettleOrphan(ctx, a.hashedKey, orphan, rec, a.rt.settings.Retention)
 	})
 	switch {
 	case errors.Is(err, claim.ErrLeaseLost):
@@ -192,7 +192,7 @@ func (a *attempt) settleOrphan(orphan *claim.Record) *reply {
 	case err != nil:
 		return a.storeFailed("complete", err, nil)
 	}
-	a.h.liveness.forget(a.hashedKey)
+	a.p.liveness.forget(a.hashedKey)
 	a.h.metrics.unknownOutcomes.WithLabelValues(a.rt.name, unknownOrphan).Inc()
 	return a.replay(rec).withDetail("the claim's owner vanished without settling (lease lapsed): settled as 502 outcome-unknown")
 }
@@ -205,11 +205,11 @@ func (a *attempt) settleOrphan(orphan *claim.Record) *reply {
 // still land: it is cleaned up in the background.
 func (a *attempt) claim(rec *claim.Record) (claim.Result, error) {
 	s := &a.rt.settings
-	a.claimedAt, rec.Created = time.Now(), a.h.now()
+	a.claimedAt, rec.Created = time.Now(), a.p.now()
 	a.forwardBy = a.claimedAt.Add(claim.ConfirmWindow(s.Lease))
 	var q claim.Quota
 	if s.QuotaNewKeys > 0 {
-		q = claim.Quota{Key: a.h.codec.QuotaKey(a.principal, a.rt.scope), Limit: s.QuotaNewKeys, Window: s.QuotaWindow}
+		q = claim.Quota{Key: a.p.codec.QuotaKey(a.principal, a.rt.scope), Limit: s.QuotaNewKeys, Window: s.QuotaWindow}
 	}
 	// Not the request's context: a client that hangs up cannot unsend a
 	// SET already written, and cancelling it would only turn a claim
@@ -218,11 +218,11 @@ func (a *attempt) claim(rec *claim.Record) (claim.Result, error) {
 	defer cancel()
 	var res claim.Result
 	err := a.storeOp(ctx, "claim", func(ctx context.Context) (err error) {
-		res, err = a.h.store.Claim(ctx, a.hashedKey, rec, s.Lease, q)
+		res, err = a.p.store.Claim(ctx, a.hashedKey, rec, s.Lease, q)
 		return err
 	})
 	if err != nil && mayHaveWritten(err) {
-		a.h.unconfirmed.add(a.rt.name, a.hashedKey, rec.Token, a.claimedAt.Add(s.Lease+rec.Tail), claim.StillSending(err))
+		a.p.unconfirmed.add(a.rt.name, a.hashedKey, rec.Token, a.claimedAt.Add(s.Lease+rec.Tail), claim.StillSending(err))
 	}
 	return res, err
 }
@@ -231,7 +231,7 @@ func (a *attempt) claim(rec *claim.Record) (claim.Result, error) {
 // found with res.Unforwarded), so this attempt can claim the key. It
 // returns the reply when the store failed, nil to claim again.
 func (a *attempt) clearUnforwarded(ghost *claim.Record) *reply {
-	err := a.detached("release", func(ctx context.Context) error { return a.h.store.ReleaseUnforwarded(ctx, a.hashedKey, ghost) })
+	err := a.detached("release", func(ctx context.Context) error { return a.p.store.ReleaseUnforwarded(ctx, a.hashedKey, ghost) })
 	switch {
 	case err == nil:
 		a.h.metrics.unconfirmed.WithLabelValues(unconfirmedOnRetry).Inc()
@@ -248,7 +248,7 @@ func (a *attempt) clearUnforwarded(ghost *claim.Record) *reply {
 func (a *attempt) answerExisting(rec *claim.Record, fp claim.Fingerprint, ttl time.Duration) *reply {
 	a.linkTo(rec)
 	switch {
-	case !a.h.codec.SameRequest(rec, fp):
+	case !a.p.codec.SameRequest(rec, fp):
 		return refuse(outcomeMismatch, probMismatch.with("this idempotency key was first used with a different method, path, query, body or fingerprinted header"))
 	case rec.State == claim.InProgress:
 		return a.inProgress("retry after the time in Retry-After; the first attempt is still running", ttl)
@@ -285,10 +285,10 @@ func (a *attempt) replay(rec *claim.Record) *reply {
 // safetyPoll.
 func (a *attempt) wait(until time.Time) (*claim.Record, time.Duration, error) {
 	ctx := a.ctx
-	watch := a.h.store.Watch(ctx, a.hashedKey)
+	watch := a.p.store.Watch(ctx, a.hashedKey)
 	defer watch.Stop()
-	a.h.waiting.Add(1)
-	defer a.h.waiting.Add(-1)
+	a.p.waiting.Add(1)
+	defer a.p.waiting.Add(-1)
 	// Should the subscription never be confirmed, look after a short while.
 	timer := time.NewTimer(min(firstLook, time.Until(until)+time.Millisecond))
 	defer timer.Stop()
@@ -304,7 +304,7 @@ func (a *attempt) wait(until time.Time) (*claim.Record, time.Duration, error) {
 		var rec *claim.Record
 		var ttl time.Duration
 		err := a.storeOp(ctx, "get", func(ctx context.Context) (err error) {
-			rec, ttl, err = a.h.store.Get(ctx, a.hashedKey)
+			rec, ttl, err = a.p.store.Get(ctx, a.hashedKey)
 			return err
 		})
 		if err != nil || rec == nil || rec.State == claim.Completed || rec.Orphaned(ttl) {
@@ -313,7 +313,7 @@ func (a *attempt) wait(until time.Time) (*claim.Record, time.Duration, error) {
 		if !time.Now().Before(until) {
 			return rec, ttl, nil
 		}
-		timer.Reset(min(max(ttl+time.Millisecond, firstLook), a.h.safetyPoll, time.Until(until)+time.Millisecond))
+		timer.Reset(min(max(ttl+time.Millisecond, firstLook), a.p.safetyPoll, time.Until(until)+time.Millisecond))
 	}
 }
 

@@ -27,8 +27,8 @@ func (x *exchange) writeAnswer(rc *http.ResponseController, b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
-	x.h.buffers.force(x.holder, len(b))
-	defer x.h.buffers.give(x.holder, len(b))
+	x.p.buffers.force(x.holder, len(b))
+	defer x.p.buffers.give(x.holder, len(b))
 	timeout := time.Duration(x.h.writeTimeout.Load())
 	// A writer without deadlines (a test's recorder) says so once.
 	deadlines := rc.SetWriteDeadline(time.Now().Add(timeout)) == nil
@@ -49,8 +49,9 @@ func (x *exchange) writeAnswer(rc *http.ResponseController, b []byte) error {
 			err = nil
 		}
 	}
-	if err != nil {
-		x.detail = "the client took nothing of the answer for client.write_timeout: cut"
-	}
 	return err
 }
+
+// detailCut is a request-line detail: the client was cut by
+// client.write_timeout.
+const detailCut = "the client took nothing of the answer for client.write_timeout: cut"

@@ -38,19 +38,9 @@ type exchange struct {
 	// trusted says whether the peer is a trusted proxy.
 	trusted bool
 
-	// outcome and status are what finish counts and logs.
-	outcome string
-	status  int
-	detail  string
-	// upstream is how long the upstream took, zero when not forwarded.
-	upstream time.Duration
-	// original is the request id of the attempt a replay answers with.
-	original string
-	// unknown, when set, says why the upstream's outcome is unknown.
-	unknown string
-	// late is set when the client was answered 504 while the upstream
-	// call went on past upstream.timeout.
-	late bool
+	// res is what finish counts and logs of the request, noted in one
+	// place (note) as its steps decide it.
+	res result
 	// timedOut is set once the client's 504 was counted, logged and
 	// traced (answeredTimeout): finish then has nothing left to record.
 	timedOut atomic.Bool
@@ -63,6 +53,50 @@ type exchange struct {
 	// loans are the pooled buffers the request's body and the answer
 	// were read into, and the bodies lent over them (pool.go).
 	loans
+}
+
+// result is what finish counts and logs of a request, and what its span
+// says: what its steps decided, noted in the order they decided it.
+type result struct {
+	// outcome is the request's outcome label; detail what its log line
+	// says of it, and fallback what it says when nothing noted a detail.
+	outcome, detail, fallback string
+	// status is the answer's status, zero while none was written.
+	status int
+	// upstream is how long the upstream took, zero when not forwarded.
+	upstream time.Duration
+	// original is the request id of the attempt a replay answers with.
+	original string
+	// late is set when the client was answered 504 while the upstream
+	// call went on past upstream.timeout, and that call settled.
+	late bool
+}
+
+// note records r over what was noted before, field by field: each field
+// r sets replaces the earlier one. It is the one place a request's result
+// is written, on the handler's goroutine.
+func (x *exchange) note(r result) {
+	if r.outcome != "" {
+		x.res.outcome = r.outcome
+	}
+	switch {
+	case r.detail != "":
+		x.res.detail = r.detail
+	case r.fallback != "" && x.res.detail == "":
+		x.res.detail = r.fallback
+	}
+	if r.status != 0 {
+		x.res.status = r.status
+	}
+	if r.upstream != 0 {
+		x.res.upstream = r.upstream
+	}
+	if r.original != "" {
+		x.res.original = r.original
+	}
+	if r.late {
+		x.res.late = true
+	}
 }
 
 // admitted is what a route's admission let through.
@@ -88,7 +122,7 @@ func (x *exchange) inflate(rec *claim.Record) *reply {
 		return notReplayable(rec)
 	}
 	buf := getBody(n)
-	if err := x.h.buffers.take(x.holder, cap(buf)); err != nil {
+	if err := x.p.buffers.take(x.holder, cap(buf)); err != nil {
 		putBody(buf)
 		return bufferRefused(err, "the stored answer is kept")
 	}
@@ -110,8 +144,8 @@ func (x *exchange) readBody() ([]byte, *reply) {
 	// forever; the deadline covers only this read.
 	rc := http.NewResponseController(x.w)
 	_ = rc.SetReadDeadline(time.Now().Add(x.h.bodyTimeout))
-	take := func(n int) error { return x.h.buffers.take(x.holder, n) }
-	give := func(n int) { x.h.buffers.give(x.holder, n) }
+	take := func(n int) error { return x.p.buffers.take(x.holder, n) }
+	give := func(n int) { x.p.buffers.give(x.holder, n) }
 	body, err := readAll(http.MaxBytesReader(x.w, x.r.Body, limit), x.r.ContentLength, take, give)
 	x.reqBuf = body
 	if errors.Is(err, errOverBudget) || errors.Is(err, errOverShare) {
@@ -143,7 +177,7 @@ func (x *exchange) giveBack() {
 	}
 	for _, buf := range [...][]byte{x.reqBuf, x.respBuf, x.inflated} {
 		if buf != nil {
-			x.h.buffers.give(x.holder, cap(buf))
+			x.p.buffers.give(x.holder, cap(buf))
 			putBody(buf)
 		}
 	}
@@ -165,7 +199,7 @@ func (x *exchange) startTrace() {
 	// The attempt's store calls and lookups are children of the span; it
 	// tells the span what it did.
 	x.ctx = x.r.Context()
-	x.seen = &spanSink{t: x.h.tracing, ctx: x.r.Context(), span: x.span, store: x.h.store}
+	x.seen = &spanSink{t: x.h.tracing, ctx: x.r.Context(), span: x.span, store: x.p.store}
 	if sc := x.span.SpanContext(); sc.IsValid() {
 		x.trace = claim.TraceContext{TraceID: sc.TraceID(), SpanID: sc.SpanID()}
 	}
@@ -180,26 +214,26 @@ func (x *exchange) endTrace() {
 		return
 	}
 	attrs := []attribute.KeyValue{
-		attribute.String("idemproxy.outcome", x.outcome),
-		attribute.Bool("idemproxy.replayed", x.outcome == outcomeReplayed),
-		semconv.HTTPResponseStatusCode(x.status),
+		attribute.String("idemproxy.outcome", x.res.outcome),
+		attribute.Bool("idemproxy.replayed", x.res.outcome == outcomeReplayed),
+		semconv.HTTPResponseStatusCode(x.res.status),
 	}
 	if x.a != nil && x.a.hashedKey != "" {
 		attrs = append(attrs, attribute.String("idemproxy.key", x.a.hashedKey))
 	}
-	if x.original != "" {
-		attrs = append(attrs, attribute.String("idemproxy.original_request_id", x.original))
+	if x.res.original != "" {
+		attrs = append(attrs, attribute.String("idemproxy.original_request_id", x.res.original))
 	}
 	x.span.SetAttributes(attrs...)
-	if x.status >= 500 || x.outcome == outcomeStoreError || x.outcome == outcomeFenceLost || x.outcome == outcomeStoreUnavailable || x.outcome == outcomeRecordUnreadable {
+	if res := x.res; res.status >= 500 || res.outcome == outcomeStoreError || res.outcome == outcomeFenceLost || res.outcome == outcomeStoreUnavailable || res.outcome == outcomeRecordUnreadable {
 		// error.type (the HTTP conventions): the status from 500 on, else
 		// the outcome that made it an error.
-		errType := x.outcome
-		if x.status >= 500 {
-			errType = strconv.Itoa(x.status)
+		errType := res.outcome
+		if res.status >= 500 {
+			errType = strconv.Itoa(res.status)
 		}
 		x.span.SetAttributes(semconv.ErrorTypeKey.String(errType))
-		x.span.SetStatus(codes.Error, x.outcome)
+		x.span.SetStatus(codes.Error, res.outcome)
 	}
 	x.span.End()
 }

@@ -85,13 +85,13 @@ func (a *attempt) refuseUnrecorded(rec *claim.Record) *reply {
 	s := &a.rt.settings
 	reason := ""
 	switch {
-	case a.h.now().Sub(a.firstSent) > s.Retention+s.FirstSentSkew:
+	case a.p.now().Sub(a.firstSent) > s.Retention+s.FirstSentSkew:
 		reason = refusedKeyExpired
 	default:
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), time.Second)
 		var epoch time.Time
 		err := a.storeOp(ctx, "epoch", func(ctx context.Context) (err error) {
-			epoch, err = a.h.store.EpochStart(ctx, a.hashedKey)
+			epoch, err = a.p.store.EpochStart(ctx, a.hashedKey)
 			return err
 		})
 		cancel()
@@ -119,8 +119,8 @@ func (a *attempt) refuseUnrecorded(rec *claim.Record) *reply {
 // releaseClaim frees rec's claim (fenced): nothing was forwarded. When
 // the store does not answer, the cleanup deletes it once it does.
 func (a *attempt) releaseClaim(rec *claim.Record) {
-	err := a.detached("release", func(ctx context.Context) error { return a.h.store.Release(ctx, a.hashedKey, rec.Token) })
-	a.h.unconfirmed.releaseFailed(a.rt.name, a.hashedKey, rec, a.claimedAt, a.rt.settings.Lease, err)
+	err := a.detached("release", func(ctx context.Context) error { return a.p.store.Release(ctx, a.hashedKey, rec.Token) })
+	a.p.unconfirmed.releaseFailed(a.rt.name, a.hashedKey, rec, a.claimedAt, a.rt.settings.Lease, err)
 }
 
 // readFirstSent reads when the request was first sent, from the route's
@@ -132,7 +132,7 @@ func (x *exchange) readFirstSent(in *admittedAs) *reply {
 		return nil
 	}
 	t, ok, err := firstSent(s, x.r.Header, in.key)
-	if err == nil && ok && t.After(x.h.now().Add(x.rt.settings.FirstSentSkew)) {
+	if err == nil && ok && t.After(x.p.now().Add(x.rt.settings.FirstSentSkew)) {
 		// A date in the future (year 9999) would switch the check off for
 		// this request: refused, like a malformed one.
 		err = errors.New("the first-sent time " + t.UTC().Format(time.RFC3339) + " is in the future (more than first_sent_skew ahead of this sidecar's clock)")

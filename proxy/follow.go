@@ -25,7 +25,7 @@ func (a *attempt) attach(rec *claim.Record) *reply {
 		// longer one was planted or edited, and is not replayed.
 		return a.streamTooLong()
 	}
-	if rec.StreamEnd == claim.StreamRunning && !a.h.streamReaders.take(a.hashedKey, a.principal) {
+	if rec.StreamEnd == claim.StreamRunning && !a.p.streamReaders.take(a.hashedKey, a.principal) {
 		return a.inProgress("this stream, or this principal, has as many retries following streams as this sidecar allows; retry after the time in Retry-After", time.Second)
 	}
 	return &reply{outcome: outcomeReplayed, record: rec, replayed: true, stream: true}
@@ -39,12 +39,13 @@ func (a *attempt) streamTooLong() *reply {
 }
 
 // follow writes a streamed record's answer: what is stored, then, while
-// the stream runs, each new chunk as it is stored, until it ends. An
-// abnormal end is the protocol's own (the handler aborts, so that the
-// chunked body is closed without its last chunk).
-func (x *exchange) follow(rec *claim.Record) {
+// the stream runs, each new chunk as it is stored, until it ends. It
+// returns what it wrote, and aborted when the stream ended abnormally:
+// the caller ends the answer the protocol's own way (the handler aborts,
+// so that the chunked body is closed without its last chunk).
+func (x *exchange) follow(rec *claim.Record) (res result, aborted bool) {
 	if rec.StreamEnd == claim.StreamRunning {
-		defer x.h.streamReaders.give(x.a.hashedKey, x.a.principal)
+		defer x.p.streamReaders.give(x.a.hashedKey, x.a.principal)
 	}
 	stored := int64(len(rec.Body))
 	if at, id, ok := resumeFrom(x.r, rec, rec.Body); ok {
@@ -54,29 +55,30 @@ func (x *exchange) follow(rec *claim.Record) {
 		x.w.Header().Set(resumedHeader, id)
 		rec = &resumed
 	}
-	x.writeRecord(rec, true)
+	res = x.writeRecord(rec, true)
 	rc := http.NewResponseController(x.w)
 	_ = rc.Flush()
 	end := rec.StreamEnd
 	if end == claim.StreamRunning {
 		end = x.followLive(rc, rec.StreamLen, stored, x.a.followDeadline(rec))
 	}
-	if end == claim.StreamEnded {
-		return
+	switch end {
+	case claim.StreamEnded:
+		return res, false
+	case streamClientGone:
+		res.detail = "the client went away while following the stream"
+	default:
+		res.detail = "replayed a stream that ended abnormally (" + end.String() + "): same prefix, same abnormal end"
 	}
-	x.detail = "replayed a stream that ended abnormally (" + end.String() + "): same prefix, same abnormal end"
-	if end == streamClientGone {
-		x.detail = "the client went away while following the stream"
-	}
-	panic(http.ErrAbortHandler)
+	return res, true
 }
 
 // readStream reads key's stream from at for a follower, sharing the read
 // with every follower of it on this sidecar asking the same (fanout.go).
 func (a *attempt) readStream(ctx context.Context, at int) (claim.StreamPart, error) {
-	return a.h.streamReads.read(ctx, a.hashedKey, at, func(ctx context.Context) (part claim.StreamPart, err error) {
+	return a.p.streamReads.read(ctx, a.hashedKey, at, func(ctx context.Context) (part claim.StreamPart, err error) {
 		err = a.storeOp(ctx, "stream_read", func(ctx context.Context) (err error) {
-			part, err = a.h.store.StreamRead(ctx, a.hashedKey, at, streamReadMax)
+			part, err = a.p.store.StreamRead(ctx, a.hashedKey, at, streamReadMax)
 			return err
 		})
 		return part, err
@@ -100,12 +102,12 @@ const streamClientGone claim.StreamEnd = 255
 // planted or damaged record says of its start or its lease, longer than
 // that after this follower began.
 func (a *attempt) followDeadline(rec *claim.Record) time.Time {
-	budget := a.h.upstreamTimeout + a.h.lateWindow
+	budget := a.p.upstreamTimeout + a.p.lateWindow
 	deadline := a.start.Add(budget)
 	if !rec.Created.IsZero() {
 		// The owner's start is on its wall clock: what is left of its
 		// budget by this one's, counted from now on the monotonic clock.
-		if owners := time.Now().Add(rec.Created.Add(budget).Sub(a.h.now())); owners.Before(deadline) {
+		if owners := time.Now().Add(rec.Created.Add(budget).Sub(a.p.now())); owners.Before(deadline) {
 			deadline = owners
 		}
 	}
@@ -119,7 +121,7 @@ func (a *attempt) followDeadline(rec *claim.Record) time.Time {
 // claim.StreamAborted); it returns how.
 func (x *exchange) followLive(rc *http.ResponseController, at int, stored int64, deadline time.Time) claim.StreamEnd {
 	ctx := x.r.Context()
-	watch := x.h.store.Watch(ctx, x.a.hashedKey)
+	watch := x.p.store.Watch(ctx, x.a.hashedKey)
 	defer watch.Stop()
 	timer := time.NewTimer(0)
 	defer timer.Stop()

@@ -106,14 +106,14 @@ func (t *ownerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 func (t *ownerTransport) roundTrip(o *owner, req *http.Request) (*http.Response, error) {
-	if o != nil && !time.Now().Before(o.x.a.forwardBy) {
+	if o != nil && !o.held.mayForward() {
 		return nil, errClaimTooLate
 	}
 	resp, err := t.next.RoundTrip(req)
 	if err == nil || o == nil || o.wrote.Load() || req.Context().Err() != nil {
 		return resp, err
 	}
-	if !time.Now().Before(o.x.a.forwardBy) {
+	if !o.held.mayForward() {
 		return nil, errClaimTooLate
 	}
 	retry := req.Clone(req.Context())

@@ -45,7 +45,9 @@ type attempt struct {
 // on it once the request is admitted (newAttempt), whole, and never
 // written after.
 type front struct {
-	h  *Handler
+	h *Handler
+	// p is the protocol the attempt runs on.
+	p  *protocol
 	rt *route
 	// ctx is what the attempt's store calls and lookups inherit: values
 	// (the trace), never the front's cancellation, which the attempt asks
@@ -73,7 +75,7 @@ type traceSink interface {
 
 // newFront is the front of a request on rt, from ctx.
 func (h *Handler) newFront(ctx context.Context, rt *route, requestID string) front {
-	return front{h: h, rt: rt, ctx: ctx, requestID: requestID, start: time.Now()}
+	return front{h: h, p: h.p, rt: rt, ctx: ctx, requestID: requestID, start: time.Now()}
 }
 
 // admittedAs is who presents the key and what they said of it, as
@@ -92,7 +94,7 @@ func (f front) newAttempt(in admittedAs) *attempt {
 	return &attempt{
 		front:     f,
 		principal: in.principal,
-		hashedKey: f.h.codec.Key(in.principal, f.rt.scope, in.key),
+		hashedKey: f.p.codec.Key(in.principal, f.rt.scope, in.key),
 		idemKey:   in.key, firstSent: in.firstSent, hasFirstSent: in.hasFirstSent,
 	}
 }

@@ -46,7 +46,7 @@ func TestFrontWithoutAnHTTPRequest(t *testing.T) {
 		}
 		defer held.slot.give()
 		status, answer := forward(held)
-		done := settledRecord(rec, rec.Token, claim.Completed, status, http.Header{"Content-Type": {"application/json"}}, h.now())
+		done := settledRecord(rec, rec.Token, claim.Completed, status, http.Header{"Content-Type": {"application/json"}}, h.p.now())
 		done.Body = answer
 		v := held.complete(done)
 		return &reply{outcome: v.outcome, detail: v.detail, record: done}

@@ -84,77 +84,35 @@ const defaultWriteTimeout = 30 * time.Second
 // request's body.
 const defaultBodyReadTimeout = 30 * time.Second
 
-// Handler is the idemproxy HTTP handler: protected routes go through the
-// claim protocol, everything else streams straight to the upstream.
+// Handler is the idemproxy HTTP handler, the HTTP front: protected routes
+// go through the claim protocol (p, shared by every attempt), everything
+// else streams straight to the upstream.
 type Handler struct {
-	store Store
-	// codec is the store's: key derivation and fingerprint comparison.
-	codec *claim.Codec
+	// p is the protocol the exchanges' attempts run on.
+	p *protocol
 	// routes is swapped whole by Reload; a request uses the routes it
 	// matched against from start to end.
-	routes          atomic.Pointer[router]
-	id              identity
-	upstream        *url.URL
-	upstreamTimeout time.Duration
+	routes   atomic.Pointer[router]
+	id       identity
+	upstream *url.URL
 	// forwarders send requests to the upstream, one set for trusted peers
 	// and one for the rest, so that trust is decided once per request.
 	trustedPeer, otherPeer forwarder
 	log                    *slog.Logger
 	metrics                *Metrics
-	rand                   io.Reader
 	bodyTimeout            time.Duration
-	safetyPoll             time.Duration
 	tracing                *tracing
-
-	// lateWindow is upstream.late_answer_window; late holds the slots of
-	// the owners' upstream calls running past upstream.timeout now.
 	// problems writes every error answer (problem.go).
 	problems problemWriter
-	// buffers bounds the bytes held in body buffers (limits.max_buffered_bytes).
-	buffers budget
-	// forwarding counts first attempts forwarding now, per route
-	// (max_in_flight).
-	forwarding inFlight
 	// writeTimeout is client.write_timeout in nanoseconds (it reloads).
 	writeTimeout atomic.Int64
-	// liveness is what this sidecar saw of claims in progress, to judge
-	// their owners gone on its own clock (liveness.go).
-	liveness *liveness
-	// orphans is when this sidecar first saw each key whose outcome is
-	// unknown on a reconcile route, on its own clock (liveness.go).
-	orphans *orphans
-	// now is Options.Clock: this process' wall clock, for the times
-	// other processes read or wrote.
-	now func() time.Time
 	// relied are the headers no request may nominate as hop-by-hop: the
 	// forwarding headers and the identity header (a route adds its key).
 	relied nameSet
 	// authClient asks replay authorizers; it follows no redirects.
 	authClient *http.Client
-
-	lateWindow time.Duration
-	late       lateCalls
-	// waiting counts retries waiting for a first attempt (concurrent: wait).
-	waiting atomic.Int64
-	// abandoned is set by Abandon: upstream calls starting after it are
-	// cancelled at once.
-	abandoned atomic.Bool
 	// passUpgrades are the protocols an unprotected request may switch to.
 	passUpgrades []string
-	// owners are the claims this process owns and has not settled.
-	owners claimAges
-	// unconfirmed cleans up claims whose reply never came.
-	unconfirmed unconfirmed
-	// keyChanges bound how long webhook routes read the keys of earlier
-	// releases (useLegacyKey).
-	keyChanges [keyChanges]keyChange
-	// streams is Config.Streams; streamReaders counts the retries
-	// following each stream here (stream.go).
-	streams       bool
-	streamReaders attached
-	// streamReads shares the store reads of a running stream among its
-	// followers on this sidecar (fanout.go).
-	streamReads sharedReads
 }
 
 // Reload replaces the routes and their settings. Requests in flight finish
@@ -164,9 +122,18 @@ func (h *Handler) Reload(routes []Route) error {
 	if err != nil {
 		return err
 	}
+	h.frame(rt)
 	h.metrics.initRoutes(rt)
 	h.routes.Store(rt)
 	return nil
+}
+
+// frame gives every route of rt the HTTP front's framer: problem+json,
+// or the route's problem_body.
+func (h *Handler) frame(rt *router) {
+	for _, r := range rt.byName {
+		r.front = httpFramer{pw: &h.problems, format: r.settings.Problems}
+	}
 }
 
 // SetWriteTimeout sets how long a client may take nothing of an answer
@@ -191,11 +158,11 @@ func (h *Handler) RouteNames() []string { return slices.Clone(h.routes.Load().na
 
 // Waiting is how many retries wait for a first attempt's outcome now
 // (concurrent: wait).
-func (h *Handler) Waiting() int { return int(h.waiting.Load()) }
+func (h *Handler) Waiting() int { return int(h.p.waiting.Load()) }
 
 // BufferedBytes is how many bytes request and response body buffers hold
 // now (limits.max_buffered_bytes bounds it).
-func (h *Handler) BufferedBytes() int64 { return h.buffers.count() }
+func (h *Handler) BufferedBytes() int64 { return h.p.buffers.count() }
 
 // dropping is a log handler that drops the records whose message holds
 // drop: ReverseProxy's own line for a stream idemproxy broke off, which

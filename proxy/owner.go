@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptrace"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,17 +16,17 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/idemproxy/idemproxy/claim"
 )
 
-// owner is the state of a request that holds the claim, shared between
-// the exchange and the ReverseProxy hooks through the request context.
+// owner is the HTTP front's side of a request that holds the claim: the
+// ReverseProxy hooks' state, shared between the exchange and the hooks
+// through the request context. The claim itself, its renewals and its
+// settlement, are the holding's (settle.go, fail.go).
 type owner struct {
 	x *exchange
 	// held is the claim (the record it was claimed with, the
 	// max_in_flight slot it is forwarded in), renewed and settled on the
-	// attempt's side. The slot is given back once the client is answered
+	// protocol's side. The slot is given back once the client is answered
 	// (a late call) or the call ends.
 	held *holding
 	body []byte
@@ -49,13 +48,18 @@ type owner struct {
 	// drain that ran out of time.
 	cancel context.CancelCauseFunc
 
-	// mu guards settledBy and serialises renewals with settling, so a
-	// renewal never runs after the record was completed or released.
-	mu sync.Mutex
-	// settledBy is the reply the claim was settled with (settle); nil
-	// while it is not settled.
-	settledBy *reply
-	renewer   *time.Timer
+	// What the call brought, for the request's result: written on the
+	// handler's goroutine (the hooks run on it), read by result once the
+	// call is over. upstream is how long the upstream took; status its
+	// answer's; answered the status the gate let through; closed says the
+	// client got 504 at upstream.timeout (a late call); unknown why the
+	// outcome is unknown, when it is; late that a late call settled.
+	upstream time.Duration
+	status   int
+	answered int
+	closed   bool
+	unknown  string
+	late     bool
 }
 
 type ownerKey struct{}
@@ -70,23 +74,18 @@ var (
 	errLateCap    = errors.New("upstream.max_late_calls reached: cancelled at upstream.timeout")
 	errLateWindow = errors.New("no answer within upstream.timeout + upstream.late_answer_window")
 	errAbandoned  = errors.New("drain.timeout ran out at shutdown: cancelled")
-	// errClaimTooLate: the owner got to forwarding after its claim's
-	// confirm window (a slow store, a paused process); it must not
-	// forward, since the next attempt may take the claim for never
-	// forwarded, or its lease may have lapsed.
-	errClaimTooLate = errors.New("the claim was confirmed too late to forward")
 )
 
-// own forwards the request as the claim's owner and settles the claim.
+// own forwards the request as the claim's owner, and the claim settles
+// on the protocol's side by what the call brought.
 func (x *exchange) own(held *holding, body []byte) {
-	h := x.h
+	p := x.p
 	g := newGate(x.w)
 	x.w = g // every answer of the owner goes through the gate
 	defer g.seal()
 	o := &owner{x: x, held: held, body: body, gate: g}
-	lease := x.rt.settings.Lease
-	o.renewer = time.AfterFunc(lease/3, o.renew)
-	defer o.settle(nil) // stops renewal if nothing settled (a panic)
+	held.keepAlive()
+	defer held.settle(nil) // stops renewal if nothing settled (a panic)
 
 	// The upstream call is detached from the client: if the client hangs
 	// up, the upstream still finishes and its answer is stored, so the
@@ -96,17 +95,17 @@ func (x *exchange) own(held *holding, body []byte) {
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(x.r.Context()))
 	defer cancel(nil)
 	o.cancel = cancel
-	budget, cause := h.upstreamTimeout, error(nil)
-	if h.lateWindow > 0 {
-		budget, cause = h.upstreamTimeout+h.lateWindow, errLateWindow
-		client := time.AfterFunc(h.upstreamTimeout, o.clientTimedOut)
+	budget, cause := p.upstreamTimeout, error(nil)
+	if p.lateWindow > 0 {
+		budget, cause = p.upstreamTimeout+p.lateWindow, errLateWindow
+		client := time.AfterFunc(p.upstreamTimeout, o.clientTimedOut)
 		defer client.Stop()
 	}
 	ctx, stop := context.WithTimeoutCause(ctx, budget, cause)
 	defer stop()
-	h.owners.add(&o.cancel)
-	defer h.owners.remove(&o.cancel)
-	if h.abandoned.Load() {
+	p.owners.add(&o.cancel)
+	defer p.owners.remove(&o.cancel)
+	if p.abandoned.Load() {
 		cancel(errAbandoned) // a drain gave up before this call began
 	}
 	ctx = context.WithValue(ctx, ownerKey{}, o)
@@ -120,22 +119,49 @@ func (x *exchange) own(held *holding, body []byte) {
 	out.Body = o.forwardBody()
 	out.ContentLength = int64(len(body))
 	o.sent = time.Now()
+	// What the call brought is noted once it is over, a panic included
+	// (a client gone mid-answer unwinds ServeHTTP).
+	defer func() { x.note(o.result()) }()
 	// A streamed answer's pump outlives the copy to the client (a client
 	// that went away, which unwinds ServeHTTP): the call's context stays
 	// until the stream ended and was recorded.
 	defer o.waitStream()
 	x.fwd.protected.ServeHTTP(g, out)
 	o.waitStream()
-	status, closed := g.seal()
-	if x.status == 0 || status != 0 {
-		x.status = status
-	}
-	if closed { // the client got 504: this was a late call, holding a slot
-		x.status = http.StatusGatewayTimeout
-		h.late.give(x.a.principal)
-		h.metrics.lateCalls.Dec()
+	o.answered, o.closed = g.seal()
+	if o.closed { // the client got 504: this was a late call, holding a slot
+		p.late.give(x.a.principal)
+		p.metrics.lateCalls.Dec()
 		o.lateSettled()
 	}
+}
+
+// result is what the call brought, for the request's result: the
+// upstream's time and status (or the status the gate let through, 504
+// for a late call), and how a streamed answer ended.
+func (o *owner) result() result {
+	r := result{upstream: o.upstream, status: o.status, late: o.late}
+	if o.answered != 0 {
+		r.status = o.answered
+	}
+	if o.closed {
+		r.status = http.StatusGatewayTimeout
+	}
+	if o.stream != nil {
+		r.detail = o.stream.wait().detail
+	}
+	return r
+}
+
+// unknownWhy is why the call's outcome is unknown, when it is: the call
+// failed after it was sent, or its stream broke off.
+func (o *owner) unknownWhy() string {
+	if o.stream != nil {
+		if why := o.stream.wait().unknown; why != "" {
+			return why
+		}
+	}
+	return o.unknown
 }
 
 // waitStream returns once a streamed answer, if any, ended and was
@@ -152,22 +178,22 @@ func (o *owner) waitStream() {
 // cancels the call, whose outcome is then unknown.
 func (o *owner) clientTimedOut() {
 	x, h := o.x, o.x.h
-	if ok, refused := h.late.take(x.a.principal); !ok {
+	if ok, refused := h.p.late.take(x.a.principal); !ok {
 		h.metrics.lateRefused.WithLabelValues(x.rt.name, refused).Inc()
 		x.log().Warn("late call refused: upstream call cancelled at upstream.timeout, unknown_outcome applies",
 			"route", x.rt.name, "reason", refused, "key", x.a.hashedKey, "request_id", x.requestID)
 		o.cancel(errLateCap)
 		return
 	}
-	p := probUpstreamTimeout.with(fmt.Sprintf("no answer within %s; the request is still running upstream and its answer will be stored: retry with the same key to get it", h.upstreamTimeout))
+	p := probUpstreamTimeout.with(fmt.Sprintf("no answer within %s; the request is still running upstream and its answer will be stored: retry with the same key to get it", h.p.upstreamTimeout))
 	p.retryAfter = x.rt.settings.Lease
 	answered := o.gate.close(func(w http.ResponseWriter) {
 		h.metrics.lateCalls.Inc()
 		w.Header().Set("Connection", "close") // this handler stays busy
-		h.problems.write(w, p, x.requestID, x.rt.settings.Problems)
+		writeFramed(w, x.rt.front.frame(p, x.requestID))
 	})
 	if !answered { // the answer is already on its way
-		h.late.give(x.a.principal)
+		h.p.late.give(x.a.principal)
 		return
 	}
 	x.answeredTimeout(p.Detail)
@@ -179,23 +205,24 @@ func (o *owner) clientTimedOut() {
 // lateSettled counts and logs how a late call ended.
 func (o *owner) lateSettled() {
 	x := o.x
+	outcome, unknown := x.res.outcome, o.unknownWhy()
 	result := lateAbandoned
 	switch {
-	case x.outcome == outcomeStored && x.unknown == "":
+	case outcome == outcomeStored && unknown == "":
 		result = lateStored
-	case x.outcome == outcomeReleased && x.unknown == "":
+	case outcome == outcomeReleased && unknown == "":
 		result = lateReleased
-	case (x.outcome == outcomeStoreError || x.outcome == outcomeFenceLost) && x.unknown == "":
+	case (outcome == outcomeStoreError || outcome == outcomeFenceLost) && unknown == "":
 		result = lateUnstored
 	}
-	x.late = true
+	o.late = true
 	x.h.metrics.lateAnswers.WithLabelValues(x.rt.name, result).Inc()
 	level := slog.LevelInfo
 	if result != lateStored && result != lateReleased {
 		level = slog.LevelWarn
 	}
 	x.log().Log(context.Background(), level, "late answer", "route", x.rt.name, "result", result,
-		"key", x.a.hashedKey, "request_id", x.requestID, "upstream", time.Since(o.sent), "outcome", x.outcome)
+		"key", x.a.hashedKey, "request_id", x.requestID, "upstream", time.Since(o.sent), "outcome", outcome)
 	if x.span != nil && x.h.tracing != nil {
 		// A second event, linked to the request's span, which ended when
 		// its client was answered 504.
@@ -205,7 +232,7 @@ func (o *owner) lateSettled() {
 			trace.WithAttributes(
 				attribute.String("idemproxy.route", x.rt.name),
 				attribute.String("idemproxy.late_result", result),
-				attribute.String("idemproxy.outcome", x.outcome),
+				attribute.String("idemproxy.outcome", outcome),
 				attribute.String("idemproxy.key", x.a.hashedKey),
 			))
 		if result != lateStored && result != lateReleased {
@@ -213,43 +240,6 @@ func (o *owner) lateSettled() {
 		}
 		sp.End()
 	}
-}
-
-// renew extends the lease every lease/3 while the upstream runs.
-func (o *owner) renew() {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.settledBy != nil {
-		return
-	}
-	if o.held.renew() {
-		o.renewer.Reset(o.x.rt.settings.Lease / 3)
-	}
-}
-
-// renew extends the claim's lease by one lease, counted and logged; it returns whether renewing again may
-// help (false once the lease was lost to another attempt).
-func (c *holding) renew() bool {
-	a, held := c.a, c.rec
-	lease := a.rt.settings.Lease
-	ctx, cancel := context.WithTimeout(context.Background(), lease/3)
-	defer cancel()
-	err := a.storeOp(ctx, "renew", func(ctx context.Context) error { return a.h.store.Renew(ctx, a.hashedKey, held, lease) })
-	switch {
-	case err == nil:
-		a.h.metrics.renewals.WithLabelValues("ok").Inc()
-	case errors.Is(err, claim.ErrLeaseLost):
-		// Keep forwarding: the upstream call is under way and cannot be
-		// taken back. Completion is fenced and will say what happened.
-		a.h.metrics.renewals.WithLabelValues("lost").Inc()
-		a.log().Error("lease lost while the upstream runs", "route", a.rt.name, "key", a.hashedKey, "request_id", a.requestID)
-		return false
-	default:
-		a.h.metrics.renewals.WithLabelValues("error").Inc()
-		a.h.storeError("renew")
-		a.log().Warn("lease renewal failed", "route", a.rt.name, "key", a.hashedKey, "request_id", a.requestID, "err", err)
-	}
-	return true
 }
 
 // answeredTimeout records the request when its client is answered 504 at

@@ -44,7 +44,7 @@ func TestBodyPoolClasses(t *testing.T) {
 }
 
 func TestLentBodyStopsAtGiveBack(t *testing.T) {
-	x := &exchange{front: front{h: &Handler{}}}
+	x := &exchange{front: front{h: &Handler{}, p: &protocol{}}}
 	buf := append(getBody(8), "12345678"...)
 	x.reqBuf = buf
 	b := x.lend(buf)

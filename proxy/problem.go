@@ -102,26 +102,63 @@ type problemWriter struct {
 	log     *slog.Logger
 }
 
-// write is the proxy's one error path: every error response goes out
-// through here, in format (a route's problem_body), or, when nil, in the
-// format for answers outside any route (Config.Problems), or else as
-// problem+json.
+// write is the proxy's one error path outside a route's front: answers
+// outside any route and pass-through errors, in format, or, when nil, in
+// the format for answers outside any route (Config.Problems), or else as
+// problem+json. A route's answers go through its framer, the same way.
 func (pw *problemWriter) write(w http.ResponseWriter, p problem, requestID string, format *problemfmt.Format) {
-	body, contentType := pw.render(p, requestID, format)
-	h := w.Header()
-	if pw.docsLink != "" && (p.Status == http.StatusBadRequest || p.Status == http.StatusConflict || p.Status == http.StatusUnprocessableEntity) {
-		// The IETF draft: a 400, 409 or 422 links to the documentation of
-		// the idempotency key's rules.
-		h.Set("Link", pw.docsLink)
+	writeFramed(w, httpFramer{pw: pw, format: format}.frame(p, requestID))
+}
+
+// framer frames idemproxy's own answers on a route: the refusals its front
+// writes, and the outcome-unknown record the protocol stores and replays
+// as it was framed. Each route has one, by the protocol its front speaks
+// (HTTP: problem+json, or the route's problem_body).
+type framer interface {
+	// frame is p, answering the request requestID, as the front sends it.
+	frame(p problem, requestID string) framed
+}
+
+// framed is one of idemproxy's own answers as a route's front frames it:
+// its status, the headers it is sent and stored with, and its body.
+type framed struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// httpFramer frames answers as problem+json, or in format (a route's
+// problem_body) when set.
+type httpFramer struct {
+	pw     *problemWriter
+	format *problemfmt.Format
+}
+
+// frame is p as an HTTP answer: its body in the route's format, no-store,
+// Retry-After when p says when to come back, and, when problems.docs_url
+// is set, the Link the IETF draft gives 400, 409 and 422 answers to the
+// documentation of the key's rules.
+func (f httpFramer) frame(p problem, requestID string) framed {
+	body, contentType := f.pw.render(p, requestID, f.format)
+	h := http.Header{"Content-Type": {contentType}, "Cache-Control": {"no-store"}}
+	if f.pw.docsLink != "" && (p.Status == http.StatusBadRequest || p.Status == http.StatusConflict || p.Status == http.StatusUnprocessableEntity) {
+		h["Link"] = []string{f.pw.docsLink}
 	}
-	h.Set("Content-Type", contentType)
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	h.Set("Cache-Control", "no-store")
 	if p.retryAfter > 0 {
-		h.Set("Retry-After", retryAfterSeconds(p.retryAfter))
+		h["Retry-After"] = []string{retryAfterSeconds(p.retryAfter)}
 	}
-	w.WriteHeader(p.Status)
-	_, _ = w.Write(body)
+	return framed{status: p.Status, header: h, body: body}
+}
+
+// writeFramed writes an answer a framer framed, with its length.
+func writeFramed(w http.ResponseWriter, f framed) {
+	h := w.Header()
+	for k, vs := range f.header {
+		h[k] = vs
+	}
+	h.Set("Content-Length", strconv.Itoa(len(f.body)))
+	w.WriteHeader(f.status)
+	_, _ = w.Write(f.body)
 }
 
 // render is p's body, with its full type URI and requestID, and its

@@ -61,12 +61,14 @@ type streamPump struct {
 	lastWrite time.Time
 	ended     bool
 	// how is how the stream ended for every reader (end), read by wait
-	// once done is closed.
-	how    claim.StreamEnd
-	stored int64
-	first  bool
-	tooBig bool
-	renew  *time.Timer
+	// once done is closed; detail, when set, what the request's line says
+	// of it, and unknown why the call's outcome is unknown (it broke off).
+	how             claim.StreamEnd
+	detail, unknown string
+	stored          int64
+	first           bool
+	tooBig          bool
+	renew           *time.Timer
 	// call is the context appends and renewals run on, made again once
 	// less than half of settleTimeout is left of it (callCtx); done with
 	// it, end cancels it.
@@ -138,22 +140,24 @@ func (o *owner) startStream(resp *http.Response) bool {
 	}
 	var at int
 	err := x.a.retried("stream_start", func(ctx context.Context) (err error) {
-		at, err = x.h.store.StreamStart(ctx, x.a.hashedKey, head, s.Retention, s.Lease)
+		at, err = x.p.store.StreamStart(ctx, x.a.hashedKey, head, s.Retention, s.Lease)
 		return err
 	})
 	if err != nil {
 		// As for a buffered answer that cannot be stored: the upstream
 		// acted, its client gets the answer (unrecorded), and the window
 		// is counted.
-		o.settle(func() *reply {
+		o.held.settle(func() *reply {
 			if errors.Is(err, claim.ErrLeaseLost) {
 				return settled(outcomeFenceLost, "the lease lapsed and another attempt holds the key; the stream was relayed unrecorded")
 			}
 			return settled(outcomeStoreError, "upstream answered a stream whose head could not be stored (dual-write window), relayed unrecorded: "+err.Error())
 		})
+		o.noteSettled()
 		return true
 	}
-	o.settle(func() *reply { return settled(outcomeStored, detailStreamed) })
+	o.held.settle(func() *reply { return settled(outcomeStored, detailStreamed) })
+	o.noteSettled()
 	p := &streamPump{o: o, body: resp.Body, at: at, start: x.start, lastWrite: time.Now(),
 		done: make(chan struct{}), rc: http.NewResponseController(x.w), chunks: x.h.metrics.streamChunks.WithLabelValues(x.rt.name)}
 	p.cond = sync.NewCond(&p.mu)
@@ -185,13 +189,13 @@ var readBufs = sync.Pool{New: func() any { return new([streamReadBuf]byte) }}
 // gives n back.
 func (p *streamPump) hold(n int) {
 	if n > 0 {
-		p.o.x.h.buffers.force(p.o.x.holder, n)
+		p.o.x.p.buffers.force(p.o.x.holder, n)
 	}
 }
 
 func (p *streamPump) release(n int) {
 	if n > 0 {
-		p.o.x.h.buffers.give(p.o.x.holder, n)
+		p.o.x.p.buffers.give(p.o.x.holder, n)
 	}
 }
 
@@ -224,7 +228,7 @@ func (p *streamPump) pump() {
 	case err == io.EOF:
 		p.end(claim.StreamEnded, io.EOF)
 	case err != nil:
-		p.o.x.unknown = "the stream broke off: " + err.Error()
+		p.unknown = "the stream broke off: " + err.Error()
 		p.end(claim.StreamAborted, errStreamAborted)
 	}
 }
@@ -294,9 +298,9 @@ func (p *streamPump) append(chunk []byte) bool {
 	if !p.tooBig && p.stored+int64(len(chunk)) > s.MaxResponseBody {
 		p.tooBig = true
 		_ = x.a.detached("stream_end", func(ctx context.Context) error {
-			return x.h.store.StreamFinish(ctx, x.a.hashedKey, p.o.held.rec.Token, claim.StreamTooLarge, -1)
+			return x.p.store.StreamFinish(ctx, x.a.hashedKey, p.o.held.rec.Token, claim.StreamTooLarge, -1)
 		})
-		x.detail = "streamed past max_response_body: the record is not replayable, the first client's stream went on"
+		p.detail = "streamed past max_response_body: the record is not replayable, the first client's stream went on"
 	}
 	if p.tooBig {
 		p.hand(chunk, -1, -1) // not stored: the client must take it from here
@@ -304,7 +308,7 @@ func (p *streamPump) append(chunk []byte) bool {
 	}
 	from := p.at
 	err := x.a.retriedOn(p.callCtx, "stream_append", func(ctx context.Context) error {
-		n, err := x.h.store.StreamAppend(ctx, x.a.hashedKey, p.o.held.rec.Token, p.at, chunk, s.Lease)
+		n, err := x.p.store.StreamAppend(ctx, x.a.hashedKey, p.o.held.rec.Token, p.at, chunk, s.Lease)
 		if err == nil {
 			p.at = n
 		}
@@ -312,7 +316,7 @@ func (p *streamPump) append(chunk []byte) bool {
 	})
 	if err != nil {
 		x.log().Warn("stream chunk not stored: the stream ends here for every reader", "route", x.rt.name, "key", x.a.hashedKey, "request_id", x.requestID, "err", err)
-		x.detail = "a chunk could not be stored, so it was never sent: the stream ended abnormally: " + err.Error()
+		p.detail = "a chunk could not be stored, so it was never sent: the stream ended abnormally: " + err.Error()
 		return false
 	}
 	p.lastWrite = time.Now()
@@ -408,25 +412,25 @@ func (p *streamPump) end(how claim.StreamEnd, clientErr error) {
 			at = p.at
 		}
 		err := x.a.retried("stream_end", func(ctx context.Context) error {
-			return x.h.store.StreamFinish(ctx, x.a.hashedKey, p.o.held.rec.Token, how, at)
+			return x.p.store.StreamFinish(ctx, x.a.hashedKey, p.o.held.rec.Token, how, at)
 		})
 		if err != nil && how == claim.StreamEnded {
 			clientErr = errStreamAborted
-			x.detail = "the stream's end could not be recorded; it ends abnormally for every reader: " + err.Error()
+			p.detail = "the stream's end could not be recorded; it ends abnormally for every reader: " + err.Error()
 		}
 		x.h.metrics.storedBytes.Observe(float64(p.stored))
 	}
 	if clientErr != io.EOF {
 		// The request line says why (it said "streamed" since the head was
 		// stored), and so does one warning, joinable with it.
-		if x.detail == "" || x.detail == detailStreamed {
-			x.detail = "the stream ended abnormally"
-			if x.unknown != "" {
-				x.detail = x.unknown
+		if p.detail == "" {
+			p.detail = "the stream ended abnormally"
+			if p.unknown != "" {
+				p.detail = p.unknown
 			}
 		}
 		x.log().Warn("stream broke off: every reader gets the stored prefix and an abnormal end; nothing executes again",
-			"route", x.rt.name, "key", x.a.hashedKey, "request_id", x.requestID, "cause", x.detail, "stored_bytes", p.stored)
+			"route", x.rt.name, "key", x.a.hashedKey, "request_id", x.requestID, "cause", p.detail, "stored_bytes", p.stored)
 	}
 	end := "ended"
 	p.how = claim.StreamEnded
@@ -514,7 +518,7 @@ func (p *streamPump) readBack() error {
 	p.mu.Unlock()
 	var part claim.StreamPart
 	err := x.a.storeOp(x.r.Context(), "stream_read", func(ctx context.Context) (err error) {
-		part, err = x.h.store.StreamRead(ctx, x.a.hashedKey, from, streamReadMax)
+		part, err = x.p.store.StreamRead(ctx, x.a.hashedKey, from, streamReadMax)
 		return err
 	})
 	p.mu.Lock()
@@ -554,10 +558,19 @@ func (p *streamPump) armTakeover(d time.Duration) {
 	}
 }
 
-// wait returns once the stream ended and was recorded, and how it ended
-// for every reader: StreamEnded, StreamAborted, or StreamTooLarge (its
-// first client got it whole, the record says it is not replayable).
-func (p *streamPump) wait() claim.StreamEnd {
+// pumpEnd is how a stream ended, as wait returns it.
+type pumpEnd struct {
+	// how is how it ended for every reader: StreamEnded, StreamAborted,
+	// or StreamTooLarge (its first client got it whole, the record says
+	// it is not replayable).
+	how claim.StreamEnd
+	// detail, when set, is what the request's line says of it; unknown
+	// why the call's outcome is unknown, when it broke off.
+	detail, unknown string
+}
+
+// wait returns once the stream ended and was recorded, and how it ended.
+func (p *streamPump) wait() pumpEnd {
 	<-p.done
-	return p.how
+	return pumpEnd{how: p.how, detail: p.detail, unknown: p.unknown}
 }

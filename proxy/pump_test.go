@@ -123,8 +123,7 @@ func startPumpOn(t testing.TB, f *pumpStore, up io.ReadCloser) (*owner, io.ReadC
 	rec := a.newClaim(claim.Fingerprint{})
 	x := &exchange{front: a.front, a: a, w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/payments", nil)}
 	x.holder = a.principal
-	o := &owner{x: x, held: &holding{a: a, rec: rec}, renewer: time.AfterFunc(time.Hour, func() {})}
-	t.Cleanup(func() { o.renewer.Stop() })
+	o := &owner{x: x, held: &holding{a: a, rec: rec}}
 	resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
 		ContentLength: -1, Body: &pumpUpstream{t: t, r: up}}
 	if !o.startStream(resp) {
@@ -192,7 +191,7 @@ func TestPumpHandOffs(t *testing.T) {
 				}
 				time.Sleep(c.stall)
 			}
-			how := o.stream.wait()
+			how := o.stream.wait().how
 			f.mu.Lock()
 			defer f.mu.Unlock()
 			want, wantErr := claim.StreamEnded, error(io.EOF)
@@ -311,7 +310,7 @@ func TestTakeoverAfterKeepingUp(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	up.Close()
-	if how := o.stream.wait(); how != claim.StreamEnded {
+	if how := o.stream.wait().how; how != claim.StreamEnded {
 		t.Fatalf("the stream ended %v", how)
 	}
 	body.Close()

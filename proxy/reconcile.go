@@ -39,7 +39,7 @@ func absentMargin(s *Route) time.Duration { return s.Lease }
 func (r *reconciling) reconcilable(existing, rec *claim.Record, ttl time.Duration) (since time.Time, ok bool) {
 	a := r.a
 	rc := a.rt.settings.Reconcile
-	if rc == nil || !a.h.codec.SameRequest(existing, rec.Fingerprint) {
+	if rc == nil || !a.p.codec.SameRequest(existing, rec.Fingerprint) {
 		return time.Time{}, false
 	}
 	if existing.State == claim.InProgress {
@@ -96,7 +96,7 @@ func (r *reconciling) run(existing, rec *claim.Record, since time.Time) *reply {
 	rc := s.Reconcile
 	a.linkTo(existing)
 	if existing.State == claim.Completed {
-		if left := rc.Timeout - a.h.now().Sub(existing.Completed); left > 0 {
+		if left := rc.Timeout - a.p.now().Sub(existing.Completed); left > 0 {
 			// Asked a moment ago: lookups of one key are spaced, at most
 			// one per timeout. The key is being reconciled: in progress.
 			r.result = "spaced: asked within reconcile.timeout"
@@ -105,7 +105,7 @@ func (r *reconciling) run(existing, rec *claim.Record, since time.Time) *reply {
 	}
 	taker := r.taker(rec)
 	err := a.detached("take_over", func(ctx context.Context) (err error) {
-		since, err = a.h.store.TakeOver(ctx, a.hashedKey, existing, taker, s.Lease+rc.Timeout, since)
+		since, err = a.p.store.TakeOver(ctx, a.hashedKey, existing, taker, s.Lease+rc.Timeout, since)
 		return err
 	})
 	switch {
@@ -114,13 +114,13 @@ func (r *reconciling) run(existing, rec *claim.Record, since time.Time) *reply {
 	case err != nil:
 		return a.storeFailed("take_over", err, nil)
 	}
-	a.h.liveness.forget(a.hashedKey)
+	a.p.liveness.forget(a.hashedKey)
 	ans := r.ask()
 	if s.Unknown != Fail && ans.result != lookupFound {
 		// keep and release: a vanished owner's key executes again when
 		// its claim lapses; asked first, it does unless found.
 		r.reconciled(ans.result, existing, ans.why)
-		err := a.detached("release", func(ctx context.Context) error { return a.h.store.Release(ctx, a.hashedKey, taker.Token) })
+		err := a.detached("release", func(ctx context.Context) error { return a.p.store.Release(ctx, a.hashedKey, taker.Token) })
 		if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
 			return a.storeFailed("release", err, nil)
 		}
@@ -152,13 +152,13 @@ func (r *reconciling) run(existing, rec *claim.Record, since time.Time) *reply {
 func (r *reconciling) taker(rec *claim.Record) *claim.Record {
 	a := r.a
 	taker := *rec
-	taker.State, taker.Created, taker.RequestID = claim.InProgress, a.h.now(), a.requestID
+	taker.State, taker.Created, taker.RequestID = claim.InProgress, a.p.now(), a.requestID
 	taker.Completed, taker.Status, taker.Header, taker.Body = time.Time{}, 0, nil, nil
 	taker.BodyOmitted, taker.BodyCompressed, taker.Compact = false, false, false
 	taker.Mark, taker.Lease, taker.ReadEpoch = claim.MarkNone, 0, false
 	taker.Expires, taker.ReadAt = time.Time{}, time.Time{}
 	taker.Tail = a.rt.settings.Retention
-	_, _ = io.ReadFull(a.h.rand, taker.Token[:])
+	_, _ = io.ReadFull(a.p.rand, taker.Token[:])
 	return &taker
 }
 
@@ -175,17 +175,17 @@ func (r *reconciling) freeAbsent(existing, taker *claim.Record, since time.Time)
 	s := &a.rt.settings
 	after := s.Reconcile.AbsentAfter + absentMargin(s)
 	var err error
-	if left := max(existing.Created.Add(after).Sub(a.h.now()), a.h.orphans.left(a.hashedKey, after)); left > 0 {
+	if left := max(existing.Created.Add(after).Sub(a.p.now()), a.p.orphans.left(a.hashedKey, after)); left > 0 {
 		err = &claim.TooEarlyError{Left: left}
 	} else {
 		err = a.detached("free_absent", func(ctx context.Context) error {
-			return a.h.store.FreeAbsent(ctx, a.hashedKey, taker.Token, since, after)
+			return a.p.store.FreeAbsent(ctx, a.hashedKey, taker.Token, since, after)
 		})
 	}
 	var early *claim.TooEarlyError
 	switch {
 	case err == nil:
-		a.h.orphans.forget(a.hashedKey)
+		a.p.orphans.forget(a.hashedKey)
 		r.reconciled(lookupAbsent, existing, "")
 		return nil, true, ""
 	case errors.As(err, &early):
@@ -205,62 +205,18 @@ func (r *reconciling) storeFound(existing, taker *claim.Record, ans lookupAnswer
 	a := r.a
 	found := r.foundRecord(existing, taker, ans)
 	err := a.detached("complete", func(ctx context.Context) error {
-		_, err := a.h.store.Complete(ctx, a.hashedKey, found, a.rt.settings.Retention)
+		_, err := a.p.store.Complete(ctx, a.hashedKey, found, a.rt.settings.Retention)
 		return err
 	})
 	switch {
 	case err == nil:
-		a.h.orphans.forget(a.hashedKey)
+		a.p.orphans.forget(a.hashedKey)
 		r.reconciled(lookupFound, existing, "")
 		return replayOf(found, outcomeReconciled), true, ""
 	case errors.Is(err, claim.ErrLeaseLost):
 		return nil, true, ""
 	}
 	return nil, false, "storing the found answer: " + err.Error()
-}
-
-// ownerReconciles is the owner of a first attempt whose outcome is unknown
-// asking the upstream before it settles the key as unknown_outcome says,
-// so that its own client can get the real answer: the reply, once it
-// settled. It returns nil when the caller is to settle as without
-// reconcile: the lookup was unresolved, or (keep, release) said anything
-// but found. Under fail an
-// absent answer is too early for the owner (its own call just ended): the
-// key is left outcome-unknown, and the client is told when to ask again.
-func (x *exchange) ownerReconciles(o *owner, timeout bool) *reply {
-	r := &reconciling{a: x.a}
-	s := &x.rt.settings
-	rc := s.Reconcile
-	ans := r.ask()
-	switch ans.result {
-	case lookupFound:
-		found := r.foundRecord(o.held.rec, o.held.rec, ans)
-		v := o.settle(func() *reply {
-			v := o.held.complete(found)
-			if v.outcome == outcomeStored {
-				v.outcome = outcomeReconciled
-				v.detail = x.unknown + "; the reconcile lookup found the effect: its answer stored and replayed"
-			}
-			return v
-		})
-		r.reconciled(lookupFound, o.held.rec, "")
-		return &reply{outcome: v.outcome, detail: v.detail, record: found}
-	case lookupAbsent:
-		if s.Unknown != Fail {
-			r.reconciled(lookupTooEarly, o.held.rec, "")
-			return nil // keep holds the claim one lease, release frees it: as without reconcile
-		}
-		unknown := x.h.outcomeUnknownRecord(o.held.rec, o.held.rec.Token, x.h.now(), timeout, s.Problems, true, o.held.setAt)
-		o.settle(func() *reply {
-			v := o.held.complete(unknown)
-			v.detail = x.unknown + "; the reconcile lookup said absent before absent_after: outcome-unknown stored, a retry asks again"
-			return v
-		})
-		r.reconciled(lookupTooEarly, o.held.rec, "")
-		return r.tooEarly(&claim.TooEarlyError{Left: rc.AbsentAfter + absentMargin(s) - time.Since(x.a.claimedAt)})
-	}
-	r.reconciled(lookupUnresolved, o.held.rec, ans.why)
-	return nil
 }
 
 // reconciled counts and logs one lookup's result.
@@ -283,7 +239,7 @@ func (r *reconciling) foundRecord(first, writer *claim.Record, ans lookupAnswer)
 	a := r.a
 	header := ans.header
 	header.Set(reconciledHeader, "true")
-	rec := settledRecord(first, writer.Token, claim.Completed, ans.status, header, a.h.now())
+	rec := settledRecord(first, writer.Token, claim.Completed, ans.status, header, a.p.now())
 	rec.Body = ans.body
 	return rec
 }
@@ -300,17 +256,17 @@ func (r *reconciling) putBackUnknown(first, taker *claim.Record, since time.Time
 	var rec *claim.Record
 	if first.State == claim.Completed {
 		again := *first
-		again.Token, again.Completed = taker.Token, a.h.now() // Completed spaces the next lookup
+		again.Token, again.Completed = taker.Token, a.p.now() // Completed spaces the next lookup
 		// since as TakeOver judged it: a record stored without one (0)
 		// keeps the time of its first lookup from now on.
 		again.Header = first.Header.Clone()
 		again.Header.Set(unknownSinceHeader, strconv.FormatInt(since.UnixMilli(), 10))
 		rec = &again
 	} else {
-		rec = a.h.outcomeUnknownRecord(first, taker.Token, a.h.now(), true, s.Problems, true, since)
+		rec = outcomeUnknownRecord(a.rt, first, taker.Token, a.p.now(), true, true, since)
 	}
 	if err := a.detached("complete", func(ctx context.Context) error {
-		_, err := a.h.store.Complete(ctx, a.hashedKey, rec, s.Retention)
+		_, err := a.p.store.Complete(ctx, a.hashedKey, rec, s.Retention)
 		return err
 	}); err != nil {
 		a.log().Warn("reconcile: could not store outcome-unknown again; the claim lapses into an orphan a retry asks about",

@@ -4,10 +4,8 @@ package proxy
 // make it, its answer rendered as the retry would get it.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net/http"
 )
 
 // ReconcileKey is the key API's reconcile-now: on route, it asks the
@@ -22,9 +20,9 @@ func (h *Handler) ReconcileKey(ctx context.Context, routeName, principal, key st
 	if rt == nil || rt.settings.Reconcile == nil {
 		return "", 0, nil, fmt.Errorf("route %q does not reconcile", routeName)
 	}
-	a := h.newFront(ctx, rt, newRequestID(h.rand)).newAttempt(admittedAs{principal: principal, key: key})
+	a := h.newFront(ctx, rt, newRequestID(h.p.rand)).newAttempt(admittedAs{principal: principal, key: key})
 	r := &reconciling{a: a}
-	existing, ttl, err := h.store.Get(ctx, a.hashedKey)
+	existing, ttl, err := h.p.store.Get(ctx, a.hashedKey)
 	if err != nil {
 		return "", 0, nil, err
 	}
@@ -53,7 +51,7 @@ func (h *Handler) ReconcileKey(ctx context.Context, routeName, principal, key st
 }
 
 // render is the status and body rep answers with, as a retry would get
-// them (a stored body inflated; a problem in the route's problem_body).
+// them (a stored body inflated; a problem as the route's front frames it).
 func (r *reconciling) render(rep *reply) (status int, body []byte) {
 	a := r.a
 	if rec := rep.record; rec != nil {
@@ -69,30 +67,6 @@ func (r *reconciling) render(rep *reply) (status int, body []byte) {
 		}
 		rep = a.storeFailed("get", err, nil)
 	}
-	w := &answerRecorder{header: http.Header{}}
-	a.h.problems.write(w, rep.problem, a.requestID, a.rt.settings.Problems)
-	return w.status, w.body.Bytes()
-}
-
-// answerRecorder keeps the problem an attempt run for the key API
-// decided, as written.
-type answerRecorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (r *answerRecorder) Header() http.Header { return r.header }
-
-func (r *answerRecorder) WriteHeader(status int) {
-	if r.status == 0 {
-		r.status = status
-	}
-}
-
-func (r *answerRecorder) Write(b []byte) (int, error) {
-	if r.status == 0 {
-		r.status = http.StatusOK
-	}
-	return r.body.Write(b)
+	f := a.rt.front.frame(rep.problem, a.requestID)
+	return f.status, f.body
 }

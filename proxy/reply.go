@@ -38,6 +38,9 @@ type reply struct {
 	body   []byte
 	// gone: the client went away; nothing is written.
 	gone bool
+	// unknown, when set, says why the outcome of the call the reply
+	// settles is unknown (holding.fail).
+	unknown string
 }
 
 // refuse is the reply that answers problem p, counted as outcome.

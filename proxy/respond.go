@@ -10,7 +10,7 @@ import (
 // stored record (replayed, or followed while it streams), or the request
 // forwarded unprotected.
 
-// respond writes rep, the answer a step decided, and keeps what finish
+// respond writes rep, the answer a step decided, and notes what finish
 // counts and logs of it. A nil rep was answered already (the owner's
 // forward).
 func (x *exchange) respond(rep *reply) {
@@ -24,10 +24,7 @@ func (x *exchange) respond(rep *reply) {
 			rep = failed
 		}
 	}
-	x.outcome = rep.outcome
-	if rep.detail != "" {
-		x.detail = rep.detail
-	}
+	x.note(result{outcome: rep.outcome, detail: rep.detail})
 	if x.repeatable() {
 		if v := repeatabilityOf(rep); v != "" {
 			x.w.Header().Set(repeatabilityResult, v)
@@ -36,29 +33,31 @@ func (x *exchange) respond(rep *reply) {
 	switch {
 	case rep.gone:
 	case rep.bypass:
-		x.bypass(rep.body)
+		x.note(result{status: x.bypass(rep.body)})
 	case rep.record != nil:
 		if rep.replayed {
-			x.original = rep.record.RequestID
+			x.note(result{original: rep.record.RequestID})
 		}
 		if rep.stream {
-			x.follow(rep.record)
+			res, aborted := x.follow(rep.record)
+			x.note(res)
+			if aborted {
+				// The protocol's own abnormal end: the chunked body is
+				// closed without its last chunk.
+				panic(http.ErrAbortHandler)
+			}
 			return
 		}
-		x.writeRecord(rep.record, rep.replayed)
+		x.note(x.writeRecord(rep.record, rep.replayed))
 	default:
-		if x.detail == "" {
-			x.detail = rep.problem.Detail
-		}
-		x.status = rep.problem.Status
-		x.h.problems.write(x.w, rep.problem, x.requestID, x.rt.settings.Problems)
+		x.note(result{fallback: rep.problem.Detail, status: rep.problem.Status})
+		writeFramed(x.w, x.rt.front.frame(rep.problem, x.requestID))
 	}
 }
 
 // writeRecord writes a completed record's response, marked as a replay
-// when replayed.
-func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
-	x.status = rec.Status
+// when replayed, and returns its status (and why, if the client was cut).
+func (x *exchange) writeRecord(rec *claim.Record, replayed bool) result {
 	h := x.w.Header()
 	for k, vs := range rec.Header {
 		h[k] = vs
@@ -74,12 +73,15 @@ func (x *exchange) writeRecord(rec *claim.Record, replayed bool) {
 	// client.write_timeout: a client with a tiny receive window holds the
 	// socket's buffers full, and a write without a deadline would hold the
 	// handler and the answer for as long as the client likes.
-	_ = x.writeAnswer(http.NewResponseController(x.w), rec.Body)
+	if err := x.writeAnswer(http.NewResponseController(x.w), rec.Body); err != nil {
+		return result{status: rec.Status, detail: detailCut}
+	}
+	return result{status: rec.Status}
 }
 
-// bypass forwards the request without protection. body, when not nil, is
-// the already-read request body.
-func (x *exchange) bypass(body []byte) {
+// bypass forwards the request without protection, and returns the
+// status answered. body, when not nil, is the already-read request body.
+func (x *exchange) bypass(body []byte) int {
 	r := x.r.WithContext(x.r.Context()) // a copy; ReverseProxy clones it again
 	r.Trailer = nil                     // request trailers never reach the upstream of a protected route
 	if body != nil {
@@ -88,5 +90,5 @@ func (x *exchange) bypass(body []byte) {
 	}
 	sw := &statusWriter{ResponseWriter: x.w}
 	x.fwd.protected.ServeHTTP(sw, r)
-	x.status = sw.status
+	return sw.status
 }

@@ -28,6 +28,10 @@ type route struct {
 	httpRoute string
 	// keyPointer, when set, finds the key in a JSON body.
 	keyPointer []string
+	// front frames idemproxy's own answers on the route (its refusals,
+	// the outcome-unknown record the protocol stores): the framer of the
+	// front that serves it, set before the route serves.
+	front framer
 }
 
 // KeyScope is what a route hashes into its Redis keys beside the principal

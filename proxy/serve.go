@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -32,55 +33,61 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{
-		codec:           codecOf(store),
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	metrics := opts.Metrics
+	if metrics == nil {
+		metrics = NewMetrics(nil)
+	}
+	p := &protocol{
 		store:           store,
-		id:              newIdentity(cfg.Identity, &http.Client{Timeout: jwksFetchTimeout}),
-		upstream:        cfg.Upstream,
+		codec:           codecOf(store),
+		log:             log,
+		metrics:         metrics,
+		rand:            cmp.Or[io.Reader](opts.Rand, rand.Reader),
+		now:             opts.Clock,
+		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, defaultWaitSafetyPoll),
 		upstreamTimeout: cfg.UpstreamTimeout,
 		lateWindow:      cfg.LateAnswerWindow,
-		buffers:         budget{limit: cfg.MaxBufferedBytes, share: cfg.PrincipalShare},
-		late:            lateCalls{max: int64(cfg.MaxLateCalls), share: int64(cfg.LateCallsPrincipalShare)},
-		log:             opts.Logger,
-		metrics:         opts.Metrics,
-		rand:            opts.Rand,
-		bodyTimeout:     cfg.BodyReadTimeout,
-		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, defaultWaitSafetyPoll),
-		tracing:         newTracing(opts.TracerProvider, opts.Propagator, opts.TraceTrust, opts.Version),
-		owners:          claimAges{started: map[*context.CancelCauseFunc]time.Time{}, now: time.Now},
-		passUpgrades:    slices.Clone(cfg.PassThroughUpgrades),
 		streams:         cfg.Streams,
 		liveness:        newLiveness(),
 		orphans:         newOrphans(),
-		now:             opts.Clock,
+		buffers:         budget{limit: cfg.MaxBufferedBytes, share: cfg.PrincipalShare},
+		late:            lateCalls{max: int64(cfg.MaxLateCalls), share: int64(cfg.LateCallsPrincipalShare)},
+		owners:          claimAges{started: map[*context.CancelCauseFunc]time.Time{}, now: time.Now},
+		unconfirmed:     unconfirmed{store: store, metrics: metrics, log: log, now: time.Now},
 	}
-	if h.now == nil {
-		h.now = time.Now
+	if p.now == nil {
+		p.now = time.Now
 	}
-	h.SetWriteTimeout(cfg.WriteTimeout)
+	h := &Handler{
+		p:            p,
+		id:           newIdentity(cfg.Identity, &http.Client{Timeout: jwksFetchTimeout}),
+		upstream:     cfg.Upstream,
+		log:          log,
+		metrics:      metrics,
+		bodyTimeout:  cfg.BodyReadTimeout,
+		tracing:      newTracing(opts.TracerProvider, opts.Propagator, opts.TraceTrust, opts.Version),
+		passUpgrades: slices.Clone(cfg.PassThroughUpgrades),
+	}
+	p.lookup = h.lookup
 	if h.bodyTimeout <= 0 {
 		h.bodyTimeout = defaultBodyReadTimeout
 	}
+	h.SetWriteTimeout(cfg.WriteTimeout)
 	h.relied = append(slices.Clone(forwardingHeaders), h.id.header)
-	h.routes.Store(routes)
-	if h.log == nil {
-		h.log = slog.New(slog.DiscardHandler)
-	}
 	h.problems = problemWriter{base: cmp.Or(cfg.ProblemTypeBase, problemTypePrefix), outside: cfg.Problems, log: h.log}
 	if cfg.ProblemDocsURL != "" {
 		h.problems.docsLink = "<" + cfg.ProblemDocsURL + `>; rel="describedby"`
 	}
-	if h.metrics == nil {
-		h.metrics = NewMetrics(nil)
-	}
+	h.frame(routes)
+	h.routes.Store(routes)
 	h.metrics.initRoutes(routes)
-	h.unconfirmed = unconfirmed{store: h.store, metrics: h.metrics, log: h.log, now: time.Now}
 	h.metrics.state.Store(&gaugeState{
-		inflight: h.owners.count, oldest: h.owners.oldest, buffered: h.BufferedBytes, waiting: h.Waiting, pending: h.unconfirmed.count,
+		inflight: p.owners.count, oldest: p.owners.oldest, buffered: h.BufferedBytes, waiting: h.Waiting, pending: p.unconfirmed.count,
 	})
-	if h.rand == nil {
-		h.rand = rand.Reader
-	}
 	h.connect(opts.Transport)
 	return h, nil
 }
@@ -114,9 +121,9 @@ func (h *Handler) connect(transport http.RoundTripper) {
 // no claim is left to the dual-write window by the process exiting. It
 // returns the number of calls cancelled.
 func (h *Handler) Abandon() int {
-	h.abandoned.Store(true)
+	h.p.abandoned.Store(true)
 	n := 0
-	h.owners.each(func(cancel context.CancelCauseFunc) {
+	h.p.owners.each(func(cancel context.CancelCauseFunc) {
 		cancel(errAbandoned)
 		n++
 	})
@@ -180,7 +187,7 @@ func (h *Handler) requestID(r *http.Request) string {
 	if id := r.Header.Get(requestIDHeader); id != "" && len(id) <= 128 && visibleASCII(id) {
 		return id
 	}
-	id := newRequestID(h.rand)
+	id := newRequestID(h.p.rand)
 	r.Header.Set(requestIDHeader, id)
 	return id
 }
@@ -266,18 +273,19 @@ func (x *exchange) finish() {
 	if x.timedOut.Load() {
 		return // recorded when the client was answered (answeredTimeout)
 	}
-	if x.outcome == "" {
-		x.outcome = outcomeRejected // aborted before an answer was chosen
+	if x.res.outcome == "" {
+		x.note(result{outcome: outcomeRejected}) // aborted before an answer was chosen
 	}
+	res := x.res
 	defer x.endTrace()
 	total := time.Since(x.start)
-	x.h.metrics.requests.WithLabelValues(x.rt.name, x.outcome).Inc()
+	x.h.metrics.requests.WithLabelValues(x.rt.name, res.outcome).Inc()
 	if x.rt.settings.Webhook != nil {
 		x.h.metrics.webhooks.WithLabelValues(x.rt.name, x.webhookOutcome()).Inc()
 	}
-	x.h.metrics.added.WithLabelValues(x.rt.name).Observe((total - x.upstream).Seconds())
+	x.h.metrics.added.WithLabelValues(x.rt.name).Observe((total - res.upstream).Seconds())
 	level := slog.LevelInfo
-	switch x.outcome {
+	switch res.outcome {
 	case outcomeStoreError, outcomeFenceLost, outcomeRecordUnreadable:
 		level = slog.LevelError
 	case outcomeStoreUnavailable:
@@ -287,9 +295,9 @@ func (x *exchange) finish() {
 		return // log_level above this line's: skip building it
 	}
 	line := requestLine{
-		route: x.rt.name, outcome: x.outcome, status: x.status, requestID: x.requestID,
-		duration: total, upstream: x.upstream, original: x.original,
-		late: x.late, detail: x.detail, traceID: x.traceID,
+		route: x.rt.name, outcome: res.outcome, status: res.status, requestID: x.requestID,
+		duration: total, upstream: res.upstream, original: res.original,
+		late: res.late, detail: res.detail, traceID: x.traceID,
 	}
 	if x.a != nil { // refused or bypassed before it had a key: none is logged
 		line.key = x.a.hashedKey

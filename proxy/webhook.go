@@ -144,7 +144,7 @@ func (x *exchange) admitDelivery() (admitted, *reply) {
 	// peer's: unsigned bodies must not fill the provider's share, which
 	// every real delivery needs.
 	x.holder = x.sendingPeer()
-	d, err := wh.headers(x.r.Header, x.h.now())
+	d, err := wh.headers(x.r.Header, x.p.now())
 	if err != nil {
 		// Close after answering: otherwise net/http reads the unread
 		// body before writing the answer.
@@ -220,7 +220,7 @@ func (x *exchange) sendingPeer() string {
 // principal, the provider, once the signature verified; or the reply
 // that refused it, the provider's share being full.
 func (x *exchange) holdAs(principal string) *reply {
-	if err := x.h.buffers.move(x.holder, principal, cap(x.reqBuf)); err != nil {
+	if err := x.p.buffers.move(x.holder, principal, cap(x.reqBuf)); err != nil {
 		x.w.Header().Set("Connection", "close")
 		return bufferRefused(err, "nothing was claimed or forwarded")
 	}
@@ -237,13 +237,13 @@ func (x *exchange) holdAs(principal string) *reply {
 // It returns the reply when the store failed.
 func (a *attempt) useLegacyKey(keys []legacyKey) *reply {
 	for _, k := range keys {
-		legacy := a.h.codec.Key(a.principal, k.scope, k.key)
-		if k.key == "" || legacy == a.hashedKey || !a.h.keyChanges[k.change].reading(a, keyChangeMarkers[k.change]) {
+		legacy := a.p.codec.Key(a.principal, k.scope, k.key)
+		if k.key == "" || legacy == a.hashedKey || !a.p.keyChanges[k.change].reading(a, keyChangeMarkers[k.change]) {
 			continue
 		}
 		var rec *claim.Record
 		err := a.detached("get", func(ctx context.Context) (err error) {
-			rec, _, err = a.h.store.Get(ctx, legacy)
+			rec, _, err = a.p.store.Get(ctx, legacy)
 			return err
 		})
 		if err != nil {
@@ -268,7 +268,7 @@ func (k *keyChange) reading(a *attempt, marker string) bool {
 		if since = k.since.Load(); since == 0 {
 			var t time.Time
 			err := a.detached("get", func(ctx context.Context) (err error) {
-				t, err = a.h.store.Since(ctx, marker, a.h.now())
+				t, err = a.p.store.Since(ctx, marker, a.p.now())
 				return err
 			})
 			if err != nil {
@@ -278,7 +278,7 @@ func (k *keyChange) reading(a *attempt, marker string) bool {
 			k.since.Store(since)
 		}
 	}
-	return a.h.now().Before(time.Unix(0, since).Add(a.rt.settings.Retention))
+	return a.p.now().Before(time.Unix(0, since).Add(a.rt.settings.Retention))
 }
 
 // webhookOutcome is a delivery's result label, from its outcome.
@@ -286,7 +286,7 @@ func (x *exchange) webhookOutcome() string {
 	if x.webhookResult != "" {
 		return x.webhookResult
 	}
-	switch x.outcome {
+	switch x.res.outcome {
 	case outcomeStored, outcomeClaimed, outcomeReleased, outcomeUpstreamTimeout, outcomeStoreError, outcomeFenceLost:
 		return webhookExecuted
 	case outcomeReplayed:
