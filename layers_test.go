@@ -23,11 +23,11 @@ import (
 var proxyLayers = []string{
 	"serve.go", "reconcilekey.go",
 	"follow.go", "pump.go", "answer.go", "respond.go", "repeatability.go", "clientwrite.go",
-	"webhook.go", "admission.go", "forward.go", "firstsent.go", "reconcile.go", "owner.go", "authorize.go",
+	"webhook.go", "admission.go", "forward.go", "firstsent.go", "fail.go", "reconcile.go", "owner.go", "authorize.go",
 	"exchange.go", "attempt.go", "coalesce.go", "logline.go", "gate.go", "settle.go", "storecall.go",
-	"front.go", "lookup.go", "handler.go", "trace.go", "fanout.go", "identity.go", "unconfirmed.go",
-	"liveness.go", "upgrade.go", "transport.go", "reply.go", "resume.go", "limits.go", "stream.go",
-	"metrics.go", "route.go", "providers.go", "headers.go", "pool.go", "bodykey.go", "key.go",
+	"front.go", "lookup.go", "handler.go", "protocol.go", "trace.go", "fanout.go", "identity.go", "unconfirmed.go",
+	"liveness.go", "upgrade.go", "transport.go", "reply.go", "resume.go", "pool.go", "limits.go", "stream.go",
+	"metrics.go", "route.go", "providers.go", "headers.go", "bodykey.go", "key.go",
 	"config.go", "xfcc.go", "jwt.go", "problem.go", "fingerprint.go", "doc.go",
 }
 
@@ -39,10 +39,8 @@ var backUp = map[string]string{
 	"attempt.go -> reconcile.go": "the attempt asks reconcile about a key; reconciling's methods run the attempt's",
 	"attempt.go -> firstsent.go": "a claim refused 412 (refuseUnrecorded) is the attempt's, read with first-sent's rules",
 	"attempt.go -> follow.go":    "an attempt attaches to a stream; following it is the exchange's",
-	"owner.go -> answer.go":      "the owner's forward settles through settle, declared with the answers it settles by",
 	"owner.go -> pump.go":        "the owner waits for the pump its answer started",
 	"answer.go -> pump.go":       "a streamed answer starts its pump",
-	"reconcile.go -> answer.go":  "the owner's reconcile settles through settle",
 	"forward.go -> answer.go":    "the forwarders wire ReverseProxy's hooks, which answer.go implements",
 	"respond.go -> follow.go":    "a stored stream still running is followed",
 	"fanout.go -> storecall.go":  "shared stream reads run under the settle timeout",

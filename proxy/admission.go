@@ -16,7 +16,7 @@ import (
 // admit checks what must hold before anything is read or claimed: the
 // path as matched, no hop-by-hop nomination of what the proxy relies on,
 // the key under one spelling, and a principal, who holds the request's
-// bytes from then on (x.holder). It returns the unquoted key, now also in
+// bytes from then on (x.bufs.holder). It returns the unquoted key, now also in
 // the forwarded header; or the reply that refused it (or forwards it
 // unprotected, on an optional route).
 func (x *exchange) admit() (key string, rep *reply) {
@@ -48,7 +48,7 @@ func (x *exchange) admit() (key string, rep *reply) {
 	if strings.HasPrefix(p, webhookPrincipals) {
 		return "", refuse(outcomeRejected, probIdentityInvalid.with("principals under "+webhookPrincipals+" are the webhook routes' providers and their senders; no identity source may assert one"))
 	}
-	x.holder = p
+	x.bufs.holder = p
 	if x.h.id.replace && p != "" {
 		x.r.Header.Set(x.h.id.header, p) // what the key is scoped to is what the upstream reads
 	}

@@ -62,10 +62,10 @@ func (o *owner) storeAnswer(resp *http.Response) error {
 	if expected > limit {
 		expected = limit + 1
 	}
-	force := func(n int) error { h.p.buffers.force(x.holder, n); return nil }
-	give := func(n int) { h.p.buffers.give(x.holder, n) }
+	force := func(n int) error { h.p.buffers.force(x.bufs.holder, n); return nil }
+	give := func(n int) { h.p.buffers.give(x.bufs.holder, n) }
 	buf, err := readAll(io.LimitReader(resp.Body, limit+1), expected, force, give)
-	x.respBuf = buf
+	x.bufs.respBuf = buf
 	if err != nil {
 		// The upstream answered, so it may have acted, but the body broke
 		// off: there is nothing whole to store. errorHandler applies
@@ -81,15 +81,15 @@ func (o *owner) storeAnswer(resp *http.Response) error {
 	switch size := int64(len(buf)) + headerSize(rec.Header); {
 	case int64(len(buf)) > limit:
 		rec.BodyOmitted, rec.Header = true, nil
-		resp.Body = readCloser{io.MultiReader(x.lend(buf), resp.Body), resp.Body}
+		resp.Body = readCloser{io.MultiReader(x.bufs.lend(buf), resp.Body), resp.Body}
 	case size > limit:
 		rec.BodyOmitted, rec.Header = true, nil
 		resp.Body.Close()
-		resp.Body = x.lend(buf)
+		resp.Body = x.bufs.lend(buf)
 	default:
 		rec.Body = buf
 		resp.Body.Close()
-		resp.Body = x.lend(buf)
+		resp.Body = x.bufs.lend(buf)
 	}
 	o.held.complete(rec)
 	o.noteSettled()

@@ -162,14 +162,14 @@ func (a *attempt) shed(rec *claim.Record, refused string) *reply {
 	if err != nil && !errors.Is(err, claim.ErrLeaseLost) {
 		// Nothing was forwarded: the cleanup deletes the claim once the
 		// store answers.
-		a.h.storeError("release")
+		a.p.storeError("release")
 		a.p.unconfirmed.releaseFailed(a.rt.name, a.hashedKey, rec, a.claimedAt, a.rt.settings.Lease, err)
 		detail = "the route forwards max_in_flight requests already; nothing was forwarded, retry later"
 	}
 	if refused != refusedCap {
 		detail = "this principal holds its share of the route's max_in_flight (the rest is kept for others); nothing was forwarded, retry later"
 	}
-	a.h.metrics.overloaded.WithLabelValues(a.rt.name, refused).Inc()
+	a.p.metrics.overloaded.WithLabelValues(a.rt.name, refused).Inc()
 	p := probOverloaded.with(detail)
 	p.retryAfter = time.Second
 	return refuse(outcomeRejected, p)
@@ -193,7 +193,7 @@ func (a *attempt) settleOrphan(orphan *claim.Record) *reply {
 		return a.storeFailed("complete", err, nil)
 	}
 	a.p.liveness.forget(a.hashedKey)
-	a.h.metrics.unknownOutcomes.WithLabelValues(a.rt.name, unknownOrphan).Inc()
+	a.p.metrics.unknownOutcomes.WithLabelValues(a.rt.name, unknownOrphan).Inc()
 	return a.replay(rec).withDetail("the claim's owner vanished without settling (lease lapsed): settled as 502 outcome-unknown")
 }
 
@@ -234,7 +234,7 @@ func (a *attempt) clearUnforwarded(ghost *claim.Record) *reply {
 	err := a.detached("release", func(ctx context.Context) error { return a.p.store.ReleaseUnforwarded(ctx, a.hashedKey, ghost) })
 	switch {
 	case err == nil:
-		a.h.metrics.unconfirmed.WithLabelValues(unconfirmedOnRetry).Inc()
+		a.p.metrics.unconfirmed.WithLabelValues(unconfirmedOnRetry).Inc()
 		a.log().Info("unconfirmed claim", "route", a.rt.name, "key", a.hashedKey, "result", unconfirmedOnRetry,
 			"original_request_id", ghost.RequestID, "request_id", a.requestID)
 		return nil
@@ -297,9 +297,9 @@ func (a *attempt) wait(until time.Time) (*claim.Record, time.Duration, error) {
 		case <-ctx.Done():
 			return nil, 0, ctx.Err()
 		case <-watch.C():
-			a.h.metrics.wakeupNotify.Inc()
+			a.p.metrics.wakeupNotify.Inc()
 		case <-timer.C:
-			a.h.metrics.wakeupPoll.Inc()
+			a.p.metrics.wakeupPoll.Inc()
 		}
 		var rec *claim.Record
 		var ttl time.Duration
@@ -326,7 +326,7 @@ func (a *attempt) storeFailed(op string, err error, body []byte) *reply {
 		return &reply{outcome: outcomeRejected, detail: "client went away", gone: true}
 	}
 	if qe, ok := errors.AsType[*claim.QuotaError](err); ok {
-		a.h.metrics.quotaRefusals.WithLabelValues(a.rt.name).Inc()
+		a.p.metrics.quotaRefusals.WithLabelValues(a.rt.name).Inc()
 		p := probTooManyKeys.with(fmt.Sprintf("this principal has used the %d new idempotency keys this route allows per %s; retries of existing keys still work", a.rt.settings.QuotaNewKeys, a.rt.settings.QuotaWindow))
 		p.retryAfter = qe.RetryAfter
 		return refuse(outcomeRejected, p).withDetail("new-key quota reached")
@@ -338,13 +338,13 @@ func (a *attempt) storeFailed(op string, err error, body []byte) *reply {
 		p.retryAfter = time.Second
 		return refuse(outcomeRejected, p).withDetail(err.Error())
 	}
-	a.h.storeError(op)
+	a.p.storeError(op)
 	if errors.Is(err, claim.ErrCorrupt) {
 		reason := claim.ReasonCorrupt
 		if re, ok := errors.AsType[*claim.RecordError](err); ok {
 			reason = re.Reason
 		}
-		a.h.metrics.recordErrors.WithLabelValues(reason).Inc()
+		a.p.metrics.recordErrors.WithLabelValues(reason).Inc()
 		return refuse(outcomeRecordUnreadable, probRecordCorrupt.with("the record stored for this key is not one idemproxy can read; nothing was forwarded")).withDetail(err.Error())
 	}
 	if a.rt.settings.FailOpen && body != nil {

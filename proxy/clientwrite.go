@@ -27,8 +27,8 @@ func (x *exchange) writeAnswer(rc *http.ResponseController, b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
-	x.p.buffers.force(x.holder, len(b))
-	defer x.p.buffers.give(x.holder, len(b))
+	x.p.buffers.force(x.bufs.holder, len(b))
+	defer x.p.buffers.give(x.bufs.holder, len(b))
 	timeout := time.Duration(x.h.writeTimeout.Load())
 	// A writer without deadlines (a test's recorder) says so once.
 	deadlines := rc.SetWriteDeadline(time.Now().Add(timeout)) == nil

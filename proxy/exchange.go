@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -11,7 +12,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.22.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -22,14 +22,25 @@ import (
 // writer and the request, admission, respond, finishing and tracing. The
 // protocol on its key is its attempt's.
 type exchange struct {
-	// front is what the exchange knows before its request is admitted:
-	// the handler, the route, the request's id, start and trace.
-	front
+	// h is the HTTP front the request came through, p the protocol its
+	// attempt runs on; rt is its route.
+	h  *Handler
+	p  *protocol
+	rt *route
+	// requestID and start are the request's; trace its span as a record
+	// stores it, traceID its trace id (logged on every line), seen what
+	// hears the attempt's store calls and lookups for the span: zero when
+	// not traced.
+	requestID string
+	start     time.Time
+	trace     claim.TraceContext
+	traceID   string
+	seen      traceSink
 	// a is the protocol on the request's key: claiming, answering from a
 	// record, waiting; nil until the request is admitted, then built
-	// whole from the front and what admission found. The exchange holds
-	// it, never embeds it, so that what is HTTP (the exchange's methods)
-	// and what is the protocol (x.a's) read apart.
+	// whole from the exchange's front and what admission found. The
+	// exchange holds it, never embeds it, so that what is HTTP (the
+	// exchange's methods) and what is the protocol (x.a's) read apart.
 	a    *attempt
 	fwd  *forwarder
 	w    http.ResponseWriter
@@ -50,9 +61,24 @@ type exchange struct {
 	// where the outcome does not say it.
 	webhookResult string
 
-	// loans are the pooled buffers the request's body and the answer
-	// were read into, and the bodies lent over them (pool.go).
-	loans
+	// bufs are the pooled buffers the request's body and the answer were
+	// read into, and the bodies lent over them (pool.go).
+	bufs loans
+}
+
+// front is what the exchange knows of its request before the protocol on
+// its key starts, for its attempt to be built on (newAttempt).
+func (x *exchange) front() front {
+	return front{p: x.p, rt: x.rt, ctx: x.r.Context(), requestID: x.requestID, start: x.start, trace: x.trace, traceID: x.traceID, seen: x.seen}
+}
+
+// log is the handler's logger, with the trace id on every line when the
+// request is traced.
+func (x *exchange) log() *slog.Logger {
+	if x.traceID != "" {
+		return x.h.log.With("trace_id", x.traceID)
+	}
+	return x.h.log
 }
 
 // result is what finish counts and logs of a request, and what its span
@@ -101,7 +127,7 @@ func (x *exchange) note(r result) {
 
 // admitted is what a route's admission let through.
 type admitted struct {
-	admittedAs
+	as   admittedAs
 	body []byte
 	// legacy, on a webhook route, are the keys earlier releases stored
 	// the delivery under (useLegacyKey).
@@ -122,11 +148,11 @@ func (x *exchange) inflate(rec *claim.Record) *reply {
 		return notReplayable(rec)
 	}
 	buf := getBody(n)
-	if err := x.p.buffers.take(x.holder, cap(buf)); err != nil {
+	if err := x.p.buffers.take(x.bufs.holder, cap(buf)); err != nil {
 		putBody(buf)
 		return bufferRefused(err, "the stored answer is kept")
 	}
-	x.inflated = buf // given back with the others
+	x.bufs.inflated = buf // given back with the others
 	if err := rec.Inflate(buf); err != nil {
 		return x.a.storeFailed("get", err, nil)
 	}
@@ -144,10 +170,10 @@ func (x *exchange) readBody() ([]byte, *reply) {
 	// forever; the deadline covers only this read.
 	rc := http.NewResponseController(x.w)
 	_ = rc.SetReadDeadline(time.Now().Add(x.h.bodyTimeout))
-	take := func(n int) error { return x.p.buffers.take(x.holder, n) }
-	give := func(n int) { x.p.buffers.give(x.holder, n) }
+	take := func(n int) error { return x.p.buffers.take(x.bufs.holder, n) }
+	give := func(n int) { x.p.buffers.give(x.bufs.holder, n) }
 	body, err := readAll(http.MaxBytesReader(x.w, x.r.Body, limit), x.r.ContentLength, take, give)
-	x.reqBuf = body
+	x.bufs.reqBuf = body
 	if errors.Is(err, errOverBudget) || errors.Is(err, errOverShare) {
 		x.w.Header().Set("Connection", "close")
 		return nil, bufferRefused(err, "nothing was claimed or forwarded")
@@ -166,24 +192,6 @@ func (x *exchange) readBody() ([]byte, *reply) {
 	return body, nil
 }
 
-// giveBack ends every lent body's reads, then returns the exchange's
-// buffers to their pool.
-func (x *exchange) giveBack() {
-	for i := range x.nlent {
-		x.lent[i].takeBack()
-	}
-	for _, b := range x.more {
-		b.takeBack()
-	}
-	for _, buf := range [...][]byte{x.reqBuf, x.respBuf, x.inflated} {
-		if buf != nil {
-			x.p.buffers.give(x.holder, cap(buf))
-			putBody(buf)
-		}
-	}
-	x.reqBuf, x.respBuf, x.inflated = nil, nil, nil
-}
-
 // startTrace starts the exchange's server span, continuing the client's
 // trace, and carries it in x.r's context. It is named and attributed by
 // the HTTP semantic conventions: "{method} {http.route}".
@@ -198,7 +206,6 @@ func (x *exchange) startTrace() {
 	x.r, x.span = x.h.tracing.serverSpan(x.r, x.trusted, x.start, x.r.Method+" "+x.rt.httpRoute, attrs)
 	// The attempt's store calls and lookups are children of the span; it
 	// tells the span what it did.
-	x.ctx = x.r.Context()
 	x.seen = &spanSink{t: x.h.tracing, ctx: x.r.Context(), span: x.span, store: x.p.store}
 	if sc := x.span.SpanContext(); sc.IsValid() {
 		x.trace = claim.TraceContext{TraceID: sc.TraceID(), SpanID: sc.SpanID()}
@@ -236,25 +243,6 @@ func (x *exchange) endTrace() {
 		x.span.SetStatus(codes.Error, res.outcome)
 	}
 	x.span.End()
-}
-
-// upstreamSpan starts the client span of an upstream call and puts its
-// traceparent on req, which is the outgoing request ReverseProxy built.
-func (x *exchange) upstreamSpan(req *http.Request) (*http.Request, trace.Span) {
-	defaultPort := "80"
-	if req.URL.Scheme == "https" {
-		defaultPort = "443"
-	}
-	attrs := []attribute.KeyValue{
-		semconv.HTTPRequestMethodKey.String(req.Method),
-		semconv.URLFull(redactedURL(req.URL)),
-	}
-	attrs = append(attrs, hostPort(req.URL.Host, defaultPort)...)
-	ctx, sp := x.h.tracing.tracer.Start(req.Context(), req.Method,
-		trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attrs...))
-	x.h.tracing.propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
-	return req.WithContext(ctx), sp
 }
 
 // spanSink is a traced exchange's traceSink: what its attempt did, as

@@ -109,7 +109,7 @@ func (a *attempt) refuseUnrecorded(rec *claim.Record) *reply {
 		return nil
 	}
 	a.releaseClaim(rec)
-	a.h.metrics.firstSentRefused.WithLabelValues(a.rt.name, reason).Inc()
+	a.p.metrics.firstSentRefused.WithLabelValues(a.rt.name, reason).Inc()
 	if reason == refusedKeyExpired {
 		return refuse(outcomeRejected, probKeyExpired.with("the request was first sent at "+a.firstSent.UTC().Format(time.RFC3339)+", longer ago than this route keeps records ("+s.Retention.String()+"): it may have executed and its record expired; nothing was forwarded. Look the resource up; send a new request with a new key"))
 	}

@@ -34,7 +34,7 @@ func (a *attempt) attach(rec *claim.Record) *reply {
 // streamTooLong answers a retry of a streamed record longer than the
 // route stores: record-unreadable, counted as too_large.
 func (a *attempt) streamTooLong() *reply {
-	a.h.metrics.recordErrors.WithLabelValues(claim.ReasonTooLarge).Inc()
+	a.p.metrics.recordErrors.WithLabelValues(claim.ReasonTooLarge).Inc()
 	return refuse(outcomeRecordUnreadable, probRecordCorrupt.with("the stream stored for this key is longer than this route's max_response_body, which idemproxy never stores; nothing was forwarded"))
 }
 
@@ -88,7 +88,7 @@ func (a *attempt) readStream(ctx context.Context, at int) (claim.StreamPart, err
 // followerTooLong cuts a follower of a stream grown past what its owner
 // ever stores (planted or edited), counted as too_large.
 func (a *attempt) followerTooLong() claim.StreamEnd {
-	a.h.metrics.recordErrors.WithLabelValues(claim.ReasonTooLarge).Inc()
+	a.p.metrics.recordErrors.WithLabelValues(claim.ReasonTooLarge).Inc()
 	a.log().Warn("stream follower cut: the stored stream grew past max_response_body", "route", a.rt.name, "key", a.hashedKey, "request_id", a.requestID)
 	return claim.StreamAborted
 }

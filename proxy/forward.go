@@ -97,7 +97,7 @@ type ownerTransport struct {
 func (t *ownerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	o := ownerFrom(req.Context())
 	if o != nil && o.x.span != nil {
-		req, sp := o.x.upstreamSpan(req)
+		req, sp := o.upstreamSpan(req)
 		resp, err := t.roundTrip(o, req)
 		endUpstreamSpan(sp, resp, err)
 		return resp, err

@@ -8,7 +8,7 @@ import (
 	"github.com/idemproxy/idemproxy/claim"
 )
 
-// What a front hands the protocol: the request's front (handler, route,
+// What a front hands the protocol: the request's front (protocol, route,
 // request id, start, trace), known from its first byte, and the attempt
 // built whole on it once the request is admitted.
 
@@ -16,12 +16,27 @@ import (
 // where it lives in the store, and the claim this attempt holds. Claiming,
 // answering from a record already there, waiting, settling an orphan and
 // reconciling live on it and return the reply they decided; it knows no
-// HTTP request. A request's exchange runs one (and writes its reply);
-// the key API's reconcile-now runs one with no request at all.
+// HTTP request. It is built whole from a front once the request is
+// admitted (newAttempt), and holds the protocol it runs on (p) as a
+// field: an HTTP request's exchange runs one (and writes its reply); the
+// key API's reconcile-now runs one with no request at all.
 type attempt struct {
-	front
-	principal string
+	p  *protocol
+	rt *route
+	// ctx is what the attempt's store calls and lookups inherit: values
+	// (the trace), never the front's cancellation, which the attempt asks
+	// about itself (storeFailed).
+	ctx       context.Context
+	requestID string
+	start     time.Time
+	// trace is the front's span as a record stores it, and traceID its
+	// trace id (logged on every line); zero when not traced. seen, when
+	// set, hears what the attempt did, for the front's trace.
+	trace   claim.TraceContext
+	traceID string
+	seen    traceSink
 
+	principal string
 	// hashedKey is the store key, the only form of the key that is logged.
 	hashedKey string
 	// idemKey is the idempotency key as the client sent it: never logged,
@@ -40,28 +55,18 @@ type attempt struct {
 }
 
 // front is what a front knows of a request before the protocol on its
-// key starts: the handler and route, the request's id and start, and its
-// trace. An exchange holds one from the first byte; an attempt is built
-// on it once the request is admitted (newAttempt), whole, and never
-// written after.
+// key starts: the protocol and route, the request's id and start, and its
+// trace. An attempt is built on it once the request is admitted
+// (newAttempt), whole, and never written after.
 type front struct {
-	h *Handler
-	// p is the protocol the attempt runs on.
-	p  *protocol
-	rt *route
-	// ctx is what the attempt's store calls and lookups inherit: values
-	// (the trace), never the front's cancellation, which the attempt asks
-	// about itself (storeFailed).
+	p         *protocol
+	rt        *route
 	ctx       context.Context
 	requestID string
 	start     time.Time
-
-	// trace is the front's span as a record stores it, and traceID its
-	// trace id (logged on every line); zero when not traced.
-	trace   claim.TraceContext
-	traceID string
-	// seen, when set, hears what the attempt did, for the front's trace.
-	seen traceSink
+	trace     claim.TraceContext
+	traceID   string
+	seen      traceSink
 }
 
 // traceSink is what an attempt tells its front's trace: each store call,
@@ -73,9 +78,9 @@ type traceSink interface {
 	linkTo(rec *claim.Record)
 }
 
-// newFront is the front of a request on rt, from ctx.
-func (h *Handler) newFront(ctx context.Context, rt *route, requestID string) front {
-	return front{h: h, p: h.p, rt: rt, ctx: ctx, requestID: requestID, start: time.Now()}
+// newFront is the front of a request on rt, from ctx, starting now.
+func (p *protocol) newFront(ctx context.Context, rt *route, requestID string) front {
+	return front{p: p, rt: rt, ctx: ctx, requestID: requestID, start: time.Now()}
 }
 
 // admittedAs is who presents the key and what they said of it, as
@@ -92,20 +97,21 @@ type admittedAs struct {
 // newAttempt is the attempt at in's key by in's principal, on f's route.
 func (f front) newAttempt(in admittedAs) *attempt {
 	return &attempt{
-		front:     f,
+		p: f.p, rt: f.rt, ctx: f.ctx, requestID: f.requestID, start: f.start,
+		trace: f.trace, traceID: f.traceID, seen: f.seen,
 		principal: in.principal,
 		hashedKey: f.p.codec.Key(in.principal, f.rt.scope, in.key),
 		idemKey:   in.key, firstSent: in.firstSent, hasFirstSent: in.hasFirstSent,
 	}
 }
 
-// log is the handler's logger, with the trace id on every line when the
+// log is the protocol's logger, with the trace id on every line when the
 // request is traced.
-func (f *front) log() *slog.Logger {
-	if f.traceID != "" {
-		return f.h.log.With("trace_id", f.traceID)
+func (a *attempt) log() *slog.Logger {
+	if a.traceID != "" {
+		return a.p.log.With("trace_id", a.traceID)
 	}
-	return f.h.log
+	return a.p.log
 }
 
 // linkTo links the front's span to the span of the attempt that claimed

@@ -38,7 +38,7 @@ func TestFrontWithoutAnHTTPRequest(t *testing.T) {
 	// and forwards through forward, renewing while it runs.
 	executed := 0
 	serve := func(requestID string, forward func(*holding) (int, []byte)) *reply {
-		a := h.newFront(context.Background(), rt, requestID).newAttempt(admittedAs{principal: "alice", key: "order-42"})
+		a := h.p.newFront(context.Background(), rt, requestID).newAttempt(admittedAs{principal: "alice", key: "order-42"})
 		rec := a.newClaim(fp)
 		held, rep := a.ownOrAnswer(rec, body, nil)
 		if held == nil {
@@ -83,7 +83,7 @@ func TestFrontWithoutAnHTTPRequest(t *testing.T) {
 	}
 
 	// A settlement that frees the key: the next attempt executes.
-	a := h.newFront(context.Background(), rt, "req-5").newAttempt(admittedAs{principal: "alice", key: "order-43"})
+	a := h.p.newFront(context.Background(), rt, "req-5").newAttempt(admittedAs{principal: "alice", key: "order-43"})
 	rec := a.newClaim(fp)
 	held, rep := a.ownOrAnswer(rec, body, nil)
 	if held == nil {
@@ -94,7 +94,7 @@ func TestFrontWithoutAnHTTPRequest(t *testing.T) {
 	if v.outcome != outcomeReleased {
 		t.Fatalf("release: %+v", v)
 	}
-	b := h.newFront(context.Background(), rt, "req-6").newAttempt(admittedAs{principal: "alice", key: "order-43"})
+	b := h.p.newFront(context.Background(), rt, "req-6").newAttempt(admittedAs{principal: "alice", key: "order-43"})
 	if held, rep := b.ownOrAnswer(b.newClaim(fp), body, nil); held == nil {
 		t.Fatalf("the key released: %+v, want the retry to own it", rep)
 	} else {
@@ -161,6 +161,54 @@ func TestAttemptBuiltWhole(t *testing.T) {
 	}
 	if methods > 30 {
 		t.Errorf("the exchange has %d methods of its own, more than 30", methods)
+	}
+}
+
+// TestNothingEmbedsTheProtocol (issue 77): no struct of the package
+// embeds one of the package's own types, whose methods and fields would
+// then read as the embedder's (the exchange once embedded its front and
+// its buffers, the attempt its front): each is held as a named field.
+// Wrapping an interface of another package for delegation
+// (http.ResponseWriter, io.Reader) stays.
+func TestNothingEmbedsTheProtocol(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		af, err := parser.ParseFile(fset, f, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(af, func(n ast.Node) bool {
+			ts, ok := n.(*ast.TypeSpec)
+			if !ok {
+				return true
+			}
+			st, ok := ts.Type.(*ast.StructType)
+			if !ok {
+				return true
+			}
+			checked++
+			for _, field := range st.Fields.List {
+				typ := field.Type
+				if star, ok := typ.(*ast.StarExpr); ok {
+					typ = star.X
+				}
+				if _, own := typ.(*ast.Ident); own && len(field.Names) == 0 {
+					t.Errorf("%s: %s embeds %s, a type of its own package: hold it as a named field", fset.Position(field.Pos()), ts.Name.Name, render(field.Type))
+				}
+			}
+			return true
+		})
+	}
+	if checked < 50 {
+		t.Errorf("checked %d structs: the files were not read", checked)
 	}
 }
 

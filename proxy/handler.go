@@ -9,28 +9,12 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/idemproxy/idemproxy/claim"
 )
-
-// Store is what the proxy needs of a backend (claim.Store): the
-// protocol's operations on a key, its Codec, and its spans' names.
-type Store = claim.Store
-
-// codecOf is store's Codec (nil without a store: a Handler built only to
-// check a configuration).
-func codecOf(store Store) *claim.Codec {
-	if store == nil {
-		return nil
-	}
-	return store.Codec()
-}
 
 // Options are the optional collaborators of a Handler.
 type Options struct {
@@ -162,7 +146,7 @@ func (h *Handler) Waiting() int { return int(h.p.waiting.Load()) }
 
 // BufferedBytes is how many bytes request and response body buffers hold
 // now (limits.max_buffered_bytes bounds it).
-func (h *Handler) BufferedBytes() int64 { return h.p.buffers.count() }
+func (h *Handler) BufferedBytes() int64 { return h.p.buffers.counts.count() }
 
 // dropping is a log handler that drops the records whose message holds
 // drop: ReverseProxy's own line for a stream idemproxy broke off, which
@@ -179,25 +163,6 @@ func (d dropping) Handle(ctx context.Context, r slog.Record) error {
 		return nil
 	}
 	return d.Handler.Handle(ctx, r)
-}
-
-// Key changes of webhook routes, by the release that made them.
-const (
-	keysV06 = iota // v0.6.0: keyed by what is signed, scoped by route
-	keysV07        // v0.7.0: a body's digest with the event it is about
-	keyChanges
-)
-
-// keyChangeMarkers name the store's markers (Store.Since) of when it first
-// served a release with each key change.
-var keyChangeMarkers = [keyChanges]string{keysV06: "webhook-keys-v0.6", keysV07: "webhook-keys-v0.7"}
-
-// keyChange is when the store first served a change of webhook keys,
-// read once per process: until one retention after it, the keys the
-// change replaced are looked at too.
-type keyChange struct {
-	since atomic.Int64 // Unix nanoseconds; 0 until read
-	mu    sync.Mutex   // one read at a time
 }
 
 // newRequestID is a fresh request id: 16 bytes of rand, in hex.

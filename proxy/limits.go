@@ -122,7 +122,7 @@ func (h *held) count() int64 { return h.n.Load() }
 // that one tenant cannot take it all from the others. A limit of 0 holds
 // without limit.
 type budget struct {
-	held
+	counts       held
 	limit, share int64
 }
 
@@ -139,10 +139,10 @@ var (
 // a budget's limit never changes (a reload builds a new Handler).
 func (b *budget) take(principal string, n int) error {
 	if b.limit <= 0 {
-		b.n.Add(int64(n))
+		b.counts.n.Add(int64(n))
 		return nil
 	}
-	switch b.held.take(principal, int64(n), bound{max: b.limit, share: b.share}) {
+	switch b.counts.take(principal, int64(n), bound{max: b.limit, share: b.share}) {
 	case "":
 		return nil
 	case refusedShare:
@@ -156,10 +156,10 @@ func (b *budget) take(principal string, n int) error {
 // read whole to be stored, since the upstream has already acted.
 func (b *budget) force(principal string, n int) {
 	if b.limit <= 0 {
-		b.n.Add(int64(n))
+		b.counts.n.Add(int64(n))
 		return
 	}
-	b.held.force(principal, int64(n))
+	b.counts.force(principal, int64(n))
 }
 
 // move makes n bytes from holds to's (a webhook delivery's, once its
@@ -168,7 +168,7 @@ func (b *budget) move(from, to string, n int) error {
 	if b.limit <= 0 {
 		return nil
 	}
-	if b.held.move(from, to, int64(n), bound{max: b.limit, share: b.share}) != "" {
+	if b.counts.move(from, to, int64(n), bound{max: b.limit, share: b.share}) != "" {
 		return errOverShare
 	}
 	return nil
@@ -176,10 +176,10 @@ func (b *budget) move(from, to string, n int) error {
 
 func (b *budget) give(principal string, n int) {
 	if b.limit <= 0 {
-		b.n.Add(-int64(n))
+		b.counts.n.Add(-int64(n))
 		return
 	}
-	b.held.give(principal, int64(n))
+	b.counts.give(principal, int64(n))
 }
 
 // inFlight counts, per route name, the first attempts forwarding now, for
@@ -238,17 +238,17 @@ func (f *inFlight) take(route, principal string, limit, share int) (*slot, strin
 // and principals holding one call each can use every slot. A share of the
 // whole pool keeps nothing.
 type lateCalls struct {
-	held
+	counts     held
 	max, share int64
 }
 
 // take reserves a late-call slot for principal.
 func (l *lateCalls) take(principal string) (bool, string) {
-	refused := l.held.take(principal, 1, bound{max: l.max, share: l.share, reserve: true, minReserve: (l.max + 1) / 2})
+	refused := l.counts.take(principal, 1, bound{max: l.max, share: l.share, reserve: true, minReserve: (l.max + 1) / 2})
 	return refused == "", refused
 }
 
-func (l *lateCalls) give(principal string) { l.held.give(principal, 1) }
+func (l *lateCalls) give(principal string) { l.counts.give(principal, 1) }
 
 // attached counts the retries following each stream on this sidecar.
 type attached struct {

@@ -13,7 +13,7 @@ func TestFairSlots(t *testing.T) {
 		t.Helper()
 		ok, refused := f.take(p)
 		if ok != want || refused != reason {
-			t.Fatalf("take(%s) with %d taken: %t %q, want %t %q", p, f.count(), ok, refused, want, reason)
+			t.Fatalf("take(%s) with %d taken: %t %q, want %t %q", p, f.counts.count(), ok, refused, want, reason)
 		}
 	}
 	take("alice", true, "")
@@ -29,8 +29,8 @@ func TestFairSlots(t *testing.T) {
 	f.give("carol")
 	f.give("dave")
 	f.give("alice")
-	if f.count() != 0 || len(f.by) != 0 {
-		t.Fatalf("after giving every slot back: %d taken, %v held", f.count(), f.by)
+	if f.counts.count() != 0 || len(f.counts.by) != 0 {
+		t.Fatalf("after giving every slot back: %d taken, %v held", f.counts.count(), f.counts.by)
 	}
 
 	// However principals within their share arrive, as many principals
@@ -96,16 +96,16 @@ func TestBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.force("bob", 1000)
-	if b.count() != 1100 {
-		t.Fatalf("held %d, want 1100", b.count())
+	if b.counts.count() != 1100 {
+		t.Fatalf("held %d, want 1100", b.counts.count())
 	}
 	b.give("bob", 1040)
 	b.give("alice", 60)
-	if b.count() != 0 || len(b.by) != 0 {
-		t.Fatalf("after giving everything back: %d, %v", b.count(), b.by)
+	if b.counts.count() != 0 || len(b.counts.by) != 0 {
+		t.Fatalf("after giving everything back: %d, %v", b.counts.count(), b.counts.by)
 	}
 	var free budget
-	if err := free.take("alice", 1<<40); err != nil || free.count() != 1<<40 {
-		t.Fatalf("no limit: %v, %d held", err, free.count())
+	if err := free.take("alice", 1<<40); err != nil || free.counts.count() != 1<<40 {
+		t.Fatalf("no limit: %v, %d held", err, free.counts.count())
 	}
 }

@@ -50,19 +50,6 @@ func lookupURL(upstream *url.URL, rc *Reconcile, key, principal, route string) *
 	return &u
 }
 
-// lookupAnswer is what one lookup learned: result, and for a found answer
-// the response to store (status, headers, body); why says what went wrong
-// for an unresolved one.
-type lookupAnswer struct {
-	result string
-	// status is what a found answer is stored with; upstreamStatus what
-	// the lookup answered (zero: no answer).
-	status, upstreamStatus int
-	header                 http.Header
-	body                   []byte
-	why                    string
-}
-
 // lookupHeaders are never stored from a found answer: they describe the
 // lookup's own connection or body, not the effect's answer.
 var lookupHeaders = []string{"Connection", "Keep-Alive", "Transfer-Encoding", "Content-Length", "Trailer", "Upgrade"}

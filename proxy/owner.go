@@ -14,6 +14,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -196,7 +197,7 @@ func (o *owner) clientTimedOut() {
 		h.p.late.give(x.a.principal)
 		return
 	}
-	x.answeredTimeout(p.Detail)
+	o.answeredTimeout(p.Detail)
 	// The client has its answer: from here the late-call pool bounds this
 	// call, and its max_in_flight slot is free for another first attempt.
 	o.held.slot.give()
@@ -250,7 +251,8 @@ func (o *owner) lateSettled() {
 // and a span linked to this one). It runs on the timer's goroutine beside
 // the handler's, so it reads only what is fixed once the request was
 // forwarded.
-func (x *exchange) answeredTimeout(detail string) {
+func (o *owner) answeredTimeout(detail string) {
+	x := o.x
 	total := time.Since(x.start)
 	x.h.metrics.requests.WithLabelValues(x.rt.name, outcomeUpstreamTimeout).Inc()
 	line := requestLine{route: x.rt.name, outcome: outcomeUpstreamTimeout, status: http.StatusGatewayTimeout,
@@ -284,8 +286,27 @@ func (x *exchange) answeredTimeout(detail string) {
 func (o *owner) forwardBody() io.ReadCloser {
 	if len(o.body) == 0 || len(o.body) > smallForward {
 		o.copied = nil
-		return o.x.lend(o.body)
+		return o.x.bufs.lend(o.body)
 	}
 	o.copied = io.NopCloser(bytes.NewReader(bytes.Clone(o.body)))
 	return o.copied
+}
+
+// upstreamSpan starts the client span of an upstream call and puts its
+// traceparent on req, which is the outgoing request ReverseProxy built.
+func (o *owner) upstreamSpan(req *http.Request) (*http.Request, trace.Span) {
+	defaultPort := "80"
+	if req.URL.Scheme == "https" {
+		defaultPort = "443"
+	}
+	attrs := []attribute.KeyValue{
+		semconv.HTTPRequestMethodKey.String(req.Method),
+		semconv.URLFull(redactedURL(req.URL)),
+	}
+	attrs = append(attrs, hostPort(req.URL.Host, defaultPort)...)
+	ctx, sp := o.x.h.tracing.tracer.Start(req.Context(), req.Method,
+		trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attrs...))
+	o.x.h.tracing.propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	return req.WithContext(ctx), sp
 }

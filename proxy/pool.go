@@ -120,6 +120,24 @@ type loans struct {
 	more            []*lentBody
 }
 
+// giveBack ends every lent body's reads, then returns the buffers to
+// their pool, and their bytes to b.
+func (l *loans) giveBack(b *budget) {
+	for i := range l.nlent {
+		l.lent[i].takeBack()
+	}
+	for _, lb := range l.more {
+		lb.takeBack()
+	}
+	for _, buf := range [...][]byte{l.reqBuf, l.respBuf, l.inflated} {
+		if buf != nil {
+			b.give(l.holder, cap(buf))
+			putBody(buf)
+		}
+	}
+	l.reqBuf, l.respBuf, l.inflated = nil, nil, nil
+}
+
 // lend returns a body that reads buf until giveBack.
 func (l *loans) lend(buf []byte) *lentBody {
 	var b *lentBody

@@ -44,15 +44,15 @@ func TestBodyPoolClasses(t *testing.T) {
 }
 
 func TestLentBodyStopsAtGiveBack(t *testing.T) {
-	x := &exchange{front: front{h: &Handler{}, p: &protocol{}}}
+	x := &exchange{h: &Handler{}, p: &protocol{}}
 	buf := append(getBody(8), "12345678"...)
-	x.reqBuf = buf
-	b := x.lend(buf)
+	x.bufs.reqBuf = buf
+	b := x.bufs.lend(buf)
 	p := make([]byte, 3)
 	if n, err := b.Read(p); n != 3 || err != nil || string(p) != "123" {
 		t.Fatalf("Read = %d, %v, %q", n, err, p[:n])
 	}
-	x.giveBack()
+	x.bufs.giveBack(&x.p.buffers)
 	copy(buf[:cap(buf)], "XXXXXXXX") // the buffer now belongs to someone else
 	if n, err := b.Read(p); n != 0 || !errors.Is(err, errBodyReturned) {
 		t.Fatalf("Read after giveBack = %d, %v (%q); want 0, errBodyReturned", n, err, p[:n])

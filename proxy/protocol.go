@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -76,3 +78,48 @@ type protocol struct {
 // storeError counts a failure of store operation op in
 // idemproxy_store_errors_total: the one place it is counted.
 func (p *protocol) storeError(op string) { p.metrics.storeErrors.WithLabelValues(op).Inc() }
+
+// Store is what the proxy needs of a backend (claim.Store): the
+// protocol's operations on a key, its Codec, and its spans' names.
+type Store = claim.Store
+
+// codecOf is store's Codec (nil without a store: a Handler built only to
+// check a configuration).
+func codecOf(store Store) *claim.Codec {
+	if store == nil {
+		return nil
+	}
+	return store.Codec()
+}
+
+// lookupAnswer is what one lookup learned: result, and for a found answer
+// the response to store (status, headers, body); why says what went wrong
+// for an unresolved one.
+type lookupAnswer struct {
+	result string
+	// status is what a found answer is stored with; upstreamStatus what
+	// the lookup answered (zero: no answer).
+	status, upstreamStatus int
+	header                 http.Header
+	body                   []byte
+	why                    string
+}
+
+// Key changes of webhook routes, by the release that made them.
+const (
+	keysV06 = iota // v0.6.0: keyed by what is signed, scoped by route
+	keysV07        // v0.7.0: a body's digest with the event it is about
+	keyChanges
+)
+
+// keyChangeMarkers name the store's markers (Store.Since) of when it first
+// served a release with each key change.
+var keyChangeMarkers = [keyChanges]string{keysV06: "webhook-keys-v0.6", keysV07: "webhook-keys-v0.7"}
+
+// keyChange is when the store first served a change of webhook keys,
+// read once per process: until one retention after it, the keys the
+// change replaced are looked at too.
+type keyChange struct {
+	since atomic.Int64 // Unix nanoseconds; 0 until read
+	mu    sync.Mutex   // one read at a time
+}

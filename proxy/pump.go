@@ -189,13 +189,13 @@ var readBufs = sync.Pool{New: func() any { return new([streamReadBuf]byte) }}
 // gives n back.
 func (p *streamPump) hold(n int) {
 	if n > 0 {
-		p.o.x.p.buffers.force(p.o.x.holder, n)
+		p.o.x.p.buffers.force(p.o.x.bufs.holder, n)
 	}
 }
 
 func (p *streamPump) release(n int) {
 	if n > 0 {
-		p.o.x.p.buffers.give(p.o.x.holder, n)
+		p.o.x.p.buffers.give(p.o.x.bufs.holder, n)
 	}
 }
 

@@ -119,10 +119,10 @@ func startPumpOn(t testing.TB, f *pumpStore, up io.ReadCloser) (*owner, io.ReadC
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := h.newFront(context.Background(), h.routes.Load().byName["pay"], "req-1").newAttempt(admittedAs{principal: "alice", key: "stream-1"})
+	a := h.p.newFront(context.Background(), h.routes.Load().byName["pay"], "req-1").newAttempt(admittedAs{principal: "alice", key: "stream-1"})
 	rec := a.newClaim(claim.Fingerprint{})
-	x := &exchange{front: a.front, a: a, w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/payments", nil)}
-	x.holder = a.principal
+	x := &exchange{h: h, p: h.p, rt: a.rt, requestID: a.requestID, start: a.start, a: a, w: httptest.NewRecorder(), r: httptest.NewRequest(http.MethodPost, "/payments", nil)}
+	x.bufs.holder = a.principal
 	o := &owner{x: x, held: &holding{a: a, rec: rec}}
 	resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}},
 		ContentLength: -1, Body: &pumpUpstream{t: t, r: up}}

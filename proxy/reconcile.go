@@ -223,7 +223,7 @@ func (r *reconciling) storeFound(existing, taker *claim.Record, ans lookupAnswer
 func (r *reconciling) reconciled(result string, first *claim.Record, why string) {
 	a := r.a
 	r.result = result
-	a.h.metrics.reconciled.WithLabelValues(a.rt.name, result).Inc()
+	a.p.metrics.reconciled.WithLabelValues(a.rt.name, result).Inc()
 	args := []any{"route", a.rt.name, "key", a.hashedKey, "result", result, "original_request_id", first.RequestID, "request_id", a.requestID}
 	if why != "" {
 		a.log().Warn("reconcile lookup", append(args, "error", why)...)
@@ -294,7 +294,7 @@ func (r *reconciling) tooEarly(e *claim.TooEarlyError) *reply {
 func (r *reconciling) ask() lookupAnswer {
 	a := r.a
 	start := time.Now()
-	ans := a.h.lookup(context.WithoutCancel(a.ctx), a.rt, a.principal, a.idemKey, a.rt.settings.MaxResponseBody)
+	ans := a.p.lookup(context.WithoutCancel(a.ctx), a.rt, a.principal, a.idemKey, a.rt.settings.MaxResponseBody)
 	if a.seen != nil {
 		a.seen.lookupSpan(start, ans)
 	}

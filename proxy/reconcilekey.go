@@ -20,7 +20,7 @@ func (h *Handler) ReconcileKey(ctx context.Context, routeName, principal, key st
 	if rt == nil || rt.settings.Reconcile == nil {
 		return "", 0, nil, fmt.Errorf("route %q does not reconcile", routeName)
 	}
-	a := h.newFront(ctx, rt, newRequestID(h.p.rand)).newAttempt(admittedAs{principal: principal, key: key})
+	a := h.p.newFront(ctx, rt, newRequestID(h.p.rand)).newAttempt(admittedAs{principal: principal, key: key})
 	r := &reconciling{a: a}
 	existing, ttl, err := h.p.store.Get(ctx, a.hashedKey)
 	if err != nil {

@@ -85,7 +85,7 @@ func (x *exchange) bypass(body []byte) int {
 	r := x.r.WithContext(x.r.Context()) // a copy; ReverseProxy clones it again
 	r.Trailer = nil                     // request trailers never reach the upstream of a protected route
 	if body != nil {
-		r.Body = x.lend(body)
+		r.Body = x.bufs.lend(body)
 		r.ContentLength = int64(len(body))
 	}
 	sw := &statusWriter{ResponseWriter: x.w}

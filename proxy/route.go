@@ -46,7 +46,7 @@ func KeyScope(route string, shared bool) string {
 
 // routeHandler marks a route in the mux. It is never served: the mux is
 // used only to match, so its redirects and 405s never answer a client.
-type routeHandler struct{ *route }
+type routeHandler struct{ rt *route }
 
 func (routeHandler) ServeHTTP(http.ResponseWriter, *http.Request) {}
 
@@ -175,7 +175,7 @@ func (rt *router) lookup(r *http.Request, method, clean string) *route {
 	probe := &http.Request{Method: method, Host: r.Host, URL: &u, Header: r.Header}
 	h, _ := rt.mux.Handler(probe)
 	if rh, ok := h.(routeHandler); ok {
-		return rh.route
+		return rh.rt
 	}
 	return nil
 }

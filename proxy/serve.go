@@ -160,17 +160,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	x := &exchange{
-		front:   h.newFront(r.Context(), rt, h.requestID(r)),
-		fwd:     h.forwarder(trusted),
-		w:       w,
-		r:       r,
-		path:    path,
-		trusted: trusted,
+		h:         h,
+		p:         h.p,
+		rt:        rt,
+		requestID: h.requestID(r),
+		start:     time.Now(),
+		fwd:       h.forwarder(trusted),
+		w:         w,
+		r:         r,
+		path:      path,
+		trusted:   trusted,
 	}
 	if h.tracing != nil {
 		x.startTrace()
 	}
-	defer x.giveBack() // runs last: nothing of x reads its buffers after it
+	defer x.bufs.giveBack(&h.p.buffers) // runs last: nothing of x reads its buffers after it
 	// Deferred so that a client disconnect, which aborts the handler with
 	// http.ErrAbortHandler while the response is copied, is still counted.
 	defer x.finish()
@@ -228,7 +232,7 @@ func (x *exchange) decide() *reply {
 		return rep
 	}
 	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, in.body)
-	x.a = x.front.newAttempt(in.admittedAs)
+	x.a = x.front().newAttempt(in.as)
 	if len(in.legacy) > 0 {
 		if rep := x.a.useLegacyKey(in.legacy); rep != nil {
 			return rep
@@ -261,8 +265,8 @@ func (x *exchange) admitClient() (admitted, *reply) {
 			return admitted{}, rep
 		}
 	}
-	in := admitted{admittedAs: admittedAs{principal: x.holder, key: key}, body: body}
-	if rep := x.readFirstSent(&in.admittedAs); rep != nil {
+	in := admitted{as: admittedAs{principal: x.bufs.holder, key: key}, body: body}
+	if rep := x.readFirstSent(&in.as); rep != nil {
 		return admitted{}, rep
 	}
 	return in, nil

@@ -13,10 +13,6 @@ import (
 // and traces it (storeSpan); op is one of storeOps, whose error series
 // exist from the start.
 
-// storeError counts a failure of store operation op in
-// idemproxy_store_errors_total: the one place it is counted.
-func (h *Handler) storeError(op string) { h.metrics.storeErrors.WithLabelValues(op).Inc() }
-
 // storeOp runs store operation op (one of storeOps) with ctx, timed and
 // traced as op: every store call of a request goes through it.
 func (a *attempt) storeOp(ctx context.Context, op string, call func(context.Context) error) error {
@@ -37,7 +33,7 @@ func (a *attempt) detached(op string, call func(context.Context) error) error {
 // observeStore times store operation op, which started at start, and
 // traces it.
 func (a *attempt) observeStore(op string, start time.Time, err error) {
-	a.h.metrics.storeTime(op).Observe(time.Since(start).Seconds())
+	a.p.metrics.storeTime(op).Observe(time.Since(start).Seconds())
 	if a.seen != nil {
 		a.seen.storeSpan(op, start, err)
 	}
@@ -65,7 +61,7 @@ func (a *attempt) retriedOn(newCtx func() (context.Context, context.CancelFunc),
 		if err == nil || !errors.Is(err, claim.ErrUnavailable) {
 			return err
 		}
-		a.h.storeError(op)
+		a.p.storeError(op)
 	}
 	return err
 }

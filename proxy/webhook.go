@@ -143,7 +143,7 @@ func (x *exchange) admitDelivery() (admitted, *reply) {
 	// Until its signature verifies, a delivery's bytes are its sending
 	// peer's: unsigned bodies must not fill the provider's share, which
 	// every real delivery needs.
-	x.holder = x.sendingPeer()
+	x.bufs.holder = x.sendingPeer()
 	d, err := wh.headers(x.r.Header, x.p.now())
 	if err != nil {
 		// Close after answering: otherwise net/http reads the unread
@@ -176,7 +176,7 @@ func (x *exchange) admitDelivery() (admitted, *reply) {
 		return admitted{}, refuse(outcomeRejected, probKeyMalformed.with(err.Error()))
 	}
 	x.r.Header.Set(x.rt.settings.KeyHeader, key) // the upstream can dedupe on it too
-	return admitted{admittedAs: admittedAs{principal: x.holder, key: key}, body: body, legacy: legacyKeys(x.rt, x.r.Header, key, body)}, nil
+	return admitted{as: admittedAs{principal: x.bufs.holder, key: key}, body: body, legacy: legacyKeys(x.rt, x.r.Header, key, body)}, nil
 }
 
 func (x *exchange) signatureInvalid(err error) *reply {
@@ -220,11 +220,11 @@ func (x *exchange) sendingPeer() string {
 // principal, the provider, once the signature verified; or the reply
 // that refused it, the provider's share being full.
 func (x *exchange) holdAs(principal string) *reply {
-	if err := x.p.buffers.move(x.holder, principal, cap(x.reqBuf)); err != nil {
+	if err := x.p.buffers.move(x.bufs.holder, principal, cap(x.bufs.reqBuf)); err != nil {
 		x.w.Header().Set("Connection", "close")
 		return bufferRefused(err, "nothing was claimed or forwarded")
 	}
-	x.holder = principal
+	x.bufs.holder = principal
 	return nil
 }
 
