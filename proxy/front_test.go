@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"go/ast"
 	"go/parser"
 	"go/printer"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/claim"
 	"github.com/idemproxy/idemproxy/claim/redisstore"
@@ -99,6 +101,114 @@ func TestFrontWithoutAnHTTPRequest(t *testing.T) {
 		t.Fatalf("the key released: %+v, want the retry to own it", rep)
 	} else {
 		held.slot.give()
+	}
+}
+
+// TestFrontFailsWithoutAnHTTPRequest (issue 77): a front that is not an
+// HTTP request fails its calls through the holding alone, with no
+// exchange and no owner: it tells the protocol only whether the call was
+// sent and whether it ran out of time, and gets the reply that settled
+// the key, once. Not sent frees the key; sent and unknown: keep holds it
+// (a retry is told it runs), release frees it, fail stores the
+// outcome-unknown answer as the route's front framed it (replayed to the
+// retry); on a reconcile route the upstream is asked first (found: its
+// answer stored and replayed; unresolved: unknown_outcome applies). A
+// claim confirmed too late is released, nothing sent.
+func TestFrontFailsWithoutAnHTTPRequest(t *testing.T) {
+	cfg := testConfig("http://127.0.0.1:1")
+	keep, release, fail, rc := testRoute("keep", "POST /keep"), testRoute("release", "POST /release"), testRoute("fail", "POST /fail"), testRoute("rc", "POST /rc")
+	keep.Unknown, release.Unknown, fail.Unknown, rc.Unknown = Keep, Release, Fail, Fail
+	rc.Reconcile = &Reconcile{URL: "/lookup/{key}", Found: []int{200}, Absent: []int{404}, Timeout: time.Second, AbsentAfter: time.Hour}
+	cfg.Routes = []Route{keep, release, fail, rc}
+	h, err := New(cfg, embeddedStore(t, "fails:"), Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lookups := map[string]lookupAnswer{}
+	h.p.lookup = func(_ context.Context, _ *route, _, key string, _ int64) lookupAnswer {
+		if ans, ok := lookups[key]; ok {
+			return ans
+		}
+		return lookupAnswer{result: lookupUnresolved, why: "no ledger"}
+	}
+	body := []byte(`{"amount":1250}`)
+	newAttempt := func(route, key string) *attempt {
+		rt := h.routes.Load().byName[route]
+		return h.p.newFront(context.Background(), rt, "req-"+key).newAttempt(admittedAs{principal: "alice", key: key})
+	}
+	claimFor := func(route, key string) (*attempt, *holding, *reply) {
+		a := newAttempt(route, key)
+		held, rep := a.ownOrAnswer(a.newClaim(a.rt.fp.sum("POST", "/"+route, "", http.Header{}, body)), body, nil)
+		if held != nil {
+			held.keepAlive()
+			t.Cleanup(func() { held.settle(nil); held.slot.give() })
+		}
+		return a, held, rep
+	}
+	// failed is one first attempt whose call failed with err: its reply.
+	failed := func(route, key string, sent, timedOut bool, err error) *reply {
+		_, held, rep := claimFor(route, key)
+		if held == nil {
+			t.Fatalf("%s %s: %+v, want it owned", route, key, rep)
+		}
+		v := held.fail(sent, timedOut, err)
+		by := held.settled()
+		if again := held.fail(sent, timedOut, err); again.outcome != v.outcome || held.settled() != by {
+			t.Errorf("%s %s: failed again: %+v, settled by %+v then %+v, want it settled once", route, key, again, by, held.settled())
+		}
+		if later := held.complete(&claim.Record{}); later != held.settled() {
+			t.Errorf("%s %s: a completion after the failure settled again: %+v", route, key, later)
+		}
+		return v
+	}
+	owned := func(route, key string) bool {
+		_, held, _ := claimFor(route, key)
+		return held != nil
+	}
+	reset := errors.New("connection reset by peer")
+
+	if v := failed("fail", "never-sent", false, false, errors.New("dial tcp: connection refused")); v.outcome != outcomeReleased || v.problem.Status != http.StatusBadGateway || v.problem.Type != probUpstreamDown.Type {
+		t.Errorf("a call never sent: %+v, want released, 502 upstream-unreachable", v)
+	}
+	if !owned("fail", "never-sent") {
+		t.Error("a call never sent: the retry does not own the key")
+	}
+	if v := failed("keep", "k", true, false, reset); v.outcome != outcomeClaimed || v.unknown == "" || v.problem.Type != probUpstreamFailed.Type {
+		t.Errorf("keep: %+v, want the claim kept, upstream-failed, the outcome unknown", v)
+	}
+	if _, held, rep := claimFor("keep", "k"); held != nil || rep.outcome != outcomeConflict {
+		t.Errorf("keep: the retry got %+v, want 409: the claim is held one more lease", rep)
+	}
+	if v := failed("release", "r", true, true, context.DeadlineExceeded); v.outcome != outcomeReleased || v.problem.Type != probUpstreamTimeout.Type {
+		t.Errorf("release: %+v, want released, upstream-timeout", v)
+	}
+	if !owned("release", "r") {
+		t.Error("release: the retry does not own the key")
+	}
+	v := failed("fail", "f", true, false, reset)
+	if v.outcome != outcomeStored || v.record == nil || v.record.Status != http.StatusBadGateway || v.record.Header.Get("Content-Type") != problemContentType ||
+		!strings.Contains(string(v.record.Body), "outcome-unknown") {
+		t.Fatalf("fail: %+v, want the outcome-unknown answer stored as problem+json", v)
+	}
+	if _, held, rep := claimFor("fail", "f"); held != nil || rep.outcome != outcomeReplayed || !bytes.Equal(rep.record.Body, v.record.Body) {
+		t.Errorf("fail: the retry got %+v, want the stored outcome-unknown replayed", rep)
+	}
+	lookups["found"] = lookupAnswer{result: lookupFound, status: http.StatusCreated, header: http.Header{"Content-Type": {"application/json"}}, body: []byte(`{"id":"ch_9"}`)}
+	if v := failed("rc", "found", true, true, context.DeadlineExceeded); v.outcome != outcomeReconciled || v.record == nil || v.record.Status != http.StatusCreated {
+		t.Errorf("reconcile, found: %+v, want the upstream's answer stored", v)
+	}
+	if _, held, rep := claimFor("rc", "found"); held != nil || rep.outcome != outcomeReplayed || string(rep.record.Body) != `{"id":"ch_9"}` {
+		t.Errorf("reconcile, found: the retry got %+v, want the found answer replayed", rep)
+	}
+	if v := failed("rc", "unresolved", true, false, reset); v.outcome != outcomeStored || v.record == nil || v.record.Header.Get(unknownSinceHeader) == "" {
+		t.Errorf("reconcile, unresolved: %+v, want outcome-unknown stored (fail), marked for the next lookup", v)
+	}
+	_, held, _ := claimFor("fail", "too-late")
+	if v := held.fail(false, false, errClaimTooLate); v.outcome != outcomeStoreUnavailable || held.settled().outcome != outcomeReleased {
+		t.Errorf("confirmed too late: %+v (settled %+v), want store-unavailable, released", v, held.settled())
+	}
+	if !owned("fail", "too-late") {
+		t.Error("confirmed too late: the retry does not own the key")
 	}
 }
 
