@@ -41,27 +41,7 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	if metrics == nil {
 		metrics = NewMetrics(nil)
 	}
-	p := &protocol{
-		store:           store,
-		codec:           codecOf(store),
-		log:             log,
-		metrics:         metrics,
-		rand:            cmp.Or[io.Reader](opts.Rand, rand.Reader),
-		now:             opts.Clock,
-		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, defaultWaitSafetyPoll),
-		upstreamTimeout: cfg.UpstreamTimeout,
-		lateWindow:      cfg.LateAnswerWindow,
-		streams:         cfg.Streams,
-		liveness:        newLiveness(),
-		orphans:         newOrphans(),
-		buffers:         budget{limit: cfg.MaxBufferedBytes, share: cfg.PrincipalShare},
-		late:            lateCalls{max: int64(cfg.MaxLateCalls), share: int64(cfg.LateCallsPrincipalShare)},
-		owners:          claimAges{started: map[*context.CancelCauseFunc]time.Time{}, now: time.Now},
-		unconfirmed:     unconfirmed{store: store, metrics: metrics, log: log, now: time.Now},
-	}
-	if p.now == nil {
-		p.now = time.Now
-	}
+	p := newProtocol(cfg, store, opts, log, metrics)
 	h := &Handler{
 		p:            p,
 		id:           newIdentity(cfg.Identity, &http.Client{Timeout: jwksFetchTimeout}),
@@ -90,6 +70,33 @@ func New(cfg Config, store Store, opts Options) (*Handler, error) {
 	})
 	h.connect(opts.Transport)
 	return h, nil
+}
+
+// newProtocol is the protocol every attempt of cfg's routes shares, on
+// store, logging to log and counting in metrics.
+func newProtocol(cfg Config, store Store, opts Options, log *slog.Logger, metrics *Metrics) *protocol {
+	p := &protocol{
+		store:           store,
+		codec:           codecOf(store),
+		log:             log,
+		metrics:         metrics,
+		rand:            cmp.Or[io.Reader](opts.Rand, rand.Reader),
+		now:             opts.Clock,
+		safetyPoll:      cmp.Or(opts.WaitSafetyPoll, defaultWaitSafetyPoll),
+		upstreamTimeout: cfg.UpstreamTimeout,
+		lateWindow:      cfg.LateAnswerWindow,
+		streams:         cfg.Streams,
+		liveness:        newLiveness(),
+		orphans:         newOrphans(),
+		buffers:         budget{limit: cfg.MaxBufferedBytes, share: cfg.PrincipalShare},
+		late:            lateCalls{max: int64(cfg.MaxLateCalls), share: int64(cfg.LateCallsPrincipalShare)},
+		owners:          claimAges{started: map[*context.CancelCauseFunc]time.Time{}, now: time.Now},
+		unconfirmed:     unconfirmed{store: store, metrics: metrics, log: log, now: time.Now},
+	}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	return p
 }
 
 // connect sets up what reaches the upstream through transport: the
