@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -13,8 +14,12 @@ import (
 // store passes.
 var productDirs = []string{".", "proxy", "claim", "claim/redisstore", "claim/pgstore", "claim/contract", "config", "internal/sizing", "internal/problemfmt", "internal/jsonpointer"}
 
+// harnessDirs hold harnesses that fall under the same rule: the bench,
+// whose functions grew with every target (issue 77).
+var harnessDirs = []string{"bench"}
+
 // maxFuncLines is the most lines a product function's body may take
-// (STYLE.md: functions split by case).
+// (CONTRIBUTING.md: long functions are where cases hide).
 const maxFuncLines = 60
 
 // longFuncs are the product functions allowed past maxFuncLines, each at
@@ -33,15 +38,15 @@ var longFuncs = map[string]int{
 }
 
 // TestProductFunctionsStayShort (issue 54): CI fails when a product
-// function's body passes 60 lines, but for the ones longFuncs names, which
-// may not grow.
+// function's body (or one of the bench's) passes 60 lines, but for the
+// ones longFuncs names, which may not grow.
 func TestProductFunctionsStayShort(t *testing.T) {
 	if len(longFuncs) > maxLongFuncs {
 		t.Errorf("%d product functions may pass %d lines, more than %d: split one", len(longFuncs), maxFuncLines, maxLongFuncs)
 	}
 	fset := token.NewFileSet()
 	seen := map[string]bool{}
-	for _, dir := range productDirs {
+	for _, dir := range append(slices.Clone(productDirs), harnessDirs...) {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
 		if err != nil || len(files) == 0 {
 			t.Fatalf("%s: no Go files (%v)", dir, err)
@@ -68,7 +73,7 @@ func TestProductFunctionsStayShort(t *testing.T) {
 				case listed && n > allowed:
 					t.Errorf("%s (%s) grew to %d lines, past the %d it is allowed: split it by case", name, f, n, allowed)
 				case !listed && n > maxFuncLines:
-					t.Errorf("%s (%s) is %d lines, past %d: split it by case (STYLE.md)", name, f, n, maxFuncLines)
+					t.Errorf("%s (%s) is %d lines, past %d: split it by case (CONTRIBUTING.md)", name, f, n, maxFuncLines)
 				}
 				seen[name] = true
 			}

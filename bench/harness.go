@@ -277,18 +277,7 @@ func load(o options, base string, t *target, d time.Duration, seq *atomic.Int64)
 	deadline := time.Now().Add(d)
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	var sched chan time.Time
-	if o.rate > 0 {
-		sched = make(chan time.Time, o.concurrency)
-		go func() {
-			defer close(sched)
-			interval := time.Duration(float64(time.Second) / o.rate)
-			for at := time.Now(); at.Before(deadline); at = at.Add(interval) {
-				time.Sleep(time.Until(at))
-				sched <- at
-			}
-		}()
-	}
+	sched := schedule(o, deadline)
 	for w := range o.concurrency {
 		wg.Go(func() {
 			var mine []time.Duration
@@ -304,24 +293,7 @@ func load(o options, base string, t *target, d time.Duration, seq *atomic.Int64)
 				} else if !start.Before(deadline) {
 					break
 				}
-				req, _ := http.NewRequest(http.MethodPost, base+t.path, bytes.NewReader(t.body))
-				req.Header.Set("Content-Type", "application/json")
-				req.Header.Set("X-Forwarded-User", "bench")
-				switch {
-				case len(t.replay) > 0:
-					req.Header.Set("Idempotency-Key", t.replay[(w*7919+n)%len(t.replay)])
-				case t.keyed:
-					req.Header.Set("Idempotency-Key", "k-"+strconv.FormatInt(seq.Add(1), 36))
-				}
-				resp, err := client.Do(req)
-				if err == nil {
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode != http.StatusCreated {
-						err = fmt.Errorf("status %d", resp.StatusCode)
-					}
-				}
-				if err != nil {
+				if err := send(client, base, t, w, n, seq); err != nil {
 					bad++
 					continue
 				}
@@ -335,6 +307,47 @@ func load(o options, base string, t *target, d time.Duration, seq *atomic.Int64)
 	}
 	wg.Wait()
 	return lat, errs
+}
+
+// schedule is the fixed rate's send times until deadline, at o.rate per
+// second; nil in a closed loop (o.rate 0).
+func schedule(o options, deadline time.Time) chan time.Time {
+	if o.rate <= 0 {
+		return nil
+	}
+	sched := make(chan time.Time, o.concurrency)
+	go func() {
+		defer close(sched)
+		interval := time.Duration(float64(time.Second) / o.rate)
+		for at := time.Now(); at.Before(deadline); at = at.Add(interval) {
+			time.Sleep(time.Until(at))
+			sched <- at
+		}
+	}()
+	return sched
+}
+
+// send is worker w's n-th request to t: an error unless answered 201.
+func send(client *http.Client, base string, t *target, w, n int, seq *atomic.Int64) error {
+	req, _ := http.NewRequest(http.MethodPost, base+t.path, bytes.NewReader(t.body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Forwarded-User", "bench")
+	switch {
+	case len(t.replay) > 0:
+		req.Header.Set("Idempotency-Key", t.replay[(w*7919+n)%len(t.replay)])
+	case t.keyed:
+		req.Header.Set("Idempotency-Key", "k-"+strconv.FormatInt(seq.Add(1), 36))
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated {
+		return fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return nil
 }
 
 func measure(o options, t *target, delay time.Duration, redisProc *proc, seq *atomic.Int64) (result, error) {
@@ -481,57 +494,35 @@ func bench(o options, dir, self, bin, fiberBin, prevBin, prevVersion string) err
 // (delay): the direct upstream, plain proxies, and idemproxy's and
 // Fiber's paths.
 func benchTargets(dir, self, bin, fiberBin, prevBin, prevVersion, redisAddr string, up *proc, upAddr string, delay time.Duration) []*target {
+	st := starters{dir: dir, self: self, redisAddr: redisAddr, upAddr: upAddr, upURL: "http://" + upAddr}
 	small := []byte(`{"amount":1250,"currency":"EUR","customer":"cus_42","description":"order 42"}`)
-	body64k := bytes.Repeat([]byte("a"), 64<<10)
-	body1m := bytes.Repeat([]byte("a"), 1<<20)
-	upURL := "http://" + upAddr
 	direct := func() (*proc, error) { return &proc{name: "direct", cmd: up.cmd, addr: upAddr, shared: true}, nil }
-	rp := func() (*proc, error) {
-		a := fmt.Sprintf("127.0.0.1:%d", freePort())
-		return startProc("reverseproxy", a, self, "reverseproxy", "-listen", a, "-upstream", upURL)
-	}
-	floor := func() (*proc, error) {
-		a := fmt.Sprintf("127.0.0.1:%d", freePort())
-		return startProc("floor", a, self, "reverseproxy", "-listen", a, "-upstream", upURL, "-redis", redisAddr)
-	}
-	binAt := func(bin, logLevel string, pipeline bool) func() (*proc, error) {
-		return func() (*proc, error) {
-			port, admin := freePort(), freePort()
-			a := fmt.Sprintf("127.0.0.1:%d", port)
-			cfg := filepath.Join(dir, "idemproxy.yaml")
-			if err := os.WriteFile(cfg, fmt.Appendf(nil, idemproxyConfig, a, admin, logLevel, upURL, pipeline, redisAddr), 0o644); err != nil {
-				return nil, err
-			}
-			return startIdemproxy(bin, cfg, port, admin, nil)
-		}
-	}
-	idemAt := func(logLevel string, pipeline bool) func() (*proc, error) { return binAt(bin, logLevel, pipeline) }
-	idem := idemAt("info", true)
+	idem := st.idemproxy(bin, "info", true)
 	seed := seeder(fmt.Sprintf("replay-%d", delay), small)
 	targets := []*target{
 		{name: "direct upstream", start: direct, path: "/payments", body: small},
-		{name: "ReverseProxy", start: rp, path: "/payments", body: small},
+		{name: "ReverseProxy", start: st.reverseProxy, path: "/payments", body: small},
 		// The same server again: its ratio to the first is this run's noise.
-		{name: "ReverseProxy again (noise)", start: rp, path: "/payments", body: small},
+		{name: "ReverseProxy again (noise)", start: st.reverseProxy, path: "/payments", body: small},
 	}
 	if nginxBin, err := exec.LookPath("nginx"); err == nil {
 		targets = append(targets, &target{name: "nginx proxy_pass", start: func() (*proc, error) { return startNginx(nginxBin, dir, upAddr) }, path: "/payments", body: small})
 	}
 	targets = append(targets,
 		&target{name: "idemproxy pass-through", start: idem, path: "/other", body: small},
-		&target{name: floorName, start: floor, path: "/payments", body: small, keyed: true},
+		&target{name: floorName, start: st.floor, path: "/payments", body: small, keyed: true},
 		&target{name: "idemproxy first attempts", start: idem, path: "/payments", body: small, keyed: true},
-		&target{name: "idemproxy first attempts, log_level warn", start: idemAt("warn", true), path: "/payments", body: small, keyed: true},
-		&target{name: "idemproxy first attempts, store.pipeline off", start: idemAt("info", false), path: "/payments", body: small, keyed: true},
+		&target{name: "idemproxy first attempts, log_level warn", start: st.idemproxy(bin, "warn", true), path: "/payments", body: small, keyed: true},
+		&target{name: "idemproxy first attempts, store.pipeline off", start: st.idemproxy(bin, "info", false), path: "/payments", body: small, keyed: true},
 		&target{name: "idemproxy replays", start: idem, path: "/payments", body: small, prepare: seed},
 		// The floor's replay: one SET NX GET, the stored body written by
 		// net/http. What a replay from Redis costs with nothing else.
-		&target{name: replayFloorName, start: floor, path: "/payments", body: small, prepare: seed},
+		&target{name: replayFloorName, start: st.floor, path: "/payments", body: small, prepare: seed},
 	)
 	if prevBin != "" {
 		// The previous release, same config, beside this tree (issue 45):
 		// each release's table shows both from one run.
-		prev := binAt(prevBin, "info", true)
+		prev := st.idemproxy(prevBin, "info", true)
 		targets = append(targets,
 			&target{name: "previous release " + prevVersion + ", pass-through", start: prev, path: "/other", body: small},
 			&target{name: "previous release " + prevVersion + ", first attempts", start: prev, path: "/payments", body: small, keyed: true},
@@ -539,22 +530,62 @@ func benchTargets(dir, self, bin, fiberBin, prevBin, prevVersion, redisAddr stri
 		)
 	}
 	if fiberBin != "" {
-		fiber := func() (*proc, error) {
-			a := fmt.Sprintf("127.0.0.1:%d", freePort())
-			return startProc("fiber", a, fiberBin, "-listen", a, "-redis", redisAddr, "-delay", delay.String())
-		}
+		fiber := st.fiber(fiberBin, delay)
 		targets = append(targets,
 			&target{name: fiberName, start: fiber, path: "/payments", body: small, keyed: true},
 			&target{name: "Fiber idempotency middleware, replays", start: fiber, path: "/payments", body: small, prepare: seed},
 		)
 	}
-	targets = append(targets,
-		&target{name: "ReverseProxy, 64 KiB body", start: rp, path: "/payments", body: body64k},
+	body64k, body1m := bytes.Repeat([]byte("a"), 64<<10), bytes.Repeat([]byte("a"), 1<<20)
+	return append(targets,
+		&target{name: "ReverseProxy, 64 KiB body", start: st.reverseProxy, path: "/payments", body: body64k},
 		&target{name: "idemproxy first attempts, 64 KiB body", start: idem, path: "/payments", body: body64k, keyed: true},
-		&target{name: "ReverseProxy, 1 MiB body", start: rp, path: "/payments", body: body1m},
+		&target{name: "ReverseProxy, 1 MiB body", start: st.reverseProxy, path: "/payments", body: body1m},
 		&target{name: "idemproxy first attempts, 1 MiB body", start: idem, path: "/payments", body: body1m, keyed: true},
 	)
-	return targets
+}
+
+// starters start the bench's servers, each its own process on loopback,
+// in front of the upstream at upAddr (upURL) and on the Redis at
+// redisAddr; dir holds their files, self is this binary.
+type starters struct {
+	dir, self, redisAddr, upAddr, upURL string
+}
+
+// reverseProxy starts a plain httputil.ReverseProxy.
+func (st starters) reverseProxy() (*proc, error) {
+	a := fmt.Sprintf("127.0.0.1:%d", freePort())
+	return startProc("reverseproxy", a, st.self, "reverseproxy", "-listen", a, "-upstream", st.upURL)
+}
+
+// floor starts the floor: the ReverseProxy with one SET NX GET per
+// keyed request.
+func (st starters) floor() (*proc, error) {
+	a := fmt.Sprintf("127.0.0.1:%d", freePort())
+	return startProc("floor", a, st.self, "reverseproxy", "-listen", a, "-upstream", st.upURL, "-redis", st.redisAddr)
+}
+
+// idemproxy is a starter of bin (this tree's or the previous release's)
+// at logLevel, with store.pipeline as given.
+func (st starters) idemproxy(bin, logLevel string, pipeline bool) func() (*proc, error) {
+	return func() (*proc, error) {
+		port, admin := freePort(), freePort()
+		a := fmt.Sprintf("127.0.0.1:%d", port)
+		cfg := filepath.Join(st.dir, "idemproxy.yaml")
+		if err := os.WriteFile(cfg, fmt.Appendf(nil, idemproxyConfig, a, admin, logLevel, st.upURL, pipeline, st.redisAddr), 0o644); err != nil {
+			return nil, err
+		}
+		return startIdemproxy(bin, cfg, port, admin, nil)
+	}
+}
+
+// fiber is a starter of the Fiber peer (its own upstream, delay per
+// request).
+func (st starters) fiber(fiberBin string, delay time.Duration) func() (*proc, error) {
+	return func() (*proc, error) {
+		a := fmt.Sprintf("127.0.0.1:%d", freePort())
+		return startProc("fiber", a, fiberBin, "-listen", a, "-redis", st.redisAddr, "-delay", delay.String())
+	}
 }
 
 // seeder is a target's prepare: it stores 1,000 keys (prefix-0...) with

@@ -77,27 +77,9 @@ type options struct {
 }
 
 func run() error {
-	var o options
-	flag.DurationVar(&o.duration, "duration", 8*time.Second, "measured load per target")
-	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load before each target")
-	flag.IntVar(&o.concurrency, "c", 32, "concurrent connections (closed loop)")
-	flag.IntVar(&o.rounds, "rounds", 1, "measure every target this many times, interleaved, and report the median")
-	flag.Float64Var(&o.rate, "rate", 0, "fixed request rate per second instead of a closed loop (for latency)")
-	delays := flag.String("upstream-delay", "0ms,5ms", "upstream service times, comma-separated")
-	flag.StringVar(&o.only, "only", "", "run only these targets: exact names separated by \",\" (a comma followed by a space is part of a name)")
-	flag.StringVar(&o.out, "out", "", "also write the markdown results to this file")
-	flag.BoolVar(&o.previous, "previous", true, "also measure the previous release (PREVIOUS_RELEASE, built from this clone's history) beside this tree")
-	flag.StringVar(&o.plot, "plot", "", "also draw the results to this SVG file: throughput against ReverseProxy and latency distributions")
-	flag.Parse()
-	if o.rounds < 1 {
-		return errors.New("-rounds must be at least 1")
-	}
-	for d := range strings.SplitSeq(*delays, ",") {
-		v, err := time.ParseDuration(strings.TrimSpace(d))
-		if err != nil {
-			return fmt.Errorf("-upstream-delay: %w", err)
-		}
-		o.delays = append(o.delays, v)
+	o, err := parseOptions()
+	if err != nil {
+		return err
 	}
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		return errors.New("redis-server not found: apt-get install -y redis-server")
@@ -139,6 +121,33 @@ func run() error {
 		}
 	}
 	return bench(o, dir, self, bin, fiberBin, prevBin, prevVersion)
+}
+
+// parseOptions reads the flags of a plain run.
+func parseOptions() (options, error) {
+	var o options
+	flag.DurationVar(&o.duration, "duration", 8*time.Second, "measured load per target")
+	flag.DurationVar(&o.warmup, "warmup", 2*time.Second, "unmeasured load before each target")
+	flag.IntVar(&o.concurrency, "c", 32, "concurrent connections (closed loop)")
+	flag.IntVar(&o.rounds, "rounds", 1, "measure every target this many times, interleaved, and report the median")
+	flag.Float64Var(&o.rate, "rate", 0, "fixed request rate per second instead of a closed loop (for latency)")
+	delays := flag.String("upstream-delay", "0ms,5ms", "upstream service times, comma-separated")
+	flag.StringVar(&o.only, "only", "", "run only these targets: exact names separated by \",\" (a comma followed by a space is part of a name)")
+	flag.StringVar(&o.out, "out", "", "also write the markdown results to this file")
+	flag.BoolVar(&o.previous, "previous", true, "also measure the previous release (PREVIOUS_RELEASE, built from this clone's history) beside this tree")
+	flag.StringVar(&o.plot, "plot", "", "also draw the results to this SVG file: throughput against ReverseProxy and latency distributions")
+	flag.Parse()
+	if o.rounds < 1 {
+		return o, errors.New("-rounds must be at least 1")
+	}
+	for d := range strings.SplitSeq(*delays, ",") {
+		v, err := time.ParseDuration(strings.TrimSpace(d))
+		if err != nil {
+			return o, fmt.Errorf("-upstream-delay: %w", err)
+		}
+		o.delays = append(o.delays, v)
+	}
+	return o, nil
 }
 
 // buildIdemproxy builds the sidecar from this repository into dir.

@@ -63,62 +63,77 @@ func report(o options, results []result, rttP50, rttP99 time.Duration) string {
 		machine(), mode, o.duration, o.warmup, rounds)
 	fmt.Fprintf(&b, "Redis round trip (PING, same run): p50 %s, p99 %s.\n", rttP50.Round(time.Microsecond), rttP99.Round(time.Microsecond))
 	for _, delay := range o.delays {
-		var base *result
-		for i := range results {
-			if results[i].delay == delay && results[i].name == "ReverseProxy" {
-				base = &results[i]
-			}
-		}
-		fmt.Fprintf(&b, "\n### Upstream service time %s\n\n", delay)
-		fmt.Fprintf(&b, "| target | rps | p50 | p99 | p99.9 | CPU s / 1k req | CPU vs ReverseProxy | store CPU s / 1k req (Redis; PostgreSQL's on its rows) | peak RSS | rps vs ReverseProxy | p50 added vs ReverseProxy |\n")
-		fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|\n")
-		for _, r := range results {
-			if r.delay != delay {
-				continue
-			}
-			ratio, added, cpu := "", "", ""
-			if b := baselineFor(results, r); b != nil {
-				ratio = fmt.Sprintf("%.2f×", r.rps/b.rps)
-				added = (r.p50 - b.p50).Round(time.Microsecond).String()
-				cpu = fmt.Sprintf("%.2f×", r.cpuPer1k/b.cpuPer1k)
-			} else if base != nil {
-				ratio = fmt.Sprintf("%.2f×", r.rps/base.rps)
-				if r.cpuPer1k > 0 {
-					cpu = fmt.Sprintf("%.2f×", r.cpuPer1k/base.cpuPer1k)
-				}
-			}
-			errs := ""
-			if r.errors > 0 {
-				errs = fmt.Sprintf(" (%d errors)", r.errors)
-			}
-			rps := fmt.Sprintf("%.0f", r.rps)
-			if r.rounds > 1 {
-				rps += fmt.Sprintf(" (%.0f–%.0f)", r.rpsMin, r.rpsMax)
-			}
-			fmt.Fprintf(&b, "| %s%s | %s | %s | %s | %s | %.3f | %s | %.3f | %.1f MiB | %s | %s |\n",
-				r.name, errs, rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond),
-				r.cpuPer1k, cpu, r.redisPer1k, float64(r.rss)/(1<<20), ratio, added)
-		}
-		first, fl := find(results, delay, "idemproxy first attempts"), find(results, delay, floorName)
-		if first != nil && fl != nil {
-			fmt.Fprintf(&b, "\nidemproxy first attempts against the floor: %.2f× rps, %+.0f µs p50, %+.0f µs of proxy CPU and %+.0f µs of Redis CPU per request.\n",
-				first.rps/fl.rps, float64(first.p50-fl.p50)/1e3, (first.cpuPer1k-fl.cpuPer1k)*1e3, (first.redisPer1k-fl.redisPer1k)*1e3)
-		}
-		fiber, fiberReplays := find(results, delay, fiberName), find(results, delay, fiberName+", replays")
-		replays, replayFloor := find(results, delay, "idemproxy replays"), find(results, delay, replayFloorName)
-		if replays != nil && replayFloor != nil {
-			fmt.Fprintf(&b, "idemproxy replays against the floor's replays: %.2f× rps, %+.0f µs p50, %+.0f µs of proxy CPU and %+.0f µs of Redis CPU per request.\n",
-				replays.rps/replayFloor.rps, float64(replays.p50-replayFloor.p50)/1e3, (replays.cpuPer1k-replayFloor.cpuPer1k)*1e3, (replays.redisPer1k-replayFloor.redisPer1k)*1e3)
-		}
-		if first != nil && fiber != nil {
-			fmt.Fprintf(&b, "\nidemproxy first attempts against Fiber's in-app idempotency middleware: %.2f× rps, %+.0f µs p50.\n",
-				first.rps/fiber.rps, float64(first.p50-fiber.p50)/1e3)
-		}
-		if replays != nil && fiberReplays != nil {
-			fmt.Fprintf(&b, "idemproxy replays against Fiber's replays: %.2f× rps.\n", replays.rps/fiberReplays.rps)
-		}
+		reportTable(&b, results, delay)
+		reportFloors(&b, results, delay)
 	}
 	return b.String()
+}
+
+// reportTable writes the table of results measured at delay.
+func reportTable(b *strings.Builder, results []result, delay time.Duration) {
+	var base *result
+	for i := range results {
+		if results[i].delay == delay && results[i].name == "ReverseProxy" {
+			base = &results[i]
+		}
+	}
+	fmt.Fprintf(b, "\n### Upstream service time %s\n\n", delay)
+	fmt.Fprintf(b, "| target | rps | p50 | p99 | p99.9 | CPU s / 1k req | CPU vs ReverseProxy | store CPU s / 1k req (Redis; PostgreSQL's on its rows) | peak RSS | rps vs ReverseProxy | p50 added vs ReverseProxy |\n")
+	fmt.Fprintf(b, "|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		if r.delay == delay {
+			reportRow(b, results, r, base)
+		}
+	}
+}
+
+// reportRow writes r's row, against its baseline (or base: ReverseProxy).
+func reportRow(b *strings.Builder, results []result, r result, base *result) {
+	ratio, added, cpu := "", "", ""
+	if bl := baselineFor(results, r); bl != nil {
+		ratio = fmt.Sprintf("%.2f×", r.rps/bl.rps)
+		added = (r.p50 - bl.p50).Round(time.Microsecond).String()
+		cpu = fmt.Sprintf("%.2f×", r.cpuPer1k/bl.cpuPer1k)
+	} else if base != nil {
+		ratio = fmt.Sprintf("%.2f×", r.rps/base.rps)
+		if r.cpuPer1k > 0 {
+			cpu = fmt.Sprintf("%.2f×", r.cpuPer1k/base.cpuPer1k)
+		}
+	}
+	errs := ""
+	if r.errors > 0 {
+		errs = fmt.Sprintf(" (%d errors)", r.errors)
+	}
+	rps := fmt.Sprintf("%.0f", r.rps)
+	if r.rounds > 1 {
+		rps += fmt.Sprintf(" (%.0f–%.0f)", r.rpsMin, r.rpsMax)
+	}
+	fmt.Fprintf(b, "| %s%s | %s | %s | %s | %s | %.3f | %s | %.3f | %.1f MiB | %s | %s |\n",
+		r.name, errs, rps, r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.p999.Round(time.Microsecond),
+		r.cpuPer1k, cpu, r.redisPer1k, float64(r.rss)/(1<<20), ratio, added)
+}
+
+// reportFloors writes idemproxy's first attempts and replays against
+// their floors and Fiber's middleware, at delay.
+func reportFloors(b *strings.Builder, results []result, delay time.Duration) {
+	first, fl := find(results, delay, "idemproxy first attempts"), find(results, delay, floorName)
+	if first != nil && fl != nil {
+		fmt.Fprintf(b, "\nidemproxy first attempts against the floor: %.2f× rps, %+.0f µs p50, %+.0f µs of proxy CPU and %+.0f µs of Redis CPU per request.\n",
+			first.rps/fl.rps, float64(first.p50-fl.p50)/1e3, (first.cpuPer1k-fl.cpuPer1k)*1e3, (first.redisPer1k-fl.redisPer1k)*1e3)
+	}
+	fiber, fiberReplays := find(results, delay, fiberName), find(results, delay, fiberName+", replays")
+	replays, replayFloor := find(results, delay, "idemproxy replays"), find(results, delay, replayFloorName)
+	if replays != nil && replayFloor != nil {
+		fmt.Fprintf(b, "idemproxy replays against the floor's replays: %.2f× rps, %+.0f µs p50, %+.0f µs of proxy CPU and %+.0f µs of Redis CPU per request.\n",
+			replays.rps/replayFloor.rps, float64(replays.p50-replayFloor.p50)/1e3, (replays.cpuPer1k-replayFloor.cpuPer1k)*1e3, (replays.redisPer1k-replayFloor.redisPer1k)*1e3)
+	}
+	if first != nil && fiber != nil {
+		fmt.Fprintf(b, "\nidemproxy first attempts against Fiber's in-app idempotency middleware: %.2f× rps, %+.0f µs p50.\n",
+			first.rps/fiber.rps, float64(first.p50-fiber.p50)/1e3)
+	}
+	if replays != nil && fiberReplays != nil {
+		fmt.Fprintf(b, "idemproxy replays against Fiber's replays: %.2f× rps.\n", replays.rps/fiberReplays.rps)
+	}
 }
 
 // baselineFor is the ReverseProxy result with the same body size and

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -40,69 +41,82 @@ func soak(args []string) error {
 		return err
 	}
 	defer s.stop()
-
-	client := loadClient(64)
-	var (
-		mu     sync.Mutex
-		recent []string // the last first-attempt keys answered, for replays
-		done   tally
-	)
+	m := &soakMix{client: loadClient(64), base: s.base}
 	stop := make(chan struct{})
 	start := time.Now()
 	loaded := make(chan struct{})
 	go func() {
 		defer close(loaded)
-		openLoop(*rate, 64, stop, func(n int64, at time.Time) {
-			var key, class, path = "", "pass-through", "/other"
-			switch r := n % 20; {
-			case r < 12:
-				key, class, path = "soak-"+strconv.FormatInt(n, 36), "first attempt", "/payments"
-			case r < 17:
-				mu.Lock()
-				if len(recent) > 0 {
-					key, class, path = recent[rand.IntN(len(recent))], "replay", "/payments"
-				}
-				mu.Unlock()
-			}
-			status := post(client, s.base, path, key)
-			if class == "first attempt" && status == 201 {
-				mu.Lock()
-				if recent = append(recent, key); len(recent) > 1024 {
-					recent = recent[len(recent)-1024:]
-				}
-				mu.Unlock()
-			}
-			done.add(class, status)
-		})
+		openLoop(*rate, 64, stop, m.send)
 	}()
-
-	var samples []sample
-	tick := time.NewTicker(*every)
-	for now := range tick.C {
-		keys, mem := s.redisKeys()
-		n, bad := done.counts()
-		samples = append(samples, sample{at: now.Sub(start), rss: s.idem.rss(), goroutines: s.gauge("go_goroutines"),
-			fds: s.idem.fds(), keys: keys, redisMemory: mem, requests: n, errors: bad})
-		fmt.Fprintf(os.Stderr, "soak %s: rss %.1f MiB, %0.f goroutines, %d fds, %d keys, %d requests, %d not 201\n",
-			now.Sub(start).Round(time.Second), float64(samples[len(samples)-1].rss)/(1<<20), samples[len(samples)-1].goroutines,
-			samples[len(samples)-1].fds, keys, n, bad)
-		if now.Sub(start) >= *duration {
-			break
-		}
-	}
-	tick.Stop()
+	samples := soakSamples(s, &m.done, start, *duration, *every)
 	close(stop)
 	<-loaded
 	keys, dups, err := s.duplicates()
 	if err != nil {
 		return err
 	}
-	text := soakReport(*duration, *rate, *retention, *every, samples, &done, keys, dups)
+	text := soakReport(*duration, *rate, *retention, *every, samples, &m.done, keys, dups)
 	fmt.Print(text)
 	if *out != "" {
 		return os.WriteFile(*out, []byte(text), 0o644)
 	}
 	return nil
+}
+
+// soakMix sends the soak's mix of requests: 60% first attempts, 25%
+// replays of recent keys, 15% pass-through.
+type soakMix struct {
+	client *http.Client
+	base   string
+	mu     sync.Mutex
+	recent []string // the last first-attempt keys answered, for replays; mu guards it
+	done   tally
+}
+
+// send sends the n-th request of the mix.
+func (m *soakMix) send(n int64, _ time.Time) {
+	var key, class, path = "", "pass-through", "/other"
+	switch r := n % 20; {
+	case r < 12:
+		key, class, path = "soak-"+strconv.FormatInt(n, 36), "first attempt", "/payments"
+	case r < 17:
+		m.mu.Lock()
+		if len(m.recent) > 0 {
+			key, class, path = m.recent[rand.IntN(len(m.recent))], "replay", "/payments"
+		}
+		m.mu.Unlock()
+	}
+	status := post(m.client, m.base, path, key)
+	if class == "first attempt" && status == 201 {
+		m.mu.Lock()
+		if m.recent = append(m.recent, key); len(m.recent) > 1024 {
+			m.recent = m.recent[len(m.recent)-1024:]
+		}
+		m.mu.Unlock()
+	}
+	m.done.add(class, status)
+}
+
+// soakSamples samples the stack every interval from start for duration:
+// memory, goroutines, descriptors, Redis keys and requests.
+func soakSamples(s *stack, done *tally, start time.Time, duration, every time.Duration) []sample {
+	var samples []sample
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for now := range tick.C {
+		keys, mem := s.redisKeys()
+		n, bad := done.counts()
+		last := sample{at: now.Sub(start), rss: s.idem.rss(), goroutines: s.gauge("go_goroutines"),
+			fds: s.idem.fds(), keys: keys, redisMemory: mem, requests: n, errors: bad}
+		samples = append(samples, last)
+		fmt.Fprintf(os.Stderr, "soak %s: rss %.1f MiB, %0.f goroutines, %d fds, %d keys, %d requests, %d not 201\n",
+			now.Sub(start).Round(time.Second), float64(last.rss)/(1<<20), last.goroutines, last.fds, keys, n, bad)
+		if now.Sub(start) >= duration {
+			break
+		}
+	}
+	return samples
 }
 
 func soakReport(duration time.Duration, rate float64, retention, every time.Duration, samples []sample, done *tally, keys, dups int) string {

@@ -125,13 +125,6 @@ func (r *streamRig) stop() {
 // an error.
 func startStreamRig(dir string, o streamOptions) (*streamRig, error) {
 	r := &streamRig{}
-	start := func(name, addr, bin string, args ...string) (*proc, error) {
-		p, err := startProc(name, addr, bin, args...)
-		if err == nil {
-			r.procs = append(r.procs, p)
-		}
-		return p, err
-	}
 	self, err := os.Executable()
 	if err != nil {
 		return r, err
@@ -142,42 +135,31 @@ func startStreamRig(dir string, o streamOptions) (*streamRig, error) {
 	}
 	redisPort := freePort()
 	redisAddr := fmt.Sprintf("127.0.0.1:%d", redisPort)
-	if _, err := start("redis", redisAddr, "redis-server", "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir); err != nil {
+	if _, err := r.start("redis", redisAddr, "redis-server", "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir); err != nil {
 		return r, err
 	}
 	r.rtt, _ = redisRTT(redisAddr)
 	upAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
-	if _, err := start("upstream", upAddr, self, "upstream", "-listen", upAddr,
+	if _, err := r.start("upstream", upAddr, self, "upstream", "-listen", upAddr,
 		"-stream-events", strconv.Itoa(o.events), "-stream-gap", o.gap.String(), "-stream-size", strconv.Itoa(o.size)); err != nil {
 		return r, err
 	}
 	rpAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
-	rp, err := start("reverseproxy", rpAddr, self, "reverseproxy", "-listen", rpAddr, "-upstream", "http://"+upAddr)
+	rp, err := r.start("reverseproxy", rpAddr, self, "reverseproxy", "-listen", rpAddr, "-upstream", "http://"+upAddr)
 	if err != nil {
 		return r, err
 	}
-	port, admin := freePort(), freePort()
-	cfg := filepath.Join(dir, "idemproxy.yaml")
-	pprofCfg := ""
-	if o.profile != "" {
-		r.pprofAddr = fmt.Sprintf("127.0.0.1:%d", freePort())
-		pprofCfg = fmt.Sprintf("admin_pprof_listen: %q\n", r.pprofAddr)
-	}
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, streamConfig, port, admin, "http://"+upAddr, redisAddr, o.flush, pprofCfg), 0o644); err != nil {
-		return r, err
-	}
-	idem, err := startIdemproxy(bin, cfg, port, admin, nil)
+	idem, err := r.startIdemproxy(dir, bin, o, upAddr, redisAddr)
 	if err != nil {
 		return r, err
 	}
-	r.procs = append(r.procs, idem)
 	floorAddr := fmt.Sprintf("127.0.0.1:%d", freePort())
 	floorArgs := []string{"reverseproxy", "-listen", floorAddr, "-upstream", "http://" + upAddr, "-redis", redisAddr}
 	if o.profile != "" {
 		r.floorPprof = fmt.Sprintf("127.0.0.1:%d", freePort())
 		floorArgs = append(floorArgs, "-pprof", r.floorPprof)
 	}
-	fl, err := start("floor", floorAddr, self, floorArgs...)
+	fl, err := r.start("floor", floorAddr, self, floorArgs...)
 	if err != nil {
 		return r, err
 	}
@@ -190,6 +172,42 @@ func startStreamRig(dir string, o streamOptions) (*streamRig, error) {
 	if !o.storeFloor {
 		return r, nil
 	}
+	return r, r.startStoreFloors(self, o, upAddr, redisAddr)
+}
+
+// start starts one of the rig's processes, stopped with the rig.
+func (r *streamRig) start(name, addr, bin string, args ...string) (*proc, error) {
+	p, err := startProc(name, addr, bin, args...)
+	if err == nil {
+		r.procs = append(r.procs, p)
+	}
+	return p, err
+}
+
+// startIdemproxy starts the sidecar of the rig, on its own Redis and
+// upstream.
+func (r *streamRig) startIdemproxy(dir, bin string, o streamOptions, upAddr, redisAddr string) (*proc, error) {
+	port, admin := freePort(), freePort()
+	cfg := filepath.Join(dir, "idemproxy.yaml")
+	pprofCfg := ""
+	if o.profile != "" {
+		r.pprofAddr = fmt.Sprintf("127.0.0.1:%d", freePort())
+		pprofCfg = fmt.Sprintf("admin_pprof_listen: %q\n", r.pprofAddr)
+	}
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, streamConfig, port, admin, "http://"+upAddr, redisAddr, o.flush, pprofCfg), 0o644); err != nil {
+		return nil, err
+	}
+	idem, err := startIdemproxy(bin, cfg, port, admin, nil)
+	if err != nil {
+		return nil, err
+	}
+	r.procs = append(r.procs, idem)
+	return idem, nil
+}
+
+// startStoreFloors starts the store floor (and, with -native-floor, its
+// native form) as targets of the rig.
+func (r *streamRig) startStoreFloors(self string, o streamOptions, upAddr, redisAddr string) error {
 	type floorTarget struct {
 		name string
 		args []string // beyond the store floor's
@@ -201,13 +219,13 @@ func startStreamRig(dir string, o streamOptions) (*streamRig, error) {
 	for _, fl := range floors {
 		addr := fmt.Sprintf("127.0.0.1:%d", freePort())
 		args := append([]string{"reverseproxy", "-listen", addr, "-upstream", "http://" + upAddr, "-redis", redisAddr, "-store-floor"}, fl.args...)
-		p, err := start(strings.Fields(fl.name)[0], addr, self, args...)
+		p, err := r.start(strings.Fields(fl.name)[0], addr, self, args...)
 		if err != nil {
-			return r, err
+			return err
 		}
 		r.targets = append(r.targets, streamTarget{fl.name, p, addr})
 	}
-	return r, nil
+	return nil
 }
 
 // streamRow is what one target measured, over the rounds.
