@@ -127,5 +127,5 @@ func (a *attempt) linkTo(rec *claim.Record) {
 // keys that replaced it (change).
 type legacyKey struct {
 	scope, key string
-	change     int // keysV06, keysV07
+	change     int // keysV06, keysV07, keysV09
 }

@@ -44,6 +44,15 @@ type provider struct {
 	// delivery is about (its event first), each header present once and
 	// in the provider's grammar; errEventMalformed otherwise.
 	event func(h http.Header) ([]string, error)
+	// eventKeyed is how many of event's parts the key names (eventSum);
+	// the rest are checked, never keyed: they are unsigned, and a part in
+	// the key would let a captured body execute once per value invented
+	// for it. Zero: all of them.
+	eventKeyed int
+	// wideKeyChange, when set, is the key change that dropped parts of
+	// event from the key: the key it replaced (every part) is read for
+	// one retention after it.
+	wideKeyChange int
 }
 
 // signed is what a delivery's headers say about its signature, read
@@ -132,6 +141,11 @@ var providers = map[string]provider{
 		key:        eventSum,
 		unsignedID: func(h http.Header) string { return header(h, "X-Shopify-Webhook-Id", "Shopify-Webhook-Id") },
 		event:      shopifyEvent,
+		// The shop's domain is checked (present once, well formed) but is
+		// unsigned: keyed, a captured delivery executed once per invented
+		// domain (issue 78). v0.8.0's key named it: read for one retention.
+		eventKeyed:    1,
+		wideKeyChange: keysV09,
 	},
 	// webhook-signature: v1,<base64 HMAC-SHA256(id.timestamp.body)>
 	// [ v1,...], keyed by the base64 secret after "whsec_"; Svix, the
@@ -179,12 +193,13 @@ func bodySum(body []byte) string {
 }
 
 // eventSum keys a delivery whose provider signs only the body by the
-// body's digest and what the delivery is about (d.event: GitHub's event,
-// Shopify's topic and shop): bodySum, then ":" and the first 128 bits of
-// the hex SHA-256 of the event's parts, each length-prefixed. Two topics
-// with byte-identical bodies are two deliveries. The event headers are
-// not signed, so a captured body resent under another event executes
-// once per event (docs/security.md).
+// body's digest and what the delivery is about (d.event, as far as its
+// provider keys it: GitHub's event, Shopify's topic): bodySum, then ":"
+// and the first 128 bits of the hex SHA-256 of the event's parts, each
+// length-prefixed. Two topics with byte-identical bodies are two
+// deliveries. The event headers are not signed, so a captured body
+// resent under another listed event executes once per event
+// (docs/security.md).
 func eventSum(d signed, body []byte) (string, error) {
 	m := sha256.New()
 	for _, part := range d.event {

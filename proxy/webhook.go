@@ -99,10 +99,14 @@ func (wh *Webhook) event(h http.Header) ([]string, error) {
 }
 
 // key is the delivery's idempotency key, taken from what the provider
-// signs, so that nobody without the secret can make a captured delivery
-// pass for a new one.
+// signs (and the event parts it keys), so that nobody without the secret
+// can make a captured delivery pass for a new one.
 func (wh *Webhook) key(d signed, body []byte) (string, error) {
-	id, err := providers[wh.Provider].key(d, body)
+	p := providers[wh.Provider]
+	if p.eventKeyed > 0 && len(d.event) > p.eventKeyed {
+		d.event = d.event[:p.eventKeyed]
+	}
+	id, err := p.key(d, body)
 	switch {
 	case err != nil:
 		return "", err
@@ -114,19 +118,27 @@ func (wh *Webhook) key(d signed, body []byte) (string, error) {
 	return id, nil
 }
 
-// legacyKeys are the keys earlier releases stored the delivery under,
-// newest first: v0.6.0's, the body's digest alone, for a provider keyed by
-// the body's digest; v0.5.0's, the delivery id (unsigned where the
-// provider does not sign it), in the scope the route had then.
-func legacyKeys(rt *route, h http.Header, key string, body []byte) []legacyKey {
+// legacyKeys are the keys earlier releases stored the delivery (its
+// signed part d) under, newest first: v0.8.0's, which named every part of
+// its event (Shopify's shop too); v0.6.0's, the body's digest alone, for
+// a provider keyed by the body's digest; v0.5.0's, the delivery id
+// (unsigned where the provider does not sign it), in the scope the route
+// had then.
+func legacyKeys(rt *route, h http.Header, d signed, key string, body []byte) []legacyKey {
 	p := providers[rt.settings.Webhook.Provider]
 	if p.unsignedID == nil {
 		return []legacyKey{{scope: rt.legacyScope, key: key, change: keysV06}}
 	}
-	return []legacyKey{
-		{scope: rt.scope, key: bodySum(body), change: keysV07},
-		{scope: rt.legacyScope, key: p.unsignedID(h), change: keysV06},
+	var keys []legacyKey
+	if p.wideKeyChange != 0 && len(d.event) > p.eventKeyed {
+		if wide, err := p.key(d, body); err == nil {
+			keys = append(keys, legacyKey{scope: rt.scope, key: wide, change: p.wideKeyChange})
+		}
 	}
+	return append(keys,
+		legacyKey{scope: rt.scope, key: bodySum(body), change: keysV07},
+		legacyKey{scope: rt.legacyScope, key: p.unsignedID(h), change: keysV06},
+	)
 }
 
 // admitDelivery is the admission of a webhook route: the signature
@@ -176,7 +188,7 @@ func (x *exchange) admitDelivery() (admitted, *reply) {
 		return admitted{}, refuse(outcomeRejected, probKeyMalformed.with(err.Error()))
 	}
 	x.r.Header.Set(x.rt.settings.KeyHeader, key) // the upstream can dedupe on it too
-	return admitted{as: admittedAs{principal: x.bufs.holder, key: key}, body: body, legacy: legacyKeys(x.rt, x.r.Header, key, body)}, nil
+	return admitted{as: admittedAs{principal: x.bufs.holder, key: key}, body: body, legacy: legacyKeys(x.rt, x.r.Header, d, key, body)}, nil
 }
 
 func (x *exchange) signatureInvalid(err error) *reply {

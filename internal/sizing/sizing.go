@@ -53,14 +53,14 @@ var Measured = Costs{
 	NetCompleteBytes: 456,
 	NetReplayBytes:   497,
 	// Sidecar CPU per request, all of the process (bench harness, c=32,
-	// 0 ms upstream, 1 KiB answers; docs/benchmarks.md, "Today": the run
+	// 0 ms upstream, 1 KiB answers; docs/benchmarks-history.md, the run
 	// of 2026-12-03, three rounds, beside v0.5.0).
 	SidecarFirstAttemptMicros: 166,
 	SidecarReplayMicros:       77,
 	SidecarPassThroughMicros:  87,
 	// One streamed event through the sidecar (go run ./bench stream: 20
 	// events of 200 bytes per stream, each stream's claim and connection
-	// spread over its events; docs/benchmarks.md).
+	// spread over its events; docs/benchmarks-history.md).
 	SidecarStreamChunkMicros: 405,
 }
 
