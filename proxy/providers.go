@@ -55,6 +55,18 @@ type provider struct {
 	wideKeyChange int
 }
 
+// Key changes of webhook routes, by the release that made them.
+const (
+	keysV06 = iota // v0.6.0: keyed by what is signed, scoped by route
+	keysV07        // v0.7.0: a body's digest with the event it is about
+	keysV09        // v0.9.0: the event's unsigned parts out of the key (Shopify's shop)
+	keyChanges
+)
+
+// keyChangeMarkers name the store's markers (Store.Since) of when it first
+// served a release with each key change.
+var keyChangeMarkers = [keyChanges]string{keysV06: "webhook-keys-v0.6", keysV07: "webhook-keys-v0.7", keysV09: "webhook-keys-v0.9"}
+
 // signed is what a delivery's headers say about its signature, read
 // before its body.
 type signed struct {
