@@ -105,9 +105,13 @@ Usage:
   idemproxy demo                           the sidecar, an embedded store and a sample upstream, with a scripted show
   idemproxy keys get|delete|reconcile ...  look up, clear or reconcile one idempotency key on a running sidecar (idemproxy keys -h)
   idemproxy size ...                       the Redis memory (or, --store postgres, the disk and WAL) a traffic profile needs (idemproxy size -h)
-  idemproxy store migrate [-config f]      install or update store.postgres' schema and exit
+  idemproxy store migrate [-config f] [-grant ROLE]
+                                           install or update store.postgres' schema (and give ROLE,
+                                           the sidecars' runtime role, what it needs) and exit
   idemproxy store copy -from-redis old.yaml [-config f] [-wait D]
                                            carry a drained Redis fleet's records into store.postgres
+  idemproxy store new-epoch [-config f]    begin a new epoch after a loss no running sidecar saw (a
+                                           restore while every sidecar was stopped): earlier requests get 412
 
 Flags:
 `

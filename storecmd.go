@@ -24,8 +24,11 @@ import (
 // migrates as a step of its own. copy -from-redis carries a Redis fleet's
 // records into it: the copy step of a switch (docs/production.md).
 func runStore(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "migrate" && args[0] != "copy" {
-		return errors.New("idemproxy store: the subcommands are migrate (install or update the PostgreSQL schema of store.postgres) and copy -from-redis OLD.yaml [-wait D] (every record of a drained Redis fleet into store.postgres)")
+	if len(args) == 0 || args[0] != "migrate" && args[0] != "copy" && args[0] != "new-epoch" {
+		return errors.New("idemproxy store: the subcommands are migrate (install or update the PostgreSQL schema of store.postgres), copy -from-redis OLD.yaml [-wait D] (every record of a drained Redis fleet into store.postgres) and new-epoch (begin a new epoch after a loss no running sidecar saw: requests first sent before it get 412)")
+	}
+	if args[0] == "new-epoch" {
+		return newEpoch(ctx, args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("idemproxy store "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -253,4 +256,64 @@ func liveError(keys []string, what string) error {
 		more = fmt.Sprintf(" and %d more", len(keys)-len(shown))
 	}
 	return fmt.Errorf("store copy: %d keys (%s%s) %s", len(keys), strings.Join(shown, ", "), more, what)
+}
+
+// newEpoch is idemproxy store new-epoch: a new epoch after a loss begins
+// now on every node of the configured store (Redis or PostgreSQL), for a
+// loss that no running sidecar saw, such as a restore while every sidecar
+// was stopped (docs/production.md, Restoring the store). Requests first
+// sent before it are refused 412 record-lost.
+func newEpoch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("idemproxy store new-epoch", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "config.yaml", "path of the YAML config file (its store)")
+	if help, err := parseFlags(fs, args, "store new-epoch takes -config"); help || err != nil {
+		return err
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return configError(*path, err)
+	}
+	sec, err := readSecrets(cfg)
+	if err != nil {
+		return configError(*path, err)
+	}
+	store, closeStore, err := openOperatorStore(ctx, cfg, sec)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	ectx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	began, err := store.NewEpoch(ectx)
+	if err != nil {
+		return fmt.Errorf("idemproxy store new-epoch: %w", err)
+	}
+	for _, e := range began {
+		fmt.Fprintf(stdout, "store: a new epoch after a loss began on %s at %s: requests first sent before it get 412 record-lost\n", e.Master, e.Start.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// openOperatorStore opens cfg's store for an operator's command: Redis
+// (store.redis.addrs) or PostgreSQL (store.postgres.url); not the
+// embedded store, which lives only inside a sidecar.
+func openOperatorStore(ctx context.Context, cfg *config.Config, sec *secrets) (claim.Backend, func(), error) {
+	if cfg.Store.Postgres.URL != "" {
+		pool, err := openPool(ctx, cfg.Store.Postgres, sec, 2)
+		if err != nil {
+			return nil, nil, err
+		}
+		store := pgstore.New(pool, cfg.Store.Postgres.Schema, cfg.Store.KeyPrefix)
+		return store, func() { store.Close(); pool.Close() }, nil
+	}
+	if len(sec.redis.Addrs) == 0 {
+		return nil, nil, errors.New("store.redis.addrs is empty: the embedded store lives only inside a sidecar, and a new sidecar begins it empty")
+	}
+	client, err := redisstore.NewClient(clientOptions(sec.redis))
+	if err != nil {
+		return nil, nil, fmt.Errorf("store.redis.tls_ca_file: %w", err)
+	}
+	store := redisstore.New(client, cfg.Store.KeyPrefix)
+	return store, func() { store.Close(); client.Close() }, nil
 }

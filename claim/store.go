@@ -331,6 +331,11 @@ type Operator interface {
 	Health(ctx context.Context) []MasterHealth
 	// CheckEpochs looks at each node's epoch; Lost says one lost its data.
 	CheckEpochs(ctx context.Context) ([]Epoch, error)
+	// NewEpoch begins a new epoch after a loss on every node, now, as a
+	// running sidecar does when it sees one: for a loss that no running
+	// sidecar saw (a restore while every sidecar was stopped). Requests
+	// first sent before it are refused 412 record-lost.
+	NewEpoch(ctx context.Context) ([]Epoch, error)
 	// SetFull refuses new claims (ErrFull) while full.
 	SetFull(full bool)
 	// EvictionPolicy names how the backend drops data under memory

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/idemproxy/idemproxy/claim/pgstore"
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/poll"
@@ -47,7 +48,7 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 	bin := binarytest.TestBinary(t)
 
 	out, err := exec.Command(bin, "store", "migrate", "-config", write("owner.yaml", as("owner", "")), "-grant", "app").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "version 2 of the functions") || !strings.Contains(string(out), `role "app" may use schema "idemproxy"`) {
+	if err != nil || !strings.Contains(string(out), fmt.Sprintf("version %d of the functions", pgstore.SchemaVersion)) || !strings.Contains(string(out), `role "app" may use schema "idemproxy"`) {
 		t.Fatalf("store migrate -grant app as the owner: %v\n%s", err, out)
 	}
 	out, err = exec.Command(bin, "store", "migrate", "-config", write("theirs.yaml", as("owner", "    schema: theirs\n"))).CombinedOutput()
@@ -66,8 +67,8 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 	var owned, public, unpinned int
 	if err := admin.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM pg_class WHERE relowner = 'app'::regrole) + (SELECT count(*) FROM pg_proc WHERE proowner = 'app'::regrole) + (SELECT count(*) FROM pg_namespace WHERE nspowner = 'app'::regrole),
-		(SELECT count(*) FROM pg_proc WHERE pronamespace = 'idemproxy'::regnamespace AND proname LIKE 'idem\_v2\_%' AND has_function_privilege('mallory', oid, 'EXECUTE')),
-		(SELECT count(*) FROM pg_proc WHERE pronamespace = 'idemproxy'::regnamespace AND proname LIKE 'idem\_v2\_%' AND NOT coalesce(proconfig, '{}') @> ARRAY['search_path=pg_catalog, pg_temp'])`).Scan(&owned, &public, &unpinned); err != nil {
+		(SELECT count(*) FROM pg_proc WHERE pronamespace = 'idemproxy'::regnamespace AND proname LIKE '`+pgstore.FunctionPattern()+`' AND has_function_privilege('mallory', oid, 'EXECUTE')),
+		(SELECT count(*) FROM pg_proc WHERE pronamespace = 'idemproxy'::regnamespace AND proname LIKE '`+pgstore.FunctionPattern()+`' AND NOT coalesce(proconfig, '{}') @> ARRAY['search_path=pg_catalog, pg_temp'])`).Scan(&owned, &public, &unpinned); err != nil {
 		t.Fatal(err)
 	}
 	if owned != 0 || public != 0 || unpinned != 0 {

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/claim/pgstore"
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/redistest"
@@ -176,7 +177,7 @@ func TestMixedFleet(t *testing.T) {
 				// must stay as they were.
 				bodies := func() string {
 					var sum string
-					if err := pg.Conn(t).QueryRow(t.Context(), `SELECT coalesce(md5(string_agg(prosrc, '|' ORDER BY oid::regprocedure::text)), '') FROM pg_proc WHERE proname LIKE 'idem\_v2\_%'`).Scan(&sum); err != nil {
+					if err := pg.Conn(t).QueryRow(t.Context(), `SELECT coalesce(md5(string_agg(prosrc, '|' ORDER BY oid::regprocedure::text)), '') FROM pg_proc WHERE proname LIKE '`+pgstore.FunctionPattern()+`'`).Scan(&sum); err != nil {
 						t.Fatal(err)
 					}
 					return sum

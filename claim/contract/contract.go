@@ -83,6 +83,7 @@ var Cases = []Case{
 	{"SealingRequired", testSealingRequired},
 	{"TakeOverFencedOnExpiry", testTakeOverFencedOnExpiry},
 	{"EpochLoss", testEpochLoss},
+	{"NewEpoch", testNewEpoch},
 	{"Preload", on(testPreload)},
 	{"Spans", on(testSpans)},
 	{"RefusedOptions", testRefusedOptions},

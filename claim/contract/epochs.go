@@ -68,3 +68,44 @@ func testEpochLoss(t *testing.T, d Deployment, s claim.Backend) {
 		t.Errorf("EpochStart after the loss = %v, %v; want when the new epoch began", start, err)
 	}
 }
+
+// testNewEpoch: an operator begins a new epoch by hand (store new-epoch,
+// for a loss no running sidecar saw): from a store of its own, as the
+// command runs; a running store's next look finds its epoch changed
+// (lost, begun after a loss, now), and EpochStart dates the key's data
+// from it.
+func testNewEpoch(t *testing.T, d Deployment, s claim.Backend) {
+	ctx := context.Background()
+	prefix := s.Codec().Prefix()
+	running := d.Open(t, prefix)
+	if _, err := running.CheckEpochs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	key := s.Codec().Key("alice", "pay", "epoch")
+	if start, err := running.EpochStart(ctx, key); err != nil || !start.IsZero() {
+		t.Fatalf("EpochStart before any loss = %v, %v; want zero", start, err)
+	}
+	before := time.Now().Add(-time.Second)
+	operator := d.Open(t, prefix)
+	began, err := operator.NewEpoch(ctx)
+	if err != nil || len(began) == 0 {
+		t.Fatalf("NewEpoch = %+v, %v", began, err)
+	}
+	for _, e := range began {
+		if !e.AfterLoss || e.Start.Before(before) {
+			t.Errorf("NewEpoch began %+v; want an epoch after a loss, begun now", e)
+		}
+	}
+	seen, err := running.CheckEpochs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range seen {
+		if !e.Lost || !e.AfterLoss || e.Start.Before(before) {
+			t.Errorf("the running store's look after NewEpoch: %+v; want its epoch lost, the new one begun now after a loss", e)
+		}
+	}
+	if start, err := running.EpochStart(ctx, key); err != nil || start.Before(before) {
+		t.Errorf("EpochStart after NewEpoch = %v, %v; want when the new epoch began", start, err)
+	}
+}

@@ -37,9 +37,14 @@ import (
 // operation alone: every operation gets that error (ambiguous, unless
 // nothing was sent). Calls within a batch take their rows' locks in key
 // order, as every batch does, so that two batches never wait on each
-// other in a circle over records (a quota's counter row can still close
-// one: the server breaks it after deadlock_timeout, and both batches'
-// operations run again alone).
+// other in a circle over records. A claim with a quota also takes its
+// principal's counter row: it is counted after every call, by a statement
+// of its own (idem_count, countQuotas) that takes the counters sorted,
+// batched or alone; every transaction takes its records, then its
+// counters, each kind in key order, and no two wait on each other in a
+// circle (issue 78: counted inside each claim, with quota.new_keys and
+// two principals, batches deadlocked, stalled for deadlock_timeout and
+// answered 503).
 const (
 	maxInFlight   = 2
 	maxBatchOps   = 128
@@ -58,6 +63,11 @@ type op struct {
 	key  string
 	wake bool
 	size int
+	// quota, when set, is the claim's count against its quota, made
+	// after every call of its transaction (countQuotas); epoch, when set,
+	// receives the store's epoch as the same transaction read it.
+	quota *quotaCall
+	epoch *epochRead
 	// err is the operation's result; done is signalled when a batch
 	// sent it (nil: its caller runs the batch itself).
 	err  error
@@ -174,8 +184,17 @@ func batchContext(batch []*op) (context.Context, context.CancelFunc) {
 }
 
 // alone runs o by itself: its call and, when o wakes, the wake-up, in one
-// round trip (rowNotify), or the call alone (row).
+// round trip (rowNotify), or the call alone (row); a claim under a quota,
+// or one that reads the epoch, is counted or reads it in the same
+// transaction (together).
 func (s *Store) alone(ctx context.Context, o *op) error {
+	if o.quota != nil || o.epoch != nil {
+		err := s.refusedAgain(func() error { return s.together(ctx, []*op{o}) })
+		if err != nil && o.err == nil {
+			o.err = s.unavailable(o.name, err)
+		}
+		return o.err
+	}
 	if o.wake {
 		return s.rowNotify(ctx, o.name, o.fn, o.key, o.args, o.dst...)
 	}
@@ -195,29 +214,14 @@ func (s *Store) together(ctx context.Context, batch []*op) error {
 	}
 	defer c.Release() // a connection left busy or broken is destroyed by the pool
 	pc, m := c.Conn().PgConn(), c.Conn().TypeMap()
-	sent, err := s.encodeAll(ctx, c.Conn(), batch)
+	pl, err := s.plan(ctx, c.Conn(), batch)
 	if err != nil {
 		return err
 	}
-	var wakes []string
-	for _, e := range sent {
-		if e.o.wake {
-			wakes = append(wakes, e.o.key)
-		}
-	}
-	var wake *pgconn.StatementDescription
-	if len(wakes) > 0 {
-		if wake, err = s.statement(ctx, c.Conn(), s.wakeSQL); err != nil {
-			return err
-		}
-	}
 	p := pc.StartPipeline(ctx)
-	for _, e := range sent {
-		send(p, e.sql, e.sd, e.params)
-	}
-	p.SendPipelineSync()
-	if len(wakes) > 0 {
-		if err := s.sendWakes(p, m, wake, wakes); err != nil {
+	pl.send(p)
+	if len(pl.wakes) > 0 {
+		if err := s.sendWakes(p, m, pl.wake, pl.wakes); err != nil {
 			p.Close()
 			return err
 		}
@@ -226,19 +230,159 @@ func (s *Store) together(ctx context.Context, batch []*op) error {
 		p.Close()
 		return err
 	}
-	if err := readAll(p, m, sent); err != nil {
+	if err := readAll(p, m, pl, batch); err != nil {
 		p.Close()
 		return err
 	}
 	var wakeErr error
-	if len(wakes) > 0 {
+	if len(pl.wakes) > 0 {
 		wakeErr = s.readWakes(p)
 	}
 	p.Close() // every answer that decides anything is read
-	if wakeErr != nil && !(s.unnamedAfter(wakeErr) && s.wakeAgain(ctx, c.Conn(), wakes)) {
+	if wakeErr != nil && !(s.unnamedAfter(wakeErr) && s.wakeAgain(ctx, c.Conn(), pl.wakes)) {
 		s.notifyFailures.Add(1)
 	}
 	return nil
+}
+
+// batchPlan is a batch's statements as together sends them: every call,
+// the quota count and the epoch's read when its claims ask for them, then
+// one Sync; and the keys to wake after it, with the wake-up's statement.
+type batchPlan struct {
+	sent    []encoded
+	count   *encoded
+	counted []*op
+	epoch   *encoded
+	wakes   []string
+	wake    *pgconn.StatementDescription
+}
+
+// plan encodes batch's statements on c (their descriptions prepared or
+// cached before the pipeline starts).
+func (s *Store) plan(ctx context.Context, c *pgx.Conn, batch []*op) (*batchPlan, error) {
+	var pl batchPlan
+	var err error
+	if pl.sent, err = s.encodeAll(ctx, c, batch); err != nil {
+		return nil, err
+	}
+	for _, e := range pl.sent {
+		if e.o.wake {
+			pl.wakes = append(pl.wakes, e.o.key)
+		}
+	}
+	if len(pl.wakes) > 0 {
+		if pl.wake, err = s.statement(ctx, c, s.wakeSQL); err != nil {
+			return nil, err
+		}
+	}
+	if pl.count, pl.counted, err = s.countQuotas(ctx, c, pl.sent); err != nil {
+		return nil, err
+	}
+	if pl.epoch, err = s.readEpochWith(ctx, c, batch); err != nil {
+		return nil, err
+	}
+	return &pl, nil
+}
+
+// send queues the plan's transaction on p: the calls, the count, the
+// epoch's read, and its Sync.
+func (pl *batchPlan) send(p *pgconn.Pipeline) {
+	for _, e := range pl.sent {
+		send(p, e.sql, e.sd, e.params)
+	}
+	for _, e := range []*encoded{pl.count, pl.epoch} {
+		if e != nil {
+			send(p, e.sql, e.sd, e.params)
+		}
+	}
+	p.SendPipelineSync()
+}
+
+// quotaCall is a claim's count against its quota (idem_count): the
+// counter's key, the claim's token, the quota; refused is set when the
+// count refused the claim, to what is left of the quota's window.
+type quotaCall struct {
+	key             string
+	token           []byte
+	limit, windowMS int64
+	refused         *time.Duration
+}
+
+// countQuotas is the statement that counts the claims of sent that have
+// a quota (idem_count), in their counters' key order, after every call
+// (nil when none has one), and those claims in that order.
+func (s *Store) countQuotas(ctx context.Context, c *pgx.Conn, sent []encoded) (*encoded, []*op, error) {
+	var counted []*op
+	for _, e := range sent {
+		if e.o.quota != nil {
+			counted = append(counted, e.o)
+		}
+	}
+	if counted == nil {
+		return nil, nil, nil
+	}
+	slices.SortStableFunc(counted, func(x, y *op) int { return strings.Compare(x.quota.key, y.quota.key) })
+	keys, toks, qkeys := make([]string, len(counted)), make([][]byte, len(counted)), make([]string, len(counted))
+	limits, windows := make([]int64, len(counted)), make([]int64, len(counted))
+	for i, o := range counted {
+		keys[i], toks[i], qkeys[i] = o.key, o.quota.token, o.quota.key
+		limits[i], windows[i] = o.quota.limit, o.quota.windowMS
+	}
+	sql := s.call("idem_count", 5)
+	sd, params, err := s.bind(ctx, c, sql, []any{keys, toks, qkeys, limits, windows})
+	if err != nil {
+		return nil, nil, err
+	}
+	return &encoded{sql: sql, sd: sd, params: params}, counted, nil
+}
+
+// readEpochWith is the read of the store's epoch marker that the claims
+// of batch asking for it (op.epoch) share, in their transaction; nil when
+// none asks.
+func (s *Store) readEpochWith(ctx context.Context, c *pgx.Conn, batch []*op) (*encoded, error) {
+	if !slices.ContainsFunc(batch, func(o *op) bool { return o.epoch != nil }) {
+		return nil, nil
+	}
+	sql := "SELECT (SELECT m.value FROM " + s.schema + ".markers m WHERE m.name = $1)," +
+		" (EXTRACT(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::bigint," +
+		" (SELECT pg_catalog.convert_from(r.value, 'UTF8') FROM " + s.schema + ".records r WHERE r.key = $2)"
+	sd, params, err := s.bind(ctx, c, sql, []any{s.codec.Prefix() + "epoch", s.codec.Prefix() + "epoch:server"})
+	if err != nil {
+		return nil, err
+	}
+	return &encoded{sql: sql, sd: sd, params: params}, nil
+}
+
+// readEpoch reads the epoch's read into the ops of batch that asked.
+func readEpoch(p *pgconn.Pipeline, m *pgtype.Map, batch []*op) error {
+	var v, wm *string
+	var started int64
+	if err := readRow(p, m, []any{&v, &started, &wm}); err != nil {
+		return err
+	}
+	for _, o := range batch {
+		if o.epoch != nil {
+			o.epoch.started, o.epoch.watermark = started, watermarkOf(wm)
+			if v != nil {
+				o.epoch.marker = *v
+			}
+		}
+	}
+	return nil
+}
+
+// noteRefused reads idem_count's answer into counted: each claim it
+// refused gets what is left of its quota's window.
+func noteRefused(counted []*op, refused []string, retryMS []int64) {
+	for i, key := range refused {
+		for _, o := range counted {
+			if o.key == key && o.quota.refused == nil && i < len(retryMS) {
+				left := time.Duration(retryMS[i]) * time.Millisecond
+				o.quota.refused = &left
+				break
+			}
+		}
+	}
 }
 
 // encoded is an operation of a batch with its arguments in the wire
@@ -275,14 +419,27 @@ func (s *Store) encodeAll(ctx context.Context, c *pgx.Conn, batch []*op) ([]enco
 // cannot be scanned is its operation's error alone (the transaction goes
 // on); a server's error means the transaction rolled back, and the
 // answers read before it stand for nothing (Close reads past the rest).
-func readAll(p *pgconn.Pipeline, m *pgtype.Map, sent []encoded) error {
-	for _, e := range sent {
+func readAll(p *pgconn.Pipeline, m *pgtype.Map, pl *batchPlan, batch []*op) error {
+	for _, e := range pl.sent {
 		err := readRow(p, m, fields(e.o.dst))
 		var scan *scanError
 		switch {
 		case errors.As(err, &scan):
 			e.o.err = claim.Unavailable(e.o.name, err)
 		case err != nil:
+			return err
+		}
+	}
+	if pl.count != nil {
+		var refused []string
+		var retryMS []int64
+		if err := readRow(p, m, fields([]any{&refused, &retryMS})); err != nil {
+			return err
+		}
+		noteRefused(pl.counted, refused, retryMS)
+	}
+	if pl.epoch != nil {
+		if err := readEpoch(p, m, batch); err != nil {
 			return err
 		}
 	}

@@ -105,15 +105,30 @@ type claimCall struct {
 
 // claim is the claim's round trip.
 func (s *Store) claim(ctx context.Context, key string, rec *claim.Record, lease time.Duration, q claim.Quota) (claim.Result, error) {
-	var qkey *string
+	// The claim is counted against its quota after every record its
+	// transaction takes (idem_count): idem_claim gets no quota.
+	var qc *quotaCall
 	if q.Limit > 0 {
-		qkey = &q.Key
+		qc = &quotaCall{key: q.Key, token: rec.Token[:], limit: q.Limit, windowMS: q.Window.Milliseconds()}
 	}
 	limit := s.codec.StreamReadLimit()
-	c := &claimCall{args: [7]any{key, s.codec.Encode(key, rec), (lease + rec.Tail).Milliseconds(), limit, qkey, q.Limit, q.Window.Milliseconds()}}
+	c := &claimCall{args: [7]any{key, s.codec.Encode(key, rec), (lease + rec.Tail).Milliseconds(), limit, nil, int64(0), int64(0)}}
 	c.dst = [5]any{&c.kind, &c.cur, &c.pttl, &c.nowMS, &c.length}
-	if err := s.do(ctx, "claim", "idem_claim", key, false, c.args[:], c.dst[:]...); err != nil {
+	o := &op{ctx: ctx, name: "claim", fn: "idem_claim", key: key, quota: qc, args: c.args[:], dst: c.dst[:]}
+	if rec.ReadEpoch {
+		// A claim that says when its request was first sent learns of a
+		// lost epoch in its own round trip: the marker, read in its
+		// transaction, against the one last looked at (EpochStart).
+		o.epoch = &epochRead{}
+	}
+	if err := s.doWith(ctx, o); err != nil {
 		return claim.Result{}, err
+	}
+	if o.epoch != nil {
+		s.noteEpochRead(*o.epoch)
+	}
+	if qc != nil && qc.refused != nil {
+		return claim.Result{}, &claim.QuotaError{RetryAfter: max(*qc.refused, time.Millisecond)}
 	}
 	kind, cur, pttl, nowMS, length := c.kind, c.cur, c.pttl, c.nowMS, c.length
 	now := time.UnixMilli(nowMS)

@@ -24,9 +24,9 @@ func TestReplayCallsNoFunction(t *testing.T) {
 	if err := completeKey(s, key, rec); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE OR REPLACE FUNCTION idemproxy.idem_v2_claim(k text, v bytea, ttl bigint, lim int,
+	if _, err := pool.Exec(ctx, `CREATE OR REPLACE FUNCTION idemproxy.idem_v3_claim(k text, v bytea, ttl bigint, lim int,
   qkey text, qlimit bigint, qwindow bigint, OUT kind int, OUT cur bytea, OUT pttl bigint, OUT now_ms bigint, OUT len int)
-LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'idem_v2_claim was called'; END $$`); err != nil {
+LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'idem_v3_claim was called'; END $$`); err != nil {
 		t.Fatal(err)
 	}
 	retry := &claim.Record{State: claim.InProgress, Created: time.Now()}
@@ -39,7 +39,7 @@ LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'idem_v2_claim was called'; END $$`
 		if res.Claimed || res.Existing == nil || res.Existing.State != claim.Completed || string(res.Existing.Body) != key || res.Existing.Token != rec.Token {
 			t.Fatalf("named %v: a replay's claim = %+v, want the settled record", named, res)
 		}
-		if _, err := s.Claim(ctx, "fast:new", retry, time.Minute, claim.Quota{}); err == nil || !strings.Contains(err.Error(), "idem_v2_claim was called") {
+		if _, err := s.Claim(ctx, "fast:new", retry, time.Minute, claim.Quota{}); err == nil || !strings.Contains(err.Error(), "idem_v3_claim was called") {
 			t.Fatalf("named %v: a new key's claim = %v, want the function's refusal", named, err)
 		}
 	}

@@ -71,7 +71,7 @@ func TestCallsGoOutNamed(t *testing.T) {
 		}
 	}
 	var n int
-	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT %.idem_v2_claim(%' AND statement NOT LIKE '%pg_prepared_statements%'").Scan(&n); err != nil {
+	if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT %.idem_v3_claim(%' AND statement NOT LIKE '%pg_prepared_statements%'").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	if n != 1 || !s.Named() {
@@ -163,7 +163,7 @@ func TestLostWakeStatementWakesAgain(t *testing.T) {
 	rec := claimKey(t, s, "wake:k")
 	err = pool.AcquireFunc(ctx, func(c *pgxpool.Conn) error {
 		var name string
-		if err := c.QueryRow(ctx, "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'SELECT %.idem_v2_wake(%' AND statement NOT LIKE '%pg_prepared_statements%'").Scan(&name); err != nil {
+		if err := c.QueryRow(ctx, "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'SELECT %.idem_v3_wake(%' AND statement NOT LIKE '%pg_prepared_statements%'").Scan(&name); err != nil {
 			return err
 		}
 		_, err := c.Conn().PgConn().Exec(ctx, `DEALLOCATE "`+name+`"`).ReadAll()

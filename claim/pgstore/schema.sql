@@ -19,11 +19,21 @@
 -- body bumps the version. Tables change only by adding. Every function
 -- runs with a fixed search_path and is not executable by PUBLIC: the
 -- runtime role gets EXECUTE (store migrate -grant). The whole script is
--- one transaction, serialized by an advisory lock, so that pods starting
--- together on an empty database do not race.
+-- one transaction, serialized by a lock on the versions table: a table of
+-- idemproxy's own schema, which only its roles may lock (an advisory lock,
+-- which any role that can connect may take, let another role stop every
+-- migration: issue 78). Pods that start together on an empty database
+-- race to create the schema; the loser's script fails on the created
+-- objects and runs again (pgstore.Install), then waits on the lock.
 
-SELECT pg_advisory_xact_lock(hashtext('idemproxy migrate'));
 CREATE SCHEMA IF NOT EXISTS {{schema}};
+-- The schema versions installed: what store migrate reports.
+CREATE TABLE IF NOT EXISTS {{schema}}.versions (
+  version      int PRIMARY KEY,
+  release      text NOT NULL,
+  installed_at timestamptz NOT NULL DEFAULT now()
+);
+LOCK TABLE {{schema}}.versions IN SHARE ROW EXCLUSIVE MODE;
 
 CREATE TABLE IF NOT EXISTS {{schema}}.records (
   key        text PRIMARY KEY,
@@ -489,27 +499,81 @@ BEGIN
   RETURN cur;
 END $$;
 
--- The store's epoch, with the server it lives on (issue 62). nm is the
--- epoch marker, as idem_marker reads it (v: its value when created); srv
--- the marker of the server the epoch was last seen on: its system
--- identifier, its timeline and whether commits then waited for a
--- synchronous standby; a row of records under the same name, which never
--- expires, stands for the records themselves. Another system identifier
--- (a restore into another cluster), another timeline when the last look
--- saw no synchronous standby (a failover to an asynchronous standby, a
--- point-in-time restore), or the records' row gone (a TRUNCATE, one table
--- restored) means acknowledged records may be gone: the epoch marker is
--- replaced with lost (a new epoch, after a loss) and why says so. A
--- timeline change after synchronous replication loses nothing and only
--- moves srv along. Before srv exists (a new store, an upgrade from a
--- release without it) nothing is taken for a loss.
-CREATE OR REPLACE FUNCTION {{schema}}.idem_epoch(nm text, v text, srv text, lost text, OUT epoch text, OUT why text)
+-- The standbys that have every commit this server acknowledges, as its
+-- synchronous_standby_names names them: the first n of a FIRST n (or
+-- plain) list, every name of an ANY n list of n; NULL when commits wait
+-- for no standby, '' when they wait for one nobody can name beforehand
+-- ('*', or a quorum of fewer than all).
+CREATE OR REPLACE FUNCTION {{schema}}.idem_sync_names() RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+  s text; m text[]; n int; list text[];
+BEGIN
+  IF current_setting('synchronous_commit') NOT IN ('on', 'remote_write', 'remote_apply') THEN RETURN NULL; END IF;
+  s := btrim(current_setting('synchronous_standby_names'));
+  IF s = '' THEN RETURN NULL; END IF;
+  m := regexp_match(s, '^(?:(FIRST|ANY)\s+)?(\d+)\s*\((.*)\)$', 'i');
+  IF m IS NULL THEN
+    n := 1; list := string_to_array(s, ',');
+  ELSE
+    n := m[2]::int; list := string_to_array(m[3], ',');
+  END IF;
+  list := ARRAY(SELECT lower(btrim(btrim(x.name), '"')) FROM unnest(list) WITH ORDINALITY AS x(name, i) ORDER BY x.i);
+  IF '*' = ANY (list) THEN RETURN ''; END IF;
+  IF m IS NOT NULL AND upper(m[1]) = 'ANY' THEN
+    IF n >= cardinality(list) THEN RETURN array_to_string(list, ','); END IF;
+    RETURN '';
+  END IF;
+  RETURN array_to_string(list[1:n], ',');
+END $$;
+
+-- The watermark a value of the records' server row holds: epoch:N; the
+-- bare "epoch" an earlier release wrote is 0.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_watermark(v bytea) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+  SELECT CASE WHEN v IS NULL OR v = convert_to('epoch', 'UTF8') THEN 0
+    ELSE COALESCE(NULLIF(split_part(convert_from(v, 'UTF8'), ':', 2), '')::bigint, 0) END
+$$;
+
+-- The store's epoch, with the server it lives on and a watermark (issues
+-- 62, 78). nm is the epoch marker, as idem_marker reads it (v: its value
+-- when created); srv the marker of the server the epoch was last seen
+-- on: its system identifier, its timeline, whether commits waited for a
+-- synchronous standby, and which standbys had every commit
+-- (idem_sync_names). A row of records under the same name, which never
+-- expires, stands for the records themselves, and holds the watermark: a
+-- counter every look raises by one (mark, returned; started is when the
+-- server's postmaster started); seen is the highest
+-- a sidecar saw (0: none yet) in the epoch it last saw, seen_epoch (a
+-- sidecar that finds the epoch changed since adopts the new one: another
+-- sidecar already told the loss). Acknowledged records may be gone, and the
+-- epoch marker is replaced with lost (a new epoch, after a loss; why says
+-- so), when:
+--  * the system identifier changed (a restore into another cluster);
+--  * the timeline changed, unless the server now primary was one of the
+--    standbys that had every commit (its cluster_name, which a standby's
+--    walreceiver gives the primary as its application_name, among the
+--    names): a failover to an asynchronous standby, a point-in-time
+--    restore. The synchronous flag is the promoted server's, not the
+--    cluster's: a cluster with a synchronous standby and an asynchronous
+--    one loses writes when the asynchronous one is promoted;
+--  * the records' row is gone (a TRUNCATE, the table restored without it);
+--  * the watermark is below seen: the records went back (a base backup
+--    restored, one table restored from a dump, WAL lost to pg_resetwal, a
+--    restore into a new cluster whatever the role may read);
+--  * the epoch marker is not the one seen_epoch names, nor a later one
+--    after a loss (the markers restored, or deleted).
+-- Before srv exists nothing is taken for a loss. The server's marker row
+-- is locked (idemproxy's own table), never an advisory lock, which any
+-- role that can connect may take.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_epoch(nm text, v text, srv text, lost text, seen bigint, seen_epoch text,
+  OUT epoch text, OUT why text, OUT mark bigint, OUT started bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-  sys text; tl text; sync bool; cur text; parts text[]; kept bool;
+  sys text; tl text; names text; me text; cur text; parts text[]; kept bool; now_epoch text;
 BEGIN
   -- A managed service may keep these from the role: the server is then
-  -- "unknown", and only the markers' own rows tell a loss.
+  -- "unknown", and the watermark and the markers' own rows tell a loss.
   sys := 'unknown'; tl := 'unknown';
   IF has_function_privilege('pg_catalog.pg_control_system()', 'EXECUTE') THEN
     SELECT c.system_identifier::text INTO sys FROM pg_control_system() c;
@@ -517,39 +581,96 @@ BEGIN
   IF has_function_privilege('pg_catalog.pg_walfile_name(pg_lsn)', 'EXECUTE') AND has_function_privilege('pg_catalog.pg_current_wal_lsn()', 'EXECUTE') THEN
     tl := substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8);
   END IF;
-  sync := current_setting('synchronous_standby_names') <> ''
-    AND current_setting('synchronous_commit') IN ('on', 'remote_write', 'remote_apply');
-  PERFORM pg_advisory_xact_lock(hashtext(srv));
-  SELECT m.value INTO cur FROM {{schema}}.markers m WHERE m.name = srv;
-  kept := EXISTS (SELECT 1 FROM {{schema}}.records r WHERE r.key = srv);
-  IF cur IS NOT NULL THEN
+  names := {{schema}}.idem_sync_names();
+  me := lower(current_setting('cluster_name'));
+  INSERT INTO {{schema}}.markers (name, value) VALUES (srv, '') ON CONFLICT (name) DO NOTHING;
+  SELECT m.value INTO cur FROM {{schema}}.markers m WHERE m.name = srv FOR UPDATE;
+  UPDATE {{schema}}.records r SET value = convert_to('epoch:' || ({{schema}}.idem_watermark(r.value) + 1)::text, 'UTF8')
+    WHERE r.key = srv RETURNING {{schema}}.idem_watermark(r.value) INTO mark;
+  kept := FOUND;
+  IF NOT kept THEN
+    INSERT INTO {{schema}}.records (key, value, expires_ms) VALUES (srv, convert_to('epoch:1', 'UTF8'), 9223372036854775807);
+    mark := 1;
+  END IF;
+  IF cur <> '' THEN
     parts := string_to_array(cur, ':');
     IF parts[1] <> sys AND parts[1] <> 'unknown' AND sys <> 'unknown' THEN
       why := 'the database''s system identifier changed from ' || parts[1] || ' to ' || sys || ' (a restore into another cluster)';
-    ELSIF parts[2] <> tl AND parts[2] <> 'unknown' AND tl <> 'unknown' AND parts[3] <> 'sync' THEN
-      why := 'the database''s timeline changed from ' || parts[2] || ' to ' || tl || ' while no synchronous standby was configured (a failover to an asynchronous standby, or a point-in-time restore)';
+    ELSIF parts[2] <> tl AND parts[2] <> 'unknown' AND tl <> 'unknown' AND NOT (parts[3] = 'sync' AND
+        (cardinality(parts) < 4 OR (me <> '' AND me = ANY (string_to_array(parts[4], ','))))) THEN
+      why := 'the database''s timeline changed from ' || parts[2] || ' to ' || tl || ' on a server that was not a synchronous standby of the last primary (' ||
+        CASE WHEN me = '' THEN 'this server has no cluster_name' ELSE 'this server is ' || me END ||
+        CASE WHEN parts[3] = 'sync' THEN ', the synchronous ones: ' || COALESCE(NULLIF(parts[4], ''), 'not named') ELSE ', none was' END ||
+        '): a failover to an asynchronous standby, or a point-in-time restore';
     ELSIF NOT kept THEN
       why := 'the records table lost its marker row (a TRUNCATE, or the table restored on its own)';
     END IF;
+  END IF;
+  SELECT m.value INTO now_epoch FROM {{schema}}.markers m WHERE m.name = nm;
+  -- The epoch changes only to a later epoch after a loss, which another
+  -- sidecar began: any other change (the marker gone, or back to an older
+  -- one with the markers restored) is a loss of its own.
+  IF why IS NULL AND seen_epoch IS NOT NULL AND now_epoch IS DISTINCT FROM seen_epoch AND NOT (now_epoch LIKE '%:lost'
+      AND split_part(now_epoch, ':', 1)::bigint > split_part(seen_epoch, ':', 1)::bigint) THEN
+    why := 'the epoch marker went back: it is ' || COALESCE(now_epoch, 'gone') || ', this sidecar saw ' || seen_epoch || ' (the markers restored from an older copy, or deleted)';
+  END IF;
+  IF why IS NULL AND seen > 0 AND mark - 1 < seen AND now_epoch IS NOT DISTINCT FROM seen_epoch THEN
+    why := 'the records went back: their watermark is ' || (mark - 1) || ', below the ' || seen || ' this sidecar saw (an older copy restored: a base backup, a dump, or WAL lost to pg_resetwal)';
   END IF;
   IF why IS NOT NULL THEN
     INSERT INTO {{schema}}.markers (name, value) VALUES (nm, lost)
     ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value;
   END IF;
-  parts := ARRAY[cur, sys || ':' || tl || ':' || CASE WHEN sync THEN 'sync' ELSE 'async' END];
+  parts := ARRAY[cur, sys || ':' || tl || ':' || CASE WHEN names IS NULL THEN 'async' ELSE 'sync' END || ':' || COALESCE(names, '')];
   IF parts[1] IS DISTINCT FROM parts[2] THEN
-    INSERT INTO {{schema}}.markers (name, value) VALUES (srv, parts[2])
-    ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value;
-  END IF;
-  IF NOT kept THEN
-    INSERT INTO {{schema}}.records (key, value, expires_ms) VALUES (srv, convert_to('epoch', 'UTF8'), 9223372036854775807)
-    ON CONFLICT (key) DO NOTHING;
+    UPDATE {{schema}}.markers SET value = parts[2] WHERE name = srv;
   END IF;
   SELECT m.value INTO epoch FROM {{schema}}.markers m WHERE m.name = nm;
   IF NOT FOUND THEN
     INSERT INTO {{schema}}.markers (name, value) VALUES (nm, v) ON CONFLICT (name) DO NOTHING;
     SELECT m.value INTO epoch FROM {{schema}}.markers m WHERE m.name = nm;
   END IF;
+  -- When this server's postmaster started: a claim that finds another
+  -- knows it talks to another server (restarted, restored, failed over),
+  -- and the epoch is looked at again before its answer stands.
+  started := (EXTRACT(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000000)::bigint;
+END $$;
+
+-- Counts the new keys of a transaction's claims against their quotas
+-- (claim.Quota), after every record the transaction takes: a claim is
+-- sent with no quota, and this counts, in the order of its counters' keys
+-- (qkeys, sorted by the caller), each key of keys that this transaction
+-- claimed (its record, in progress with tok's token, written by this
+-- transaction), so that a transaction takes its records, then its
+-- counters, each kind in key order, and two never wait on each other in
+-- a circle (issue 78: counting inside the claim, with two principals,
+-- deadlocked batches). A key over its quota (qlimits, per qwindows ms) is
+-- deleted and returned in refused, with retry_ms what is left of its
+-- window. A transaction that wrote nothing counts nothing.
+CREATE OR REPLACE FUNCTION {{schema}}.idem_count(keys text[], toks bytea[], qkeys text[], qlimits bigint[], qwindows bigint[],
+  OUT refused text[], OUT retry_ms bigint[])
+LANGUAGE plpgsql AS $$
+DECLARE
+  me xid8 := pg_current_xact_id_if_assigned(); now_ms bigint; qn bigint; qexp bigint;
+BEGIN
+  refused := '{}'; retry_ms := '{}';
+  IF me IS NULL THEN RETURN; END IF;
+  now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  FOR i IN 1 .. cardinality(keys) LOOP
+    CONTINUE WHEN NOT EXISTS (SELECT 1 FROM {{schema}}.records r WHERE r.key = keys[i] AND r.xmin = me::xid
+      AND length(r.value) >= {{rec.token.end}} AND get_byte(r.value, {{rec.state.off}}) = 1 AND substring(r.value {{rec.token}}) = toks[i]);
+    INSERT INTO {{schema}}.counters AS c (key, n, expires_ms) VALUES (qkeys[i], 1, now_ms + qwindows[i])
+    ON CONFLICT (key) DO UPDATE SET
+      n = CASE WHEN c.expires_ms <= now_ms THEN 1 ELSE c.n + 1 END,
+      expires_ms = CASE WHEN c.expires_ms <= now_ms THEN now_ms + qwindows[i] ELSE c.expires_ms END
+    RETURNING c.n, c.expires_ms INTO qn, qexp;
+    IF qn > qlimits[i] THEN
+      DELETE FROM {{schema}}.records WHERE key = keys[i];
+      UPDATE {{schema}}.counters AS c SET n = c.n - 1 WHERE c.key = qkeys[i];
+      refused := refused || keys[i];
+      retry_ms := retry_ms || (qexp - now_ms);
+    END IF;
+  END LOOP;
 END $$;
 
 -- Wakes the waiters of keys (notify.go): a NOTIFY on channel idemproxy,
@@ -595,12 +716,6 @@ BEGIN
   SELECT greatest(c.reltuples, 0)::bigint INTO est_rows FROM pg_class c WHERE c.oid = '{{schema}}.records'::regclass;
 END $$;
 
--- The schema versions installed: what store migrate reports.
-CREATE TABLE IF NOT EXISTS {{schema}}.versions (
-  version      int PRIMARY KEY,
-  release      text NOT NULL,
-  installed_at timestamptz NOT NULL DEFAULT now()
-);
 INSERT INTO {{schema}}.versions (version, release) VALUES ({{version}}, '{{release}}')
 ON CONFLICT (version) DO UPDATE SET release = EXCLUDED.release, installed_at = now();
 

@@ -61,12 +61,25 @@ type Store struct {
 	// release.
 	migrate bool
 	release string
-	// epochs: the marker this process last saw (CheckEpochs).
-	epochMu   sync.Mutex
-	epochSeen string
-	epochAt   claim.Epoch
-	onEpoch   func(claim.Epoch)
-	spanAttrs []attribute.KeyValue
+	// epochs: the marker this process last saw (CheckEpochs), when, the
+	// highest watermark it saw (idem_epoch), and whether a claim's own read
+	// of the marker, or a failed call, asks for a new look (EpochStart);
+	// epochMu guards them.
+	// checkMu serializes the looks (CheckEpochs), which hold it over
+	// their store call; epochMu is held only to read or write the fields.
+	checkMu      sync.Mutex
+	epochMu      sync.Mutex
+	epochSeen    string
+	epochAt      claim.Epoch
+	epochChecked time.Time
+	watermark    int64
+	epochStale   bool
+	// epochServer is when the server last looked at started (its
+	// postmaster's start, in microseconds): a claim that reads another
+	// talks to another server.
+	epochServer int64
+	onEpoch     func(claim.Epoch)
+	spanAttrs   []attribute.KeyValue
 	// calls are the statements of the schema's functions (call), and
 	// readQuery read's.
 	calls     sync.Map
@@ -93,12 +106,16 @@ type Store struct {
 var _ claim.Backend = (*Store)(nil)
 
 // SchemaVersion is the version of the schema's functions this package
-// calls (schema.sql: idem_v2_*); v0.7.0's unversioned functions are
-// version 1.
-const SchemaVersion = 2
+// calls (schema.sql: idem_v3_*); v0.8.0's are idem_v2_*, v0.7.0's the
+// unversioned ones (version 1).
+const SchemaVersion = 3
 
 // fnPrefix is the name prefix of this version's functions.
 var fnPrefix = "idem_v" + strconv.Itoa(SchemaVersion) + "_"
+
+// FunctionPattern is a LIKE pattern matching the names of this version's
+// functions (idem\_v3\_%).
+func FunctionPattern() string { return strings.ReplaceAll(fnPrefix, "_", "\\_") + "%" }
 
 // ErrForeignSchema means the schema exists and another role owns it: that
 // role could replace idemproxy's functions under the sidecars (and run its
@@ -139,7 +156,7 @@ func Install(ctx context.Context, pool *pgxpool.Pool, schema, release string) (I
 	quoted := pgx.Identifier{schema}.Sanitize()
 	sql := strings.ReplaceAll(schemaSQL, "{{schema}}.idem_", quoted+"."+fnPrefix)
 	sql = strings.NewReplacer("{{schema}}", quoted, "{{version}}", strconv.Itoa(SchemaVersion), "{{release}}", strings.ReplaceAll(release, "'", "")).Replace(sql)
-	if _, err := pool.Exec(ctx, sql); err != nil {
+	if err := installScript(ctx, pool, sql); err != nil {
 		return Installed{}, fmt.Errorf("pgstore: migrate schema %q: %w", schema, err)
 	}
 	in := Installed{Version: SchemaVersion}
@@ -164,6 +181,29 @@ func Install(ctx context.Context, pool *pgxpool.Pool, schema, release string) (I
 	}
 	return in, nil
 }
+
+// installScript runs the schema's script, again when it lost a race to
+// create the schema with another installer (pods starting together on an
+// empty database): the script is one transaction, and the winner's
+// objects made the loser's CREATE fail (a duplicate in the catalogs);
+// run again, it finds them, and waits on the versions table's lock.
+func installScript(ctx context.Context, pool *pgxpool.Pool, sql string) error {
+	var err error
+	for range 5 {
+		_, err = pool.Exec(ctx, sql)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || !createRace[pe.Code] {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return err
+}
+
+// createRace are the SQLSTATEs of a CREATE ... IF NOT EXISTS that lost a
+// race with another transaction's: unique_violation (on the catalogs),
+// duplicate_schema, duplicate_table, duplicate_object.
+var createRace = map[string]bool{"23505": true, "42P06": true, "42P07": true, "42710": true}
 
 // Grant gives role what a runtime role needs on schema and no more: USAGE
 // on the schema, reading and writing its tables, EXECUTE on this
@@ -261,7 +301,7 @@ type callKey struct {
 }
 
 // fn is the schema-qualified name of one of the schema's functions, by
-// its name in schema.sql (idem_claim: this version's idem_v2_claim).
+// its name in schema.sql (idem_claim: this version's idem_v3_claim).
 func (s *Store) fn(name string) string {
 	return s.schema + "." + fnPrefix + strings.TrimPrefix(name, "idem_")
 }
@@ -292,7 +332,18 @@ func (s *Store) rowOnce(ctx context.Context, fn string, args, dst []any) error {
 // waking key's waiters after it when wake: in a batch with others
 // (batch.go), or alone when coalescing is off.
 func (s *Store) do(ctx context.Context, name, fn, key string, wake bool, args []any, dst ...any) error {
-	o := &op{ctx: ctx, name: name, fn: fn, key: key, wake: wake, args: args, dst: dst}
+	return s.doCounted(ctx, name, fn, key, nil, wake, args, dst...)
+}
+
+// doCounted is do for a claim counted against its quota q (when set),
+// after every call of its transaction (countQuotas).
+func (s *Store) doCounted(ctx context.Context, name, fn, key string, q *quotaCall, wake bool, args []any, dst ...any) error {
+	return s.doWith(ctx, &op{ctx: ctx, name: name, fn: fn, key: key, quota: q, wake: wake, args: args, dst: dst})
+}
+
+// doWith runs o, as do does.
+func (s *Store) doWith(ctx context.Context, o *op) error {
+	args := o.args
 	if s.batch == nil {
 		return s.alone(ctx, o)
 	}
@@ -309,6 +360,7 @@ func (s *Store) do(ctx context.Context, name, fn, key string, wake bool, args []
 // as useless, so the pool dials again (a multi-host URL finds the new
 // primary).
 func (s *Store) unavailable(op string, err error) error {
+	s.staleEpoch()
 	if refusedWhole(err) {
 		s.pool.Reset()
 	}
@@ -409,26 +461,33 @@ func (s *Store) Since(ctx context.Context, name string, now time.Time) (time.Tim
 }
 
 // CheckEpochs reads the store's epoch marker, creating it when missing,
-// with the server it lives on (idem_epoch): one that this process saw and
-// is gone means the data was lost (a truncation, a restore of the
-// markers), and so does a server that changed under it in a way that can
-// lose acknowledged writes (another system identifier; another timeline
-// after asynchronous replication, as a failover to an asynchronous standby
-// or a point-in-time restore make; the records' own marker row gone): the
-// new epoch begins after a loss. The store's epoch observer hears of every
-// look.
+// with the server it lives on and the records' watermark (idem_epoch):
+// one that this process saw and is gone means the data was lost (a
+// truncation, a restore of the markers), and so does a server that changed
+// under it in a way that can lose acknowledged writes (another system
+// identifier; another timeline on a server that was not a synchronous
+// standby; the records' own marker row gone; the records' watermark below
+// the highest this process saw: an older copy restored): the new epoch
+// begins after a loss. The store's epoch observer hears of every look.
 func (s *Store) CheckEpochs(ctx context.Context) ([]claim.Epoch, error) {
+	s.checkMu.Lock()
+	defer s.checkMu.Unlock()
 	s.epochMu.Lock()
-	defer s.epochMu.Unlock()
+	seenEpoch, watermark := s.epochSeen, s.watermark
+	s.epochMu.Unlock()
 	now := strconv.FormatInt(s.clocks.Now().UnixMicro(), 10)
 	mark := now
-	if s.epochSeen != "" {
+	var seenArg *string
+	if seenEpoch != "" {
 		mark += ":lost"
+		seenArg = &seenEpoch
 	}
 	var v string
 	var why *string
+	var seen, started int64
 	prefix := s.codec.Prefix()
-	if err := s.row(ctx, "epoch", "idem_epoch", []any{prefix + "epoch", mark, prefix + "epoch:server", now + ":lost"}, &v, &why); err != nil {
+	if err := s.row(ctx, "epoch", "idem_epoch", []any{prefix + "epoch", mark, prefix + "epoch:server", now + ":lost", watermark, seenArg}, &v, &why, &seen, &started); err != nil {
+		s.staleEpoch()
 		return nil, err
 	}
 	e := claim.Epoch{Master: s.node, AfterLoss: strings.HasSuffix(v, ":lost")}
@@ -437,26 +496,102 @@ func (s *Store) CheckEpochs(ctx context.Context) ([]claim.Epoch, error) {
 		return nil, fmt.Errorf("claim: epoch marker %q: %w", v, err)
 	}
 	e.Start = time.UnixMicro(us)
-	e.Lost = s.epochSeen != "" && s.epochSeen != v || why != nil
+	e.Lost = seenEpoch != "" && seenEpoch != v || why != nil
 	if why != nil {
 		e.Reason = *why
 	}
-	s.epochSeen, s.epochAt = v, e
+	s.epochMu.Lock()
+	s.epochSeen, s.epochAt, s.epochChecked, s.epochStale, s.epochServer = v, e, time.Now(), false, started
+	if e.Lost || seen > s.watermark {
+		// After a loss, or a new epoch another sidecar began, the
+		// watermark is the store's again: what was seen before it is
+		// gone with the records.
+		s.watermark = seen
+	}
+	s.epochMu.Unlock()
 	if s.onEpoch != nil {
 		s.onEpoch(e)
 	}
 	return []claim.Epoch{e}, nil
 }
 
+// NewEpoch replaces the epoch marker with one that begins a new epoch
+// after a loss now (claim.Operator), and looks at it again: the running
+// sidecars take it for an epoch another began after a loss.
+func (s *Store) NewEpoch(ctx context.Context) ([]claim.Epoch, error) {
+	v := strconv.FormatInt(s.clocks.Now().UnixMicro(), 10) + ":lost"
+	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.schema+".markers (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value", s.codec.Prefix()+"epoch", v)
+	if err != nil {
+		return nil, s.unavailable("epoch", err)
+	}
+	return s.CheckEpochs(ctx)
+}
+
+// epochFresh is how long a look at the epoch stands for EpochStart, when
+// no claim's read of the marker and no failed call asked for another.
+const epochFresh = time.Second
+
+// noteEpochRead compares the marker a claim read in its own round trip,
+// and the start of the server it read it on, with the ones this process
+// last looked at: another marker, or another server (restarted, restored,
+// failed over: its pool's new connections say nothing), asks EpochStart
+// for a new look before it answers.
+func (s *Store) noteEpochRead(read epochRead) {
+	s.epochMu.Lock()
+	defer s.epochMu.Unlock()
+	if read.marker != s.epochSeen || read.started != s.epochServer || read.watermark < s.watermark {
+		s.epochStale = true
+	}
+}
+
+// epochRead is what a claim read of the epoch in its own transaction: the
+// marker ("" when none), when the server's postmaster started, and the
+// records' watermark (-1 when its row is gone).
+type epochRead struct {
+	marker    string
+	started   int64
+	watermark int64
+}
+
+// watermarkOf is the watermark the records' server row holds (v, its
+// value: epoch, or epoch:N); -1 when the row is gone or unreadable.
+func watermarkOf(v *string) int64 {
+	if v == nil {
+		return -1
+	}
+	if *v == "epoch" {
+		return 0
+	}
+	n, err := strconv.ParseInt(strings.TrimPrefix(*v, "epoch:"), 10, 64)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// staleEpoch has the next EpochStart look at the epoch again: a call
+// failed, and the server may not be the one last looked at.
+func (s *Store) staleEpoch() {
+	s.epochMu.Lock()
+	s.epochStale = true
+	s.epochMu.Unlock()
+}
+
 // EpochStart is when the data key lives in began, when it began after a
 // loss; zero otherwise.
 func (s *Store) EpochStart(ctx context.Context, key string) (time.Time, error) {
-	es, err := s.CheckEpochs(ctx)
-	if err != nil {
-		return time.Time{}, err
+	s.epochMu.Lock()
+	e, fresh := s.epochAt, !s.epochStale && s.epochSeen != "" && time.Since(s.epochChecked) < epochFresh
+	s.epochMu.Unlock()
+	if !fresh {
+		es, err := s.CheckEpochs(ctx)
+		if err != nil {
+			return time.Time{}, err
+		}
+		e = es[0]
 	}
-	if es[0].AfterLoss {
-		return es[0].Start, nil
+	if e.AfterLoss {
+		return e.Start, nil
 	}
 	return time.Time{}, nil
 }

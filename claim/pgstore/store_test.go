@@ -90,6 +90,34 @@ func open(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
+// TestInstallsRaceOnAnEmptyDatabase (issue 78, item 2): pods starting
+// together on an empty database each install the schema at once; the
+// installers that lose the race to create it run again and wait on the
+// versions table's lock (no advisory lock any role could take): every
+// one succeeds.
+func TestInstallsRaceOnAnEmptyDatabase(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	errs := make(chan error, 6)
+	for range cap(errs) {
+		go func() {
+			pool, err := pgxpool.New(ctx, srv.URL)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer pool.Close()
+			_, err = pgstore.Install(ctx, pool, "racing", "test")
+			errs <- err
+		}()
+	}
+	for range cap(errs) {
+		if err := <-errs; err != nil {
+			t.Errorf("an installer beside five others: %v", err)
+		}
+	}
+}
+
 // TestContract runs the shared contract suite (claim/contract) against a
 // real PostgreSQL server.
 func TestContract(t *testing.T) {

@@ -87,3 +87,32 @@ func functionBodies(t *testing.T, sql string) map[string]string {
 	}
 	return out
 }
+
+// TestNoAdvisoryLocks (issue 78, item 2): nothing idemproxy sends to
+// PostgreSQL takes an advisory lock, which any role that can connect may
+// take first (and so stop the store: every first-sent claim and store
+// migrate waited on one under v0.8.0). It locks rows and tables of its
+// own schema, which privileges protect.
+func TestNoAdvisoryLocks(t *testing.T) {
+	advisory := regexp.MustCompile(`pg_(try_)?advisory`)
+	sources := map[string]string{"schema.sql": schemaSQL}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sources[f] = string(b)
+	}
+	for name, text := range sources {
+		if loc := advisory.FindStringIndex(text); loc != nil {
+			t.Errorf("%s takes an advisory lock: %q", name, text[loc[0]:min(loc[1]+40, len(text))])
+		}
+	}
+}

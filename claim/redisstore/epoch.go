@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -132,6 +133,31 @@ func (s *Store) CheckEpochs(ctx context.Context) ([]claim.Epoch, error) {
 		return out, s.unavailable("epoch", errors.Join(errs...))
 	}
 	return out, nil
+}
+
+// NewEpoch replaces every master's marker with one that begins a new
+// epoch after a loss now (claim.Operator), and looks at them again.
+func (s *Store) NewEpoch(ctx context.Context) ([]claim.Epoch, error) {
+	if _, err := s.CheckEpochs(ctx); err != nil { // every master's marker known
+		return nil, err
+	}
+	v := strconv.FormatInt(s.clocks.Now().UnixMicro(), 10) + ":lost"
+	var err error
+	switch c := s.client.(type) {
+	case *redis.ClusterClient:
+		s.epochs.mu.Lock()
+		starts := slices.Collect(maps.Values(s.epochs.markers))
+		s.epochs.mu.Unlock()
+		for _, start := range starts {
+			err = errors.Join(err, c.Set(ctx, s.epochKey(start), v, 0).Err())
+		}
+	default:
+		err = s.client.Set(ctx, s.epochKey(-1), v, 0).Err()
+	}
+	if err != nil {
+		return nil, s.unavailable("epoch", err)
+	}
+	return s.CheckEpochs(ctx)
 }
 
 // noteMarker records that the master at addr holds its epoch marker in

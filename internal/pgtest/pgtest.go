@@ -312,24 +312,109 @@ func (s *Server) Signal(sig syscall.Signal) {
 // Standby makes a streaming replica of s (pg_basebackup, as the primary
 // knows it: application_name standby) and starts it on a port of its own.
 // Sync then makes s wait for it on every commit.
-func (s *Server) Standby(tb testing.TB) *Server {
+func (s *Server) Standby(tb testing.TB) *Server { return s.StandbyNamed(tb, "standby") }
+
+// StandbyNamed is Standby under name: the application_name the primary
+// knows it by (synchronous_standby_names' names), and its own
+// cluster_name, as docs/production.md asks of every server, so that once
+// promoted it can tell it was the synchronous one.
+func (s *Server) StandbyNamed(tb testing.TB, name string) *Server {
 	tb.Helper()
 	st := &Server{tb: tb, bin: s.bin, cred: s.cred, log: &syncbuf.Buffer{}}
 	if err := st.makeDir("idemproxy-pg-standby-"); err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { os.RemoveAll(st.dir) })
-	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=%s application_name=standby", s.port, User)
-	backup := exec.Command(filepath.Join(s.bin, "pg_basebackup"), "-d", conninfo, "-D", filepath.Join(st.dir, "data"), "-R", "-X", "stream", "--no-sync")
-	backup.SysProcAttr = &syscall.SysProcAttr{Credential: st.cred}
-	if out, err := backup.CombinedOutput(); err != nil {
-		tb.Fatalf("pg_basebackup: %v\n%s", err, out)
+	conninfo := fmt.Sprintf("host=127.0.0.1 port=%d user=%s application_name=%s", s.port, User, name)
+	if err := s.basebackup(conninfo, filepath.Join(st.dir, "data"), "-R"); err != nil {
+		tb.Fatal(err)
 	}
-	if err := st.runOnFreePort(nil); err != nil {
+	if err := st.runOnFreePort([]string{"cluster_name", name}); err != nil {
 		tb.Fatalf("the standby: %v", err)
 	}
 	tb.Cleanup(st.Stop)
 	return st
+}
+
+// basebackup copies s's cluster into dir with pg_basebackup, its WAL
+// streamed with it, with more as given (-R: as a standby).
+func (s *Server) basebackup(conninfo, dir string, more ...string) error {
+	args := append([]string{"-d", conninfo, "-D", dir, "-X", "stream", "-c", "fast", "--no-sync"}, more...)
+	backup := exec.Command(filepath.Join(s.bin, "pg_basebackup"), args...)
+	backup.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	if out, err := backup.CombinedOutput(); err != nil {
+		return fmt.Errorf("pg_basebackup: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// BaseBackup takes a base backup of s, as an operator's nightly job would
+// (pg_basebackup, its WAL with it), and returns its directory, removed
+// when the test ends.
+func (s *Server) BaseBackup(tb testing.TB) string {
+	tb.Helper()
+	b := &Server{cred: s.cred}
+	if err := b.makeDir("idemproxy-pg-backup-"); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(b.dir) })
+	dir := filepath.Join(b.dir, "data")
+	if err := s.basebackup(fmt.Sprintf("host=127.0.0.1 port=%d user=%s", s.port, User), dir); err != nil {
+		tb.Fatal(err)
+	}
+	return dir
+}
+
+// RestoreBackup stops s, puts the base backup at dir in place of its data
+// (as it was taken: no recovery signal, so it starts as a primary on the
+// same timeline) and starts it on the same port.
+func (s *Server) RestoreBackup(tb testing.TB, dir string) {
+	tb.Helper()
+	s.Stop()
+	data := filepath.Join(s.dir, "data")
+	if err := os.RemoveAll(data); err != nil {
+		tb.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-a", dir, data).CombinedOutput(); err != nil {
+		tb.Fatalf("cp: %v\n%s", err, out)
+	}
+	s.Restart()
+}
+
+// ResetWAL crashes s (SIGKILL), throws its WAL away as pg_resetwal -f
+// does (what was committed since the last checkpoint, and not yet
+// written to the data files, is gone) and starts it again.
+func (s *Server) ResetWAL(tb testing.TB) {
+	tb.Helper()
+	s.Signal(syscall.SIGKILL) // the postmaster and its backends, as a crash ends them
+	s.Kill()
+	// No server runs on the cluster: its lock file stays behind, which an
+	// operator deletes before pg_resetwal.
+	_ = os.Remove(filepath.Join(s.dir, "data", "postmaster.pid"))
+	reset := exec.Command(filepath.Join(s.bin, "pg_resetwal"), "-f", "-D", filepath.Join(s.dir, "data"))
+	reset.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	if out, err := reset.CombinedOutput(); err != nil {
+		tb.Fatalf("pg_resetwal: %v\n%s", err, out)
+	}
+	s.Restart()
+}
+
+// Reinit stops s, replaces its cluster with a new one (initdb: another
+// system identifier, empty) and starts that on the same port with
+// settings: a restore into a new cluster starts so.
+func (s *Server) Reinit(tb testing.TB, settings ...string) {
+	tb.Helper()
+	s.Stop()
+	data := filepath.Join(s.dir, "data")
+	if err := os.RemoveAll(data); err != nil {
+		tb.Fatal(err)
+	}
+	initdb := exec.Command(filepath.Join(s.bin, "initdb"), "-D", data, "-U", User, "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
+	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	if out, err := initdb.CombinedOutput(); err != nil {
+		tb.Fatalf("initdb: %v\n%s", err, out)
+	}
+	s.Restart(settings...)
 }
 
 // Conn is a connection to s, closed when the test ends.
