@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/url"
+	"regexp"
 	"strings"
 	"time"
 
@@ -237,21 +238,44 @@ func checkPostgresURL(add problemf, path, raw string) {
 	}
 }
 
-// holdsPassword reports whether a connection string carries a password:
-// in a URL's userinfo or query, or as a key=value setting.
+// holdsPassword reports whether a connection string carries a password
+// in any form the driver reads: a URL's userinfo (a multi-host URL too,
+// which net/url cannot parse when a host lacks its port) or query, or a
+// key=value setting (spaces and tabs around the = allowed, as libpq and
+// pgx allow them).
 func holdsPassword(raw string) bool {
-	if u, err := url.Parse(raw); err == nil && u.Scheme != "" {
-		if u.User != nil {
-			if _, ok := u.User.Password(); ok {
-				return true
-			}
-		}
-		if u.Query().Has("password") {
+	if rest, ok := cutScheme(raw); ok {
+		authority, _, _ := strings.Cut(rest, "/")
+		authority, query, _ := strings.Cut(authority, "?")
+		if at := strings.LastIndex(authority, "@"); at >= 0 && strings.Contains(authority[:at], ":") {
 			return true
 		}
+		if i := strings.Index(rest, "?"); i >= 0 {
+			query = rest[i+1:]
+		}
+		if q, err := url.ParseQuery(query); err == nil && q.Has("password") {
+			return true
+		}
+		return strings.Contains(strings.ToLower(query), "password=")
 	}
-	return strings.Contains(strings.ToLower(raw), "password=")
+	return keywordPassword.MatchString(raw)
 }
+
+// cutScheme is raw after postgres:// or postgresql:// (any case), and
+// whether raw is such a URL.
+func cutScheme(raw string) (string, bool) {
+	lower := strings.ToLower(raw)
+	for _, scheme := range []string{"postgres://", "postgresql://"} {
+		if strings.HasPrefix(lower, scheme) {
+			return raw[len(scheme):], true
+		}
+	}
+	return "", false
+}
+
+// keywordPassword finds a password setting in a key=value connection
+// string.
+var keywordPassword = regexp.MustCompile(`(?i)(^|[ \t\n\r])password[ \t\n\r]*=`)
 
 // parsePostgres parses a connection string as the driver does at start
 // (never asking for a key file's password).

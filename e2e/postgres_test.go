@@ -85,6 +85,10 @@ func TestPostgresConfigRefused(t *testing.T) {
 		{"bad port", "  postgres:\n    url: \"postgres://u@127.0.0.1:99999/db\"\n", "store.postgres.url: the driver cannot use it: invalid port"},
 		{"bad scheme", "  postgres:\n    url: \"postgresx://u@127.0.0.1:5432/db\"\n", "store.postgres.url: the driver takes postgres:// or postgresql:// URLs"},
 		{"password in listen_url", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    listen_url: \"postgres://u:secret@127.0.0.1:5432/db\"\n", "store.postgres.listen_url: holds a password"},
+		// Forms v0.8.0's -check let through (issue 78, item 6).
+		{"password in a multi-host URL whose last host has no port", "  postgres:\n    url: \"postgres://u:secret@db-1:5432,db-2/db?target_session_attrs=read-write\"\n", "store.postgres.url: holds a password"},
+		{"password setting with a space before =", "  postgres:\n    url: \"host=127.0.0.1 user=u password =secret dbname=db\"\n", "store.postgres.url: holds a password"},
+		{"password setting with a tab around =", "  postgres:\n    url: \"host=127.0.0.1 user=u password\\t= secret dbname=db\"\n", "store.postgres.url: holds a password"},
 		{"both stores", "  redis:\n    addrs: [\"127.0.0.1:6379\"]\n  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n", "set either store.redis.addrs or store.postgres.url, not both"},
 		{"schema", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    schema: \"a;b\"\n", "store.postgres.schema: must be a plain SQL name"},
 		{"password file missing", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    password_file: \"/nonexistent/pg-password\"\n", "store.postgres.password_file: open /nonexistent/pg-password"},

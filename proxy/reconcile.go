@@ -7,7 +7,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"strconv"
 	"time"
@@ -278,14 +277,18 @@ func (r *reconciling) putBackUnknown(first, taker *claim.Record, since time.Time
 // tooEarly answers a retry whose lookup said absent before the key may be
 // freed: the first attempt may still be running in the app, or (Skew set)
 // the store's clock and this sidecar's differ by more than the freeing
-// allows, and the detail names the offset, so that a client (and whoever
-// reads its logs) knows the wait is a clock's, not the upstream's.
+// allows. The detail says which, so that a client (and whoever reads its
+// logs) knows the wait is a clock's, not the upstream's, and points at the
+// metric that shows the offset; the offset itself goes to the log line
+// only: how far a store's clock is off is the operator's, not any
+// client's, to know (issue 78).
 func (r *reconciling) tooEarly(e *claim.TooEarlyError) *reply {
 	a := r.a
 	detail := "the upstream has no record of this key yet, and its first attempt may still be running; retry after the time in Retry-After"
 	if e.Skew != 0 {
-		detail = fmt.Sprintf("the upstream has no record of this key, but the idempotency store's clock is %.1f s off this sidecar's (more than the %.1f s a key may be freed with): the key cannot be freed until the clocks agree again; retry after the time in Retry-After",
-			e.Skew.Seconds(), claim.MaxClockOffset.Seconds())
+		detail = "the upstream has no record of this key, but the idempotency store's clock and this sidecar's disagree by more than a key may be freed with (idemproxy_store_clock_offset_seconds shows by how much): the key cannot be freed until the clocks agree again; retry after the time in Retry-After"
+		a.log().Warn("reconcile: an absent key not freed, the clocks disagree", "route", a.rt.name, "key", a.hashedKey, "request_id", a.requestID,
+			"clock_offset_seconds", e.Skew.Seconds(), "max_offset_seconds", claim.MaxClockOffset.Seconds())
 	}
 	return a.inProgress(detail, max(e.Left, time.Second))
 }
