@@ -242,6 +242,8 @@ type target struct {
 	store   *proc
 	replay  []string // keys to replay at random instead
 	prepare func(base string) ([]string, error)
+	// firstSent sends Repeatability-First-Sent (now) with every request.
+	firstSent bool
 }
 
 type result struct {
@@ -332,6 +334,9 @@ func send(client *http.Client, base string, t *target, w, n int, seq *atomic.Int
 	req, _ := http.NewRequest(http.MethodPost, base+t.path, bytes.NewReader(t.body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Forwarded-User", "bench")
+	if t.firstSent {
+		req.Header.Set("Repeatability-First-Sent", time.Now().UTC().Format(http.TimeFormat))
+	}
 	switch {
 	case len(t.replay) > 0:
 		req.Header.Set("Idempotency-Key", t.replay[(w*7919+n)%len(t.replay)])
@@ -417,7 +422,7 @@ store:
 defaults:
   max_request_body: 2MiB
   max_response_body: 1MiB
-routes:
+%sroutes:
   - name: pay
     match: "POST /payments"
 `
@@ -615,19 +620,27 @@ func seeder(prefix string, body []byte) func(base string) ([]string, error) {
 func pgTargets(dir, bin string, pg *pgtest.Server, upAddr string, delay time.Duration) []*target {
 	small := []byte(`{"amount":1250,"currency":"EUR","customer":"cus_42","description":"order 42"}`)
 	store := &proc{name: "postgres", pidOf: pg.PID, shared: true}
-	start := func() (*proc, error) {
-		port, admin := freePort(), freePort()
-		a := fmt.Sprintf("127.0.0.1:%d", port)
-		cfg := filepath.Join(dir, "idemproxy-pg.yaml")
-		if err := os.WriteFile(cfg, fmt.Appendf(nil, pgConfig, a, admin, "http://"+upAddr, pg.URL), 0o644); err != nil {
-			return nil, err
+	startWith := func(defaults string) func() (*proc, error) {
+		return func() (*proc, error) {
+			port, admin := freePort(), freePort()
+			a := fmt.Sprintf("127.0.0.1:%d", port)
+			cfg := filepath.Join(dir, "idemproxy-pg.yaml")
+			if err := os.WriteFile(cfg, fmt.Appendf(nil, pgConfig, a, admin, "http://"+upAddr, pg.URL, defaults), 0o644); err != nil {
+				return nil, err
+			}
+			return startIdemproxy(bin, cfg, port, admin, nil)
 		}
-		return startIdemproxy(bin, cfg, port, admin, nil)
 	}
+	start := startWith("")
 	seed := seeder(fmt.Sprintf("pg-replay-%d", delay), small)
 	return []*target{
 		{name: "idemproxy on PostgreSQL, first attempts", start: start, path: "/payments", body: small, keyed: true, store: store},
 		{name: "idemproxy on PostgreSQL, replays", start: start, path: "/payments", body: small, prepare: seed, store: store},
+		// The same with a first-sent time on every request (it reads the
+		// epoch in the claim's transaction), and with a quota (counted
+		// after the claims: issue 78).
+		{name: "idemproxy on PostgreSQL, first attempts, first-sent", start: start, path: "/payments", body: small, keyed: true, store: store, firstSent: true},
+		{name: "idemproxy on PostgreSQL, first attempts, quota.new_keys", start: startWith("  quota:\n    new_keys: 100000000\n    window: 1h\n"), path: "/payments", body: small, keyed: true, store: store},
 	}
 }
 

@@ -77,3 +77,43 @@ routes:
 		t.Errorf("%d executions, want %d", n, 32*40)
 	}
 }
+
+// TestQuotaExactUnderConcurrency (issue 78): the quota is counted in a
+// transaction of its own after the claims' commit; concurrent first
+// attempts of one principal, batched, straight to PostgreSQL and through
+// PgBouncer in transaction mode (where the count's transaction may land
+// on another server than its claims'), still let exactly new_keys keys
+// through: the rest answer 429, and nothing answers otherwise.
+func TestQuotaExactUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	pg := pgtest.Start(t)
+	b := pg.Bouncer(t)
+	const quota, workers, each = 50, 16, 10
+	for _, via := range []struct{ name, url string }{{"straight", pg.URL}, {"through PgBouncer", b.URL}} {
+		up := binarytest.NewRecorder(t)
+		sc := startBinary(t, pgConfig(up.URL, via.url, fmt.Sprintf("    listen_url: %q\ndefaults:\n  quota:\n    new_keys: %d\n    window: 1h\n", pg.URL, quota)))
+		var mu sync.Mutex
+		statuses := map[int]int{}
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := range each {
+					resp, body := postAnswerAs(t, sc.Client+"/payments", "carol-"+via.name, fmt.Sprintf("exact-%d-%d", w, i), `{"amount":1}`)
+					mu.Lock()
+					if statuses[resp.StatusCode]++; resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusTooManyRequests && statuses[resp.StatusCode] == 1 {
+						t.Errorf("%s: %d %s", via.name, resp.StatusCode, body)
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		t.Logf("%s: %v", via.name, statuses)
+		if statuses[http.StatusCreated] != quota || statuses[http.StatusTooManyRequests] != workers*each-quota {
+			t.Errorf("%s: answers by status %v; want %d × 201 and %d × 429", via.name, statuses, quota, workers*each-quota)
+		}
+		if n := up.Total(); n != quota {
+			t.Errorf("%s: %d executions, want %d", via.name, n, quota)
+		}
+	}
+}

@@ -28,20 +28,28 @@ import (
 // binaries.
 func build(t *testing.T) (old, cur string) {
 	t.Helper()
-	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("go not in PATH")
-	}
-	if os.Getenv("IDEMPROXY_REQUIRE_PREVIOUS") != "1" && os.Getenv("IDEMPROXY_FLEET") != "1" {
-		// Building the previous release compiles everything once more
-		// (minutes on a first run); CI runs it (it sets
-		// IDEMPROXY_REQUIRE_PREVIOUS=1).
-		t.Skip("the mixed fleet builds the previous release: set IDEMPROXY_FLEET=1 to run it here (CI always does)")
-	}
+	mayBuild(t)
 	old, err := binarytest.PreviousT(t).Build(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	return old, binarytest.TestBinary(t)
+}
+
+// mayBuild skips t unless older releases may be built here: building one
+// compiles everything once more (minutes on a first run); CI does (it sets
+// IDEMPROXY_REQUIRE_PREVIOUS=1), and IDEMPROXY_FLEET=1 does here.
+func mayBuild(t *testing.T) {
+	t.Helper()
+	if testing.Short() || raceEnabled {
+		t.Skip("builds and runs two binaries: runs in the plain go test pass, not under -short or -race")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go not in PATH")
+	}
+	if os.Getenv("IDEMPROXY_REQUIRE_PREVIOUS") != "1" && os.Getenv("IDEMPROXY_FLEET") != "1" {
+		t.Skip("builds an older release: set IDEMPROXY_FLEET=1 to run it here (CI always does)")
+	}
 }
 
 func TestMain(m *testing.M) {

@@ -37,14 +37,14 @@ import (
 // operation alone: every operation gets that error (ambiguous, unless
 // nothing was sent). Calls within a batch take their rows' locks in key
 // order, as every batch does, so that two batches never wait on each
-// other in a circle over records. A claim with a quota also takes its
-// principal's counter row: it is counted after every call, by a statement
-// of its own (idem_count, countQuotas) that takes the counters sorted,
-// batched or alone; every transaction takes its records, then its
-// counters, each kind in key order, and no two wait on each other in a
-// circle (issue 78: counted inside each claim, with quota.new_keys and
-// two principals, batches deadlocked, stalled for deadlock_timeout and
-// answered 503).
+// other in a circle over records. A claim with a quota is counted after
+// the batch's commit, in a transaction of its own that takes the
+// counters sorted and commits without waiting for the WAL's flush
+// (idem_count, countQuotas), batched or alone: no claim's transaction
+// holds a counter, so batches of one principal do not queue on its row
+// one commit at a time, and none waits on another in a circle (issue 78:
+// counted inside each claim, with quota.new_keys and two principals,
+// batches deadlocked, stalled for deadlock_timeout and answered 503).
 const (
 	maxInFlight   = 2
 	maxBatchOps   = 128
@@ -64,7 +64,7 @@ type op struct {
 	wake bool
 	size int
 	// quota, when set, is the claim's count against its quota, made
-	// after every call of its transaction (countQuotas); epoch, when set,
+	// after its transaction commits (countQuotas); epoch, when set,
 	// receives the store's epoch as the same transaction read it.
 	quota *quotaCall
 	epoch *epochRead
@@ -184,9 +184,9 @@ func batchContext(batch []*op) (context.Context, context.CancelFunc) {
 }
 
 // alone runs o by itself: its call and, when o wakes, the wake-up, in one
-// round trip (rowNotify), or the call alone (row); a claim under a quota,
-// or one that reads the epoch, is counted or reads it in the same
-// transaction (together).
+// round trip (rowNotify), or the call alone (row); a claim under a quota
+// is counted after it in the same round trip, and one that reads the
+// epoch reads it in its transaction (together).
 func (s *Store) alone(ctx context.Context, o *op) error {
 	if o.quota != nil || o.epoch != nil {
 		err := s.refusedAgain(func() error { return s.together(ctx, []*op{o}) })
@@ -234,20 +234,67 @@ func (s *Store) together(ctx context.Context, batch []*op) error {
 		p.Close()
 		return err
 	}
-	var wakeErr error
+	var countErr, wakeErr error
+	if pl.count != nil {
+		countErr = readCount(p, m, pl)
+	}
 	if len(pl.wakes) > 0 {
 		wakeErr = s.readWakes(p)
 	}
 	p.Close() // every answer that decides anything is read
+	if countErr != nil {
+		s.countAgain(ctx, c.Conn(), pl, countErr)
+	}
 	if wakeErr != nil && !(s.unnamedAfter(wakeErr) && s.wakeAgain(ctx, c.Conn(), pl.wakes)) {
 		s.notifyFailures.Add(1)
 	}
 	return nil
 }
 
-// batchPlan is a batch's statements as together sends them: every call,
-// the quota count and the epoch's read when its claims ask for them, then
-// one Sync; and the keys to wake after it, with the wake-up's statement.
+// readCount reads the count's answer (idem_count) and its Sync.
+func readCount(p *pgconn.Pipeline, m *pgtype.Map, pl *batchPlan) error {
+	var refused []string
+	var retryMS []int64
+	err := readRow(p, m, fields([]any{&refused, &retryMS}))
+	if _, syncErr := p.GetResults(); err == nil {
+		err = syncErr
+	}
+	if err == nil {
+		noteRefused(pl.counted, refused, retryMS)
+	}
+	return err
+}
+
+// countAgain counts pl's claims once more, alone, after their count
+// failed where their claims had committed: a pooler sent the count's
+// named statement to a server without it (unnamedAfter). When the count
+// fails otherwise, or again, the counted claims fail as when their
+// commit's answer is lost: nothing is forwarded, and their records lapse
+// with their leases.
+func (s *Store) countAgain(ctx context.Context, c *pgx.Conn, pl *batchPlan, err error) {
+	if s.unnamedAfter(err) {
+		var sd *pgconn.StatementDescription
+		if sd, err = s.statement(ctx, c, pl.count.sql); err == nil {
+			var refused []string
+			var retryMS []int64
+			rr := execute(ctx, c.PgConn(), pl.count.sql, sd, pl.count.params)
+			if err = scanRow(rr, c.TypeMap(), fields([]any{&refused, &retryMS})); err == nil {
+				noteRefused(pl.counted, refused, retryMS)
+				return
+			}
+		}
+	}
+	for _, o := range pl.counted {
+		if o.err == nil {
+			o.err = claim.Unavailable(o.name, err)
+		}
+	}
+}
+
+// batchPlan is a batch's statements as together sends them: every call
+// and the epoch's read when its claims ask for it, then one Sync; the
+// quota count when they have quotas, and its Sync; and the keys to wake
+// after both, with the wake-up's statement.
 type batchPlan struct {
 	sent    []encoded
 	count   *encoded
@@ -284,18 +331,21 @@ func (s *Store) plan(ctx context.Context, c *pgx.Conn, batch []*op) (*batchPlan,
 	return &pl, nil
 }
 
-// send queues the plan's transaction on p: the calls, the count, the
-// epoch's read, and its Sync.
+// send queues the plan's transactions on p: the calls, the epoch's read
+// and their Sync, then the count and its own (idem_count: a count that
+// follows a failed transaction counts nothing).
 func (pl *batchPlan) send(p *pgconn.Pipeline) {
 	for _, e := range pl.sent {
 		send(p, e.sql, e.sd, e.params)
 	}
-	for _, e := range []*encoded{pl.count, pl.epoch} {
-		if e != nil {
-			send(p, e.sql, e.sd, e.params)
-		}
+	if pl.epoch != nil {
+		send(p, pl.epoch.sql, pl.epoch.sd, pl.epoch.params)
 	}
 	p.SendPipelineSync()
+	if pl.count != nil {
+		send(p, pl.count.sql, pl.count.sd, pl.count.params)
+		p.SendPipelineSync()
+	}
 }
 
 // quotaCall is a claim's count against its quota (idem_count): the
@@ -309,8 +359,8 @@ type quotaCall struct {
 }
 
 // countQuotas is the statement that counts the claims of sent that have
-// a quota (idem_count), in their counters' key order, after every call
-// (nil when none has one), and those claims in that order.
+// a quota (idem_count), in their counters' key order, after their
+// transaction (nil when none has one), and those claims in that order.
 func (s *Store) countQuotas(ctx context.Context, c *pgx.Conn, sent []encoded) (*encoded, []*op, error) {
 	var counted []*op
 	for _, e := range sent {
@@ -429,14 +479,6 @@ func readAll(p *pgconn.Pipeline, m *pgtype.Map, pl *batchPlan, batch []*op) erro
 		case err != nil:
 			return err
 		}
-	}
-	if pl.count != nil {
-		var refused []string
-		var retryMS []int64
-		if err := readRow(p, m, fields([]any{&refused, &retryMS})); err != nil {
-			return err
-		}
-		noteRefused(pl.counted, refused, retryMS)
 	}
 	if pl.epoch != nil {
 		if err := readEpoch(p, m, batch); err != nil {

@@ -119,7 +119,7 @@ func (s *Store) claim(ctx context.Context, key string, rec *claim.Record, lease 
 		// A claim that says when its request was first sent learns of a
 		// lost epoch in its own round trip: the marker, read in its
 		// transaction, against the one last looked at (EpochStart).
-		o.epoch = &epochRead{}
+		o.epoch = &epochRead{expect: s.knownWatermark()}
 	}
 	if err := s.doWith(ctx, o); err != nil {
 		return claim.Result{}, err

@@ -2,11 +2,16 @@ package pgstore_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemproxy/idemproxy/claim"
+	"github.com/idemproxy/idemproxy/claim/contract"
 	"github.com/idemproxy/idemproxy/claim/pgstore"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
@@ -57,5 +62,94 @@ func TestEpochWithoutControlFunctions(t *testing.T) {
 	es, err = s.CheckEpochs(ctx)
 	if err != nil || len(es) != 1 || !es[0].Lost || !es[0].AfterLoss {
 		t.Fatalf("after the records were truncated: %+v %v, want a lost epoch", es, err)
+	}
+}
+
+// TestFirstSentClaimsLookAtTheEpochOnce (issue 78): first-sent claims
+// under concurrency (each reads the epoch in its own transaction, then
+// asks EpochStart, as the proxy does) look at the epoch about once a
+// second, not once per claim: a look raises the watermark, and a claim
+// sent before that raise committed reads the one below it, which is no
+// loss. When every such claim took it for one, each asked for a look of
+// its own and the looks raised the watermark again: 3 s of claims made
+// hundreds of looks (tried), and first-sent first attempts ran at 0.45x
+// the ones without the header.
+func TestFirstSentClaimsLookAtTheEpochOnce(t *testing.T) {
+	pool := open(t)
+	ctx := context.Background()
+	var looks atomic.Int64
+	s := pgstore.New(pool, "idemproxy", "looks:", claim.WithEpochObserver(func(claim.Epoch) { looks.Add(1) }))
+	t.Cleanup(s.Close)
+	if _, err := s.CheckEpochs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Past a few seconds: a look stands for one (epochFresh).
+	const workers, lasting = 32, 3 * time.Second
+	start := time.Now()
+	var wg sync.WaitGroup
+	var claims atomic.Int64
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Since(start) < lasting; i++ {
+				claims.Add(1)
+				key := s.Codec().Key("alice", "pay", fmt.Sprintf("%d-%d", w, i))
+				rec := contract.NewRecord(t)
+				rec.ReadEpoch = true
+				if _, err := s.Claim(ctx, key, rec, time.Minute, claim.Quota{}); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := s.EpochStart(ctx, key); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	elapsed := time.Since(start)
+	// One look a second (epochFresh) and the first; a second's margin.
+	bound := int64(elapsed/time.Second) + 3
+	t.Logf("%d first-sent claims in %v: %d looks at the epoch", claims.Load(), elapsed.Round(time.Millisecond), looks.Load()-1)
+	if n := looks.Load() - 1; n > bound {
+		t.Fatalf("%d first-sent claims made %d looks at the epoch in %v; want at most %d (one a second)", claims.Load(), n, elapsed.Round(time.Millisecond), bound)
+	}
+}
+
+// TestStaleNoteDuringALookAsksForAnother (issue 78): a claim that reads
+// another epoch than the one last looked at, while a look is under way,
+// has the next EpochStart look again: the look may have read the store
+// before the claim did. The look used to clear the note when it ended,
+// and EpochStart answered from it: a first-sent retry that read a
+// restored store could run on a look taken before the restore (tried).
+func TestStaleNoteDuringALookAsksForAnother(t *testing.T) {
+	pool := open(t)
+	ctx := context.Background()
+	var looks atomic.Int64
+	s := pgstore.New(pool, "idemproxy", "midlook:", claim.WithEpochObserver(func(claim.Epoch) { looks.Add(1) }))
+	t.Cleanup(s.Close)
+	s.NoteMidLook()
+	if _, err := s.CheckEpochs(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.NoMidLook()
+	if _, err := s.EpochStart(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if n := looks.Load(); n != 2 {
+		t.Fatalf("%d looks, want 2: EpochStart answered from a look a claim's read contradicted while it ran", n)
+	}
+	if _, err := s.EpochStart(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if n := looks.Load(); n != 2 {
+		t.Fatalf("%d looks, want still 2: a look nothing contradicted stands for a second", n)
 	}
 }

@@ -78,8 +78,14 @@ type Store struct {
 	// postmaster's start, in microseconds): a claim that reads another
 	// talks to another server.
 	epochServer int64
-	onEpoch     func(claim.Epoch)
-	spanAttrs   []attribute.KeyValue
+	// looks counts the looks begun, looked is the number of the last one
+	// that ended well: a look a caller waited for stands for its own only
+	// if it began after the caller found the epoch stale (EpochStart).
+	looks, looked uint64
+	// lookRead, in tests, runs between a look's read and its result.
+	lookRead  func()
+	onEpoch   func(claim.Epoch)
+	spanAttrs []attribute.KeyValue
 	// calls are the statements of the schema's functions (call), and
 	// readQuery read's.
 	calls     sync.Map
@@ -458,142 +464,6 @@ func (s *Store) Since(ctx context.Context, name string, now time.Time) (time.Tim
 		return time.Time{}, fmt.Errorf("claim: marker since:%s: %w", name, err)
 	}
 	return time.UnixMilli(ms), nil
-}
-
-// CheckEpochs reads the store's epoch marker, creating it when missing,
-// with the server it lives on and the records' watermark (idem_epoch):
-// one that this process saw and is gone means the data was lost (a
-// truncation, a restore of the markers), and so does a server that changed
-// under it in a way that can lose acknowledged writes (another system
-// identifier; another timeline on a server that was not a synchronous
-// standby; the records' own marker row gone; the records' watermark below
-// the highest this process saw: an older copy restored): the new epoch
-// begins after a loss. The store's epoch observer hears of every look.
-func (s *Store) CheckEpochs(ctx context.Context) ([]claim.Epoch, error) {
-	s.checkMu.Lock()
-	defer s.checkMu.Unlock()
-	s.epochMu.Lock()
-	seenEpoch, watermark := s.epochSeen, s.watermark
-	s.epochMu.Unlock()
-	now := strconv.FormatInt(s.clocks.Now().UnixMicro(), 10)
-	mark := now
-	var seenArg *string
-	if seenEpoch != "" {
-		mark += ":lost"
-		seenArg = &seenEpoch
-	}
-	var v string
-	var why *string
-	var seen, started int64
-	prefix := s.codec.Prefix()
-	if err := s.row(ctx, "epoch", "idem_epoch", []any{prefix + "epoch", mark, prefix + "epoch:server", now + ":lost", watermark, seenArg}, &v, &why, &seen, &started); err != nil {
-		s.staleEpoch()
-		return nil, err
-	}
-	e := claim.Epoch{Master: s.node, AfterLoss: strings.HasSuffix(v, ":lost")}
-	us, err := strconv.ParseInt(strings.TrimSuffix(v, ":lost"), 10, 64)
-	if err != nil {
-		return nil, fmt.Errorf("claim: epoch marker %q: %w", v, err)
-	}
-	e.Start = time.UnixMicro(us)
-	e.Lost = seenEpoch != "" && seenEpoch != v || why != nil
-	if why != nil {
-		e.Reason = *why
-	}
-	s.epochMu.Lock()
-	s.epochSeen, s.epochAt, s.epochChecked, s.epochStale, s.epochServer = v, e, time.Now(), false, started
-	if e.Lost || seen > s.watermark {
-		// After a loss, or a new epoch another sidecar began, the
-		// watermark is the store's again: what was seen before it is
-		// gone with the records.
-		s.watermark = seen
-	}
-	s.epochMu.Unlock()
-	if s.onEpoch != nil {
-		s.onEpoch(e)
-	}
-	return []claim.Epoch{e}, nil
-}
-
-// NewEpoch replaces the epoch marker with one that begins a new epoch
-// after a loss now (claim.Operator), and looks at it again: the running
-// sidecars take it for an epoch another began after a loss.
-func (s *Store) NewEpoch(ctx context.Context) ([]claim.Epoch, error) {
-	v := strconv.FormatInt(s.clocks.Now().UnixMicro(), 10) + ":lost"
-	_, err := s.pool.Exec(ctx, "INSERT INTO "+s.schema+".markers (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value", s.codec.Prefix()+"epoch", v)
-	if err != nil {
-		return nil, s.unavailable("epoch", err)
-	}
-	return s.CheckEpochs(ctx)
-}
-
-// epochFresh is how long a look at the epoch stands for EpochStart, when
-// no claim's read of the marker and no failed call asked for another.
-const epochFresh = time.Second
-
-// noteEpochRead compares the marker a claim read in its own round trip,
-// and the start of the server it read it on, with the ones this process
-// last looked at: another marker, or another server (restarted, restored,
-// failed over: its pool's new connections say nothing), asks EpochStart
-// for a new look before it answers.
-func (s *Store) noteEpochRead(read epochRead) {
-	s.epochMu.Lock()
-	defer s.epochMu.Unlock()
-	if read.marker != s.epochSeen || read.started != s.epochServer || read.watermark < s.watermark {
-		s.epochStale = true
-	}
-}
-
-// epochRead is what a claim read of the epoch in its own transaction: the
-// marker ("" when none), when the server's postmaster started, and the
-// records' watermark (-1 when its row is gone).
-type epochRead struct {
-	marker    string
-	started   int64
-	watermark int64
-}
-
-// watermarkOf is the watermark the records' server row holds (v, its
-// value: epoch, or epoch:N); -1 when the row is gone or unreadable.
-func watermarkOf(v *string) int64 {
-	if v == nil {
-		return -1
-	}
-	if *v == "epoch" {
-		return 0
-	}
-	n, err := strconv.ParseInt(strings.TrimPrefix(*v, "epoch:"), 10, 64)
-	if err != nil {
-		return -1
-	}
-	return n
-}
-
-// staleEpoch has the next EpochStart look at the epoch again: a call
-// failed, and the server may not be the one last looked at.
-func (s *Store) staleEpoch() {
-	s.epochMu.Lock()
-	s.epochStale = true
-	s.epochMu.Unlock()
-}
-
-// EpochStart is when the data key lives in began, when it began after a
-// loss; zero otherwise.
-func (s *Store) EpochStart(ctx context.Context, key string) (time.Time, error) {
-	s.epochMu.Lock()
-	e, fresh := s.epochAt, !s.epochStale && s.epochSeen != "" && time.Since(s.epochChecked) < epochFresh
-	s.epochMu.Unlock()
-	if !fresh {
-		es, err := s.CheckEpochs(ctx)
-		if err != nil {
-			return time.Time{}, err
-		}
-		e = es[0]
-	}
-	if e.AfterLoss {
-		return e.Start, nil
-	}
-	return time.Time{}, nil
 }
 
 // Forget deletes key's record while it is in state (the key API).

@@ -491,3 +491,44 @@ func TestStreamWALGrowsWithItsLength(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamRowsValueAloneIsRefused (issue 78): under record_format 5 a
+// stream's value alone, which is all a release without chunk rows reads
+// (v0.7.0), decodes as corrupt (its head is one byte longer than the
+// value: that release answers 500 record-unreadable) instead of as a
+// complete, empty stream; the value and its rows together read back whole,
+// ended, with every chunk. Under record_format 4 the value alone is the
+// whole stream, as v0.7.0 wrote it. Before the head was split, the value
+// alone decoded as a complete stream with an empty body (tried).
+func TestStreamRowsValueAloneIsRefused(t *testing.T) {
+	pool := open(t)
+	ctx := context.Background()
+	for _, rows := range []bool{true, false} {
+		s := pgstore.New(pool, "idemproxy", fmt.Sprintf("alone-%v:", rows), claim.WithStreamRows(rows))
+		t.Cleanup(s.Close)
+		key := s.Codec().Key("alice", "chat", "short")
+		head, at := contract.StartedStream(t, s, key)
+		at, err := s.StreamAppend(ctx, key, head.Token, at, []byte("data: one\n\n"), time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.StreamFinish(ctx, key, head.Token, claim.StreamEnded, at); err != nil {
+			t.Fatal(err)
+		}
+		var alone []byte
+		if err := pool.QueryRow(ctx, "SELECT value FROM idemproxy.records WHERE key = $1", key).Scan(&alone); err != nil {
+			t.Fatal(err)
+		}
+		rec, err := claim.Decode(alone)
+		switch {
+		case rows && !errors.Is(err, claim.ErrCorrupt):
+			t.Errorf("record_format 5: the value alone decodes as %+v, %v; want it refused as corrupt, not replayed short", rec, err)
+		case !rows && (err != nil || string(rec.Body) != "data: one\n\n"):
+			t.Errorf("record_format 4: the value alone decodes as %+v, %v; want the whole stream", rec, err)
+		}
+		got, _, err := s.Get(ctx, key)
+		if err != nil || got.StreamEnd != claim.StreamEnded || string(got.Body) != "data: one\n\n" {
+			t.Errorf("rows %v: read back as %+v, %v; want the whole, ended stream", rows, got, err)
+		}
+	}
+}

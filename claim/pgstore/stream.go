@@ -13,7 +13,7 @@ import (
 func (s *Store) StreamStart(ctx context.Context, key string, rec *claim.Record, retention, lease time.Duration) (int, error) {
 	value := s.codec.StreamHead(key, rec)
 	var n int
-	if err := s.do(ctx, "stream start", "idem_stream_start", key, true, []any{key, rec.Token[:], value, retention.Milliseconds(), lease.Milliseconds()}, &n); err != nil {
+	if err := s.do(ctx, "stream start", "idem_stream_start", key, true, []any{key, rec.Token[:], value, retention.Milliseconds(), lease.Milliseconds(), s.rows}, &n); err != nil {
 		return 0, err
 	}
 	if n < 1 {
