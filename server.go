@@ -94,7 +94,7 @@ func (s *server) open(ctx context.Context, path string, logger *slog.Logger) err
 	s.level.Set(cfg.SlogLevel())
 	s.log = slog.New(leveled{next: logger.Handler(), level: s.level})
 	// go-redis has one process-wide logger; route it into ours.
-	redis.SetLogger(redisstore.SlogLogger{Logger: s.log})
+	redis.SetLogger(redisstore.NewSlogLogger(s.log))
 	sec, err := readSecrets(cfg)
 	if err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -88,12 +89,50 @@ func NewClient(cfg ClientOptions) (redis.UniversalClient, error) {
 }
 
 // SlogLogger routes go-redis' internal log lines into slog. go-redis has
-// one process-wide logger, so main installs this once with redis.SetLogger.
+// one process-wide logger, so main installs one with redis.SetLogger
+// (NewSlogLogger). A message is logged at most once per logEvery (by its
+// format: a Redis that refuses connections had go-redis report every
+// failed dial, about four lines a second while idle), the next one saying
+// how many it stands for.
 type SlogLogger struct {
-	Logger *slog.Logger
+	logger *slog.Logger
+	now    func() time.Time
+	mu     sync.Mutex
+	last   map[string]logged
 }
 
-// Printf logs one go-redis message at warning level.
-func (l SlogLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.Logger.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
+// logged is when a message was last logged, and how many of it were left
+// out since.
+type logged struct {
+	at      time.Time
+	dropped int
+}
+
+// logEvery is the least time between two lines of one go-redis message.
+const logEvery = 10 * time.Second
+
+// NewSlogLogger is a SlogLogger on logger.
+func NewSlogLogger(logger *slog.Logger) *SlogLogger {
+	return &SlogLogger{logger: logger, now: time.Now, last: map[string]logged{}}
+}
+
+// Printf logs one go-redis message at warning level, unless the same
+// message was logged less than logEvery ago.
+func (l *SlogLogger) Printf(ctx context.Context, format string, v ...any) {
+	now := l.now()
+	l.mu.Lock()
+	prev, seen := l.last[format]
+	if seen && now.Sub(prev.at) < logEvery {
+		prev.dropped++
+		l.last[format] = prev
+		l.mu.Unlock()
+		return
+	}
+	l.last[format] = logged{at: now}
+	l.mu.Unlock()
+	attrs := []any{"component", "go-redis"}
+	if prev.dropped > 0 {
+		attrs = append(attrs, "repeats_not_logged", prev.dropped)
+	}
+	l.logger.WarnContext(ctx, fmt.Sprintf(format, v...), attrs...)
 }

@@ -2,8 +2,10 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -21,7 +23,8 @@ import (
 // there. The check is conservative: a connection made for anything else
 // meanwhile counts as one this claim may have used.
 
-// dialCounter counts successful dials: a go-redis hook.
+// dialCounter counts successful dials, and remembers the last failed
+// one since (unavailable names it): a go-redis hook.
 type dialCounter struct{ s *Store }
 
 func (d dialCounter) DialHook(next redis.DialHook) redis.DialHook {
@@ -29,9 +32,45 @@ func (d dialCounter) DialHook(next redis.DialHook) redis.DialHook {
 		c, err := next(ctx, network, addr)
 		if err == nil {
 			d.s.dials.Add(1)
+			d.s.dialErr.Store(nil)
+		} else if ctx.Err() == nil {
+			d.s.dialErr.Store(&failedDial{err: err, at: time.Now()})
 		}
 		return c, err
 	}
+}
+
+// failedDial is a connection attempt that failed, and when.
+type failedDial struct {
+	err error
+	at  time.Time
+}
+
+// noConnection is a call that gave up at its deadline while every
+// connection attempt failed: its message is the attempt's error ("connect:
+// connection refused"), which says why, not the deadline's. It still
+// matches context.DeadlineExceeded.
+type noConnection struct {
+	dial, call error
+}
+
+func (e *noConnection) Error() string {
+	return e.dial.Error() + " (no connection; the call gave up at its deadline)"
+}
+
+func (e *noConnection) Unwrap() []error { return []error{e.dial, e.call} }
+
+// whyNoConnection is err, named by the last failed connection attempt
+// when err is a deadline and no attempt has succeeded since one failed in
+// the last few seconds.
+func (s *Store) whyNoConnection(err error) error {
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	if f := s.dialErr.Load(); f != nil && time.Since(f.at) < 5*time.Second {
+		return &noConnection{dial: f.err, call: err}
+	}
+	return err
 }
 
 func (d dialCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }

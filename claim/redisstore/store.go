@@ -60,8 +60,10 @@ type Store struct {
 	// any); claim.WithStreamReadLimit.
 	streamLimit int
 
-	// dials counts the connections this store's client made (sent.go).
-	dials atomic.Uint64
+	// dials counts the connections this store's client made, dialErr
+	// holds the last attempt that failed since one succeeded (sent.go).
+	dials   atomic.Uint64
+	dialErr atomic.Pointer[failedDial]
 	// epochs are the masters' epochs (epoch.go).
 	epochs epochState
 	// spanAttrs are every store span's attributes (Span).
@@ -223,7 +225,7 @@ func (s *Store) unavailable(op string, err error) error {
 	if cc, ok := s.client.(*redis.ClusterClient); ok {
 		cc.ReloadState(context.Background())
 	}
-	return claim.Unavailable(op, err)
+	return claim.Unavailable(op, s.whyNoConnection(err))
 }
 
 // Records calls f with every record under the store's prefix: its key,

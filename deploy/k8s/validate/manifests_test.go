@@ -289,6 +289,11 @@ func TestAlertsAndDashboardUseRealMetrics(t *testing.T) {
 			if !strings.Contains(string(doc), "### "+r.Alert) {
 				t.Errorf("alert %s has no runbook section in docs/operations.md", r.Alert)
 			}
+			// Issue 79: every runbook says which store it is about, first.
+			store := regexp.MustCompile("(?m)^### " + r.Alert + "\n\n\\*\\*Store:\\*\\* (.*)$").FindStringSubmatch(string(doc))
+			if store == nil || !regexp.MustCompile(`^(either|Redis|PostgreSQL)\b`).MatchString(store[1]) {
+				t.Errorf("alert %s: its runbook must open with %q and either, Redis or PostgreSQL", r.Alert, "**Store:** ")
+			}
 		}
 	}
 	if alerts < 6 {
