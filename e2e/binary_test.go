@@ -22,11 +22,15 @@ import (
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/loopback"
 	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/parallel"
 	"github.com/idemproxy/idemproxy/internal/poll"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
 func TestMain(m *testing.M) {
+	// Each test runs binaries on its own ports and stores, and mostly
+	// waits on them.
+	parallel.AtLeast(6)
 	code := m.Run()
 	binarytest.Cleanup()
 	os.Exit(code)

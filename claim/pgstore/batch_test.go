@@ -61,6 +61,7 @@ func claimOp(s *Store, key string, ttl int64, kind *int) *op {
 // transaction rolls back whole and every operation runs again alone: the
 // others are stored, and only the refused one fails.
 func TestBatchAnswersEachOperation(t *testing.T) {
+	t.Parallel() // on a server of its own
 	var largest atomic.Int64
 	s := batchStore(t, &largest)
 	ctx := context.Background()
@@ -105,6 +106,7 @@ func TestBatchAnswersEachOperation(t *testing.T) {
 // its own key's, every batch's wake-ups are sent, and every key replays
 // its own answer.
 func TestConcurrentOperationsRideBatches(t *testing.T) {
+	t.Parallel() // on a server of its own
 	var largest atomic.Int64
 	s := batchStore(t, &largest)
 	ctx := context.Background()
@@ -153,6 +155,7 @@ func TestConcurrentOperationsRideBatches(t *testing.T) {
 // key order. (deadlock_timeout 10ms, so that a deadlock, were there one,
 // is found at once.)
 func TestBatchesLockInKeyOrder(t *testing.T) {
+	t.Parallel() // on a server of its own
 	var largest atomic.Int64
 	s := batchStore(t, &largest, "deadlock_timeout", "10ms")
 	ctx := context.Background()

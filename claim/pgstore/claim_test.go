@@ -15,6 +15,7 @@ import (
 // still get their record, in both statement modes, and a new key's claim
 // reaches the function. Fails with the claim sent as the bare call.
 func TestReplayCallsNoFunction(t *testing.T) {
+	t.Parallel() // on a server of its own
 	pool := namedPool(t)
 	ctx := context.Background()
 	s := New(pool, "idemproxy", "fast:")

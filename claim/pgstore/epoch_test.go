@@ -20,6 +20,7 @@ import (
 // pg_control_system (as on some managed services) still gets its epochs:
 // the server is "unknown", and a loss of the records is still seen.
 func TestEpochWithoutControlFunctions(t *testing.T) {
+	t.Parallel() // on a server of its own
 	srv := pgtest.Start(t)
 	ctx := context.Background()
 	admin := srv.Conn(t)
@@ -75,6 +76,7 @@ func TestEpochWithoutControlFunctions(t *testing.T) {
 // hundreds of looks (tried), and first-sent first attempts ran at 0.45x
 // the ones without the header.
 func TestFirstSentClaimsLookAtTheEpochOnce(t *testing.T) {
+	t.Parallel() // on a server of its own
 	pool := open(t)
 	ctx := context.Background()
 	var looks atomic.Int64
@@ -130,6 +132,7 @@ func TestFirstSentClaimsLookAtTheEpochOnce(t *testing.T) {
 // and EpochStart answered from it: a first-sent retry that read a
 // restored store could run on a look taken before the restore (tried).
 func TestStaleNoteDuringALookAsksForAnother(t *testing.T) {
+	t.Parallel() // on a server of its own
 	pool := open(t)
 	ctx := context.Background()
 	var looks atomic.Int64

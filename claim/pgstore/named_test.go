@@ -60,6 +60,7 @@ func completeKey(s *Store, key string, rec *claim.Record) error {
 // by name, once, and the server holds them there. Fails with every call
 // sent unnamed (as before).
 func TestCallsGoOutNamed(t *testing.T) {
+	t.Parallel() // on a server of its own
 	pool := namedPool(t)
 	ctx := context.Background()
 	s := New(pool, "idemproxy", "named:")
@@ -87,6 +88,7 @@ func TestCallsGoOutNamed(t *testing.T) {
 // batch, the caller gets its answer. Fails with the call not run again
 // (each path: tried), or with the store staying named.
 func TestNamedStatementsLostFallBack(t *testing.T) {
+	t.Parallel() // on a server of its own
 	pool := namedPool(t)
 	ctx := context.Background()
 	lose := func() {
@@ -145,6 +147,7 @@ func TestNamedStatementsLostFallBack(t *testing.T) {
 // PgBouncer under load, one contract run in five waited in vain for the
 // wake-up of a settled orphan.
 func TestLostWakeStatementWakesAgain(t *testing.T) {
+	t.Parallel() // on a server of its own
 	pool, url := namedPoolAt(t)
 	ctx := context.Background()
 	direct, err := pgx.ParseConfig(url)

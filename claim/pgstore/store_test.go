@@ -96,6 +96,7 @@ func open(t *testing.T) *pgxpool.Pool {
 // versions table's lock (no advisory lock any role could take): every
 // one succeeds.
 func TestInstallsRaceOnAnEmptyDatabase(t *testing.T) {
+	t.Parallel() // on a server of its own
 	srv := pgtest.Start(t)
 	ctx := context.Background()
 	errs := make(chan error, 6)
@@ -121,12 +122,14 @@ func TestInstallsRaceOnAnEmptyDatabase(t *testing.T) {
 // TestContract runs the shared contract suite (claim/contract) against a
 // real PostgreSQL server.
 func TestContract(t *testing.T) {
+	t.Parallel() // on a server of its own
 	contract.Run(t, deployment{pool: open(t), schema: "idemproxy"})
 }
 
 // TestContractStreamRows runs it with streams' chunks as rows
 // (record_format 5).
 func TestContractStreamRows(t *testing.T) {
+	t.Parallel() // on a server of its own
 	contract.Run(t, deployment{pool: open(t), schema: "idemproxy", rows: true})
 }
 
@@ -135,6 +138,7 @@ func TestContractStreamRows(t *testing.T) {
 // watcher calls it every second), and reports the oldest claim in
 // progress by its Created time; all by the indexes.
 func TestHealthReportsCleanup(t *testing.T) {
+	t.Parallel() // on a server of its own
 	d := deployment{pool: open(t), schema: "idemproxy"}
 	ctx := context.Background()
 	s := d.Open(t, "cleanup:")
@@ -167,6 +171,7 @@ func TestHealthReportsCleanup(t *testing.T) {
 // claimed before midnight are the same keys after it: the first replays,
 // the second is still in progress, and neither can be claimed anew.
 func TestKeysCrossMidnight(t *testing.T) {
+	t.Parallel() // on a server of its own
 	dir, err := os.MkdirTemp("", "idemproxy-midnight-")
 	if err != nil {
 		t.Fatal(err)
@@ -233,6 +238,7 @@ func TestKeysCrossMidnight(t *testing.T) {
 // its owner queues no cleanup for it. Before, pgstore never said so, and
 // every claim during an outage queued a cleanup retried for a lease.
 func TestClaimNotSentWhileDown(t *testing.T) {
+	t.Parallel() // on a server of its own
 	srv := pgtest.Start(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, srv.URL+"&connect_timeout=2")
@@ -265,6 +271,7 @@ func TestClaimNotSentWhileDown(t *testing.T) {
 // claim.ErrNotSent, and the pool drops its connections, so that the next
 // claim dials again and succeeds once the server takes writes.
 func TestClaimRefusedByAReadOnlyServer(t *testing.T) {
+	t.Parallel() // on a server of its own
 	srv := pgtest.Start(t)
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, srv.URL)
@@ -309,6 +316,7 @@ func TestClaimRefusedByAReadOnlyServer(t *testing.T) {
 // (by its poll). v0.7.0 notified inside each writing function's
 // transaction, and every one of these writes failed.
 func TestWritesNeverWaitOnWakeUps(t *testing.T) {
+	t.Parallel() // on a server of its own
 	srv := pgtest.Start(t)
 	ctx := context.Background()
 	admin := srv.Conn(t)
@@ -404,6 +412,7 @@ func TestWritesNeverWaitOnWakeUps(t *testing.T) {
 // v0.7.0's named prepared statements failed here ("prepared statement
 // stmtcache_... already exists").
 func TestContractThroughPgBouncer(t *testing.T) {
+	t.Parallel() // on a server of its own
 	srv := pgtest.Start(t)
 	b := srv.Bouncer(t)
 	ctx := context.Background()
@@ -447,6 +456,7 @@ func (d bounced) Open(t *testing.T, prefix string, opts ...claim.Option) claim.B
 // (record_format 4) wrote 565 MiB for the same stream (incompressible
 // events: TOAST rewrites the whole value on every update).
 func TestStreamWALGrowsWithItsLength(t *testing.T) {
+	t.Parallel() // on a server of its own
 	pool := open(t)
 	ctx := context.Background()
 	s := pgstore.New(pool, "idemproxy", "wal:", claim.WithStreamRows(true))
@@ -501,6 +511,7 @@ func TestStreamWALGrowsWithItsLength(t *testing.T) {
 // whole stream, as v0.7.0 wrote it. Before the head was split, the value
 // alone decoded as a complete stream with an empty body (tried).
 func TestStreamRowsValueAloneIsRefused(t *testing.T) {
+	t.Parallel() // on a server of its own
 	pool := open(t)
 	ctx := context.Background()
 	for _, rows := range []bool{true, false} {

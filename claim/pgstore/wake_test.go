@@ -23,6 +23,7 @@ import (
 // completions names the waited key only if the other sent none. Fails
 // with the wake-up sent for every key (as before the waiters table).
 func TestWakeUpsOnlyForWaitedKeys(t *testing.T) {
+	t.Parallel() // on a server of its own
 	var largest atomic.Int64
 	s := batchStore(t, &largest)
 	ctx := context.Background()
@@ -101,6 +102,7 @@ func completeOp(s *Store, key string, rec *claim.Record) *op {
 // error, however many waiters it refuses. Fails with the refusal dropped
 // silently, as before.
 func TestRefusedRegistrationIsToldOnce(t *testing.T) {
+	t.Parallel() // on a server of its own
 	srv := pgtest.Start(t)
 	ctx := context.Background()
 	admin, err := pgxpool.New(ctx, srv.URL)
@@ -150,6 +152,7 @@ func TestRefusedRegistrationIsToldOnce(t *testing.T) {
 // woken by the completion; the row goes once the last stops. Fails with a
 // row per waiter.
 func TestWaitersOfOneKeyShareOneRegistration(t *testing.T) {
+	t.Parallel() // on a server of its own
 	var largest atomic.Int64
 	s := batchStore(t, &largest)
 	ctx := context.Background()

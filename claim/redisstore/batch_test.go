@@ -58,6 +58,7 @@ func (h *held) release(ctx context.Context, cmds ...redis.Cmder) error {
 // pipeline; a failing command fails only its own operation; a queued
 // operation whose context ends returns at once and is never sent.
 func TestBatchKeepsEachOperationsResult(t *testing.T) {
+	t.Parallel() // on servers of its own
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	c := srv.Client()
@@ -123,6 +124,7 @@ func TestBatchKeepsEachOperationsResult(t *testing.T) {
 // its batch is out returns at once with its own error; the batch runs on
 // and the other operations in it succeed.
 func TestBatchDeadlineIsPerOperation(t *testing.T) {
+	t.Parallel() // on servers of its own
 	ctx := context.Background()
 	c, err := NewClient(ClientOptions{Addrs: []string{redistest.Start(t).Addr}})
 	if err != nil {
@@ -152,6 +154,7 @@ func TestBatchDeadlineIsPerOperation(t *testing.T) {
 // operation in it gets an error of its own, the batcher gives its slots
 // back, and operations succeed again once Redis is back.
 func TestBatchOnADeadConnection(t *testing.T) {
+	t.Parallel() // on servers of its own
 	ctx := context.Background()
 	srv := redistest.Start(t)
 	c, err := NewClient(ClientOptions{Addrs: []string{srv.Addr}})
@@ -201,6 +204,7 @@ func TestBatchOnADeadConnection(t *testing.T) {
 // slot of a 3-master Cluster; go-redis sends each to its node, and each
 // operation gets its own result.
 func TestBatchAcrossClusterSlots(t *testing.T) {
+	t.Parallel() // on servers of its own
 	ctx := context.Background()
 	cluster := redistest.StartCluster(t, 3, 0)
 	c, err := NewClient(ClientOptions{Addrs: cluster.Addrs()})

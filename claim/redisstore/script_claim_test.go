@@ -16,6 +16,7 @@ import (
 // claim; a new claim's reply carries its key's PTTL and Redis' clock, read
 // in its own round trip (mark.go).
 func TestScriptClaim(t *testing.T) {
+	t.Parallel() // on servers of its own
 	e, err := StartEmbedded()
 	if err != nil {
 		t.Fatal(err)

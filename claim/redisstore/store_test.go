@@ -62,6 +62,7 @@ var backends = []backend{
 func TestContract(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
+			t.Parallel() // each deployment on servers of its own
 			c := b.setup(t)
 			for _, pipelined := range []bool{true, false} {
 				mode := map[bool]string{true: "pipelined", false: "direct"}[pipelined]
@@ -128,6 +129,7 @@ func TestRedisContract(t *testing.T) {
 	}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
+			t.Parallel() // each deployment on servers of its own
 			c := b.setup(t)
 			// Every test runs with operations coalesced into pipelines (the
 			// default) and sent one by one (store.pipeline: false).
@@ -165,6 +167,7 @@ func TestKeyFramingAndPrivacy(t *testing.T) {
 }
 
 func TestStoreUnavailable(t *testing.T) {
+	t.Parallel() // on servers of its own
 	srv := redistest.Start(t)
 	c, _ := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{srv.Addr}})
 	defer c.Close()

@@ -18,6 +18,7 @@ import (
 // TestTLS: a claim over TLS to a redis-server that accepts only TLS,
 // verified against the configured CA; an unverifiable server is refused.
 func TestTLS(t *testing.T) {
+	t.Parallel() // on servers of its own
 	srv, ca := redistest.StartTLS(t)
 	c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{srv.Addr}, TLS: true, TLSCAFile: ca})
 	if err != nil {

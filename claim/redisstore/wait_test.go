@@ -25,6 +25,7 @@ import (
 // master on the connection that wrote (sent as a keyless command through
 // the Cluster client, it would go to any node and count nothing).
 func TestWaitReplicas(t *testing.T) {
+	t.Parallel() // on servers of its own
 	ctx := context.Background()
 	sentinel := redistest.StartSentinel(t, 1)
 	cluster := redistest.StartCluster(t, 3, 1)
@@ -150,6 +151,7 @@ func onReplica(ctx context.Context, replica *redis.Client, key string) bool {
 // sentinel_password while the data nodes take password; with only the data
 // password, the sentinels refuse the client.
 func TestSentinelAuth(t *testing.T) {
+	t.Parallel() // on servers of its own
 	topo := redistest.StartSentinelAuth(t, 1, "data-pw", "sentinel-pw")
 	ctx := context.Background()
 	claimOnce := func(cfg redisstore.ClientOptions) error {

@@ -21,6 +21,7 @@ import (
 // watches that remain go live. (The SUBSCRIBE used to be written under
 // the watcher's lock, so every waiter queued behind a slow dial.)
 func TestWatchNeverWaitsForRedis(t *testing.T) {
+	t.Parallel() // on servers of its own
 	srv := redistest.Start(t)
 	dialing := make(chan struct{})
 	release := make(chan struct{})

@@ -1,5 +1,5 @@
 // Package pgtest starts real PostgreSQL servers for tests: a cluster made
-// by initdb in a temporary directory, postgres on a free loopback port,
+// by initdb (a copy of one: cluster.go) in a temporary directory, postgres on a free loopback port,
 // stopped and removed when the test ends. PostgreSQL refuses to run as
 // root, so under root (CI) both run as the postgres user, which owns the
 // directory. Without PostgreSQL installed a test skips with a message, or
@@ -140,11 +140,9 @@ func launch(env, settings []string) (*Server, error) {
 	if err := s.makeDir("idemproxy-pg-"); err != nil {
 		return nil, err
 	}
-	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", filepath.Join(s.dir, "data"), "-U", User, "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
-	if out, err := initdb.CombinedOutput(); err != nil {
+	if err := s.newCluster(filepath.Join(s.dir, "data")); err != nil {
 		os.RemoveAll(s.dir)
-		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
+		return nil, err
 	}
 	if err := s.runOnFreePort(settings); err != nil {
 		os.RemoveAll(s.dir)
@@ -409,10 +407,8 @@ func (s *Server) Reinit(tb testing.TB, settings ...string) {
 	if err := os.RemoveAll(data); err != nil {
 		tb.Fatal(err)
 	}
-	initdb := exec.Command(filepath.Join(s.bin, "initdb"), "-D", data, "-U", User, "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
-	if out, err := initdb.CombinedOutput(); err != nil {
-		tb.Fatalf("initdb: %v\n%s", err, out)
+	if err := initdb(s.bin, data, s.cred); err != nil {
+		tb.Fatal(err)
 	}
 	s.Restart(settings...)
 }
