@@ -36,6 +36,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.SetOutput(stderr)
 	once := fs.Bool("once", false, "exit after the scripted show")
 	verbose := fs.Bool("v", false, "print the sidecar's JSON logs")
+	listen := fs.String("listen", demoPort, "the sidecar's client address; the default falls back to a free port when taken, a given one must be free")
 	if help, err := parseFlags(fs, args, "demo takes only flags"); help || err != nil {
 		return err
 	}
@@ -61,8 +62,11 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 
 	cfg := config.Default()
-	cfg.Listen = demoPort
-	if ln, err := net.Listen("tcp", demoPort); err != nil {
+	cfg.Listen = *listen
+	if ln, err := net.Listen("tcp", *listen); err != nil {
+		if flagGiven(fs, "listen") {
+			return fmt.Errorf("demo -listen %s: %w", *listen, err)
+		}
 		cfg.Listen = "127.0.0.1:0"
 	} else {
 		ln.Close()
@@ -473,4 +477,11 @@ func (b *legacyBank) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	w.Write(out.Bytes())
+}
+
+// flagGiven reports whether the command line set fs's flag name.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
 }

@@ -53,6 +53,9 @@ func readSecrets(cfg *config.Config) (*secrets, error) {
 			sec.postgresPassword = strings.TrimSpace(string(b))
 		}
 	}
+	if err := cfg.Store.Postgres.ReadFiles(); err != nil {
+		errs = append(errs, err)
+	}
 	if cfg.Store.Redis.TLSCAFile != "" {
 		c, err := redisstore.NewClient(clientOptions(cfg.Store.Redis))
 		if err != nil {

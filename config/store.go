@@ -297,6 +297,23 @@ func driverError(err error) string {
 	return msg
 }
 
+// ReadFiles reads the files store.postgres' URLs name (sslrootcert,
+// sslcert, sslkey) as the driver will at start: each must exist, be
+// readable and hold PEM. Validate does not read files; -check does,
+// unless -skip-files, so that a missing CA fails in CI, not in the pod.
+func (p Postgres) ReadFiles() error {
+	var errs []error
+	for _, k := range []struct{ path, raw string }{{"store.postgres.url", p.URL}, {"store.postgres.listen_url", p.ListenURL}} {
+		if k.raw == "" {
+			continue
+		}
+		if _, err := parsePostgres(k.raw); err != nil {
+			errs = append(errs, fmt.Errorf("%s: the TLS files it names (sslrootcert, sslcert, sslkey) cannot be used: %s", k.path, driverError(err)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // validIdentifier reports whether s is a plain SQL name.
 func validIdentifier(s string) bool {
 	if s == "" || len(s) > 63 || s[0] >= '0' && s[0] <= '9' {

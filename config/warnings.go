@@ -1,12 +1,15 @@
 package config
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Warnings are settings that are valid but dangerous enough to say so at
@@ -165,9 +168,13 @@ func reaches(prefixes []netip.Prefix, p netip.Prefix) bool {
 // postgresWarnings: a PostgreSQL URL whose sslmode lets the driver fall
 // back to plaintext (disable, allow, prefer: the driver's default) off
 // loopback, where the records (answers, fingerprints) and the password
-// cross a network.
+// cross a network, or encrypts without checking the server (require); a
+// Redis-only setting given with PostgreSQL.
 func (c *Config) postgresWarnings() []string {
 	var w []string
+	if c.Store.Postgres.URL != "" && c.Store.ClaimMemoryLimit != DefaultClaimMemoryLimit {
+		w = append(w, fmt.Sprintf("store.claim_memory_limit: %g%% does nothing with store.postgres: it is a share of Redis' maxmemory; PostgreSQL's disk is the database's to watch (idemproxy_store_used_bytes); remove it", c.Store.ClaimMemoryLimit*100))
+	}
 	for _, k := range []struct{ path, raw string }{{"store.postgres.url", c.Store.Postgres.URL}, {"store.postgres.listen_url", c.Store.Postgres.ListenURL}} {
 		if k.raw == "" {
 			continue
@@ -184,11 +191,30 @@ func (c *Config) postgresWarnings() []string {
 		for _, fb := range cfg.Fallbacks {
 			plain = plain || fb.TLSConfig == nil
 		}
-		if plain && !allLoopback(hosts) {
+		unverified := false
+		for _, tc := range append([]*tls.Config{cfg.TLSConfig}, fallbackTLS(cfg)...) {
+			// sslmode=require: encrypted, with no check of the server's
+			// certificate (verify-ca and verify-full check it).
+			unverified = unverified || tc != nil && tc.InsecureSkipVerify && tc.VerifyPeerCertificate == nil
+		}
+		switch {
+		case allLoopback(hosts):
+		case plain:
 			w = append(w, fmt.Sprintf("%s: its sslmode lets the connection be plaintext (disable, allow, or prefer, the driver's default when unset) to a host off loopback: records and the password cross the network in clear; set sslmode=verify-full (and sslrootcert)", k.path))
+		case unverified:
+			w = append(w, fmt.Sprintf("%s: sslmode=require encrypts the connection but checks nothing of the server's certificate: whoever is on the path can pose as the database and read the records and the password; set sslmode=verify-full (and sslrootcert)", k.path))
 		}
 	}
 	return w
+}
+
+// fallbackTLS is the TLS configuration of each of cfg's fallbacks.
+func fallbackTLS(cfg *pgconn.Config) []*tls.Config {
+	out := make([]*tls.Config, len(cfg.Fallbacks))
+	for i, fb := range cfg.Fallbacks {
+		out[i] = fb.TLSConfig
+	}
+	return out
 }
 
 // allLoopback reports whether every host is this machine: a loopback

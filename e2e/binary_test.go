@@ -30,7 +30,7 @@ import (
 func TestMain(m *testing.M) {
 	// Each test runs binaries on its own ports and stores, and mostly
 	// waits on them.
-	parallel.AtLeast(6)
+	parallel.AtLeast(4)
 	code := m.Run()
 	binarytest.Cleanup()
 	os.Exit(code)
@@ -422,6 +422,26 @@ func TestCommandLine(t *testing.T) {
 		if code != 1 || !strings.Contains(out, "unexpected argument") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
 			t.Errorf("%v: exit %d %q, want 1 and one line naming the argument", args, code, out)
 		}
+	}
+	// demo -listen (issue 79): the show runs on the given address, and a
+	// given address in use is one line and exit 1 (the default 8080 falls
+	// back to a free port instead; v0.8.0 had no -listen).
+	port, err := loopback.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	if code, out := runBin("demo", "-once", "-listen", addr); code != 0 || !strings.Contains(out, "sidecar http://"+addr+" ") {
+		t.Errorf("demo -once -listen %s: exit %d, want 0 and the sidecar on it:\n%s", addr, code, out)
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	code, out = runBin("demo", "-once", "-listen", taken.Addr().String())
+	if code != 1 || !strings.Contains(out, "-listen "+taken.Addr().String()) || !strings.Contains(out, "address already in use") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+		t.Errorf("demo -listen on a port in use: exit %d %q, want 1 and one line naming -listen", code, out)
 	}
 }
 

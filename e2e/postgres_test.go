@@ -2,7 +2,14 @@ package e2e
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"net/http"
 	"os"
 	"os/exec"
@@ -78,6 +85,13 @@ func TestPostgresStoreThroughTheBinary(t *testing.T) {
 func TestPostgresConfigRefused(t *testing.T) {
 	bin := binarytest.TestBinary(t)
 	dir := t.TempDir()
+	notPEM, ca := filepath.Join(dir, "not.pem"), filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(ca, selfSignedPEM(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct{ name, store, want string }{
 		{"password in the URL", "  postgres:\n    url: \"postgres://u:secret@127.0.0.1:5432/db\"\n", "store.postgres.url: holds a password: put it in a file named by store.postgres.password_file"},
 		{"password in the URL's query", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db?sslmode=disable&password=secret\"\n", "store.postgres.url: holds a password: put it in a file named by store.postgres.password_file"},
@@ -92,6 +106,13 @@ func TestPostgresConfigRefused(t *testing.T) {
 		{"both stores", "  redis:\n    addrs: [\"127.0.0.1:6379\"]\n  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n", "set either store.redis.addrs or store.postgres.url, not both"},
 		{"schema", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    schema: \"a;b\"\n", "store.postgres.schema: must be a plain SQL name"},
 		{"password file missing", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    password_file: \"/nonexistent/pg-password\"\n", "store.postgres.password_file: open /nonexistent/pg-password"},
+		// The TLS files a URL names are read by -check (issue 79: v0.8.0's
+		// -check passed a missing sslrootcert, then the sidecar exited 1
+		// at start).
+		{"sslrootcert missing", "  postgres:\n    url: \"postgres://u@db:5432/db?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem\"\n", "store.postgres.url: the TLS files it names (sslrootcert, sslcert, sslkey) cannot be used: unable to read CA file: open /nonexistent/ca.pem"},
+		{"sslrootcert not PEM", "  postgres:\n    url: \"postgres://u@db:5432/db?sslmode=verify-full&sslrootcert=" + notPEM + "\"\n", "unable to add CA to cert pool"},
+		{"sslkey missing", "  postgres:\n    url: \"postgres://u@db:5432/db?sslmode=verify-full&sslrootcert=" + ca + "&sslcert=" + ca + "&sslkey=/nonexistent/client.key\"\n", "store.postgres.url: the TLS files it names (sslrootcert, sslcert, sslkey) cannot be used"},
+		{"listen_url's sslrootcert missing", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    listen_url: \"postgres://u@db:5432/db?sslmode=verify-ca&sslrootcert=/nonexistent/ca.pem\"\n", "store.postgres.listen_url: the TLS files it names"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".yaml")
@@ -104,6 +125,29 @@ func TestPostgresConfigRefused(t *testing.T) {
 			}
 			if strings.Contains(string(out), "secret") {
 				t.Errorf("-check echoed the password:\n%s", out)
+			}
+		})
+	}
+	// sslmode=require encrypts but verifies nothing: valid, with a warning
+	// naming the key; -skip-files does not read the TLS files;
+	// claim_memory_limit (Redis' maxmemory) with PostgreSQL: a warning.
+	for _, tc := range []struct{ name, url, extra, flag, want string }{
+		{"sslmode=require", "postgres://u@db:5432/db?sslmode=require", "", "", "store.postgres.url: sslmode=require encrypts the connection but checks nothing of the server's certificate"},
+		{"sslrootcert missing, -skip-files", "postgres://u@db:5432/db?sslmode=verify-full&sslrootcert=/nonexistent/ca.pem", "", "-skip-files", "were not read"},
+		{"claim_memory_limit", "postgres://u@127.0.0.1:5432/db", "  claim_memory_limit: 80%\n", "", "store.claim_memory_limit: 80% does nothing with store.postgres"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, strings.NewReplacer(" ", "_", ",", "", "=", "_").Replace(tc.name)+".yaml")
+			if err := os.WriteFile(path, []byte(pgConfig("http://127.0.0.1:9", tc.url, tc.extra)), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			args := []string{"-config", path, "-check"}
+			if tc.flag != "" {
+				args = append(args, tc.flag)
+			}
+			out, err := exec.Command(bin, args...).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), tc.want) {
+				t.Errorf("-check: %v\n%s\nwant exit 0 and %q", err, out, tc.want)
 			}
 		})
 	}
@@ -338,4 +382,20 @@ func TestPostgresOutageQueuesNoCleanups(t *testing.T) {
 			t.Errorf("down-%d executed %d times while PostgreSQL was down", i, n)
 		}
 	}
+}
+
+// selfSignedPEM is a self-signed certificate, PEM-encoded: a CA file the
+// driver accepts.
+func selfSignedPEM(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }

@@ -10,6 +10,6 @@ import (
 func TestMain(m *testing.M) {
 	// The parallel tests each run on their own store and servers (Redis
 	// topologies, failovers) and mostly wait on them.
-	parallel.AtLeast(6)
+	parallel.AtLeast(4)
 	os.Exit(m.Run())
 }

@@ -343,7 +343,9 @@ func stalledClient(t *testing.T, flush time.Duration) {
 	var retry resp
 	poll.Until(t, "the stream is stored whole", func() bool {
 		retry = e.do(req{user: "alice", key: "stalled", body: `{"prompt":"hi"}`})
-		return retry.status != http.StatusOK || len(retry.body) >= len(want)
+		// A 503 is a retry's to retry: on a loaded machine the claim's
+		// read of 8 MiB can outlast the claim's confirm window.
+		return retry.status != http.StatusOK && retry.status != http.StatusServiceUnavailable || len(retry.body) >= len(want)
 	})
 	if retry.status != http.StatusOK || retry.body != want || retry.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry after the upstream finished: %d, %d bytes (want %d), replayed=%q", retry.status, len(retry.body), len(want), retry.header.Get("Idempotent-Replayed"))
@@ -383,6 +385,9 @@ func TestReplayToAnIdleClientIsCut(t *testing.T) {
 		c.Routes[0].MaxResponseBody = 64 << 20
 		c.MaxBufferedBytes, c.PrincipalShare = 256<<20, 256<<20
 		c.WriteTimeout = time.Second
+		// 16 MiB relayed and stored: past the default 5 s with both cores
+		// busy (a 504, once).
+		c.UpstreamTimeout = 30 * time.Second
 	})
 	if r := e.do(req{user: "alice", key: "big", body: `{}`}); r.status != http.StatusCreated || len(r.body) != size {
 		t.Fatalf("first attempt: %d, %d bytes", r.status, len(r.body))
@@ -746,7 +751,9 @@ func TestStalledStreamClientIsCut(t *testing.T) {
 	var retry resp
 	poll.Until(t, "the stream is stored whole", func() bool {
 		retry = e.do(req{user: "alice", key: "stalled", body: `{"prompt":"hi"}`})
-		return retry.status != http.StatusOK || len(retry.body) >= len(want)
+		// A 503 is a retry's to retry: on a loaded machine the claim's
+		// read of 8 MiB can outlast the claim's confirm window.
+		return retry.status != http.StatusOK && retry.status != http.StatusServiceUnavailable || len(retry.body) >= len(want)
 	})
 	if retry.status != http.StatusOK || retry.body != want {
 		t.Fatalf("retry after the upstream finished: %d, %d bytes (want %d)", retry.status, len(retry.body), len(want))
