@@ -62,14 +62,8 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 
 	cfg := config.Default()
-	cfg.Listen = *listen
-	if ln, err := net.Listen("tcp", *listen); err != nil {
-		if flagGiven(fs, "listen") {
-			return fmt.Errorf("demo -listen %s: %w", *listen, err)
-		}
-		cfg.Listen = "127.0.0.1:0"
-	} else {
-		ln.Close()
+	if cfg.Listen, err = demoListen(*listen, flagGiven(fs, "listen")); err != nil {
+		return err
 	}
 	cfg.AdminListen = "127.0.0.1:0"
 	cfg.Upstream.URL = "http://" + upstreamLn.Addr().String()
@@ -477,6 +471,21 @@ func (b *legacyBank) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	w.Write(out.Bytes())
+}
+
+// demoListen is the demo sidecar's client address: addr when it is free;
+// when it is taken, a free port if addr is the default, an error naming
+// -listen if the command line gave it.
+func demoListen(addr string, given bool) (string, error) {
+	ln, err := net.Listen("tcp", addr)
+	switch {
+	case err == nil:
+		ln.Close()
+		return addr, nil
+	case given:
+		return "", fmt.Errorf("demo -listen %s: %w", addr, err)
+	}
+	return "127.0.0.1:0", nil
 }
 
 // flagGiven reports whether the command line set fs's flag name.
