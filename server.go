@@ -59,6 +59,9 @@ type server struct {
 	// errc receives the first listener that stops serving.
 	errc     chan error
 	draining atomic.Bool
+	// schemaSeen is set once the store's scripts or schema were in place
+	// (preload): until then the sidecar is not ready.
+	schemaSeen atomic.Bool
 	// closers release what start opened, run last to first by close.
 	closers []func()
 }
@@ -196,7 +199,7 @@ func (s *server) openStore(ctx context.Context, sec *secrets) error {
 	}
 	s.store = rs
 	s.closers = append(s.closers, s.store.Close)
-	preload(ctx, s.store, s.log, s.metrics.schemaReady)
+	preload(ctx, s.store, s.log, s.schemaReady)
 	return nil
 }
 
@@ -237,6 +240,10 @@ func (s *server) openPostgres(ctx context.Context, sec *secrets) error {
 		s.log.Warn("PostgreSQL: a server connection did not have the sidecar's named statement (a transaction pooler between them: PgBouncer before 1.21, or without max_prepared_statements): every call now goes unnamed, parsed and planned by the server each time (docs/production.md); the call that found out ran again",
 			"err", err)
 	})
+	store.OnForeignSchema(func(err error) {
+		s.log.Info("PostgreSQL: the schema belongs to another role, which installed this release's functions: serving on them without installing (store.postgres.create_schema: true does nothing for this role)",
+			"schema", pg.Schema, "detail", oneLine(err))
+	})
 	store.OnDeafListener(func() {
 		s.log.Warn("PostgreSQL wake-ups do not arrive: this sidecar's LISTEN did not hear its own NOTIFY within 5s; waiters (concurrent: wait, stream followers) wake by their poll only. Behind a transaction pooler (PgBouncer pool_mode = transaction, RDS Proxy) set store.postgres.listen_url to a URL straight to the database",
 			"listen_url_set", pg.ListenURL != "")
@@ -244,7 +251,7 @@ func (s *server) openPostgres(ctx context.Context, sec *secrets) error {
 	s.store = store
 	s.closers = append(s.closers, s.store.Close)
 	s.metrics.evictionSafe.Set(1) // PostgreSQL never evicts a row
-	preload(ctx, s.store, s.log, s.metrics.schemaReady)
+	preload(ctx, s.store, s.log, s.schemaReady)
 	return nil
 }
 
@@ -364,17 +371,36 @@ func (s *server) close() {
 	s.closers = nil
 }
 
+// schemaReady records whether the store's scripts or schema are in place
+// (idemproxy_store_schema_ready); once they were, the sidecar may be
+// ready.
+func (s *server) schemaReady(ready bool) {
+	if ready {
+		s.schemaSeen.Store(true) // before the gauge: whoever sees 1 finds the sidecar ready
+		s.metrics.schemaReady.Set(1)
+		return
+	}
+	s.metrics.schemaReady.Set(0)
+}
+
 // readyz answers 200 while the sidecar can serve: listeners bound, config
-// loaded, not draining. Redis is not part of it unless
-// admin.readiness_requires_store says so: the sidecar's readiness is the
-// pod's, and a Redis outage must not take the app's pass-through traffic
-// out of its Service. ?verbose lists the store's health for humans.
+// loaded, the store's scripts or schema seen in place since it started,
+// not draining. Once the store worked, its outages are not part of it
+// unless admin.readiness_requires_store says so: the sidecar's readiness
+// is the pod's, and a store outage must not take the app's pass-through
+// traffic out of its Service. Before, a pod whose store never worked (a
+// schema never migrated, a role without rights, a store unreachable from
+// this pod) is not ready: a rollout of such pods waits instead of
+// replacing every pod that works. ?verbose lists the store's health for
+// humans.
 func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 	storeUp := s.health.up()
 	status, why := http.StatusOK, "ok"
 	switch {
 	case s.draining.Load():
 		status, why = http.StatusServiceUnavailable, "draining"
+	case !s.schemaSeen.Load():
+		status, why = http.StatusServiceUnavailable, "the store has not worked since start: never reached, or its scripts or schema not in place (idemproxy_store_schema_ready 0; the log says why): check the store, or run idemproxy store migrate"
 	case s.cfg.Admin.ReadinessRequiresStore && !storeUp:
 		status, why = http.StatusServiceUnavailable, "store unavailable (admin.readiness_requires_store)"
 	}

@@ -16,26 +16,28 @@ import (
 // preload loads the scripts, or installs and checks the schema. A failure
 // does not stop the start: the store may come up later; until then
 // protected routes answer per store_unavailable, idemproxy_store_up and
-// idemproxy_store_schema_ready say so, and the error is logged once, in
-// one line.
-func preload(ctx context.Context, store claim.Backend, logger *slog.Logger, ready prometheus.Gauge) {
+// idemproxy_store_schema_ready say so, /readyz answers 503 (a pod whose
+// store never worked takes no traffic: a rollout waits on it instead of
+// going dark), and the error is logged once, in one line. ready hears
+// each outcome.
+func preload(ctx context.Context, store claim.Backend, logger *slog.Logger, ready func(bool)) {
 	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	if err := store.Preload(pctx); err != nil {
-		ready.Set(0)
-		logger.Warn("store not ready at start (unreachable, or its scripts or schema cannot be installed or are missing): serving; protected routes answer per store_unavailable until it is; retried with backoff",
+		ready(false)
+		logger.Warn("store not ready at start (unreachable, or its scripts or schema cannot be installed or are missing): protected routes answer per store_unavailable and /readyz 503 until it is; retried with backoff",
 			"err", oneLine(err))
 		go preloadLater(ctx, store, logger, ready)
 		return
 	}
-	ready.Set(1)
+	ready(true)
 }
 
 // preloadLater runs Preload again, 2 s after the last try and doubling up
 // to a minute, until it succeeds (the store's scripts or schema are then
 // in place) or ctx ends. An error other than the one logged before is
 // logged once.
-func preloadLater(ctx context.Context, store claim.Backend, logger *slog.Logger, ready prometheus.Gauge) {
+func preloadLater(ctx context.Context, store claim.Backend, logger *slog.Logger, ready func(bool)) {
 	wait, last := 2*time.Second, ""
 	for {
 		select {
@@ -48,7 +50,7 @@ func preloadLater(ctx context.Context, store claim.Backend, logger *slog.Logger,
 		err := store.Preload(pctx)
 		cancel()
 		if err == nil {
-			ready.Set(1)
+			ready(true)
 			logger.Info("store ready: preloaded")
 			return
 		}

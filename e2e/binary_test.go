@@ -139,10 +139,11 @@ func postFirstSent(t *testing.T, url, key string, firstSent time.Time) (int, str
 	return resp.StatusCode, b
 }
 
-// metric reports whether admin's /metrics holds line.
+// metric reports whether a line of admin's /metrics starts with line:
+// samples only, so "# HELP x 1 once …" does not pass for the sample "x 1".
 func metric(t *testing.T, admin, line string) bool {
 	t.Helper()
-	return strings.Contains(scrape(t, admin), line)
+	return strings.Contains("\n"+scrape(t, admin), "\n"+line)
 }
 
 // outcome reads idemproxy_requests_total for route and outcome from admin.
@@ -238,10 +239,12 @@ store:
 	t.Run("down at start", func(t *testing.T) {
 		srv.Stop()
 		defer srv.Restart()
-		sc := startBinary(t, yaml(""))
+		sc := binarytest.T(t, yaml(""), binarytest.Options{Live: true})
 		poll.Until(t, "idemproxy_store_up 0", func() bool { seen, up := storeUp(t, sc.Admin); return seen && !up })
-		if status, body := get(t, sc.Admin+"/readyz"); status != http.StatusOK {
-			t.Fatalf("/readyz with Redis down at start: %d %s, want 200", status, body)
+		// Never seen its store work since start: not ready (issue 79),
+		// so a rollout waits on it rather than replacing pods that work.
+		if status, body := get(t, sc.Admin+"/readyz"); status != http.StatusServiceUnavailable {
+			t.Fatalf("/readyz with Redis down at start: %d %s, want 503", status, body)
 		}
 		if status, body := post(t, sc.Client+"/payments", "k", `{}`); status != http.StatusServiceUnavailable || !strings.Contains(body, "store-unavailable") {
 			t.Errorf("protected route: %d %s, want 503 store-unavailable", status, body)
@@ -251,6 +254,7 @@ store:
 			status, _ := post(t, sc.Client+"/payments", "k2", `{}`)
 			return status == http.StatusCreated
 		})
+		poll.Until(t, "/readyz 200 once the scripts are loaded", func() bool { s, _ := get(t, sc.Admin+"/readyz"); return s == http.StatusOK })
 	})
 	t.Run("readiness_requires_store", func(t *testing.T) {
 		sc := startBinary(t, yaml("admin:\n  readiness_requires_store: true\n"))

@@ -75,10 +75,25 @@ func TestPostgresLeastPrivilege(t *testing.T) {
 		t.Errorf("the runtime role owns %d objects, another role may execute %d functions, %d functions have no fixed search_path; want 0, 0, 0", owned, public, unpinned)
 	}
 
-	wrong := startBinary(t, as("app", ""))
-	poll.Until(t, "the sidecar that may not install says why", func() bool {
-		return strings.Contains(wrong.Logs(), `belongs to role \"owner\"`) || strings.Contains(wrong.Logs(), `belongs to role "owner"`)
+	// create_schema: true as the runtime role, on the schema its owner
+	// migrated: nothing is installed into another role's schema, and the
+	// sidecar serves on the owner's functions (v0.8.0 never became
+	// schema-ready: issue 79).
+	runtime := startBinary(t, as("app", ""))
+	poll.Until(t, "the sidecar says it serves on the owner's schema", func() bool {
+		return strings.Contains(runtime.Logs(), "the schema belongs to another role, which installed this release's functions") && strings.Contains(runtime.Logs(), "owner")
 	})
+	if st, body := post(t, runtime.Client+"/payments", "least-2", `{}`); st != http.StatusCreated {
+		t.Errorf("create_schema: true as the runtime role: %d %s", st, body)
+	}
+	// mallory's schema, which has no functions: never used, and said so.
+	theirs := binarytest.T(t, as("app", "    schema: theirs\n"), binarytest.Options{Live: true})
+	poll.Until(t, "the sidecar on mallory's schema says why it does not serve", func() bool {
+		return strings.Contains(theirs.Logs(), `belongs to role \"mallory\"`) || strings.Contains(theirs.Logs(), `belongs to role "mallory"`)
+	})
+	if st, body := get(t, theirs.Admin+"/readyz"); st != http.StatusServiceUnavailable {
+		t.Errorf("/readyz on a schema it cannot use: %d %s, want 503", st, body)
+	}
 }
 
 // TestPostgresSchemaAtStart (issue 64): four sidecars starting together
@@ -117,10 +132,15 @@ func TestPostgresSchemaAtStart(t *testing.T) {
 		if err := os.WriteFile(path, []byte(pgConfig(up.URL, pg.URL, "")), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		sc := startBinary(t, pgConfig(up.URL, pg.URL, "    create_schema: false\n"))
+		sc := binarytest.T(t, pgConfig(up.URL, pg.URL, "    create_schema: false\n"), binarytest.Options{Live: true})
 		poll.Until(t, "the sidecar says the schema is missing", func() bool { return strings.Contains(sc.Logs(), "run idemproxy store migrate") })
 		if !metric(t, sc.Admin, "idemproxy_store_schema_ready 0") {
 			t.Errorf("schema_ready is not 0 before the migration:\n%s", grepLines(scrape(t, sc.Admin), "schema_ready"))
+		}
+		// Not ready until the schema is there (issue 79: v0.8.0 was ready,
+		// and a rollout of such pods answered every protected request 503).
+		if st, body := get(t, sc.Admin+"/readyz"); st != http.StatusServiceUnavailable || !strings.Contains(body, "schema") {
+			t.Errorf("/readyz before the migration: %d %s, want 503 naming the schema", st, body)
 		}
 		for _, line := range strings.Split(sc.Logs(), "\n") {
 			if strings.Contains(line, "CREATE TABLE") || strings.Contains(line, "CREATE OR REPLACE") {
@@ -131,8 +151,31 @@ func TestPostgresSchemaAtStart(t *testing.T) {
 			t.Fatalf("store migrate: %v\n%s", err, out)
 		}
 		poll.Until(t, "the sidecar finds the schema", func() bool { return metric(t, sc.Admin, "idemproxy_store_schema_ready 1") })
+		if st, body := get(t, sc.Admin+"/readyz"); st != http.StatusOK {
+			t.Errorf("/readyz after the migration: %d %s, want 200\n%s\n%s", st, body, grepLines(scrape(t, sc.Admin), "schema_ready"), sc.Logs())
+		}
 		if st, body := post(t, sc.Client+"/payments", "migrated-1", `{}`); st != http.StatusCreated {
 			t.Errorf("after the migration: %d %s", st, body)
+		}
+	})
+	// A role that may not create the schema, with create_schema: true, on
+	// a database without it: told in one line, and the schema's text never
+	// reaches the server, whose log held all of it for every try
+	// (issue 79: 3,255 lines in 40 s).
+	t.Run("may not create", func(t *testing.T) {
+		pg := pgtest.Start(t)
+		if _, err := pg.Conn(t).Exec(context.Background(), "CREATE ROLE app LOGIN; REVOKE CREATE ON DATABASE postgres FROM PUBLIC; REVOKE CREATE ON SCHEMA public FROM PUBLIC"); err != nil {
+			t.Fatal(err)
+		}
+		sc := binarytest.T(t, pgConfig(up.URL, fmt.Sprintf("postgres://app@%s/postgres?sslmode=disable", pg.Addr), ""), binarytest.Options{Live: true})
+		poll.Until(t, "the sidecar says it may not create the schema", func() bool {
+			return strings.Contains(sc.Logs(), `may not create it (no CREATE on the database)`)
+		})
+		if st, _ := get(t, sc.Admin+"/readyz"); st != http.StatusServiceUnavailable {
+			t.Errorf("/readyz: %d, want 503", st)
+		}
+		if logs := pg.Logs(); strings.Contains(logs, "CREATE TABLE") || strings.Contains(logs, "CREATE OR REPLACE FUNCTION") || strings.Contains(logs, "plpgsql") {
+			t.Errorf("the server's log holds the schema's text:\n%.2000s", logs)
 		}
 	})
 }

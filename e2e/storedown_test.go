@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/binarytest"
 	"github.com/idemproxy/idemproxy/internal/loopback"
 	"github.com/idemproxy/idemproxy/internal/poll"
 )
@@ -21,7 +22,7 @@ func TestRedisRefusedIsQuietAndSaysRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc := startBinary(t, fmt.Sprintf(`upstream:
+	sc := binarytest.T(t, fmt.Sprintf(`upstream:
   url: "http://127.0.0.1:1"
 store:
   redis:
@@ -29,7 +30,7 @@ store:
 routes:
   - name: pay
     match: "POST /payments"
-`, port))
+`, port), binarytest.Options{Live: true}) // never ready: its store never worked
 	poll.Until(t, "the STORE DOWN line", func() bool { return strings.Contains(sc.Logs(), "STORE DOWN") })
 	// Idle for 12 s more: a dial fails several times a second meanwhile.
 	time.Sleep(12 * time.Second)

@@ -83,7 +83,10 @@ type Store struct {
 	// if it began after the caller found the epoch stale (EpochStart).
 	looks, looked uint64
 	// lookRead, in tests, runs between a look's read and its result.
-	lookRead  func()
+	lookRead func()
+	// onForeign hears that Preload used a schema another role owns and
+	// migrated, without installing into it (OnForeignSchema).
+	onForeign func(error)
 	onEpoch   func(claim.Epoch)
 	spanAttrs []attribute.KeyValue
 	// calls are the statements of the schema's functions (call), and
@@ -128,6 +131,10 @@ func FunctionPattern() string { return strings.ReplaceAll(fnPrefix, "_", "\\_") 
 // own code as their role), so nothing is installed there.
 var ErrForeignSchema = errors.New("pgstore: the schema is owned by another role")
 
+// ErrCannotCreate means the schema is missing and the role may not create
+// it: nothing was sent.
+var ErrCannotCreate = errors.New("pgstore: the role may not create the schema")
+
 // Installed is what Install did: the version it installed, and the
 // other versions' functions it left in place (for pods of other releases
 // still running during a rollout).
@@ -153,7 +160,18 @@ func Install(ctx context.Context, pool *pgxpool.Pool, schema, release string) (I
 	switch {
 	case err == nil && owner != me:
 		return Installed{}, fmt.Errorf("%w: schema %q belongs to role %q, not to %q (who runs this): idemproxy installs its functions only into a schema its own role owns (docs/production.md, roles)", ErrForeignSchema, schema, owner, me)
-	case err != nil && !errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, pgx.ErrNoRows):
+		// No schema yet: a role that may not create one is told so
+		// without the script's text, which the server would write to its
+		// log whole with the error (600 lines a try, every try).
+		var create bool
+		if err := pool.QueryRow(ctx, "SELECT pg_catalog.has_database_privilege(current_user, pg_catalog.current_database(), 'CREATE'), current_user::text").Scan(&create, &me); err != nil {
+			return Installed{}, fmt.Errorf("pgstore: migrate schema %q: %w", schema, err)
+		}
+		if !create {
+			return Installed{}, fmt.Errorf("%w: schema %q does not exist, and role %q may not create it (no CREATE on the database): run idemproxy store migrate -grant %s as the role that is to own it", ErrCannotCreate, schema, me, me)
+		}
+	case err != nil:
 		return Installed{}, fmt.Errorf("pgstore: migrate schema %q: %w", schema, err)
 	}
 	if release == "" {
@@ -390,24 +408,45 @@ func (s *Store) Preload(ctx context.Context) error {
 	if s.refused != nil {
 		return s.refused
 	}
+	// A schema another role owns is not installed into; with this
+	// version's functions in place (its owner migrated it) it is used as
+	// with create_schema: false, and the check below says whether they
+	// are.
+	var foreign error
 	if s.migrate {
-		if _, err := Install(ctx, s.pool, s.schemaName, s.release); err != nil {
+		_, err := Install(ctx, s.pool, s.schemaName, s.release)
+		switch {
+		case errors.Is(err, ErrForeignSchema):
+			foreign = err
+		case err != nil:
 			return claim.Unavailable("migrate", err)
 		}
 	}
 	var now int64
 	if err := s.row(ctx, "preload", "idem_now", nil, &now); err != nil {
 		var pe *pgconn.PgError
-		if errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "3F000") { // undefined_function, invalid_schema_name
+		switch {
+		case foreign != nil:
+			return claim.Unavailable("migrate", fmt.Errorf("%w; and it lacks version %d of idemproxy's functions: run idemproxy store migrate of this release as its owner", foreign, SchemaVersion))
+		case errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "3F000"): // undefined_function, invalid_schema_name
 			return fmt.Errorf("%w: schema %q lacks version %d of idemproxy's functions (%s*): run idemproxy store migrate of this release with the role that owns the schema, or set store.postgres.create_schema: true where this role owns it", err, s.schemaName, SchemaVersion, fnPrefix)
 		}
 		return err
+	}
+	if foreign != nil && s.onForeign != nil {
+		s.onForeign(foreign)
 	}
 	if s.watch.onDeaf != nil {
 		s.watch.start() // listen now, so that a LISTEN that hears nothing is told at start
 	}
 	return nil
 }
+
+// OnForeignSchema has used called, at each Preload, when the schema
+// belongs to another role, which installed this version's functions: the
+// store runs on them without installing (create_schema: true as a runtime
+// role).
+func (s *Store) OnForeignSchema(used func(error)) { s.onForeign = used }
 
 // SetFull sets whether new claims are refused (ErrFull).
 func (s *Store) SetFull(full bool) { s.full.Store(full) }

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -70,9 +71,17 @@ func Binary() (string, error) {
 			return
 		}
 		path = filepath.Join(dir, "idemproxy")
-		buildEr = Build("", Package, path)
+		buildEr = Build(moduleRoot(), Package, path)
 	})
 	return path, buildEr
+}
+
+// moduleRoot is the directory of this tree's go.mod: Binary builds there,
+// so a test in another module (deploy/k8s/validate) builds this tree with
+// this tree's go.sum.
+func moduleRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
 // Cleanup removes what Binary built; call it from TestMain after m.Run.

@@ -18,6 +18,7 @@ import (
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -46,6 +47,8 @@ func newObject(apiVersion, kind string) any {
 		return &appsv1.Deployment{}
 	case "apps/v1/StatefulSet":
 		return &appsv1.StatefulSet{}
+	case "batch/v1/Job":
+		return &batchv1.Job{}
 	case "policy/v1/PodDisruptionBudget":
 		return &policyv1.PodDisruptionBudget{}
 	case "networking.k8s.io/v1/NetworkPolicy":
