@@ -144,6 +144,7 @@ var consumers = map[string]struct{ file, reads string }{
 	"admin.readiness_requires_store":     {"server.go", "s.cfg.Admin.ReadinessRequiresStore"},
 	"store.redis.addrs":                  {"adapt.go", "slices.Clone(r.Addrs)"},
 	"store.postgres.url":                 {"storecmd.go", "pg.URL"},
+	"store.postgres.password":            {"secrets.go", "cfg.Store.Postgres.Password"},
 	"store.postgres.password_file":       {"secrets.go", "cfg.Store.Postgres.PasswordFile"},
 	"store.postgres.schema":              {"server.go", "pg.Schema"},
 	"store.postgres.create_schema":       {"server.go", "pg.CreateSchema"},

@@ -46,6 +46,7 @@ func readSecrets(cfg *config.Config) (*secrets, error) {
 	if err := readPasswords(&sec.redis); err != nil {
 		errs = append(errs, err)
 	}
+	sec.postgresPassword = cfg.Store.Postgres.Password
 	if f := cfg.Store.Postgres.PasswordFile; f != "" {
 		if b, err := os.ReadFile(f); err != nil {
 			errs = append(errs, fmt.Errorf("store.postgres.password_file: %w", err))

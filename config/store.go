@@ -107,6 +107,9 @@ type Postgres struct {
 	// target_session_attrs=read-write follow a failover. Never a password:
 	// PasswordFile holds it.
 	URL string `yaml:"url"`
+	// Password is the role's password (prefer PasswordFile, or the env
+	// override IDEMPROXY_STORE_POSTGRES_PASSWORD from a Secret).
+	Password string `yaml:"password"`
 	// PasswordFile, when set, holds the password (a mounted Secret), read
 	// at start, surrounding whitespace removed.
 	PasswordFile string `yaml:"password_file"`
@@ -194,6 +197,9 @@ func (c *Config) validatePostgres(add problemf) {
 		if pg.PasswordFile != "" {
 			add("store.postgres.password_file", "is only used with store.postgres.url")
 		}
+		if pg.Password != "" {
+			add("store.postgres.password", "is only used with store.postgres.url")
+		}
 		if pg.ListenURL != "" {
 			add("store.postgres.listen_url", "is only used with store.postgres.url")
 		}
@@ -203,6 +209,9 @@ func (c *Config) validatePostgres(add problemf) {
 		add("store.postgres.url", "set either store.redis.addrs or store.postgres.url, not both: one fleet uses one store (docs/production.md, switching stores)")
 	}
 	checkPostgresURL(add, "store.postgres.url", pg.URL)
+	if pg.Password != "" && pg.PasswordFile != "" {
+		add("store.postgres.password", "set together with store.postgres.password_file: keep one (the file, or IDEMPROXY_STORE_POSTGRES_PASSWORD from a Secret)")
+	}
 	if pg.ListenURL != "" {
 		checkPostgresURL(add, "store.postgres.listen_url", pg.ListenURL)
 	}
@@ -225,7 +234,7 @@ func (c *Config) validatePostgres(add problemf) {
 // start, and by -check unless -skip-files.)
 func checkPostgresURL(add problemf, path, raw string) {
 	if holdsPassword(raw) {
-		add(path, "holds a password: put it in a file named by store.postgres.password_file, and leave it out of the URL")
+		add(path, "holds a password: put it in a file named by store.postgres.password_file (or the env override IDEMPROXY_STORE_POSTGRES_PASSWORD), and leave it out of the URL")
 	}
 	_, err := parsePostgres(raw)
 	var pathErr *fs.PathError

@@ -78,6 +78,40 @@ func TestPostgresStoreThroughTheBinary(t *testing.T) {
 	}
 }
 
+// TestPostgresPasswordOverrides (issue 79): the role's password from the
+// environment, as for Redis: IDEMPROXY_STORE_POSTGRES_PASSWORD (a Secret
+// as an env var) or IDEMPROXY_STORE_POSTGRES_PASSWORD_FILE, against a
+// server that asks for it; a wrong one is not ready and says why.
+func TestPostgresPasswordOverrides(t *testing.T) {
+	t.Parallel()
+	binarytest.TestBinary(t)
+	pg := pgtest.Start(t)
+	pg.RequirePassword(t, "app", "s3cret")
+	if _, err := pg.Conn(t).Exec(context.Background(), "GRANT CREATE ON DATABASE postgres TO app"); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "password")
+	if err := os.WriteFile(file, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	up := binarytest.NewRecorder(t)
+	cfg := pgConfig(up.URL, fmt.Sprintf("postgres://app@%s/postgres?sslmode=disable", pg.Addr), "")
+	for i, env := range []string{"IDEMPROXY_STORE_POSTGRES_PASSWORD=s3cret", "IDEMPROXY_STORE_POSTGRES_PASSWORD_FILE=" + file} {
+		sc := binarytest.T(t, cfg, binarytest.Options{Env: []string{env}})
+		if st, body := post(t, sc.Client+"/payments", fmt.Sprintf("env-%d", i), `{}`); st != http.StatusCreated {
+			t.Errorf("%s: %d %s", env, st, body)
+		}
+	}
+	sc := binarytest.T(t, cfg, binarytest.Options{Env: []string{"IDEMPROXY_STORE_POSTGRES_PASSWORD=wrong"}, Live: true})
+	poll.Until(t, "the sidecar says the store is not ready", func() bool { return strings.Contains(sc.Logs(), "store not ready at start") })
+	if !strings.Contains(sc.Logs(), "password authentication failed") || strings.Contains(sc.Logs(), "wrong") {
+		t.Errorf("a wrong password: the log should say so, without the password:\n%s", sc.Logs())
+	}
+	if st, _ := get(t, sc.Admin+"/readyz"); st != http.StatusServiceUnavailable {
+		t.Errorf("/readyz with a wrong password: %d, want 503", st)
+	}
+}
+
 // TestPostgresConfigRefused: a password in store.postgres.url, both
 // stores at once, a schema that is not a plain name and a password file
 // that cannot be read are refused at -check with a message naming the
@@ -106,6 +140,7 @@ func TestPostgresConfigRefused(t *testing.T) {
 		{"both stores", "  redis:\n    addrs: [\"127.0.0.1:6379\"]\n  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n", "set either store.redis.addrs or store.postgres.url, not both"},
 		{"schema", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    schema: \"a;b\"\n", "store.postgres.schema: must be a plain SQL name"},
 		{"password file missing", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    password_file: \"/nonexistent/pg-password\"\n", "store.postgres.password_file: open /nonexistent/pg-password"},
+		{"password and password_file", "  postgres:\n    url: \"postgres://u@127.0.0.1:5432/db\"\n    password: secret\n    password_file: \"/nonexistent/pg-password\"\n", "store.postgres.password: set together with store.postgres.password_file: keep one"},
 		// The TLS files a URL names are read by -check (issue 79: v0.8.0's
 		// -check passed a missing sslrootcert, then the sidecar exited 1
 		// at start).

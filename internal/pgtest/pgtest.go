@@ -413,6 +413,38 @@ func (s *Server) Reinit(tb testing.TB, settings ...string) {
 	s.Restart(settings...)
 }
 
+// RequirePassword creates role with password and makes s ask it for the
+// password (scram-sha-256) on 127.0.0.1, where every other role is
+// trusted.
+func (s *Server) RequirePassword(tb testing.TB, role, password string) {
+	tb.Helper()
+	ctx := context.Background()
+	conn := s.Conn(tb)
+	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD '%s'", role, password)); err != nil {
+		tb.Fatal(err)
+	}
+	hba := filepath.Join(s.dir, "data", "pg_hba.conf")
+	old, err := os.ReadFile(hba)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// Rewritten in place, so that it keeps its owner (postgres', when root).
+	f, err := os.OpenFile(hba, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	_, err = fmt.Fprintf(f, "host all %s 127.0.0.1/32 scram-sha-256\n%s", role, old)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 // Conn is a connection to s, closed when the test ends.
 func (s *Server) Conn(tb testing.TB) *pgx.Conn {
 	tb.Helper()
