@@ -142,6 +142,9 @@ func proxyRoutes(routes []config.Route, hooks webhookSecrets) []proxy.Route {
 			FirstSentSkew:       s.FirstSentSkew,
 			StreamFlushInterval: s.StreamFlushInterval,
 			KeyJSONPointer:      s.KeyJSONPointer,
+			Protocol:            r.Protocol,
+			GRPCKeyField:        r.GRPC.KeyField,
+			GRPCRelease:         grpcCodes(r.GRPC.ReleaseCodes),
 			Problems:            problemFormat(s),
 			QuotaWindow:         s.Quota.Window,
 		})
@@ -275,4 +278,13 @@ func webhookOf(w config.Webhook, secrets [][]byte) *proxy.Webhook {
 		return nil
 	}
 	return &proxy.Webhook{Provider: w.Provider, Secrets: slices.Clone(secrets), Tolerance: w.Tolerance, Events: slices.Clone(w.Events)}
+}
+
+// grpcCodes are names' gRPC status codes (validated names).
+func grpcCodes(names []string) []int {
+	out := make([]int, 0, len(names))
+	for _, n := range names {
+		out = append(out, config.GRPCCodes[n])
+	}
+	return out
 }

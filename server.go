@@ -297,6 +297,7 @@ func (s *server) listen() error {
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		Protocols:         clientProtocols(),
 	}
 	s.admin = &http.Server{Handler: s.adminMux(), ReadHeaderTimeout: readHeaderTimeout}
 	if s.cfg.AdminPprofListen != "" {
@@ -427,4 +428,13 @@ func (s *server) readyz(w http.ResponseWriter, r *http.Request) {
 	for _, line := range describe(masters) {
 		fmt.Fprintln(w, "  master "+line)
 	}
+}
+
+// clientProtocols are what listen speaks: HTTP/1.1, and HTTP/2 without TLS
+// (prior knowledge), which gRPC clients use (routes[].protocol: grpc).
+func clientProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
 }

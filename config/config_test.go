@@ -148,6 +148,15 @@ func TestInvalidFixtures(t *testing.T) {
 			`routes[2].reconcile.url: must be a path on upstream.url starting with /, got "http://elsewhere/{key}"`,
 			`routes[3].reconcile.url: a webhook route cannot reconcile: its provider, not the upstream, decides what a redelivery means`,
 		},
+		"bad_protocol": {
+			`routes[0].protocol: must be one of http, grpc, connect, got "grcp"`,
+			`routes[1].grpc: applies to protocol: grpc routes only`,
+			`routes[2].grpc.key_field: must be a protobuf field number (1 to 536870911), or 0 for none, got -1`,
+			`routes[2].grpc.release_codes[1]: must be a gRPC status name other than OK (UNAVAILABLE, RESOURCE_EXHAUSTED, ...), got "OK"`,
+			`routes[2].grpc.release_codes[2]: must be a gRPC status name other than OK (UNAVAILABLE, RESOURCE_EXHAUSTED, ...), got "unavailable"`,
+			`routes[2].reconcile.url: is not offered on protocol: grpc routes yet: an unknown outcome there follows unknown_outcome`,
+			`routes[2].key_json_pointer: reads a JSON body: on a protocol: grpc route set grpc.key_field`,
+		},
 		"routes_not_list": {
 			`routes: must be a list of routes, got a mapping`,
 		},
@@ -479,5 +488,41 @@ func TestPostgresStreamsWaitForFormat5(t *testing.T) {
 	}
 	if c := load(redis, 4, ""); square(c) || c.Routes[0].Settings.StreamFlushInterval != 0 {
 		t.Errorf("Redis, format 4: warned %v, flush interval %s; want neither", square(c), c.Routes[0].Settings.StreamFlushInterval)
+	}
+}
+
+// TestGRPCRouteWaitsByDefault (issue 80): a protocol: grpc route's
+// concurrent is wait unless it says otherwise (hedged copies get the first
+// copy's answer), with UNAVAILABLE and RESOURCE_EXHAUSTED freeing keys;
+// an HTTP route keeps defaults:'.
+func TestGRPCRouteWaitsByDefault(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.yaml")
+	yaml := `upstream:
+  url: "http://127.0.0.1:3000"
+routes:
+  - name: hedged
+    match: "POST /a.v1.S/A"
+    protocol: grpc
+  - name: rejecting
+    match: "POST /a.v1.S/B"
+    protocol: grpc
+    concurrent: reject
+  - name: plain
+    match: "POST /c"
+`
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := config.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{config.ConcurrentWait, config.ConcurrentReject, config.DefaultConcurrent} {
+		if got := c.Routes[i].Settings.Concurrent; got != want {
+			t.Errorf("routes[%d] (%s): concurrent %q, want %q", i, c.Routes[i].Name, got, want)
+		}
+	}
+	if got := c.Routes[0].GRPC.ReleaseCodes; !slices.Equal(got, []string{"UNAVAILABLE", "RESOURCE_EXHAUSTED"}) {
+		t.Errorf("grpc.release_codes default %v", got)
 	}
 }

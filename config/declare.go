@@ -106,12 +106,13 @@ func reference(meaning map[string]string) (table string, undocumented []string) 
 		}
 		row(k.path, formatDefault(k.field), reload)
 	}
-	r := Route{Reconcile: defaultReconcile(), Stream: StreamAuto, Webhook: Webhook{Tolerance: DefaultWebhookTolerance}}
+	r := Route{Reconcile: defaultReconcile(), Stream: StreamAuto, Webhook: Webhook{Tolerance: DefaultWebhookTolerance}, Protocol: ProtocolHTTP, GRPC: GRPC{ReleaseCodes: defaultReleaseCodes()}}
 	for _, k := range keysOf(&r, "") {
 		switch {
 		case k.path == "name" || k.path == "match":
 			row("routes[]."+k.path, "required", "yes")
-		case strings.HasPrefix(k.path, "reconcile."), strings.HasPrefix(k.path, "webhook."), k.path == "stream":
+		case strings.HasPrefix(k.path, "reconcile."), strings.HasPrefix(k.path, "webhook."), k.path == "stream",
+			k.path == "protocol", strings.HasPrefix(k.path, "grpc."):
 			row("routes[]."+k.path, formatDefault(k.field), "yes")
 		}
 	}

@@ -140,7 +140,7 @@ var removedKeys = map[string]string{
 }
 
 func (d *decoder) route(m map[string]any, path string, defaults Settings) Route {
-	r := Route{Settings: clone(defaults), set: map[string]bool{}, Webhook: Webhook{Tolerance: DefaultWebhookTolerance}, Reconcile: defaultReconcile(), Stream: StreamAuto}
+	r := Route{Settings: clone(defaults), set: map[string]bool{}, Webhook: Webhook{Tolerance: DefaultWebhookTolerance}, Reconcile: defaultReconcile(), Stream: StreamAuto, Protocol: ProtocolHTTP, GRPC: GRPC{ReleaseCodes: defaultReleaseCodes()}}
 	known := map[string]bool{}
 	for _, k := range routeKeyPaths {
 		known[k] = true
@@ -157,6 +157,11 @@ func (d *decoder) route(m map[string]any, path string, defaults Settings) Route 
 	}
 	if r.Webhook.Provider != "" {
 		r.webhookSettings()
+	}
+	if r.Protocol == ProtocolGRPC && !r.set["concurrent"] {
+		// Hedged copies arrive together at different sidecars: each waits
+		// for the first one's answer instead of failing.
+		r.Settings.Concurrent = ConcurrentWait
 	}
 	return r
 }

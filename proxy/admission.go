@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 )
 
@@ -32,7 +33,7 @@ func (x *exchange) admit() (key string, rep *reply) {
 		return "", rep
 	}
 	key, keyErr := parseKey(x.r.Header, s.KeyHeader)
-	fromBody := x.rt.keyPointer != nil
+	fromBody := x.rt.keyPointer != nil || x.rt.grpc && s.GRPCKeyField > 0
 	if errors.Is(keyErr, errKeyMissing) && !s.RequireKey && !fromBody {
 		return "", bypassWith(nil, "no idempotency key on an optional route")
 	}
@@ -91,18 +92,27 @@ func (x *exchange) keyHeaderAdmitted() *reply {
 // on an optional route without a key.
 func (x *exchange) keyInBody(header string, body []byte) (string, *reply) {
 	s := &x.rt.settings
-	key, found, err := bodyKey(body, x.rt.keyPointer)
+	where, key, found, err := s.KeyJSONPointer, "", false, error(nil)
+	if x.rt.grpc {
+		where = "field " + strconv.Itoa(s.GRPCKeyField) + " of the request message (grpc.key_field)"
+		key, found, err = protoStringField(body, s.GRPCKeyField)
+		if err == nil && found {
+			key, err = checkKey(key)
+		}
+	} else {
+		key, found, err = bodyKey(body, x.rt.keyPointer)
+	}
 	switch {
 	case err != nil:
-		return "", refuse(outcomeRejected, probKeyMalformed.with(s.KeyJSONPointer+": "+err.Error()))
+		return "", refuse(outcomeRejected, probKeyMalformed.with(where+": "+err.Error()))
 	case header != "" && found && key != header:
-		return "", refuse(outcomeRejected, probKeyMalformed.with("the "+s.KeyHeader+" header and "+s.KeyJSONPointer+" in the body name different keys"))
+		return "", refuse(outcomeRejected, probKeyMalformed.with("the "+s.KeyHeader+" header and "+where+" name different keys"))
 	case header != "":
 		return header, nil
 	case !found && !s.RequireKey:
 		return "", bypassWith(body, "no idempotency key, in the header or the body, on an optional route")
 	case !found:
-		return "", refuse(outcomeRejected, probKeyMissing.with("send an "+s.KeyHeader+" header, or "+s.KeyJSONPointer+" in a JSON body"))
+		return "", refuse(outcomeRejected, probKeyMissing.with("send an "+s.KeyHeader+" header, or "+where))
 	}
 	x.r.Header.Set(s.KeyHeader, key) // the upstream gets it as if the client had sent it
 	return key, nil

@@ -72,7 +72,19 @@ func (o *owner) storeAnswer(resp *http.Response) error {
 		// unknown_outcome.
 		return fmt.Errorf("read upstream response body: %w", err)
 	}
-	rec := settledRecord(o.held.rec, o.held.rec.Token, claim.Completed, resp.StatusCode, storedHeader(x.rt, resp.Header), x.p.now())
+	header := storedHeader(x.rt, resp.Header)
+	if x.rt.grpc {
+		// The body was read to its end: the trailers are in.
+		if code := grpcStatus(resp.Header, resp.Trailer); code >= 0 && code < len(x.rt.grpcRelease) && x.rt.grpcRelease[code] {
+			resp.Body.Close()
+			resp.Body = x.bufs.lend(buf)
+			o.held.release(fmt.Sprintf("upstream answered gRPC status %d, which is in grpc.release_codes", code))
+			o.noteSettled()
+			return nil
+		}
+		header = withTrailers(header, resp.Trailer)
+	}
+	rec := settledRecord(o.held.rec, o.held.rec.Token, claim.Completed, resp.StatusCode, header, x.p.now())
 	if x.rt.settings.AdvertiseRetention {
 		resp.Header.Set(retentionHeader, retentionSeconds(x.rt.settings.Retention))
 	}

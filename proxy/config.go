@@ -182,6 +182,14 @@ type Route struct {
 	// body when the key header is absent (a string, or an integer in
 	// decimal); the route then reads bodies before the key.
 	KeyJSONPointer string
+	// Protocol frames the route's calls and idemproxy's own answers:
+	// ProtocolHTTP (or empty), ProtocolGRPC or ProtocolConnect.
+	Protocol string
+	// GRPCKeyField, on a grpc route, is the request message's string
+	// field that keys a call without the key metadata; zero: none.
+	GRPCKeyField int
+	// GRPCRelease are the answered gRPC statuses that free the key.
+	GRPCRelease []int
 	// Problems, when set, shapes idemproxy's own answers on the route;
 	// nil uses Config.Problems, or problem+json.
 	Problems *problemfmt.Format

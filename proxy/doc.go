@@ -67,6 +67,9 @@
 //     one read per running stream on this sidecar (fanout.go), and resume
 //     after a Last-Event-ID (resume.go).
 //   - problem.go: every problem idemproxy answers with, and the framers
-//     that frame them for a route's front.
+//     that frame them for a route's front; grpc.go, the gRPC and Connect
+//     fronts' framers, the unary call's message (fingerprinted instead of
+//     the body, its key field read from the wire) and its trailers,
+//     stored with the answer.
 //   - doc.go: this reading order, which names every file (TestDocNamesEveryFile).
 package proxy

@@ -129,6 +129,9 @@ func (x *exchange) note(r result) {
 type admitted struct {
 	as   admittedAs
 	body []byte
+	// message, on a grpc route, is the call's request message
+	// (decompressed): what its fingerprint covers instead of body.
+	message []byte
 	// legacy, on a webhook route, are the keys earlier releases stored
 	// the delivery under (useLegacyKey).
 	legacy []legacyKey

@@ -112,11 +112,19 @@ func (h *Handler) Reload(routes []Route) error {
 	return nil
 }
 
-// frame gives every route of rt the HTTP front's framer: problem+json,
-// or the route's problem_body.
+// frame gives every route of rt its front's framer: on an HTTP route
+// problem+json, or the route's problem_body; gRPC's statuses; Connect's
+// errors.
 func (h *Handler) frame(rt *router) {
 	for _, r := range rt.byName {
-		r.front = httpFramer{pw: &h.problems, format: r.settings.Problems}
+		switch r.settings.Protocol {
+		case ProtocolGRPC:
+			r.front = grpcFramer{}
+		case ProtocolConnect:
+			r.front = connectFramer{}
+		default:
+			r.front = httpFramer{pw: &h.problems, format: r.settings.Problems}
+		}
 	}
 }
 

@@ -38,6 +38,12 @@ func parseKey(h http.Header, name string) (string, error) {
 			return "", err
 		}
 	}
+	return checkKey(v)
+}
+
+// checkKey returns v when it is a key idemproxy takes: 1 to maxKeyLen
+// visible ASCII characters.
+func checkKey(v string) (string, error) {
 	switch {
 	case v == "":
 		return "", errKeyEmpty

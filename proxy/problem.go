@@ -44,6 +44,7 @@ var (
 	probPathNotCanonical      = declare("path-not-canonical", http.StatusBadRequest, "The request path is not in canonical form")
 	probBodyTooLarge          = declare("body-too-large", http.StatusRequestEntityTooLarge, "Request body too large")
 	probBodyUnreadable        = declare("body-unreadable", http.StatusBadRequest, "Request body could not be read")
+	probCallInvalid           = declare("call-invalid", http.StatusBadRequest, "Not a unary gRPC call idemproxy can read")
 	probMismatch              = declare("key-reused", http.StatusUnprocessableEntity, "Idempotency key reused with a different request")
 	probInProgress            = declare("request-in-progress", http.StatusConflict, "A request with this idempotency key is in progress")
 	probNotReplayable         = declare("response-not-replayable", http.StatusConflict, "The original response was too large to store and cannot be replayed")
@@ -125,6 +126,9 @@ type framed struct {
 	status int
 	header http.Header
 	body   []byte
+	// noLength sends no Content-Length (a gRPC Trailers-Only answer is
+	// one HEADERS frame).
+	noLength bool
 }
 
 // httpFramer frames answers as problem+json, or in format (a route's
@@ -156,7 +160,9 @@ func writeFramed(w http.ResponseWriter, f framed) {
 	for k, vs := range f.header {
 		h[k] = vs
 	}
-	h.Set("Content-Length", strconv.Itoa(len(f.body)))
+	if !f.noLength {
+		h.Set("Content-Length", strconv.Itoa(len(f.body)))
+	}
 	w.WriteHeader(f.status)
 	_, _ = w.Write(f.body)
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/idemproxy/idemproxy/claim"
 )
@@ -59,7 +60,12 @@ func (x *exchange) respond(rep *reply) {
 // when replayed, and returns its status (and why, if the client was cut).
 func (x *exchange) writeRecord(rec *claim.Record, replayed bool) result {
 	h := x.w.Header()
+	trailers := false
 	for k, vs := range rec.Header {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			trailers = true // set once the body is written
+			continue
+		}
 		h[k] = vs
 	}
 	if replayed {
@@ -75,6 +81,13 @@ func (x *exchange) writeRecord(rec *claim.Record, replayed bool) result {
 	// handler and the answer for as long as the client likes.
 	if err := x.writeAnswer(http.NewResponseController(x.w), rec.Body); err != nil {
 		return result{status: rec.Status, detail: detailCut}
+	}
+	if trailers { // a gRPC answer's status and trailing metadata, as stored
+		for k, vs := range rec.Header {
+			if strings.HasPrefix(k, http.TrailerPrefix) {
+				h[k] = vs
+			}
+		}
 	}
 	return result{status: rec.Status}
 }

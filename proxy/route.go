@@ -28,6 +28,9 @@ type route struct {
 	httpRoute string
 	// keyPointer, when set, finds the key in a JSON body.
 	keyPointer []string
+	// grpc marks a protocol: grpc route; grpcRelease its release codes.
+	grpc        bool
+	grpcRelease [17]bool
 	// front frames idemproxy's own answers on the route (its refusals,
 	// the outcome-unknown record the protocol stores): the framer of the
 	// front that serves it, set before the route serves.
@@ -103,6 +106,12 @@ func newRouter(routes []Route) (*router, error) {
 		}
 		if r.keyPointer, err = keyPointer(rc.KeyJSONPointer); err != nil {
 			return nil, fmt.Errorf("routes[%d]: key_json_pointer: %w", i, err)
+		}
+		r.grpc = rc.Protocol == ProtocolGRPC
+		for _, code := range rc.GRPCRelease {
+			if code >= 0 && code < len(r.grpcRelease) {
+				r.grpcRelease[code] = true
+			}
 		}
 		for _, code := range rc.ReleaseOn {
 			if code >= 0 && code < len(r.releaseOn) {

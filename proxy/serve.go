@@ -106,6 +106,9 @@ func (h *Handler) connect(transport http.RoundTripper) {
 	if transport == nil {
 		transport = NewTransport()
 	}
+	if t, ok := transport.(*http.Transport); ok {
+		transport = grpcAware{http1: t, h2c: h2cTransport(t)}
+	}
 	// FlushInterval stays 0: ReverseProxy already flushes every write of a
 	// streamed response (SSE, or no Content-Length), and flushing every
 	// write of the rest cost pass-through 40% of its throughput
@@ -238,7 +241,11 @@ func (x *exchange) decide() *reply {
 	if rep != nil {
 		return rep
 	}
-	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, in.body)
+	fingerprinted := in.body
+	if x.rt.grpc {
+		fingerprinted = in.message
+	}
+	fp := x.rt.fp.sum(x.r.Method, x.path, x.r.URL.RawQuery, x.r.Header, fingerprinted)
 	x.a = x.front().newAttempt(in.as)
 	if len(in.legacy) > 0 {
 		if rep := x.a.useLegacyKey(in.legacy); rep != nil {
@@ -267,12 +274,25 @@ func (x *exchange) admitClient() (admitted, *reply) {
 	if rep != nil {
 		return admitted{}, rep
 	}
-	if x.rt.keyPointer != nil {
+	in := admitted{body: body}
+	if x.rt.grpc {
+		if in.message, rep = x.grpcCall(body); rep != nil {
+			return admitted{}, rep
+		}
+		if x.rt.settings.GRPCKeyField > 0 {
+			if key, rep = x.keyInBody(key, in.message); rep != nil {
+				if rep.bypass {
+					rep.body = body // forwarded as it came, frame and all
+				}
+				return admitted{}, rep
+			}
+		}
+	} else if x.rt.keyPointer != nil {
 		if key, rep = x.keyInBody(key, body); rep != nil {
 			return admitted{}, rep
 		}
 	}
-	in := admitted{as: admittedAs{principal: x.bufs.holder, key: key}, body: body}
+	in.as = admittedAs{principal: x.bufs.holder, key: key}
 	if rep := x.readFirstSent(&in.as); rep != nil {
 		return admitted{}, rep
 	}

@@ -40,3 +40,25 @@ func NewTransport() *http.Transport {
 type forwarder struct {
 	protected, direct *httputil.ReverseProxy
 }
+
+// grpcAware sends gRPC calls (protected or passed through) over HTTP/2
+// without TLS, which gRPC needs, and everything else as before.
+type grpcAware struct {
+	http1, h2c *http.Transport
+}
+
+func (t grpcAware) RoundTrip(req *http.Request) (*http.Response, error) {
+	if isGRPC(req.Header.Get("Content-Type")) {
+		return t.h2c.RoundTrip(req)
+	}
+	return t.http1.RoundTrip(req)
+}
+
+// h2cTransport is t speaking HTTP/2 with prior knowledge to http://
+// upstreams (h2c), as gRPC servers without TLS expect.
+func h2cTransport(t *http.Transport) *http.Transport {
+	h2 := t.Clone()
+	h2.Protocols = new(http.Protocols)
+	h2.Protocols.SetUnencryptedHTTP2(true)
+	return h2
+}
