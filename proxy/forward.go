@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"io"
 	"net/http"
 	"net/http/httputil"
@@ -56,6 +57,16 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest, trustedPeer bool) {
 	// it when a reused connection dies after the upstream acted. A non-nil
 	// body that is not http.NoBody, and no GetBody, make it unreplayable.
 	pr.Out.GetBody = nil
+	if o := ownerFrom(pr.In.Context()); o != nil && o.x.rt.grpc {
+		// Over HTTP/2 the transport resends only a call the upstream
+		// provably never saw (REFUSED_STREAM, a GOAWAY below the
+		// stream's id, a connection that never took it), and it needs
+		// the body again to do so: a refused call is then sent, not
+		// settled as an unknown outcome. It asks within RoundTrip, while
+		// the owner holds o.body.
+		body := o.body
+		pr.Out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	}
 	if o := ownerFrom(pr.In.Context()); o != nil && o.copied != nil && pr.In.Body == o.copied {
 		// ReverseProxy wraps every body (so that the transport's Close
 		// cannot reach the inbound one), which hides that this one is in
