@@ -117,6 +117,15 @@ func TestChartRefusesWhatItsImageCannotRun(t *testing.T) {
 	const listen = "postgres:\n  url: postgres://idemproxy@db:5432/app\n  listenUrl: postgres://idemproxy@db-direct:5432/app\n"
 	const events = "config:\n  routes:\n    - name: gh\n      match: \"POST /webhooks/github\"\n      webhook: {provider: github, secret_files: [/s], events: [push]}\n"
 	const format5 = "config:\n  store:\n    record_format: 5\n"
+	// A key the release after the chart's image adds is refused with the
+	// image the chart pins, and renders with an image that has it.
+	const grpcRoute = "config:\n  routes:\n    - name: orders\n      match: \"POST /shop.v1.Orders/CreateOrder\"\n      protocol: grpc\n"
+	if _, err := render(grpcRoute); err == nil || !strings.Contains(err.Error(), "needs idemproxy v0.9.0 or later") {
+		t.Errorf("routes[].protocol with the chart's image %s: %v, want it refused naming v0.9.0", chartAppVersion(t), err)
+	}
+	if files, err := render(grpcRoute + "image:\n  tag: v0.9.0\n"); err != nil || !strings.Contains(files["idemproxy/templates/configmap.yaml"], "protocol: grpc") {
+		t.Errorf("routes[].protocol with image.tag v0.9.0: %v", err)
+	}
 	for name, values := range map[string]string{"postgres.listenUrl": listen, "webhook.events": events, "store.record_format 5": format5} {
 		if _, err := render(values + "image:\n  tag: v0.7.0\n"); err == nil || !strings.Contains(err.Error(), "needs idemproxy v0.8.0 or later") || !strings.Contains(err.Error(), "v0.7.0") {
 			t.Errorf("%s with image.tag v0.7.0: %v, want it refused naming v0.8.0", name, err)

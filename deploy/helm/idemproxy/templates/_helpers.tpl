@@ -373,7 +373,11 @@ release (a digest, a branch) is not checked.
 {{- if and $older (eq (int (get (get .cfg "store" | default dict) "record_format" | default 1)) 5) -}}
 {{- fail (printf "store.record_format 5 needs idemproxy v0.8.0 or later; the chart runs image.tag %s: set image.tag to v0.8.0 or later, or format 4" $tag) -}}
 {{- end -}}
+{{- $before09 := semverCompare "<0.9.0-0" (trimPrefix "v" $tag) -}}
 {{- range $i, $r := (get .cfg "routes" | default list) -}}
+{{- if and $before09 (kindIs "map" $r) (or (hasKey $r "protocol") (hasKey $r "grpc")) -}}
+{{- fail (printf "config.routes[%d].protocol (and grpc) needs idemproxy v0.9.0 or later; the chart runs image.tag %s: set image.tag to v0.9.0 or later, or leave them out" $i $tag) -}}
+{{- end -}}
 {{- if and $older (kindIs "map" $r) (kindIs "map" (get $r "webhook")) (hasKey (get $r "webhook") "events") -}}
 {{- fail (printf "config.routes[%d].webhook.events needs idemproxy v0.8.0 or later; the chart runs image.tag %s: set image.tag to v0.8.0 or later, or leave it out" $i $tag) -}}
 {{- end -}}
