@@ -244,6 +244,8 @@ type target struct {
 	prepare func(base string) ([]string, error)
 	// firstSent sends Repeatability-First-Sent (now) with every request.
 	firstSent bool
+	// grpc makes each request a unary gRPC call over HTTP/2 without TLS.
+	grpc bool
 }
 
 type result struct {
@@ -275,6 +277,9 @@ func median(rs []result) result {
 // load runs the generator against base for d and returns latencies.
 func load(o options, base string, t *target, d time.Duration, seq *atomic.Int64) (lat []time.Duration, errs int) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: o.concurrency * 2, DisableCompression: true}}
+	if t.grpc {
+		client = h2cClient(o.concurrency * 2)
+	}
 	defer client.CloseIdleConnections()
 	deadline := time.Now().Add(d)
 	var mu sync.Mutex
@@ -342,6 +347,9 @@ func send(client *http.Client, base string, t *target, w, n int, seq *atomic.Int
 		req.Header.Set("Idempotency-Key", t.replay[(w*7919+n)%len(t.replay)])
 	case t.keyed:
 		req.Header.Set("Idempotency-Key", "k-"+strconv.FormatInt(seq.Add(1), 36))
+	}
+	if t.grpc {
+		return sendGRPC(client, base, req)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
@@ -541,6 +549,7 @@ func benchTargets(dir, self, bin, fiberBin, prevBin, prevVersion, redisAddr stri
 			&target{name: "Fiber idempotency middleware, replays", start: fiber, path: "/payments", body: small, prepare: seed},
 		)
 	}
+	targets = append(targets, st.grpcTargets(bin)...)
 	body64k, body1m := bytes.Repeat([]byte("a"), 64<<10), bytes.Repeat([]byte("a"), 1<<20)
 	return append(targets,
 		&target{name: "ReverseProxy, 64 KiB body", start: st.reverseProxy, path: "/payments", body: body64k},

@@ -54,6 +54,13 @@ func serveUpstream(args []string) error {
 			return
 		}
 		io.Copy(io.Discard, r.Body)
+		if isGRPCRequest(r) {
+			if *delay > 0 {
+				time.Sleep(*delay)
+			}
+			serveGRPC(w)
+			return
+		}
 		if r.URL.Path == "/stream" {
 			// Server-sent events, one flush each (an LLM endpoint's tokens).
 			w.Header().Set("Content-Type", "text/event-stream")
@@ -82,7 +89,7 @@ func serveUpstream(args []string) error {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusCreated)
 		w.Write(response)
-	})}
+	}), Protocols: h2cProtocols(true)}
 	return srv.ListenAndServe()
 }
 
@@ -118,6 +125,7 @@ func serveReverseProxy(args []string) error {
 	pprofAddr := fs.String("pprof", "", "serve net/http/pprof here, to profile the baseline as the sidecar is profiled")
 	storeCalls := fs.Bool("store-floor", false, "with -redis: store streams with idemproxy's own Redis store calls (storeFloor)")
 	native := fs.Bool("native-append", false, "with -store-floor: append each read with one XADD in place of the fenced script (nativeStream)")
+	h2c := fs.Bool("h2c", false, "HTTP/2 without TLS on both sides (the gRPC targets' plain proxy)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -156,6 +164,10 @@ func serveReverseProxy(args []string) error {
 		h = newFloor(rp, *redisAddr)
 	}
 	srv := &http.Server{Addr: *listen, Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	if *h2c {
+		rp.Transport.(*http.Transport).Protocols = h2cProtocols(false)
+		srv.Protocols = h2cProtocols(true)
+	}
 	return srv.ListenAndServe()
 }
 
