@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -46,7 +47,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	upstream := &http.Server{Handler: bank, ReadHeaderTimeout: 5 * time.Second}
+	upstream := &http.Server{Handler: bank, ReadHeaderTimeout: 5 * time.Second, Protocols: clientProtocols()}
 	go upstream.Serve(upstreamLn)
 	defer upstream.Close()
 
@@ -79,6 +80,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			Timeout: 2 * time.Second, AbsentAfter: 10 * time.Minute,
 		}},
 		{Name: "create-order", Match: "POST /orders", Settings: wait},
+		{Name: "place-order", Match: "POST " + demoGRPCMethod, Settings: wait, Protocol: config.ProtocolGRPC},
 		{Name: "generate", Match: "POST /v1/chat/completions", Settings: cfg.Defaults, Stream: config.StreamAuto},
 		{Name: "payment-events", Match: "POST /webhooks/payments", Settings: cfg.Defaults,
 			Webhook: config.Webhook{Provider: config.WebhookGitHub, Tolerance: config.DefaultWebhookTolerance, SecretFiles: []string{secretFile}, Events: []string{"push"}}},
@@ -318,7 +320,14 @@ func (s *demoShow) run() error {
 		return err
 	}
 	s.row("a forged webhook, the real one, its redelivery", fmt.Sprintf("%d signature-invalid, %d executed, %d replayed: %v", forged.status, first.status, again.status, again.replayed))
+	if err := s.hedged(); err != nil {
+		return err
+	}
+	return s.table()
+}
 
+// table prints the rows.
+func (s *demoShow) table() error {
 	tw := tabwriter.NewWriter(s.out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "#\tscenario\tclient saw\tcharges made upstream so far")
 	for _, row := range s.rows {
@@ -439,6 +448,10 @@ func (b *legacyBank) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		b.generate(w)
 		return
 	}
+	if r.URL.Path == demoGRPCMethod {
+		b.placeOrder(w, r)
+		return
+	}
 	var in map[string]any
 	body, _ := io.ReadAll(r.Body)
 	_ = json.Unmarshal(body, &in)
@@ -493,4 +506,76 @@ func flagGiven(fs *flag.FlagSet, name string) bool {
 	given := false
 	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
 	return given
+}
+
+// demoGRPCMethod is the bank's unary gRPC method (protocol: grpc).
+const demoGRPCMethod = "/bank.v1.Orders/PlaceOrder"
+
+// placeOrder is a charged unary gRPC call: one message back, the status
+// and the charge's id in the trailers.
+func (b *legacyBank) placeOrder(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	b.mu.Lock()
+	b.n++
+	id := b.n
+	b.mu.Unlock()
+	time.Sleep(200 * time.Millisecond) // a slow legacy write
+	msg := fmt.Appendf(nil, "order placed, charge ch_%04d", id)
+	w.Header().Set("Content-Type", "application/grpc")
+	w.WriteHeader(http.StatusOK)
+	w.Write(append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...))
+	w.Header().Set(http.TrailerPrefix+"Grpc-Status", "0")
+	w.Header().Set(http.TrailerPrefix+"X-Charge-Id", fmt.Sprintf("ch_%04d", id))
+}
+
+// hedged sends a gRPC call as a hedging client does: three identical
+// copies 10 ms apart (to one sidecar here; to three pods in production),
+// and compares what each copy got.
+func (s *demoShow) hedged() error {
+	client := &http.Client{Transport: &http.Transport{Protocols: func() *http.Protocols {
+		p := new(http.Protocols)
+		p.SetUnencryptedHTTP2(true)
+		return p
+	}()}}
+	defer client.CloseIdleConnections()
+	msg := []byte("\x0a\x07hedge-1") // field 1: the request id
+	call := append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)
+	type copyGot struct{ status, charge, body, replayed string }
+	got := make([]copyGot, 3)
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Go(func() {
+			time.Sleep(time.Duration(i) * 10 * time.Millisecond)
+			req, _ := http.NewRequest(http.MethodPost, s.base+demoGRPCMethod, bytes.NewReader(call))
+			req.Header.Set("Content-Type", "application/grpc")
+			req.Header.Set("Te", "trailers")
+			req.Header.Set("X-Forwarded-User", "alice")
+			req.Header.Set("Idempotency-Key", "hedge-1")
+			resp, err := client.Do(req)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			errs[i] = err
+			got[i] = copyGot{resp.Trailer.Get("Grpc-Status"), resp.Trailer.Get("X-Charge-Id"), string(body), resp.Header.Get("Idempotent-Replayed")}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	ok, replayed := 0, 0
+	for _, g := range got {
+		if g.status == "0" && g == (copyGot{got[0].status, got[0].charge, got[0].body, g.replayed}) {
+			ok++
+		}
+		if g.replayed == "true" {
+			replayed++
+		}
+	}
+	s.row("3 hedged gRPC copies, 10 ms apart", fmt.Sprintf("%d x OK with the same message and trailers (charge %s), %d replayed", ok, got[0].charge, replayed))
+	return nil
 }

@@ -55,6 +55,7 @@ func TestDemoShowsTheGuarantees(t *testing.T) {
 		"201 with the real charge (reconciled: true), retry 201 replayed: true",
 		"401 signature-invalid, 201 executed, 201 replayed: true",
 		"the retry attached (Idempotent-Replayed: true), same 5 events: true",
+		"3 x OK with the same message and trailers (charge ch_0008), 2 replayed",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, text)
@@ -62,7 +63,7 @@ func TestDemoShowsTheGuarantees(t *testing.T) {
 	}
 	// Charges so far (the last column): the reconciled charge was made
 	// once, and so was the streamed generation its retry attached to.
-	for row, charges := range map[string]string{"(reconcile)": "5", "(SSE)": "6"} {
+	for row, charges := range map[string]string{"(reconcile)": "5", "(SSE)": "6", "hedged gRPC": "8"} {
 		for line := range strings.Lines(text) {
 			if f := strings.Fields(line); strings.Contains(line, row) && f[len(f)-1] != charges {
 				t.Errorf("demo row %s: %s charges so far, want %s:\n%s", row, f[len(f)-1], charges, line)
