@@ -28,7 +28,7 @@ var proxyLayers = []string{
 	"front.go", "lookup.go", "handler.go", "protocol.go", "trace.go", "fanout.go", "identity.go", "unconfirmed.go",
 	"liveness.go", "upgrade.go", "transport.go", "reply.go", "resume.go", "pool.go", "limits.go", "stream.go",
 	"metrics.go", "route.go", "providers.go", "headers.go", "bodykey.go", "key.go",
-	"config.go", "xfcc.go", "jwt.go", "problem.go", "fingerprint.go", "doc.go",
+	"config.go", "xfcc.go", "jwt.go", "grpc.go", "problem.go", "fingerprint.go", "doc.go",
 }
 
 // backUp are the references that run back up proxyLayers today, each

@@ -122,6 +122,9 @@ func readOutcomes(r io.Reader, into, freed map[string]string) {
 type report struct {
 	Ops          int
 	Attempts     int
+	// GRPCOps and GRPCAttempts count the -grpc operations (their first
+	// attempts hedged) and all their attempts.
+	GRPCOps, GRPCAttempts int
 	GaveUp       int
 	Executions   int
 	KeysExecuted int
@@ -178,6 +181,14 @@ func check(ops int, gaveUp int, history []attempt, execs []execution, faults []f
 		Explained: map[string]int{}, Faults: map[string]int{}, FinalStatus: map[string]int{}, AttemptStatus: map[string]int{},
 		NeverForwardedCauses: map[string]int{}, StreamReaders: map[string]int{},
 	}
+	grpcOps := map[int]bool{}
+	for _, a := range history {
+		if a.Path == grpcPath {
+			r.GRPCAttempts++
+			grpcOps[a.Op] = true
+		}
+	}
+	r.GRPCOps = len(grpcOps)
 	for _, f := range faults {
 		r.Faults[f.Kind]++
 	}
@@ -501,6 +512,9 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&b, "| figure | value | |\n|---|---|---|\n")
 	fmt.Fprintf(&b, "| logical operations | %d | |\n", r.Ops)
 	fmt.Fprintf(&b, "| HTTP attempts | %d | |\n", r.Attempts)
+	if r.GRPCOps > 0 {
+		fmt.Fprintf(&b, "| of them gRPC calls (-grpc: first attempts hedged to 2-3 sidecars) | %d attempts, %d operations | |\n", r.GRPCAttempts, r.GRPCOps)
+	}
 	fmt.Fprintf(&b, "| operations that gave up (no settled answer in 14 attempts / 20 s) | %d | |\n", r.GaveUp)
 	fmt.Fprintf(&b, "| upstream executions | %d | |\n", r.Executions)
 	fmt.Fprintf(&b, "| keys executed at least once | %d | |\n", r.KeysExecuted)

@@ -112,6 +112,10 @@ type workload struct {
 	pace <-chan time.Time
 	// stream sends one operation in four to /payments-stream.
 	stream bool
+	// grpc sends one operation in three as a gRPC call (grpc.go), over
+	// h2c.
+	grpc bool
+	h2c  *http.Client
 
 	next    atomic.Int64
 	reqSeq  atomic.Int64
@@ -145,6 +149,8 @@ func (w *workload) operation(op int) {
 	key := fmt.Sprintf("op-%d-%x", op, rand.Uint32())
 	path := "/payments"
 	switch {
+	case w.grpc && rand.IntN(3) == 0:
+		path = grpcPath
 	case w.stream && rand.IntN(4) == 0:
 		path = "/payments-stream"
 	case rand.IntN(4) == 0:
@@ -166,6 +172,8 @@ func (w *workload) operation(op int) {
 		}
 		var results []attempt
 		switch {
+		case path == grpcPath && n == 0:
+			results = w.hedged(op, n, principal, key, path, body, firstSent)
 		case path == "/payments-stream" && n == 0 && rand.IntN(3) == 0:
 			results = w.followed(op, n, principal, key, path, body, firstSent)
 		case parallel == 1 && rand.IntN(4) == 0:
@@ -268,6 +276,10 @@ func (w *workload) send(sc *sidecar, op, n int, principal, key, path, body strin
 		case 1:
 			a.Reader = readerStalled
 		}
+	}
+	if path == grpcPath {
+		w.sendGRPC(req, &a)
+		return a
 	}
 	resp, err := w.client.Do(req)
 	if err == nil {

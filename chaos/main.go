@@ -86,6 +86,9 @@ type options struct {
 	// partitioned, its replies late, on top of the sidecar and upstream
 	// faults; nothing it acknowledged may be lost.
 	postgres bool
+	// grpc sends one operation in three as a unary gRPC call, its first
+	// attempt hedged across sidecars.
+	grpc bool
 }
 
 func run() error {
@@ -104,6 +107,7 @@ func run() error {
 	keep := flag.Bool("keep", false, "run every route with unknown_outcome: keep (v0.3.0's default) instead of the default fail; duplicates after upstream resets are then expected")
 	flag.BoolVar(&o.reconcile, "reconcile", false, "give every route a reconcile lookup on the upstream's ledger (routes[].reconcile; late_answer_window 2s, absent_after 5s): outcome-unknown answers then remain only where the lookup itself failed")
 	flag.BoolVar(&o.stream, "stream", false, "store.record_format 4, and one operation in four on POST /payments-stream, whose answers are streamed (text/event-stream, in three pieces; a reset breaks one off after its first): relayed as they arrive, stored chunk by chunk, attached to by retries (one streamed operation in three sends a follower 20-150 ms after its first attempt), read at once, slowly (one in six) or after a stall (one in six); the odd sidecars' stream route has stream_flush_interval: 20ms: a stream its upstream wrote whole is never broken off by a reader")
+	flag.BoolVar(&o.grpc, "grpc", false, "one operation in three is a unary gRPC call (POST /chaos.v1.Payments/Pay, protocol: grpc, HTTP/2 without TLS to the sidecars and the ledger), its first attempt hedged: identical copies to two or three sidecars 10 ms apart, as grpc-java's hedgingPolicy sends them; the ledger resets streams instead of connections")
 	store := flag.String("store", "redis", "redis, or postgres: the sidecars on the PostgreSQL store (store.postgres), PostgreSQL killed with -9 and restarted, stopped (SIGSTOP, its backends too), its clock stepped, partitioned and its replies late; no duplicate is explained by it (it loses nothing it acknowledged)")
 	retired := flag.Bool("strict", false, "retired: the default run is the strict one since v0.4.0 (unknown_outcome: fail); -keep runs the old default")
 	flag.Parse()
@@ -123,6 +127,9 @@ func run() error {
 	}
 	if o.stream && o.mixed {
 		return errors.New("-stream writes record_format 4, which the previous release refuses: not with -mixed")
+	}
+	if o.grpc && o.mixed {
+		return errors.New("-grpc needs protocol: grpc routes, which the previous release refuses: not with -mixed")
 	}
 	if o.reconcile && (o.mixed || !o.strict) {
 		return errors.New("-reconcile runs on this tree with unknown_outcome: fail: not with -mixed (v0.5.0 refuses the key) or -keep")
@@ -208,7 +215,7 @@ func drive(o options, dir string, bins, versions []string, links []*faultlink.Li
 	if err != nil {
 		return err
 	}
-	up := &http.Server{Handler: led, ReadHeaderTimeout: 5 * time.Second}
+	up := &http.Server{Handler: led, ReadHeaderTimeout: 5 * time.Second, Protocols: h2cProtocols(true)}
 	go up.Serve(upLn)
 	defer up.Close()
 
@@ -228,8 +235,9 @@ func drive(o options, dir string, bins, versions []string, links []*faultlink.Li
 	defer pace.Stop()
 	w := &workload{
 		pace:     pace.C,
-		sidecars: scs, principals: 5, maxOps: o.ops, deadline: time.Now().Add(o.duration), stream: o.stream,
+		sidecars: scs, principals: 5, maxOps: o.ops, deadline: time.Now().Add(o.duration), stream: o.stream, grpc: o.grpc,
 		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+		h2c:    &http.Client{Transport: &http.Transport{Protocols: h2cProtocols(false)}},
 	}
 	inj.ledger, inj.sidecars = led, scs
 	ctx, stop := context.WithCancel(context.Background())
@@ -278,7 +286,7 @@ func startSidecars(o options, dir string, bins, versions []string, upstream stri
 		if i == 0 {
 			sc.env = shared
 		}
-		config, err := sc.writeConfig(dir, upstream, links[i].Addr(), o.strict, o.reconcile, o.stream, o.postgres)
+		config, err := sc.writeConfig(dir, upstream, links[i].Addr(), o)
 		if err != nil {
 			return scs, err
 		}

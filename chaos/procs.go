@@ -136,7 +136,8 @@ func (s *sidecar) signal(sig syscall.Signal) { s.Signal(sig) }
 
 // writeConfig writes the sidecar's config; storeAddr is its link to the
 // store: Redis', or with postgres PostgreSQL's.
-func (s *sidecar) writeConfig(dir, upstream, storeAddr string, strict, reconcile, stream, postgres bool) (string, error) {
+func (s *sidecar) writeConfig(dir, upstream, storeAddr string, o options) (string, error) {
+	strict, reconcile, stream, postgres := o.strict, o.reconcile, o.stream, o.postgres
 	config := filepath.Join(dir, fmt.Sprintf("sidecar-%d.yaml", s.id))
 	unknown := "keep"
 	if strict {
@@ -160,6 +161,9 @@ func (s *sidecar) writeConfig(dir, upstream, storeAddr string, strict, reconcile
 		if s.id%2 == 1 { // its streams stored at most once per 20 ms (coalesce.go), beside the others' one append per read
 			streamRoute += "    stream_flush_interval: 20ms\n"
 		}
+	}
+	if o.grpc { // concurrent: wait, a grpc route's default; no reconcile (refused on grpc routes)
+		streamRoute += "  - name: pay-grpc\n    match: \"POST " + grpcPath + "\"\n    protocol: grpc\n    max_wait: 3s\n"
 	}
 	return config, os.WriteFile(config, []byte(fmt.Sprintf(`listen: "127.0.0.1:%d"
 admin_listen: "127.0.0.1:%d"

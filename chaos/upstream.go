@@ -78,9 +78,17 @@ func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, _ := io.ReadAll(r.Body)
+	call := r.URL.Path == grpcPath
+	if call {
+		body = unframe(body)
+	}
 	mode := l.mode.Load()
 	roll := rand.Float64()
 	if mode == mode503 || (mode == modeNormal && roll < l.transientRate) {
+		if call {
+			answerGRPC(w, 14, nil) // UNAVAILABLE, nothing done
+			return
+		}
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, `{"error":"busy, nothing done"}`, http.StatusServiceUnavailable)
 		return
@@ -123,12 +131,19 @@ func (l *ledger) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case modeHang:
 		time.Sleep(l.hangFor)
 	case modeReset:
+		if call {
+			panic(http.ErrAbortHandler) // HTTP/2: the stream reset, the connection kept
+		}
 		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
 			conn.Close()
 			return
 		}
 	default:
 		time.Sleep(time.Duration(2+rand.IntN(20)) * time.Millisecond)
+	}
+	if call {
+		answerGRPC(w, map[int]int{http.StatusCreated: 0, http.StatusInternalServerError: 13}[ex.Status], resp)
+		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(ex.Status)

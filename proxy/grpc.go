@@ -268,17 +268,3 @@ func withTrailers(h, trailer http.Header) http.Header {
 	}
 	return h
 }
-
-// grpcCall is the request message of a call on a grpc route, or the
-// reply that refuses it before anything is claimed: not gRPC, more than
-// one message, or one idemproxy cannot decompress.
-func (x *exchange) grpcCall(body []byte) ([]byte, *reply) {
-	if !isGRPC(x.r.Header.Get("Content-Type")) {
-		return nil, refuse(outcomeRejected, probCallInvalid.with("a protocol: grpc route takes gRPC calls (content-type application/grpc)"))
-	}
-	msg, err := grpcMessage(body, x.r.Header.Get("Grpc-Encoding"), x.rt.settings.MaxRequestBody)
-	if err != nil {
-		return nil, refuse(outcomeRejected, probCallInvalid.with(err.Error()))
-	}
-	return msg, nil
-}
