@@ -120,17 +120,17 @@ func readOutcomes(r io.Reader, into, freed map[string]string) {
 
 // report is the checker's verdict over one run's history.
 type report struct {
-	Ops          int
-	Attempts     int
+	Ops      int
+	Attempts int
 	// GRPCOps and GRPCAttempts count the -grpc operations (their first
 	// attempts hedged) and all their attempts.
 	GRPCOps, GRPCAttempts int
-	GaveUp       int
-	Executions   int
-	KeysExecuted int
-	Duplicates   int
-	Explained    map[string]int // duplicate executions by cause
-	Unexplained  []string       // must be empty
+	GaveUp                int
+	Executions            int
+	KeysExecuted          int
+	Duplicates            int
+	Explained             map[string]int // duplicate executions by cause
+	Unexplained           []string       // must be empty
 	// StreamsCut are streams their upstream wrote whole that a client got
 	// broken off with no fault but the upstream's on its way (a slow or
 	// stalled reader must not cut a stream): must be empty. StreamReaders
