@@ -66,7 +66,11 @@ func (o *orders) create(ctx context.Context, in *wrapperspb.StringValue) (*wrapp
 	case strings.HasPrefix(id, "flaky") && n == 1:
 		return nil, status.Error(codes.Unavailable, "warming up")
 	case strings.HasPrefix(id, "refuse"):
-		return nil, status.Error(codes.FailedPrecondition, "card declined")
+		st, err := status.New(codes.FailedPrecondition, "card declined").WithDetails(wrapperspb.String("insufficient funds"))
+		if err != nil {
+			return nil, err
+		}
+		return nil, st.Err() // grpc-status-details-bin in the trailers
 	}
 	return wrapperspb.String(fmt.Sprintf("order %s, execution %d", id, n)), nil
 }
@@ -152,6 +156,7 @@ type answer struct {
 	value             string
 	code              codes.Code
 	msg               string
+	details           string // the status' details, as the client decoded grpc-status-details-bin
 	header, trailer   metadata.MD
 	replayed, problem string
 }
@@ -168,6 +173,7 @@ func invokeMsg(ctx context.Context, conn *grpc.ClientConn, in *wrapperspb.String
 	err := conn.Invoke(ctx, createOrder, in, out, append(opts, grpc.Header(&a.header), grpc.Trailer(&a.trailer))...)
 	st, _ := status.FromError(err)
 	a.value, a.code, a.msg = out.GetValue(), st.Code(), st.Message()
+	a.details = fmt.Sprint(st.Details())
 	// A Trailers-Only answer (an error status) has its metadata in the
 	// trailer as grpc-go reads it.
 	if v := append(a.header.Get("idempotent-replayed"), a.trailer.Get("idempotent-replayed")...); len(v) > 0 {
@@ -182,7 +188,7 @@ func invokeMsg(ctx context.Context, conn *grpc.ClientConn, in *wrapperspb.String
 // same reports whether two answers are the same call's: status, message,
 // answer and trailers.
 func same(a, b answer) bool {
-	return a.code == b.code && a.msg == b.msg && a.value == b.value &&
+	return a.code == b.code && a.msg == b.msg && a.value == b.value && a.details == b.details &&
 		strings.Join(a.trailer.Get("x-execution"), ",") == strings.Join(b.trailer.Get("x-execution"), ",") &&
 		strings.Join(a.trailer.Get("x-ledger-bin"), ",") == strings.Join(b.trailer.Get("x-ledger-bin"), ",")
 }
@@ -255,8 +261,8 @@ func TestGRPCGo(t *testing.T) {
 
 			// An upstream's own error status is the answer, replayed.
 			refused, again := invoke(ctx, conn, "refuse-1"), invoke(ctx, conn, "refuse-1")
-			if refused.code != codes.FailedPrecondition || !same(refused, again) || again.replayed != "true" || o.executions("refuse-1") != 1 {
-				t.Errorf("an error status: %v %q then %v %q replayed %q, %d executions", refused.code, refused.msg, again.code, again.msg, again.replayed, o.executions("refuse-1"))
+			if refused.code != codes.FailedPrecondition || !strings.Contains(refused.details, "insufficient funds") || !same(refused, again) || again.replayed != "true" || o.executions("refuse-1") != 1 {
+				t.Errorf("an error status with details: %v %q %s then %v %q %s replayed %q, %d executions", refused.code, refused.msg, refused.details, again.code, again.msg, again.details, again.replayed, o.executions("refuse-1"))
 			}
 			// The same key with another message: req-1 with a field 2.
 			changed := wrapperspb.String("req-1")
