@@ -83,14 +83,7 @@ func TestChartMigrationJob(t *testing.T) {
 // Without the Job, this tree's sidecar never turns ready (v0.8.0's turned
 // ready and answered every protected request 503).
 func TestChartMigrationRollout(t *testing.T) {
-	r := binarytest.PreviousT(t)
-	if app := chartAppVersion(t); app != r.Version {
-		t.Fatalf("the chart pins %s, PREVIOUS_RELEASE is %s: build the pinned one", app, r.Version)
-	}
-	pinned, err := r.Build(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pinned, r := pinnedBinary(t)
 	cur := binarytest.TestBinary(t)
 	for _, tc := range []struct {
 		name string

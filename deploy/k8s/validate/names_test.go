@@ -14,8 +14,6 @@ import (
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
-
-	"github.com/idemproxy/idemproxy/internal/binarytest"
 )
 
 var (
@@ -33,14 +31,7 @@ var (
 // two metrics its image did not have (the alerts were silently dead) and
 // its NOTES asked for a store migrate -grant it did not have.
 func TestChartNamesWhatItsImageHas(t *testing.T) {
-	r := binarytest.PreviousT(t)
-	if app := chartAppVersion(t); app != r.Version {
-		t.Fatalf("the chart pins %s, PREVIOUS_RELEASE is %s: build the pinned one", app, r.Version)
-	}
-	bin, err := r.Build(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin, r := pinnedBinary(t)
 	image, err := os.ReadFile(bin)
 	if err != nil {
 		t.Fatal(err)

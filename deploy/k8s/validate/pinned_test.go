@@ -17,13 +17,10 @@ import (
 	"github.com/idemproxy/idemproxy/internal/binarytest"
 )
 
-// TestChartRunsWhatItRenders (issue 64): every ci/*-values.yaml, the
-// PostgreSQL one included, renders a config that the binary of the image
-// the chart pins (its appVersion, the latest release, built from this
-// clone's history) accepts with -check. v0.7.0's chart pinned v0.6.0,
-// whose -check refused the store.postgres it rendered (create_schema: an
-// unknown key): the pod crash-looped.
-func TestChartRunsWhatItRenders(t *testing.T) {
+// pinnedBinary is the binary of the image the chart pins (its appVersion,
+// PREVIOUS_RELEASE), built from this clone's history, and that release.
+func pinnedBinary(t *testing.T) (string, binarytest.Release) {
+	t.Helper()
 	r := binarytest.PreviousT(t)
 	if app := chartAppVersion(t); app != r.Version {
 		t.Fatalf("the chart pins %s, PREVIOUS_RELEASE is %s: build the pinned one", app, r.Version)
@@ -32,6 +29,17 @@ func TestChartRunsWhatItRenders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return bin, r
+}
+
+// TestChartRunsWhatItRenders (issue 64): every ci/*-values.yaml, the
+// PostgreSQL one included, renders a config that the binary of the image
+// the chart pins (its appVersion, the latest release, built from this
+// clone's history) accepts with -check. v0.7.0's chart pinned v0.6.0,
+// whose -check refused the store.postgres it rendered (create_schema: an
+// unknown key): the pod crash-looped.
+func TestChartRunsWhatItRenders(t *testing.T) {
+	bin, r := pinnedBinary(t)
 	files, _ := filepath.Glob(filepath.Join(chartDir, "ci", "*-values.yaml"))
 	if len(files) == 0 {
 		t.Fatal("no ci/*-values.yaml")
@@ -70,23 +78,7 @@ func TestChartOnPostgres(t *testing.T) {
 	if got := vals["postgres"].(map[string]any)["url"]; got != url {
 		t.Errorf("--set postgres.url with the README's escaping gives %q, want %q", got, url)
 	}
-	chrt, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	file, err := chartutil.ReadValuesFile(filepath.Join(chartDir, "ci", "postgres-values.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rv, err := chartutil.ToRenderValues(chrt, file.AsMap(), chartutil.ReleaseOptions{Name: "payments", Namespace: "payments", IsInstall: true}, chartutil.DefaultCapabilities)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := engine.Render(chrt, rv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	notes := out["idemproxy/templates/NOTES.txt"]
+	notes := renderText(t, filepath.Join(chartDir, "ci", "postgres-values.yaml"))["idemproxy/templates/NOTES.txt"]
 	if !strings.Contains(notes, "The store is PostgreSQL") || strings.Contains(notes, "Redis") {
 		t.Errorf("NOTES.txt on the PostgreSQL store:\n%s", notes)
 	}
