@@ -276,8 +276,8 @@ func TestGRPCGo(t *testing.T) {
 }
 
 // TestConnectGo (issue 80): connect-go's unary client through the binary
-// on a protocol: connect route (Connect's protocol over HTTP/1.1, JSON
-// and proto): one execution per key, the retry replayed; idemproxy's
+// on a protocol: connect route (Connect's protocol, JSON and proto, over
+// HTTP/1.1 and HTTP/2 without TLS): one execution per key, the retry replayed; idemproxy's
 // refusal read as a Connect error with its code.
 func TestConnectGo(t *testing.T) {
 	var mu sync.Mutex
@@ -300,9 +300,14 @@ routes:
     match: "POST %s"
     protocol: connect
 `, up.URL, createOrder)).Client, "http://")
-	for _, codec := range []connect.ClientOption{connect.WithProtoJSON(), connect.WithClientOptions()} {
-		client := connect.NewClient[wrapperspb.StringValue, wrapperspb.StringValue](http.DefaultClient, base+createOrder, codec)
-		key := fmt.Sprintf("c-%p", codec)
+	h2c := &http.Client{Transport: &http.Transport{Protocols: new(http.Protocols)}}
+	h2c.Transport.(*http.Transport).Protocols.SetUnencryptedHTTP2(true)
+	for i, tc := range []struct {
+		codec connect.ClientOption
+		http  *http.Client
+	}{{connect.WithProtoJSON(), http.DefaultClient}, {connect.WithClientOptions(), http.DefaultClient}, {connect.WithProtoJSON(), h2c}, {connect.WithClientOptions(), h2c}} {
+		client := connect.NewClient[wrapperspb.StringValue, wrapperspb.StringValue](tc.http, base+createOrder, tc.codec)
+		key := fmt.Sprintf("c-%d", i) // JSON and proto, over HTTP/1.1 and over HTTP/2 without TLS
 		var got []string
 		for range 2 {
 			req := connect.NewRequest(wrapperspb.String("order"))
