@@ -197,8 +197,8 @@ func same(a, b answer) bool {
 // three sidecars on one store: 200 keys over round-robin, each retried,
 // execute once and replay the same status, message and trailers, marked
 // idempotent-replayed; an UNAVAILABLE answer is released and retried by
-// the retryPolicy; hedged copies (10 ms apart, one to each sidecar) run
-// once; gzip-compressed calls replay; another message under a key is
+// the retryPolicy; 200 keys' hedged copies (10 ms apart, one to each
+// sidecar) run once and answer alike; gzip-compressed calls replay; another message under a key is
 // FAILED_PRECONDITION from idemproxy.
 func TestGRPCGo(t *testing.T) {
 	for _, store := range []string{"redis", "postgres"} {
@@ -237,18 +237,23 @@ func TestGRPCGo(t *testing.T) {
 				}
 			}
 
-			// Hedged copies as a hedging client sends them.
+			// Hedged copies as a hedging client sends them: 200 keys at
+			// once, each sent three times 10 ms apart, one copy to each
+			// sidecar.
 			conns := []*grpc.ClientConn{dial(t, addrs[0]), dial(t, addrs[1]), dial(t, addrs[2])}
-			for k := range 50 {
-				id := fmt.Sprintf("hedge-%d", k)
-				copies := make([]answer, len(conns))
+			hedged := make([][]answer, 200)
+			for k := range hedged {
+				hedged[k] = make([]answer, len(conns))
 				for i, c := range conns {
 					wg.Go(func() {
 						time.Sleep(time.Duration(i) * 10 * time.Millisecond)
-						copies[i] = invoke(ctx, c, id)
+						hedged[k][i] = invoke(ctx, c, fmt.Sprintf("hedge-%d", k))
 					})
 				}
-				wg.Wait()
+			}
+			wg.Wait()
+			for k, copies := range hedged {
+				id := fmt.Sprintf("hedge-%d", k)
 				if n := o.executions(id); n != 1 {
 					t.Errorf("%s executed %d times, want 1", id, n)
 				}
