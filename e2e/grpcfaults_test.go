@@ -131,7 +131,8 @@ func (u *rawH2) finish(fr *http2.Framer, write func(func() error), id uint32, ac
 
 // TestGRPCUpstreamFaults (issue 80): a call the upstream refused
 // (REFUSED_STREAM: never seen) is sent again and answered, not settled as
-// an unknown outcome; a call reset after the upstream executed it is an
+// an unknown outcome, and one refused every time it is sent fails
+// UNAVAILABLE with its key free; a call reset after the upstream executed it is an
 // unknown outcome (unknown_outcome: fail, the default: UNKNOWN with
 // idemproxy-problem outcome-unknown), and its retry gets that answer, not
 // a second execution.
@@ -139,10 +140,10 @@ func TestGRPCUpstreamFaults(t *testing.T) {
 	t.Parallel()
 	binarytest.TestBinary(t)
 	up := newRawH2(t, func(n int) string {
-		switch n {
-		case 1:
+		switch {
+		case n == 1, n >= 4 && n <= 6:
 			return "refuse"
-		case 3:
+		case n == 3:
 			return "reset"
 		}
 		return "answer"
@@ -159,5 +160,14 @@ func TestGRPCUpstreamFaults(t *testing.T) {
 	calls, execs = up.counts()
 	if reset.status() != "2" || reset.header.Get("Idemproxy-Problem") != "outcome-unknown" || again.status() != "2" || again.header.Get("Idemproxy-Problem") != "outcome-unknown" || execs != 2 || calls != 3 {
 		t.Errorf("a stream reset after the call executed: %q %s, retry %q %s; %d calls and %d executions in all: want UNKNOWN outcome-unknown twice and the retry never sent", reset.status(), reset.header.Get("Idemproxy-Problem"), again.status(), again.header.Get("Idemproxy-Problem"), calls, execs)
+	}
+	// Refused each of the three times it is sent (once, and twice again):
+	// never seen, so UNAVAILABLE and the key free; the retry executes.
+	refusedAll := callGRPC(t, sc.Client, method, grpcFrame(protoString(2, "c")), "Idempotency-Key", "refused-always")
+	calls, execs = up.counts()
+	retried := callGRPC(t, sc.Client, method, grpcFrame(protoString(2, "c")), "Idempotency-Key", "refused-always")
+	if refusedAll.status() != "14" || refusedAll.header.Get("Idemproxy-Problem") != "upstream-unreachable" || calls != 6 || execs != 2 ||
+		retried.status() != "0" || retried.header.Get("Idempotent-Replayed") == "true" {
+		t.Errorf("a call refused every time: %q %s after %d calls (%d executions), its retry %q replayed %q: want UNAVAILABLE upstream-unreachable after 6 calls, then a fresh execution", refusedAll.status(), refusedAll.header.Get("Idemproxy-Problem"), calls, execs, retried.status(), retried.header.Get("Idempotent-Replayed"))
 	}
 }

@@ -126,7 +126,7 @@ func (o *owner) failed(r *http.Request, err error) *reply {
 	if o.upstream == 0 {
 		o.upstream = time.Since(o.sent)
 	}
-	sent := o.wrote.Load()
+	sent := o.wrote.Load() && !errors.Is(err, errNeverSeen)
 	if cause := context.Cause(r.Context()); sent && cause != nil && cause != r.Context().Err() {
 		err = fmt.Errorf("%w (%w)", cause, err)
 	}

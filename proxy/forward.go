@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httputil"
@@ -63,9 +64,15 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest, trustedPeer bool) {
 		// stream's id, a connection that never took it), and it needs
 		// the body again to do so: a refused call is then sent, not
 		// settled as an unknown outcome. It asks within RoundTrip, while
-		// the owner holds o.body.
-		body := o.body
-		pr.Out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		// the owner holds o.body, and waits 1 s, then 2 s... before each
+		// resend: after maxResends the call fails as never sent.
+		body, resends := o.body, 0
+		pr.Out.GetBody = func() (io.ReadCloser, error) {
+			if resends++; resends > maxResends {
+				return nil, errNeverSeen
+			}
+			return io.NopCloser(bytes.NewReader(body)), nil
+		}
 	}
 	if o := ownerFrom(pr.In.Context()); o != nil && o.copied != nil && pr.In.Body == o.copied {
 		// ReverseProxy wraps every body (so that the transport's Close
@@ -82,6 +89,14 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest, trustedPeer bool) {
 		}
 	}
 }
+
+// maxResends is how many times a call the upstream never saw is sent
+// again (Go's HTTP/2 transport backs off 1 s, then 2 s).
+const maxResends = 2
+
+// errNeverSeen fails a call the upstream refused each time it was sent:
+// it never saw it, so the key is freed.
+var errNeverSeen = errors.New("the upstream refused the call each time it was sent (REFUSED_STREAM, or a GOAWAY before it): it never saw it")
 
 // emptyBody is an empty request body that http.Transport cannot replay.
 type emptyBody struct{}
