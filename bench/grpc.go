@@ -58,9 +58,9 @@ func isGRPCRequest(r *http.Request) bool {
 	return r.Header.Get("Content-Type") == "application/grpc"
 }
 
-// sendGRPC is a unary call of t's body: an error unless answered with
+// sendGRPC makes req a unary gRPC call: an error unless answered with
 // grpc-status 0.
-func sendGRPC(client *http.Client, base string, req *http.Request) error {
+func sendGRPC(client *http.Client, req *http.Request) error {
 	req.Header.Set("Content-Type", "application/grpc")
 	req.Header.Set("Te", "trailers")
 	resp, err := client.Do(req)
@@ -92,7 +92,7 @@ func grpcSeeder(prefix string, body []byte) func(base string) ([]string, error) 
 			req, _ := http.NewRequest(http.MethodPost, base+grpcMethod, bytes.NewReader(body))
 			req.Header.Set("X-Forwarded-User", "bench")
 			req.Header.Set("Idempotency-Key", keys[i])
-			if err := sendGRPC(client, base, req); err != nil {
+			if err := sendGRPC(client, req); err != nil {
 				return nil, err
 			}
 		}

@@ -349,7 +349,7 @@ func send(client *http.Client, base string, t *target, w, n int, seq *atomic.Int
 		req.Header.Set("Idempotency-Key", "k-"+strconv.FormatInt(seq.Add(1), 36))
 	}
 	if t.grpc {
-		return sendGRPC(client, base, req)
+		return sendGRPC(client, req)
 	}
 	resp, err := client.Do(req)
 	if err != nil {

@@ -2,14 +2,13 @@ package main
 
 import (
 	"encoding/binary"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
-
-	"io"
 )
 
 // chaos -grpc: one operation in three is a unary gRPC call on a protocol:

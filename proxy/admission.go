@@ -86,36 +86,46 @@ func (x *exchange) keyHeaderAdmitted() *reply {
 	return nil
 }
 
-// keyInBody applies key_json_pointer once the body is read: without the
-// header the key is the body's (and is forwarded in the header); with
-// both they must agree. Or the reply: refused, or forwarded unprotected
-// on an optional route without a key.
-func (x *exchange) keyInBody(header string, body []byte) (string, *reply) {
+// keyInBody applies key_json_pointer (or, on a grpc route,
+// grpc.key_field) once the body is read: without the header the key is
+// read from read (the body, or the call's message) and forwarded in the
+// header; with both they must agree. Or the reply: refused, or body
+// forwarded unprotected on an optional route without a key.
+func (x *exchange) keyInBody(header string, body, read []byte) (string, *reply) {
 	s := &x.rt.settings
-	where, key, found, err := s.KeyJSONPointer, "", false, error(nil)
+	var key string
+	var found bool
+	var err error
 	if x.rt.grpc {
-		where = "field " + strconv.Itoa(s.GRPCKeyField) + " of the request message (grpc.key_field)"
-		key, found, err = protoStringField(body, s.GRPCKeyField)
+		key, found, err = protoStringField(read, s.GRPCKeyField)
 		if err == nil && found {
 			key, err = checkKey(key)
 		}
 	} else {
-		key, found, err = bodyKey(body, x.rt.keyPointer)
+		key, found, err = bodyKey(read, x.rt.keyPointer)
 	}
 	switch {
 	case err != nil:
-		return "", refuse(outcomeRejected, probKeyMalformed.with(where+": "+err.Error()))
+		return "", refuse(outcomeRejected, probKeyMalformed.with(x.rt.keyInBodyName()+": "+err.Error()))
 	case header != "" && found && key != header:
-		return "", refuse(outcomeRejected, probKeyMalformed.with("the "+s.KeyHeader+" header and "+where+" name different keys"))
+		return "", refuse(outcomeRejected, probKeyMalformed.with("the "+s.KeyHeader+" header and "+x.rt.keyInBodyName()+" name different keys"))
 	case header != "":
 		return header, nil
 	case !found && !s.RequireKey:
 		return "", bypassWith(body, "no idempotency key, in the header or the body, on an optional route")
 	case !found:
-		return "", refuse(outcomeRejected, probKeyMissing.with("send an "+s.KeyHeader+" header, or "+where))
+		return "", refuse(outcomeRejected, probKeyMissing.with("send an "+s.KeyHeader+" header, or "+x.rt.keyInBodyName()))
 	}
 	x.r.Header.Set(s.KeyHeader, key) // the upstream gets it as if the client had sent it
 	return key, nil
+}
+
+// keyInBodyName is where keyInBody looks on rt, as a refusal names it.
+func (rt *route) keyInBodyName() string {
+	if rt.grpc {
+		return "field " + strconv.Itoa(rt.settings.GRPCKeyField) + " of the request message (grpc.key_field)"
+	}
+	return rt.settings.KeyJSONPointer
 }
 
 // webhookPrincipals prefixes the principals of webhook routes: the

@@ -58,7 +58,8 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest, trustedPeer bool) {
 	// it when a reused connection dies after the upstream acted. A non-nil
 	// body that is not http.NoBody, and no GetBody, make it unreplayable.
 	pr.Out.GetBody = nil
-	if o := ownerFrom(pr.In.Context()); o != nil && o.x.rt.grpc {
+	o := ownerFrom(pr.In.Context())
+	if o != nil && o.x.rt.grpc {
 		// Over HTTP/2 the transport resends only a call the upstream
 		// provably never saw (REFUSED_STREAM, a GOAWAY below the
 		// stream's id, a connection that never took it), and it needs
@@ -74,7 +75,7 @@ func (h *Handler) rewrite(pr *httputil.ProxyRequest, trustedPeer bool) {
 			return io.NopCloser(bytes.NewReader(body)), nil
 		}
 	}
-	if o := ownerFrom(pr.In.Context()); o != nil && o.copied != nil && pr.In.Body == o.copied {
+	if o != nil && o.copied != nil && pr.In.Body == o.copied {
 		// ReverseProxy wraps every body (so that the transport's Close
 		// cannot reach the inbound one), which hides that this one is in
 		// memory: the owner's copy of a small body (forwardBody) closes

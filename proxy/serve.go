@@ -280,15 +280,12 @@ func (x *exchange) admitClient() (admitted, *reply) {
 			return admitted{}, rep
 		}
 		if x.rt.settings.GRPCKeyField > 0 {
-			if key, rep = x.keyInBody(key, in.message); rep != nil {
-				if rep.bypass {
-					rep.body = body // forwarded as it came, frame and all
-				}
+			if key, rep = x.keyInBody(key, body, in.message); rep != nil {
 				return admitted{}, rep
 			}
 		}
 	} else if x.rt.keyPointer != nil {
-		if key, rep = x.keyInBody(key, body); rep != nil {
+		if key, rep = x.keyInBody(key, body, body); rep != nil {
 			return admitted{}, rep
 		}
 	}
