@@ -164,8 +164,9 @@ func callGRPC(t *testing.T, base, method string, body []byte, md ...string) grpc
 // and its replay carries the same message and trailers, marked
 // idempotent-replayed; per-attempt metadata and compression do not change
 // the fingerprint, another message under the key is FAILED_PRECONDITION;
-// UNAVAILABLE frees the key; a key comes from grpc.key_field without the
-// metadata; refusals are Trailers-Only statuses with idemproxy-problem,
+// UNAVAILABLE frees the key (and ABORTED, which the route's release_codes
+// add, while RESOURCE_EXHAUSTED, which they leave out, is stored); a key
+// comes from grpc.key_field without the metadata; refusals are Trailers-Only statuses with idemproxy-problem,
 // and nothing reaches the upstream for them.
 func TestGRPCUnaryThroughTheBinary(t *testing.T) {
 	t.Parallel()
@@ -188,6 +189,7 @@ store:
     protocol: grpc
     grpc:
       key_field: 1
+      release_codes: [UNAVAILABLE, ABORTED]
   - name: quotes
     match: "POST /shop.v1.Orders/GetQuote"
     protocol: connect
@@ -229,6 +231,17 @@ store:
 			}
 			if n := up.executions("k-unavail"); n != 2 {
 				t.Errorf("an UNAVAILABLE answer: %d executions after two calls, want 2 (released)", n)
+			}
+			// The route's own release_codes, not the default: ABORTED
+			// frees the key, RESOURCE_EXHAUSTED (a default one) is stored.
+			for code, want := range map[string]int{"10": 2, "8": 1} {
+				key := "k-status-" + code
+				for range 2 {
+					callGRPC(t, sc.Client, method, grpcFrame(protoString(2, "status="+code)), "Idempotency-Key", key)
+				}
+				if n := up.executions(key); n != want {
+					t.Errorf("grpc-status %s with release_codes [UNAVAILABLE, ABORTED]: %d executions after two calls, want %d", code, n, want)
+				}
 			}
 			// Refusals: no key, two messages, a bad key.
 			before := up.all.Load()
