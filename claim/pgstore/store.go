@@ -425,10 +425,11 @@ func (s *Store) Preload(ctx context.Context) error {
 	var now int64
 	if err := s.row(ctx, "preload", "idem_now", nil, &now); err != nil {
 		var pe *pgconn.PgError
+		missing := errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "3F000") // undefined_function, invalid_schema_name
 		switch {
-		case foreign != nil:
+		case missing && foreign != nil:
 			return claim.Unavailable("migrate", fmt.Errorf("%w; and it lacks version %d of idemproxy's functions: run idemproxy store migrate of this release as its owner", foreign, SchemaVersion))
-		case errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "3F000"): // undefined_function, invalid_schema_name
+		case missing:
 			return fmt.Errorf("%w: schema %q lacks version %d of idemproxy's functions (%s*): run idemproxy store migrate of this release with the role that owns the schema, or set store.postgres.create_schema: true where this role owns it", err, s.schemaName, SchemaVersion, fnPrefix)
 		}
 		return err
@@ -442,10 +443,10 @@ func (s *Store) Preload(ctx context.Context) error {
 	return nil
 }
 
-// OnForeignSchema has used called, at each Preload, when the schema
-// belongs to another role, which installed this version's functions: the
-// store runs on them without installing (create_schema: true as a runtime
-// role).
+// OnForeignSchema sets used, called at each Preload that finds the
+// schema owned by another role with this version's functions in place:
+// the store runs on them without installing (create_schema: true as a
+// runtime role).
 func (s *Store) OnForeignSchema(used func(error)) { s.onForeign = used }
 
 // SetFull sets whether new claims are refused (ErrFull).
