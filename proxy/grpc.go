@@ -32,7 +32,6 @@ const (
 
 // gRPC status codes idemproxy answers with.
 const (
-	grpcOK                 = 0
 	grpcUnknown            = 2
 	grpcInvalidArgument    = 3
 	grpcNotFound           = 5
