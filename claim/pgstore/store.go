@@ -425,11 +425,11 @@ func (s *Store) Preload(ctx context.Context) error {
 	var now int64
 	if err := s.row(ctx, "preload", "idem_now", nil, &now); err != nil {
 		var pe *pgconn.PgError
-		missing := errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "3F000") // undefined_function, invalid_schema_name
 		switch {
-		case missing && foreign != nil:
-			return claim.Unavailable("migrate", fmt.Errorf("%w; and it lacks version %d of idemproxy's functions: run idemproxy store migrate of this release as its owner", foreign, SchemaVersion))
-		case missing:
+		case foreign != nil:
+			// Missing, not granted, or not reached: the call's error says which.
+			return claim.Unavailable("migrate", fmt.Errorf("%w; and this role cannot call version %d of idemproxy's functions in it (%v): run idemproxy store migrate -grant of this release as its owner", foreign, SchemaVersion, err))
+		case errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "3F000"): // undefined_function, invalid_schema_name
 			return fmt.Errorf("%w: schema %q lacks version %d of idemproxy's functions (%s*): run idemproxy store migrate of this release with the role that owns the schema, or set store.postgres.create_schema: true where this role owns it", err, s.schemaName, SchemaVersion, fnPrefix)
 		}
 		return err
